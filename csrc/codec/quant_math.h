@@ -1,0 +1,253 @@
+#pragma once
+// Element math shared by the CPU paths and the CUDA kernels. Every function here is a pure
+// function of its arguments built from IEEE-754 single/double operations in a fixed order, so
+// host and device produce the same bits. Rules that keep it so:
+//   - no fused multiply-add: host code is compiled with -ffp-contract=off, device code uses
+//     the explicit _rn intrinsics below;
+//   - no flush-to-zero (no fast-math anywhere);
+//   - NaN results are written as one canonical NaN (x86 and CUDA disagree on NaN payloads).
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define LC_HD __host__ __device__ __forceinline__
+#else
+#define LC_HD inline
+#endif
+
+namespace lowcomm::qm {
+
+constexpr uint32_t kCanonicalNanF32 = 0x7FC00000u;
+constexpr uint16_t kCanonicalNanBF16 = 0x7FC0u;
+constexpr uint16_t kCanonicalNanF16 = 0x7E00u;
+constexpr float kFltMax = 3.402823466e+38f;
+constexpr float kFltMinNormal = 1.175494351e-38f;
+
+LC_HD uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+LC_HD float bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+LC_HD bool is_nan(float f) { return (f32_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
+LC_HD bool is_finite(float f) { return (f32_bits(f) & 0x7FFFFFFFu) < 0x7F800000u; }
+LC_HD float canonical(float f) { return is_nan(f) ? bits_f32(kCanonicalNanF32) : f; }
+LC_HD float abs_f(float f) { return bits_f32(f32_bits(f) & 0x7FFFFFFFu); }
+
+// Arithmetic that never contracts into an FMA.
+#if defined(__CUDA_ARCH__)
+LC_HD float mul(float a, float b) { return __fmul_rn(a, b); }
+LC_HD float add(float a, float b) { return __fadd_rn(a, b); }
+LC_HD float sub(float a, float b) { return __fsub_rn(a, b); }
+LC_HD float div(float a, float b) { return __fdiv_rn(a, b); }
+LC_HD double dmul(double a, double b) { return __dmul_rn(a, b); }
+LC_HD double dadd(double a, double b) { return __dadd_rn(a, b); }
+LC_HD double dsub(double a, double b) { return __dsub_rn(a, b); }
+LC_HD double ddiv(double a, double b) { return __ddiv_rn(a, b); }
+LC_HD float rint_f(float a) { return rintf(a); }
+LC_HD float floor_f(float a) { return floorf(a); }
+LC_HD double rint_d(double a) { return rint(a); }
+LC_HD double floor_d(double a) { return floor(a); }
+#else
+LC_HD float mul(float a, float b) { return a * b; }
+LC_HD float add(float a, float b) { return a + b; }
+LC_HD float sub(float a, float b) { return a - b; }
+LC_HD float div(float a, float b) { return a / b; }
+LC_HD double dmul(double a, double b) { return a * b; }
+LC_HD double dadd(double a, double b) { return a + b; }
+LC_HD double dsub(double a, double b) { return a - b; }
+LC_HD double ddiv(double a, double b) { return a / b; }
+LC_HD float rint_f(float a) { return __builtin_nearbyintf(a); }
+LC_HD float floor_f(float a) { return __builtin_floorf(a); }
+LC_HD double rint_d(double a) { return __builtin_nearbyint(a); }
+LC_HD double floor_d(double a) { return __builtin_floor(a); }
+#endif
+
+// ---- 16-bit float conversions (round to nearest even, canonical NaN) ----
+
+LC_HD float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+
+LC_HD uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return kCanonicalNanBF16;
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+LC_HD float f16_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t man = h & 0x3FFu;
+  if (exp == 0x1Fu) return man ? bits_f32(kCanonicalNanF32) : bits_f32(sign | 0x7F800000u);
+  if (exp == 0) {
+    if (man == 0) return bits_f32(sign);
+    // Subnormal: man * 2^-24, exact in fp32.
+    float v = mul(static_cast<float>(man), 5.9604644775390625e-08f);
+    return bits_f32(sign | f32_bits(v));
+  }
+  return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+LC_HD uint16_t f32_to_f16(float f) {
+  uint32_t u = f32_bits(f);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7FFFFFFFu;
+  if (u > 0x7F800000u) return kCanonicalNanF16;
+  if (u >= 0x477FF000u) return sign | 0x7C00u;  // >= 65520 rounds to infinity
+  if (u < 0x38800000u) {                        // below 2^-14: fp16 subnormal or zero
+    if (u <= 0x33000000u) return sign;          // <= 2^-25 rounds to zero (tie to even)
+    uint32_t e = u >> 23;
+    uint32_t m = (u & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 126u - e;  // 14..24
+    uint32_t q = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t v = u - 0x38000000u;  // rebias exponent 127 -> 15
+  v += 0xFFFu + ((v >> 13) & 1u);
+  return static_cast<uint16_t>(sign | (v >> 13));
+}
+
+// ---- Philox4x32-10, the counter-based generator for stochastic rounding ----
+
+struct U32x4 {
+  uint32_t v[4];
+};
+
+LC_HD void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  uint64_t p = static_cast<uint64_t>(a) * b;
+  hi = static_cast<uint32_t>(p >> 32);
+  lo = static_cast<uint32_t>(p);
+}
+
+// Random words for elements 4*c .. 4*c+3 under key `seed`.
+LC_HD U32x4 philox(uint64_t c, uint64_t seed) {
+  uint32_t c0 = static_cast<uint32_t>(c), c1 = static_cast<uint32_t>(c >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mulhilo(0xD2511F53u, c0, hi0, lo0);
+    mulhilo(0xCD9E8D57u, c2, hi1, lo1);
+    uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return U32x4{{c0, c1, c2, c3}};
+}
+
+// Uniform in [0, 1) with 24 bits, exact in fp32.
+LC_HD float uniform01(uint32_t r) { return mul(static_cast<float>(r >> 8), 5.9604644775390625e-08f); }
+
+// ---- absmax grid ----
+// Codes k in [-2^(b-1), 2^(b-1)-1] stored as k + 2^(b-1); decoded as (k * 2^-(b-1)) * absmax.
+
+struct AbsmaxParams {
+  float pre;  // 2^24 when absmax is subnormal (keeps 1/absmax finite), else 1
+  float inv;  // 2^(b-1) / (absmax * pre), 0 when absmax is 0
+};
+
+LC_HD float pow2i(int e) { return bits_f32(static_cast<uint32_t>(127 + e) << 23); }
+
+LC_HD AbsmaxParams absmax_params(float absmax, int bits) {
+  AbsmaxParams p;
+  p.pre = absmax < kFltMinNormal ? 16777216.0f : 1.0f;
+  p.inv = absmax > 0.0f ? div(pow2i(bits - 1), mul(absmax, p.pre)) : 0.0f;
+  return p;
+}
+
+// Scaled value y = x * pre * inv in code units, then the integer code (offset to unsigned).
+LC_HD uint32_t absmax_code(float x, AbsmaxParams p, int bits, bool stochastic, uint32_t rnd) {
+  float y = mul(mul(x, p.pre), p.inv);
+  float k;
+  if (stochastic) {
+    float f = floor_f(y);
+    k = add(f, uniform01(rnd) < sub(y, f) ? 1.0f : 0.0f);
+  } else {
+    k = rint_f(y);
+  }
+  float lo = -pow2i(bits - 1), hi = sub(pow2i(bits - 1), 1.0f);
+  k = k < lo ? lo : (k > hi ? hi : k);
+  return static_cast<uint32_t>(static_cast<int32_t>(k) + (1 << (bits - 1)));
+}
+
+LC_HD float absmax_value(uint32_t code, float absmax, int bits) {
+  float k = static_cast<float>(static_cast<int32_t>(code) - (1 << (bits - 1)));
+  return mul(mul(k, pow2i(1 - bits)), absmax);
+}
+
+// 1 bit: sign x mean|x|; code 1 means negative.
+LC_HD uint32_t sign_code(float x) { return x < 0.0f ? 1u : 0u; }
+LC_HD float sign_value(uint32_t code, float mean_abs) { return code ? -mean_abs : mean_abs; }
+
+// ---- min-max grid (computed in double: no overflow or subnormal loss for any fp32 range) ----
+
+struct MinmaxParams {
+  double lo;
+  double inv;   // (2^b - 1) / (hi - lo), 0 when hi == lo
+  double step;  // (hi - lo) / (2^b - 1)
+};
+
+LC_HD MinmaxParams minmax_params(float lo, float hi, int bits) {
+  MinmaxParams p;
+  double range = dsub(static_cast<double>(hi), static_cast<double>(lo));
+  double levels = static_cast<double>((1 << bits) - 1);
+  p.lo = lo;
+  p.inv = range > 0.0 ? ddiv(levels, range) : 0.0;
+  p.step = ddiv(range, levels);
+  return p;
+}
+
+LC_HD uint32_t minmax_code(float x, const MinmaxParams& p, int bits, bool stochastic,
+                           uint32_t rnd) {
+  double y = dmul(dsub(static_cast<double>(x), p.lo), p.inv);
+  double k;
+  if (stochastic) {
+    double f = floor_d(y);
+    k = dadd(f, static_cast<double>(uniform01(rnd)) < dsub(y, f) ? 1.0 : 0.0);
+  } else {
+    k = rint_d(y);
+  }
+  double hi = static_cast<double>((1 << bits) - 1);
+  k = k < 0.0 ? 0.0 : (k > hi ? hi : k);
+  return static_cast<uint32_t>(k);
+}
+
+LC_HD float minmax_value(uint32_t code, const MinmaxParams& p) {
+  return static_cast<float>(dadd(p.lo, dmul(static_cast<double>(code), p.step)));
+}
+
+// ---- packing: every 8 consecutive elements form one unit of `bits` bytes; element j of the
+// unit occupies bits [j*b, (j+1)*b) of the unit read as a little-endian integer. ----
+
+LC_HD uint64_t pack_unit(const uint32_t codes[8], int bits) {
+  uint64_t w = 0;
+  for (int j = 0; j < 8; ++j) w |= static_cast<uint64_t>(codes[j]) << (j * bits);
+  return w;
+}
+
+LC_HD uint32_t unit_code(uint64_t w, int j, int bits) {
+  return static_cast<uint32_t>((w >> (j * bits)) & ((1u << bits) - 1u));
+}
+
+}  // namespace lowcomm::qm

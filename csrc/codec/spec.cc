@@ -1,0 +1,200 @@
+// Codec spec: parsing, printing, validation and the encoded-size arithmetic.
+
+#include <charconv>
+#include <string>
+#include <vector>
+
+#include "lowcomm/codec.h"
+
+namespace lowcomm {
+
+size_t dtype_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "fp32";
+    case DType::kBFloat16: return "bf16";
+    case DType::kFloat16: return "fp16";
+  }
+  return "?";
+}
+
+Result<DType> parse_dtype(std::string_view name) {
+  if (name == "fp32" || name == "float32" || name == "float") return DType::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
+  if (name == "fp16" || name == "float16" || name == "half") return DType::kFloat16;
+  return invalid_argument("unknown dtype '" + std::string(name) + "' (expected fp32, bf16, fp16)");
+}
+
+namespace {
+
+bool is_power_of_two(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+Result<uint64_t> parse_u64(std::string_view key, std::string_view text) {
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size() || text.empty()) {
+    return invalid_argument("codec option '" + std::string(key) + "' needs a positive integer, got '" +
+                            std::string(text) + "'");
+  }
+  return v;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (true) {
+    size_t pos = s.find(sep, start);
+    parts.push_back(s.substr(start, pos == std::string_view::npos ? s.npos : pos - start));
+    if (pos == std::string_view::npos) break;
+    start = pos + 1;
+  }
+  return parts;
+}
+
+}  // namespace
+
+Status validate_spec(const CodecSpec& s) {
+  switch (s.kind) {
+    case CodecKind::kNone:
+      if (s.grouping != Grouping::kElement) {
+        return invalid_argument("passthrough codecs take no scale groups (block=/col=)");
+      }
+      if (s.rounding != Rounding::kNearest) {
+        return invalid_argument("passthrough codecs round to nearest; 'sr' does not apply");
+      }
+      if (s.bits != static_cast<int>(dtype_size(s.wire_dtype) * 8)) {
+        return invalid_argument("passthrough bits must match its wire dtype");
+      }
+      return Status::ok();
+    case CodecKind::kAbsmax:
+      if (s.bits != 1 && s.bits != 2 && s.bits != 3 && s.bits != 4 && s.bits != 8) {
+        return invalid_argument("absmax quantization supports 1, 2, 3, 4 or 8 bits, not " +
+                                std::to_string(s.bits));
+      }
+      if (s.bits == 1 && s.rounding == Rounding::kStochastic) {
+        return invalid_argument("q1 (sign x mean|x|) has no stochastic rounding; drop ':sr'");
+      }
+      if (s.bits == 1 && s.grouping == Grouping::kColumn) {
+        return invalid_argument("q1 needs contiguous blocks (block=N), not column groups");
+      }
+      break;
+    case CodecKind::kMinmax:
+      if (s.bits != 2 && s.bits != 4 && s.bits != 8) {
+        return invalid_argument("minmax quantization supports 2, 4 or 8 bits, not " +
+                                std::to_string(s.bits));
+      }
+      break;
+    default:
+      return invalid_argument("unknown codec kind");
+  }
+  if (s.grouping == Grouping::kBlock) {
+    if (!is_power_of_two(s.block) || s.block < kMinBlock || s.block > kMaxBlock) {
+      return invalid_argument("block size must be a power of two from 32 to 4096, got " +
+                              std::to_string(s.block));
+    }
+  } else if (s.grouping == Grouping::kColumn) {
+    if (s.cols == 0) return invalid_argument("column groups need col=N with N >= 1");
+  } else {
+    return invalid_argument("quantized codecs need block or column scale groups");
+  }
+  return Status::ok();
+}
+
+Result<CodecSpec> parse_codec_spec(std::string_view text) {
+  if (text.empty()) return invalid_argument("empty codec spec (try 'q4', 'q8', 'none')");
+  auto parts = split(text, ':');
+  std::string_view name = parts[0];
+  CodecSpec s;
+  if (name == "none" || name == "fp32") {
+    s.kind = CodecKind::kNone;
+    s.wire_dtype = DType::kFloat32;
+    s.bits = 32;
+  } else if (name == "bf16" || name == "fp16") {
+    s.kind = CodecKind::kNone;
+    s.wire_dtype = name == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+    s.bits = 16;
+  } else if (name.size() == 2 && name[0] == 'q' && name[1] >= '0' && name[1] <= '9') {
+    s.kind = CodecKind::kAbsmax;
+    s.bits = name[1] - '0';
+    s.grouping = Grouping::kBlock;
+  } else if (name.size() == 7 && name.substr(0, 6) == "minmax" && name[6] >= '0' &&
+             name[6] <= '9') {
+    s.kind = CodecKind::kMinmax;
+    s.bits = name[6] - '0';
+    s.grouping = Grouping::kBlock;
+  } else {
+    return invalid_argument("unknown codec '" + std::string(name) +
+                            "' (expected none, fp32, bf16, fp16, q1, q2, q3, q4, q8, minmax2, "
+                            "minmax4 or minmax8)");
+  }
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::string_view opt = parts[i];
+    size_t eq = opt.find('=');
+    std::string_view key = opt.substr(0, eq);
+    std::string_view val = eq == opt.npos ? std::string_view() : opt.substr(eq + 1);
+    if (key == "sr" && eq == opt.npos) {
+      s.rounding = Rounding::kStochastic;
+    } else if (key == "rn" && eq == opt.npos) {
+      s.rounding = Rounding::kNearest;
+    } else if (key == "block" && eq != opt.npos) {
+      auto v = parse_u64(key, val);
+      if (!v) return v.status();
+      if (s.kind == CodecKind::kNone) return invalid_argument("passthrough takes no block=");
+      if (*v > UINT32_MAX) return invalid_argument("block size too large: " + std::string(val));
+      s.grouping = Grouping::kBlock;
+      s.block = static_cast<uint32_t>(*v);
+    } else if (key == "col" && eq != opt.npos) {
+      auto v = parse_u64(key, val);
+      if (!v) return v.status();
+      if (s.kind == CodecKind::kNone) return invalid_argument("passthrough takes no col=");
+      s.grouping = Grouping::kColumn;
+      s.cols = *v;
+    } else {
+      return invalid_argument("unknown codec option '" + std::string(opt) + "' in '" +
+                              std::string(text) + "' (options: block=N, col=N, sr, rn)");
+    }
+  }
+  LOWCOMM_CHECK(validate_spec(s));
+  return s;
+}
+
+std::string to_string(const CodecSpec& s) {
+  std::string out;
+  if (s.kind == CodecKind::kNone) return s.wire_dtype == DType::kFloat32 ? "none" : dtype_name(s.wire_dtype);
+  out = (s.kind == CodecKind::kAbsmax ? "q" : "minmax") + std::to_string(s.bits);
+  if (s.grouping == Grouping::kBlock && s.block != kDefaultBlock) out += ":block=" + std::to_string(s.block);
+  if (s.grouping == Grouping::kColumn) out += ":col=" + std::to_string(s.cols);
+  if (s.rounding == Rounding::kStochastic) out += ":sr";
+  return out;
+}
+
+uint64_t group_count(const CodecSpec& s, uint64_t n) {
+  switch (s.grouping) {
+    case Grouping::kBlock: return (n + s.block - 1) / s.block;
+    case Grouping::kColumn: return n == 0 ? 0 : s.cols;
+    case Grouping::kElement: return 0;
+  }
+  return 0;
+}
+
+uint64_t encoded_size(const CodecSpec& s, uint64_t n) {
+  if (s.kind == CodecKind::kNone) return n * dtype_size(s.wire_dtype);
+  uint64_t scale_bytes = (s.kind == CodecKind::kMinmax ? 8 : 4) * group_count(s, n);
+  return scale_bytes + (n + 7) / 8 * static_cast<uint64_t>(s.bits);
+}
+
+double bits_per_element(const CodecSpec& s, uint64_t n) {
+  return n == 0 ? 0.0 : 8.0 * static_cast<double>(encoded_size(s, n)) / static_cast<double>(n);
+}
+
+Status check_count(const CodecSpec& s, uint64_t n) {
+  if (s.grouping == Grouping::kColumn && n % s.cols != 0) {
+    return invalid_argument("column groups: element count " + std::to_string(n) +
+                            " is not a multiple of col=" + std::to_string(s.cols));
+  }
+  if (n > (uint64_t{1} << 56)) return invalid_argument("element count too large");
+  return Status::ok();
+}
+
+}  // namespace lowcomm

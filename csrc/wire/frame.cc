@@ -1,0 +1,1 @@
+// wire frame: see frame.h

@@ -1,0 +1,117 @@
+#pragma once
+// The codec layer's public API: quantize a tensor to a few bits per element and back.
+//
+// A CodecSpec names the format; encoded_size(spec, n) is the exact payload size, so buffers can
+// be preallocated and receivers can check lengths. Encoded bytes are identical on the CPU
+// (scalar or AVX2, any thread count) and the GPU for the same input, spec and seed.
+// The grid, rounding and NaN rules are documented in docs/codecs.md.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "lowcomm/status.h"
+
+namespace lowcomm {
+
+enum class DType : uint8_t { kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3 };
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+Result<DType> parse_dtype(std::string_view name);
+
+enum class CodecKind : uint8_t {
+  kNone = 0,    // passthrough in wire_dtype (fp32, bf16 or fp16)
+  kAbsmax = 1,  // symmetric: codes k in [-2^(b-1), 2^(b-1)-1] times absmax/2^(b-1); b=1: sign x mean|x|
+  kMinmax = 2,  // asymmetric: codes k in [0, 2^b-1], x = min + k (max-min)/(2^b-1)
+};
+
+enum class Rounding : uint8_t { kNearest = 0, kStochastic = 1 };
+
+enum class Grouping : uint8_t {
+  kElement = 0,  // passthrough: no scales
+  kBlock = 1,    // contiguous blocks of `block` elements, one scale each
+  kColumn = 2,   // the tensor viewed as [n / cols, cols]; one scale per column
+};
+
+struct CodecSpec {
+  CodecKind kind = CodecKind::kNone;
+  int bits = 32;                       // quantized: 1,2,3,4,8 (absmax) or 2,4,8 (minmax)
+  DType wire_dtype = DType::kFloat32;  // passthrough only
+  Grouping grouping = Grouping::kElement;
+  uint32_t block = 128;  // kBlock: power of two in [32, 4096]
+  uint64_t cols = 0;     // kColumn: number of columns (n must be a multiple)
+  Rounding rounding = Rounding::kNearest;
+
+  bool quantized() const { return kind != CodecKind::kNone; }
+};
+
+inline bool operator==(const CodecSpec& a, const CodecSpec& b) {
+  return a.kind == b.kind && a.bits == b.bits && a.wire_dtype == b.wire_dtype &&
+         a.grouping == b.grouping && a.block == b.block && a.cols == b.cols &&
+         a.rounding == b.rounding;
+}
+inline bool operator!=(const CodecSpec& a, const CodecSpec& b) { return !(a == b); }
+
+constexpr uint32_t kDefaultBlock = 128;
+constexpr uint32_t kMinBlock = 32;
+constexpr uint32_t kMaxBlock = 4096;
+
+// Parses the textual form: a name, then ':'-separated options.
+//   names:   none | fp32 | bf16 | fp16 | q1 | q2 | q3 | q4 | q8 | minmax2 | minmax4 | minmax8
+//   options: block=N (power of two, 32..4096) | col=N (one scale per column of [n/N, N])
+//            | sr (stochastic rounding) | rn (round to nearest, the default)
+// Examples: "q4", "q2:block=64:sr", "q4:col=4096", "minmax8", "none".
+Result<CodecSpec> parse_codec_spec(std::string_view text);
+std::string to_string(const CodecSpec& spec);
+Status validate_spec(const CodecSpec& spec);
+
+// Number of scale groups for n elements (0 for passthrough).
+uint64_t group_count(const CodecSpec& spec, uint64_t n);
+// Exact payload bytes for n elements: scales then packed codes (see docs/wire.md).
+uint64_t encoded_size(const CodecSpec& spec, uint64_t n);
+// Payload bits per element including scales (not the fixed frame header).
+double bits_per_element(const CodecSpec& spec, uint64_t n);
+// Checks that n elements can be encoded with spec (for kColumn: n is a multiple of cols).
+Status check_count(const CodecSpec& spec, uint64_t n);
+
+// Stochastic rounding key: the random number for element i is a pure function of
+// (seed, offset + i), so chunks of a tensor encoded separately match the whole.
+struct RoundingKey {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+// CPU execution knobs. threads = 0 uses the codec pool (LOWCOMM_CODEC_THREADS, default: all
+// cores); simd = false forces the portable path (which produces the same bytes).
+struct CpuOptions {
+  int threads = 0;
+  bool simd = true;
+};
+
+// All functions below: `n` elements of `dtype` at `x`/`out`; `codes` holds `codes_bytes` bytes,
+// at least encoded_size(spec, n). Buffers must not overlap unless stated.
+
+// codes = Q(x)
+Status encode(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,
+              uint64_t codes_bytes, RoundingKey key = {}, CpuOptions opts = {});
+// out = D(codes)
+Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+              DType dtype, void* out, CpuOptions opts = {});
+// out += D(codes), accumulated in fp32 and rounded once to dtype
+Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                         uint64_t n, DType dtype, void* out, CpuOptions opts = {});
+// Error feedback, one pass: y = x + residual; codes = Q(y); residual = y - D(codes).
+// residual is fp32, n elements, updated in place.
+Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, float* residual,
+                             uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key = {},
+                             CpuOptions opts = {});
+// AQ-SGD sender: codes = Q(a - m); m += D(codes). m has a's dtype, updated in place.
+Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
+                    void* codes, uint64_t codes_bytes, RoundingKey key = {}, CpuOptions opts = {});
+// AQ-SGD receiver: m += D(codes); out = m (out may be null, or equal to m).
+Status decode_delta(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+                    DType dtype, void* m, void* out, CpuOptions opts = {});
+
+}  // namespace lowcomm
