@@ -1,7 +1,388 @@
-// AVX2 path (placeholder until the vector kernels land).
+// AVX2 path for the absmax codecs (q1..q8), the hot path of the compressed all-reduce and of
+// AQ-SGD links. It computes exactly what cpu_scalar.cc computes, op for op in the same order
+// (compiled with -ffp-contract=off, no FMA), eight elements per instruction:
+//   encodes: block groups, one pass over memory per group: y is staged in a block-sized buffer
+//            (stays in L1), the scale is reduced from it, then codes are packed from it;
+//   decodes: block or column groups (col= a multiple of 8).
+// Anything else, and the partial group at a tensor's end, is handed to the scalar path.
+
+#include <immintrin.h>
+
+#include <cstring>
+
 #include "codec/cpu_kernels.h"
+#include "codec/element_io.h"
+#include "codec/group_math.h"
 
 namespace lowcomm::cpu {
-bool avx2_supported() { return false; }
-bool avx2_range(const CodecJob&, uint64_t, uint64_t) { return false; }
+namespace {
+
+// ---- loads and stores of 8 elements ----
+
+template <DType D>
+__m256 load8(const void* base, uint64_t i) {
+  if constexpr (D == DType::kFloat32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (D == DType::kBFloat16) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm256_cvtph_ps(h);
+    }
+  }
+}
+
+inline __m256 canonical8(__m256 v) {
+  __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(qm::kCanonicalNanF32)));
+  return _mm256_blendv_ps(v, nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+template <DType D>
+void store8(void* base, uint64_t i, __m256 v) {
+  if constexpr (D == DType::kFloat32) {
+    _mm256_storeu_ps(static_cast<float*>(base) + i, canonical8(v));
+  } else {
+    __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(isnan), _mm256_extracti128_si256(isnan, 1));
+    __m128i h;
+    if constexpr (D == DType::kBFloat16) {
+      __m256i u = _mm256_castps_si256(v);
+      __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+      u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+      u = _mm256_srli_epi32(u, 16);
+      h = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+      h = _mm_blendv_epi8(h, _mm_set1_epi16(static_cast<short>(qm::kCanonicalNanBF16)), nan16);
+    } else {
+      h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      h = _mm_blendv_epi8(h, _mm_set1_epi16(static_cast<short>(qm::kCanonicalNanF16)), nan16);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i), h);
+  }
+}
+
+inline __m256 abs8(__m256 v) {
+  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+}
+
+// ---- the encode source: y = x, x + r, or a - m ----
+
+template <DType D, CodecOp Op>
+__m256 source8(const void* x, const void* state, uint64_t i) {
+  __m256 v = load8<D>(x, i);
+  if constexpr (Op == CodecOp::kEncodeFeedback) {
+    return _mm256_add_ps(v, _mm256_loadu_ps(static_cast<const float*>(state) + i));
+  } else if constexpr (Op == CodecOp::kEncodeDelta) {
+    return _mm256_sub_ps(v, load8<D>(state, i));
+  } else {
+    return v;
+  }
+}
+
+// How far ahead of the current group to prefetch: keeps the memory system busy while the
+// previous group is being quantized from L1.
+constexpr uint64_t kPrefetchBytes = 4096;
+
+// ---- the canonical tree sum (group_math.h) over a full block in t[0..g) ----
+
+float tree_sum8(float* t, uint32_t g) {
+  for (uint32_t s = g / 2; s >= 8; s /= 2) {
+    for (uint32_t i = 0; i < s; i += 8) {
+      _mm256_storeu_ps(t + i, _mm256_add_ps(_mm256_loadu_ps(t + i), _mm256_loadu_ps(t + i + s)));
+    }
+  }
+  __m256 v = _mm256_loadu_ps(t);
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // stride 4
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                          // stride 2
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));                                      // stride 1
+  return _mm_cvtss_f32(a);
+}
+
+// ---- random words for elements i..i+7 ----
+
+void random8(const RoundingKey& key, uint64_t i, uint32_t out[8]) {
+  uint64_t idx = key.offset + i;
+  uint64_t c = idx >> 2;
+  unsigned skip = static_cast<unsigned>(idx & 3);
+  uint32_t words[12];
+  for (int b = 0; b < 3; ++b) {
+    if (b == 2 && skip == 0) break;
+    qm::U32x4 r = qm::philox(c + b, key.seed);
+    std::memcpy(words + 4 * b, r.v, 16);
+  }
+  std::memcpy(out, words + skip, 32);
+}
+
+// ---- packing 32 codes (four units) held as int32 in c[0..3] ----
+
+// Bytes of 32 codes in element order.
+inline __m256i codes_to_bytes(const __m256i c[4]) {
+  __m256i a = _mm256_packus_epi32(c[0], c[1]);
+  __m256i b = _mm256_packus_epi32(c[2], c[3]);
+  __m256i bytes = _mm256_packus_epi16(a, b);
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Writes 32 codes (4 * bits bytes) at dst.
+void pack32(const __m256i c[4], int bits, uint8_t* dst) {
+  __m256i bytes = codes_to_bytes(c);
+  if (bits == 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bytes);
+    return;
+  }
+  if (bits == 4) {
+    __m256i w = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(0x1001));  // c0 + 16 c1
+    __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), p);
+    return;
+  }
+  // bits 2 or 3: four codes per 32-bit lane.
+  __m256i w = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(static_cast<short>(bits == 2 ? 0x0401 : 0x0801)));
+  w = _mm256_madd_epi16(w, _mm256_set1_epi32(bits == 2 ? 0x00100001 : 0x00400001));
+  alignas(32) uint32_t quad[8];  // quad[q] = codes 4q..4q+3 packed in 4*bits bits
+  _mm256_store_si256(reinterpret_cast<__m256i*>(quad), w);
+  if (bits == 2) {
+    for (int q = 0; q < 8; ++q) dst[q] = static_cast<uint8_t>(quad[q]);
+    return;
+  }
+  uint64_t lo = 0, hi = 0;  // 96 bits: units of 24 bits
+  for (int u = 0; u < 4; ++u) {
+    uint64_t unit = quad[2 * u] | (static_cast<uint64_t>(quad[2 * u + 1]) << 12);
+    int bit = 24 * u;
+    if (bit < 64) lo |= unit << bit;
+    if (bit >= 64) {
+      hi |= unit << (bit - 64);
+    } else if (bit + 24 > 64) {
+      hi |= unit >> (64 - bit);
+    }
+  }
+  std::memcpy(dst, &lo, 8);
+  std::memcpy(dst + 8, &hi, 4);
+}
+
+// ---- block encode ----
+
+template <DType D, CodecOp Op>
+void encode_group(const CodecJob& job, uint64_t start, float* y, float* t) {
+  const uint32_t g = job.spec.block;
+  const int bits = job.spec.bits;
+  const uint64_t group = start / g;
+  uint8_t* packed = job.packed() + start / 8 * bits;
+
+  // Two accumulators of each kind halve the loop-carried dependency chains.
+  __m256 amax0 = _mm256_setzero_ps(), amax1 = _mm256_setzero_ps();
+  const __m256 all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  __m256 finite0 = all, finite1 = all;
+  const __m256 flt_max = _mm256_set1_ps(qm::kFltMax);
+  const void* x = job.x;
+  void* state = job.state;
+  constexpr uint64_t kElemBytes = D == DType::kFloat32 ? 4 : 2;
+  const char* prefetch = static_cast<const char*>(x) + start * kElemBytes + kPrefetchBytes;
+  for (uint32_t k = 0; k < g; k += 16) {
+    _mm_prefetch(prefetch + k * kElemBytes, _MM_HINT_T0);
+    if constexpr (kElemBytes == 4) _mm_prefetch(prefetch + k * kElemBytes + 32, _MM_HINT_T0);
+    __m256 v0 = source8<D, Op>(x, state, start + k);
+    __m256 v1 = source8<D, Op>(x, state, start + k + 8);
+    _mm256_store_ps(y + k, v0);
+    _mm256_store_ps(y + k + 8, v1);
+    __m256 a0 = abs8(v0), a1 = abs8(v1);
+    finite0 = _mm256_and_ps(finite0, _mm256_cmp_ps(a0, flt_max, _CMP_LE_OQ));
+    finite1 = _mm256_and_ps(finite1, _mm256_cmp_ps(a1, flt_max, _CMP_LE_OQ));
+    amax0 = _mm256_max_ps(amax0, a0);
+    amax1 = _mm256_max_ps(amax1, a1);
+  }
+  const __m256 amax = _mm256_max_ps(amax0, amax1);
+  if (_mm256_movemask_ps(_mm256_and_ps(finite0, finite1)) != 0xFF) {  // non-finite group: NaN scale, zero codes, reset state
+    job.scales()[group] = qm::bits_f32(qm::kCanonicalNanF32);
+    std::memset(packed, 0, g / 8 * bits);
+    if constexpr (Op == CodecOp::kEncodeFeedback) {
+      std::memset(static_cast<float*>(state) + start, 0, g * sizeof(float));
+    } else if constexpr (Op == CodecOp::kEncodeDelta) {
+      std::memset(static_cast<uint8_t*>(state) + start * dtype_size(D), 0, g * dtype_size(D));
+    }
+    return;
+  }
+
+  if (bits == 1) {
+    for (uint32_t k = 0; k < g; k += 8) _mm256_store_ps(t + k, abs8(_mm256_load_ps(y + k)));
+    float mean = qm::div(tree_sum8(t, g), static_cast<float>(g));
+    job.scales()[group] = mean;
+    __m256 pos = _mm256_set1_ps(mean), neg = _mm256_set1_ps(-mean);
+    for (uint32_t k = 0; k < g; k += 8) {
+      __m256 v = _mm256_load_ps(y + k);
+      __m256 is_neg = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
+      packed[k / 8] = static_cast<uint8_t>(_mm256_movemask_ps(is_neg));
+      __m256 dec = _mm256_blendv_ps(pos, neg, is_neg);
+      if constexpr (Op == CodecOp::kEncodeFeedback) {
+        _mm256_storeu_ps(static_cast<float*>(state) + start + k, _mm256_sub_ps(v, dec));
+      } else if constexpr (Op == CodecOp::kEncodeDelta) {
+        store8<D>(state, start + k, _mm256_add_ps(load8<D>(state, start + k), dec));
+      }
+    }
+    return;
+  }
+
+  // Reduce the absmax across lanes (max is exact, so order does not matter).
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float absmax = _mm_cvtss_f32(m4);
+  job.scales()[group] = absmax;
+  const qm::AbsmaxParams p = qm::absmax_params(absmax, bits);
+  const __m256 pre = _mm256_set1_ps(p.pre), inv = _mm256_set1_ps(p.inv);
+  const __m256 lo = _mm256_set1_ps(-qm::pow2i(bits - 1));
+  const __m256 hi = _mm256_set1_ps(qm::pow2i(bits - 1) - 1.0f);
+  const __m256i offset = _mm256_set1_epi32(1 << (bits - 1));
+  const __m256 unit_step = _mm256_set1_ps(qm::pow2i(1 - bits));
+  const __m256 scale = _mm256_set1_ps(absmax);
+  const bool sr = job.spec.rounding == Rounding::kStochastic;
+
+  for (uint32_t k = 0; k < g; k += 32) {
+    __m256i codes[4];
+    for (int u = 0; u < 4; ++u) {
+      const uint64_t i = start + k + 8 * u;
+      __m256 v = _mm256_load_ps(y + k + 8 * u);
+      __m256 s = _mm256_mul_ps(_mm256_mul_ps(v, pre), inv);
+      __m256 q;
+      if (sr) {
+        alignas(32) uint32_t rnd[8];
+        random8(job.key, i, rnd);
+        __m256i r = _mm256_srli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(rnd)), 8);
+        __m256 uni = _mm256_mul_ps(_mm256_cvtepi32_ps(r), _mm256_set1_ps(5.9604644775390625e-08f));
+        __m256 f = _mm256_floor_ps(s);
+        __m256 up = _mm256_and_ps(_mm256_cmp_ps(uni, _mm256_sub_ps(s, f), _CMP_LT_OQ), _mm256_set1_ps(1.0f));
+        q = _mm256_add_ps(f, up);
+      } else {
+        q = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      }
+      q = _mm256_min_ps(_mm256_max_ps(q, lo), hi);
+      codes[u] = _mm256_add_epi32(_mm256_cvttps_epi32(q), offset);
+      if constexpr (Op != CodecOp::kEncode) {
+        // q + 0 turns a rounded -0 into +0, as decoding the integer code does.
+        __m256 kf = _mm256_add_ps(q, _mm256_setzero_ps());
+        __m256 dec = _mm256_mul_ps(_mm256_mul_ps(kf, unit_step), scale);
+        if constexpr (Op == CodecOp::kEncodeFeedback) {
+          _mm256_storeu_ps(static_cast<float*>(state) + i, _mm256_sub_ps(v, dec));
+        } else {
+          store8<D>(state, i, _mm256_add_ps(load8<D>(state, i), dec));
+        }
+      }
+    }
+    pack32(codes, bits, packed + k / 8 * bits);
+  }
+}
+
+template <DType D, CodecOp Op>
+void encode_blocks(const CodecJob& job, uint64_t begin, uint64_t end) {
+  alignas(32) float y[kMaxBlock];  // the group's values, staged for the second pass
+  alignas(32) float t[kMaxBlock];  // q1: scratch for the tree sum
+  for (uint64_t start = begin; start < end; start += job.spec.block) encode_group<D, Op>(job, start, y, t);
+}
+
+// ---- decodes ----
+
+inline __m256i unpack8(const uint8_t* packed, uint64_t unit, int bits) {
+  const uint8_t* p = packed + unit * bits;
+  if (bits == 8) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  uint32_t w;  // fixed-size loads: a runtime-sized memcpy would be a library call per unit
+  switch (bits) {
+    case 1: w = p[0]; break;
+    case 2: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      w = h;
+      break;
+    }
+    case 3: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      w = h | static_cast<uint32_t>(p[2]) << 16;
+      break;
+    }
+    default: std::memcpy(&w, p, 4);
+  }
+  const __m256i shifts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
+                          _mm256_set1_epi32((1 << bits) - 1));
+}
+
+template <DType D, CodecOp Op>
+void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
+  const int bits = job.spec.bits;
+  const bool column = job.spec.grouping == Grouping::kColumn;
+  const __m256i offset = _mm256_set1_epi32(1 << (bits - 1));
+  const __m256 unit_step = _mm256_set1_ps(qm::pow2i(1 - bits));
+  const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(qm::kCanonicalNanF32)));
+  const __m256 flt_max = _mm256_set1_ps(qm::kFltMax);
+  const float* scales = job.scales();
+  const uint8_t* packed = job.packed();
+  const uint64_t cols = job.spec.cols, block = job.spec.block;
+  void* out = job.out;
+  void* state = job.state;
+  constexpr uint64_t kElemBytes = D == DType::kFloat32 ? 4 : 2;
+  const char* prefetch = static_cast<const char*>(Op == CodecOp::kDecodeDelta ? state : out) + kPrefetchBytes;
+  for (uint64_t i = begin; i < end; i += 8) {
+    if constexpr (Op != CodecOp::kDecode) {
+      if (i * kElemBytes % 64 == 0) _mm_prefetch(prefetch + i * kElemBytes, _MM_HINT_T0);
+    }
+    __m256 scale = column ? _mm256_loadu_ps(scales + i % cols) : _mm256_set1_ps(scales[i / block]);
+    __m256 finite = _mm256_cmp_ps(abs8(scale), flt_max, _CMP_LE_OQ);
+    __m256i code = unpack8(packed, i / 8, bits);
+    __m256 dec;
+    if (bits == 1) {
+      __m256 neg = _mm256_castsi256_ps(_mm256_cmpeq_epi32(code, _mm256_set1_epi32(1)));
+      dec = _mm256_blendv_ps(scale, _mm256_sub_ps(_mm256_setzero_ps(), scale), neg);
+    } else {
+      __m256 k = _mm256_cvtepi32_ps(_mm256_sub_epi32(code, offset));
+      dec = _mm256_mul_ps(_mm256_mul_ps(k, unit_step), scale);
+    }
+    dec = _mm256_blendv_ps(nan, dec, finite);
+    if constexpr (Op == CodecOp::kDecode) {
+      store8<D>(out, i, dec);
+    } else if constexpr (Op == CodecOp::kDecodeAccumulate) {
+      store8<D>(out, i, _mm256_add_ps(load8<D>(out, i), dec));
+    } else {  // kDecodeDelta: non-finite groups reset m to 0 and output NaN
+      store8<D>(state, i, _mm256_and_ps(finite, _mm256_add_ps(load8<D>(state, i), dec)));
+      if (out) store8<D>(out, i, _mm256_blendv_ps(nan, load8<D>(state, i), finite));
+    }
+  }
+}
+
+}  // namespace
+
+bool avx2_supported() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+bool avx2_range(const CodecJob& job, uint64_t begin, uint64_t end) {
+  if (job.spec.kind != CodecKind::kAbsmax) return false;
+  const bool encode = is_encode(job.op);
+  if (encode && job.spec.grouping != Grouping::kBlock) return false;
+  if (!encode && job.spec.grouping == Grouping::kColumn && job.spec.cols % 8 != 0) return false;
+  // Whole blocks (encode) or whole units (decode) here; the tensor's ragged end goes scalar.
+  const uint64_t align = encode ? job.spec.block : 8;
+  const uint64_t vec_end = end == job.n ? end / align * align : end;
+  if (vec_end < begin) return false;
+  with_dtype(job.dtype, [&]<DType D>() {
+    if (job.op == CodecOp::kEncode) {
+      encode_blocks<D, CodecOp::kEncode>(job, begin, vec_end);
+    } else if (job.op == CodecOp::kEncodeFeedback) {
+      encode_blocks<D, CodecOp::kEncodeFeedback>(job, begin, vec_end);
+    } else if (job.op == CodecOp::kEncodeDelta) {
+      encode_blocks<D, CodecOp::kEncodeDelta>(job, begin, vec_end);
+    } else if (job.op == CodecOp::kDecode) {
+      decode_units<D, CodecOp::kDecode>(job, begin, vec_end);
+    } else if (job.op == CodecOp::kDecodeAccumulate) {
+      decode_units<D, CodecOp::kDecodeAccumulate>(job, begin, vec_end);
+    } else {
+      decode_units<D, CodecOp::kDecodeDelta>(job, begin, vec_end);
+    }
+  });
+  if (vec_end < end) scalar_range(job, vec_end, end);
+  return true;
+}
+
 }  // namespace lowcomm::cpu

@@ -1,6 +1,7 @@
 // Codec spec: parsing, printing, validation and the encoded-size arithmetic.
 
 #include <charconv>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -167,6 +168,15 @@ std::string to_string(const CodecSpec& s) {
   if (s.grouping == Grouping::kColumn) out += ":col=" + std::to_string(s.cols);
   if (s.rounding == Rounding::kStochastic) out += ":sr";
   return out;
+}
+
+Result<CodecSpec> codec_spec_from_env(const char* name, std::string_view fallback) {
+  const char* value = std::getenv(name);
+  auto spec = parse_codec_spec(value ? std::string_view(value) : fallback);
+  if (!spec.is_ok() && value) {
+    return invalid_argument(std::string(name) + "='" + value + "': " + spec.status().message());
+  }
+  return spec;
 }
 
 uint64_t group_count(const CodecSpec& s, uint64_t n) {

@@ -65,6 +65,9 @@ constexpr uint32_t kMaxBlock = 4096;
 // Examples: "q4", "q2:block=64:sr", "q4:col=4096", "minmax8", "none".
 Result<CodecSpec> parse_codec_spec(std::string_view text);
 std::string to_string(const CodecSpec& spec);
+// The spec in environment variable `name` (e.g. LOWCOMM_CODEC=q4), or `fallback` when unset;
+// an invalid value is an error naming the variable.
+Result<CodecSpec> codec_spec_from_env(const char* name, std::string_view fallback);
 Status validate_spec(const CodecSpec& spec);
 
 // Number of scale groups for n elements (0 for passthrough).
