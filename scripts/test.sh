@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs, builds and runs every test; exits non-zero on any failure.
+#   1. Release build (CUDA kernels compiled where nvcc exists), all CTest suites; CUDA tests
+#      report themselves skipped where no GPU is present.
+#   2. ASan + UBSan build of lowcomm's code and tests, all CTest suites.
+#   3. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/deps.sh
+JOBS=$(nproc)
+
+echo "== release build and tests"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$JOBS"
+ctest --test-dir build --output-on-failure -j "$JOBS"
+
+echo "== ASan + UBSan build and tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOWCOMM_CUDA=OFF \
+  -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j "$JOBS"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+
+echo "== wire decoder fuzzing"
+scripts/fuzz.sh "${LOWCOMM_FUZZ_SECONDS:-60}"
+
+echo "== all tests passed"
