@@ -6,6 +6,7 @@
 //   decodes: block or column groups (col= a multiple of 8).
 // Anything else, and the partial group at a tensor's end, is handed to the scalar path.
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstring>
@@ -353,7 +354,12 @@ void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
 }  // namespace
 
 bool avx2_supported() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // clang 14 knows no "f16c" for __builtin_cpu_supports; read CPUID leaf 1 for it.
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+    return f16c && __builtin_cpu_supports("avx2");
+  }();
   return ok;
 }
 

@@ -4,6 +4,7 @@
 // depend on the thread count.
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "codec/codec_job.h"
@@ -29,6 +30,18 @@ Status check_job(const CodecJob& job, const void* data, uint64_t codes_bytes) {
   }
   if (job.n > 0 && (data == nullptr || job.payload == nullptr)) {
     return invalid_argument("null buffer for a non-empty tensor");
+  }
+  // Scales are fp32 at the payload's start, passthrough values are wire-dtype elements, and
+  // tensors are accessed as their element type.
+  const size_t payload_align = job.spec.quantized() ? 4 : dtype_size(job.spec.wire_dtype);
+  if (reinterpret_cast<uintptr_t>(job.payload) % payload_align != 0) {
+    return invalid_argument("codes buffer must be " + std::to_string(payload_align) + "-byte aligned");
+  }
+  for (const void* p : {job.x, static_cast<const void*>(job.state), static_cast<const void*>(job.out)}) {
+    if (reinterpret_cast<uintptr_t>(p) % dtype_size(job.dtype) != 0) {
+      return invalid_argument(std::string("tensor buffers must be aligned to their element size (") +
+                              dtype_name(job.dtype) + ")");
+    }
   }
   return Status::ok();
 }

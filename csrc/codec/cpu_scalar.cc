@@ -69,8 +69,14 @@ void write_group_scale(const CodecJob& job, uint64_t g, const float* y, uint64_t
   } else if (job.spec.bits == 1) {
     uint32_t gsize = job.spec.block;
     for (uint32_t k = 0; k < gsize; ++k) tree[k] = k < count ? qm::abs_f(y[k]) : 0.0f;
-    float sum = tree_sum(tree, gsize);
-    s[g] = finite ? qm::div(sum, static_cast<float>(count)) : nan;
+    float mean = qm::mean_abs(tree_sum(tree, gsize), static_cast<uint32_t>(count));
+    if (finite && !qm::is_finite(mean)) {  // the sum overflowed: see quant_math.h
+      for (uint32_t k = 0; k < gsize; ++k) {
+        tree[k] = k < count ? qm::mul(qm::abs_f(y[k]), qm::kMeanRescale) : 0.0f;
+      }
+      mean = qm::rescaled_mean_abs(tree_sum(tree, gsize), static_cast<uint32_t>(count));
+    }
+    s[g] = finite ? mean : nan;
   } else {
     s[g] = finite ? amax : nan;
   }

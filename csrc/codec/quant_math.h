@@ -163,15 +163,18 @@ LC_HD float uniform01(uint32_t r) { return mul(static_cast<float>(r >> 8), 5.960
 // Codes k in [-2^(b-1), 2^(b-1)-1] stored as k + 2^(b-1); decoded as (k * 2^-(b-1)) * absmax.
 
 struct AbsmaxParams {
-  float pre;  // 2^24 when absmax is subnormal (keeps 1/absmax finite), else 1
+  float pre;  // 2^64 when absmax < 2^-64 (keeps 2^(b-1)/absmax finite), else 1
   float inv;  // 2^(b-1) / (absmax * pre), 0 when absmax is 0
 };
 
 LC_HD float pow2i(int e) { return bits_f32(static_cast<uint32_t>(127 + e) << 23); }
 
+// 2^(b-1)/absmax overflows fp32 for absmax below about 2^(b-129), normal values included
+// (q8: every absmax under 2^-121). Below 2^-64, x and absmax are both scaled by 2^64: exact,
+// and it leaves y = x * pre * inv bit-identical wherever the unscaled inv is finite.
 LC_HD AbsmaxParams absmax_params(float absmax, int bits) {
   AbsmaxParams p;
-  p.pre = absmax < kFltMinNormal ? 16777216.0f : 1.0f;
+  p.pre = absmax < pow2i(-64) ? pow2i(64) : 1.0f;
   p.inv = absmax > 0.0f ? div(pow2i(bits - 1), mul(absmax, p.pre)) : 0.0f;
   return p;
 }
@@ -197,6 +200,19 @@ LC_HD float absmax_value(uint32_t code, float absmax, int bits) {
 }
 
 // 1 bit: sign x mean|x|; code 1 means negative.
+// The mean is the group's canonical tree sum of |y| (group_math.h) divided by the element
+// count. When that sum overflows fp32 for a finite group (values near FLT_MAX), the tree is
+// summed again in the same order over |y| * 2^-12 (at most 4096 leaves of at most
+// FLT_MAX * 2^-12: no overflow) and the mean is scaled back by 2^12, saturating at FLT_MAX.
+// A finite group so never gets an infinite record, which would decode to NaN.
+constexpr float kMeanRescale = 2.44140625e-04f;  // 2^-12
+LC_HD float mean_abs(float tree_sum, uint32_t count) {
+  return div(tree_sum, static_cast<float>(count));
+}
+LC_HD float rescaled_mean_abs(float rescaled_tree_sum, uint32_t count) {
+  float m = mul(div(rescaled_tree_sum, static_cast<float>(count)), 4096.0f);
+  return m > kFltMax ? kFltMax : m;
+}
 LC_HD uint32_t sign_code(float x) { return x < 0.0f ? 1u : 0u; }
 LC_HD float sign_value(uint32_t code, float mean_abs) { return code ? -mean_abs : mean_abs; }
 

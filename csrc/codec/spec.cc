@@ -115,12 +115,11 @@ Result<CodecSpec> parse_codec_spec(std::string_view text) {
     s.kind = CodecKind::kNone;
     s.wire_dtype = name == "bf16" ? DType::kBFloat16 : DType::kFloat16;
     s.bits = 16;
-  } else if (name.size() == 2 && name[0] == 'q' && name[1] >= '0' && name[1] <= '9') {
+  } else if (name == "q1" || name == "q2" || name == "q3" || name == "q4" || name == "q8") {
     s.kind = CodecKind::kAbsmax;
     s.bits = name[1] - '0';
     s.grouping = Grouping::kBlock;
-  } else if (name.size() == 7 && name.substr(0, 6) == "minmax" && name[6] >= '0' &&
-             name[6] <= '9') {
+  } else if (name == "minmax2" || name == "minmax4" || name == "minmax8") {
     s.kind = CodecKind::kMinmax;
     s.bits = name[6] - '0';
     s.grouping = Grouping::kBlock;
@@ -129,6 +128,7 @@ Result<CodecSpec> parse_codec_spec(std::string_view text) {
                             "' (expected none, fp32, bf16, fp16, q1, q2, q3, q4, q8, minmax2, "
                             "minmax4 or minmax8)");
   }
+  bool has_block = false, has_col = false;
   for (size_t i = 1; i < parts.size(); ++i) {
     std::string_view opt = parts[i];
     size_t eq = opt.find('=');
@@ -145,18 +145,28 @@ Result<CodecSpec> parse_codec_spec(std::string_view text) {
       if (*v > UINT32_MAX) return invalid_argument("block size too large: " + std::string(val));
       s.grouping = Grouping::kBlock;
       s.block = static_cast<uint32_t>(*v);
+      has_block = true;
     } else if (key == "col" && eq != opt.npos) {
       auto v = parse_u64(key, val);
       if (!v) return v.status();
       if (s.kind == CodecKind::kNone) return invalid_argument("passthrough takes no col=");
       s.grouping = Grouping::kColumn;
       s.cols = *v;
+      has_col = true;
     } else {
       return invalid_argument("unknown codec option '" + std::string(opt) + "' in '" +
                               std::string(text) + "' (options: block=N, col=N, sr, rn)");
     }
   }
-  LOWCOMM_CHECK(validate_spec(s));
+  if (has_block && has_col) {
+    return invalid_argument("codec spec '" + std::string(text) +
+                            "' sets both block= and col=; a spec has one kind of scale group");
+  }
+  // Validation messages name the rule; prefix the text so the user sees what broke it.
+  Status valid = validate_spec(s);
+  if (!valid.is_ok()) {
+    return invalid_argument("codec spec '" + std::string(text) + "': " + valid.message());
+  }
   return s;
 }
 
@@ -199,6 +209,7 @@ double bits_per_element(const CodecSpec& s, uint64_t n) {
 }
 
 Status check_count(const CodecSpec& s, uint64_t n) {
+  if (s.grouping == Grouping::kColumn && s.cols == 0) return invalid_argument("column groups need col=N with N >= 1");
   if (s.grouping == Grouping::kColumn && n % s.cols != 0) {
     return invalid_argument("column groups: element count " + std::to_string(n) +
                             " is not a multiple of col=" + std::to_string(s.cols));

@@ -94,7 +94,8 @@ struct CpuOptions {
 };
 
 // All functions below: `n` elements of `dtype` at `x`/`out`; `codes` holds `codes_bytes` bytes,
-// at least encoded_size(spec, n). Buffers must not overlap unless stated.
+// at least encoded_size(spec, n), 4-byte aligned (passthrough: wire-dtype aligned). Tensors are aligned to their element size.
+// Buffers must not overlap unless stated.
 
 // codes = Q(x)
 Status encode(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,

@@ -1,0 +1,51 @@
+#pragma once
+// The codec layer on a CUDA device: the six operations of codec.h, enqueued on a stream.
+//
+// Every pointer is a device pointer (or any memory the device can access: managed, or host
+// memory on systems where the GPU can read it). Each call checks its arguments on the host,
+// enqueues its kernels on `stream` and returns without waiting; results are ready when the
+// stream reaches that point. The bytes written equal those of the CPU functions in codec.h for
+// the same input, spec and RoundingKey.
+//
+// Buffers: x, out and m are arrays of `dtype` aligned to its size; residual is fp32, 4-byte
+// aligned; the codes buffer may have any alignment. Buffers must not overlap, except that
+// decode_delta_cuda's out may equal m. Errors: kInvalidArgument for bad arguments (nothing is
+// enqueued), kSystem naming the cudaError when the runtime refuses a launch or an allocation.
+// Errors of kernels already enqueued surface at the caller's next synchronisation.
+//
+// This header is C++17 and needs no CUDA headers.
+
+#include <cstdint>
+
+#include "lowcomm/codec.h"
+#include "lowcomm/status.h"
+
+// The CUDA runtime's own declaration (driver_types.h), repeated so callers need not include it.
+typedef struct CUstream_st* cudaStream_t;
+
+namespace lowcomm {
+
+// True when the CUDA runtime reports at least one usable device.
+bool cuda_device_available();
+
+// codes = Q(x)
+Status encode_cuda(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,
+                   uint64_t codes_bytes, RoundingKey key, cudaStream_t stream);
+// out = D(codes)
+Status decode_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+                   DType dtype, void* out, cudaStream_t stream);
+// out += D(codes), accumulated in fp32 and rounded once to dtype
+Status decode_accumulate_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                              uint64_t n, DType dtype, void* out, cudaStream_t stream);
+// y = x + residual; codes = Q(y); residual = y - D(codes)  (residual: fp32, in place)
+Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void* x,
+                                  float* residual, uint64_t n, void* codes, uint64_t codes_bytes,
+                                  RoundingKey key, cudaStream_t stream);
+// codes = Q(a - m); m += D(codes)  (m has a's dtype, in place)
+Status encode_delta_cuda(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
+                         void* codes, uint64_t codes_bytes, RoundingKey key, cudaStream_t stream);
+// m += D(codes); out = m  (out may be null, or equal to m)
+Status decode_delta_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                         uint64_t n, DType dtype, void* m, void* out, cudaStream_t stream);
+
+}  // namespace lowcomm
