@@ -29,12 +29,15 @@ std::vector<uint8_t> make_tensor(DType dtype, uint64_t n, uint32_t seed, bool sp
   std::vector<uint8_t> out(n * dtype_size(dtype));
   for (uint64_t i = 0; i < n; ++i) {
     float v = normal(rng) * std::pow(10.0f, mag(rng));
+    if (specials && (i / 128) % 5 == 3) v *= 1e-25f;  // whole blocks of tiny values
     if (specials) {
       auto pick = rng() % 997;
       if (pick == 0) v = std::numeric_limits<float>::quiet_NaN();
       if (pick == 1) v = -std::numeric_limits<float>::infinity();
       if (pick == 2) v = 1e-41f;  // fp32 subnormal
       if (pick == 3) v = -0.0f;
+      if (pick == 4 || pick == 5) v = 3.0e38f;  // q1 sums overflow: the rescaled-tree fallback
+      if (pick == 6) v = 1e-30f;                // tiny scales: the 2^64 pre-scale
     }
     if (dtype == DType::kFloat32) {
       std::memcpy(out.data() + 4 * i, &v, 4);

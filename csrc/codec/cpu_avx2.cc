@@ -206,7 +206,14 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t) {
 
   if (bits == 1) {
     for (uint32_t k = 0; k < g; k += 8) _mm256_store_ps(t + k, abs8(_mm256_load_ps(y + k)));
-    float mean = qm::div(tree_sum8(t, g), static_cast<float>(g));
+    float mean = qm::mean_abs(tree_sum8(t, g), g);
+    if (!qm::is_finite(mean)) {  // the sum overflowed: rescaled tree, as in quant_math.h
+      const __m256 rescale = _mm256_set1_ps(qm::kMeanRescale);
+      for (uint32_t k = 0; k < g; k += 8) {
+        _mm256_store_ps(t + k, _mm256_mul_ps(abs8(_mm256_load_ps(y + k)), rescale));
+      }
+      mean = qm::rescaled_mean_abs(tree_sum8(t, g), g);
+    }
     job.scales()[group] = mean;
     __m256 pos = _mm256_set1_ps(mean), neg = _mm256_set1_ps(-mean);
     for (uint32_t k = 0; k < g; k += 8) {
