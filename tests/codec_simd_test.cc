@@ -79,7 +79,7 @@ void check_case(const Case& c, bool specials) {
       ASSERT_TRUE(encode_delta(*spec, c.dtype, x.data(), mb.data(), c.n, cb.data(), bytes, key, plain).is_ok());
     }
     ASSERT_EQ(ca, cb);
-    ASSERT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4));
+    ASSERT_EQ(ra, rb);
     ASSERT_EQ(ma, mb);
 
     // Decodes of these codes.

@@ -118,6 +118,9 @@ Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m, 
 
 Status decode_delta(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                     DType dtype, void* m, void* out, CpuOptions opts) {
+  if (n > 0 && out != nullptr && out == m) {
+    return invalid_argument("decode_delta: out must not alias the cache m (pass null for no output)");
+  }
   CodecJob job{CodecOp::kDecodeDelta, spec, dtype, n, nullptr, m, out,
                const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)), {}};
   return run_checked(job, m, codes_bytes, opts);

@@ -114,7 +114,8 @@ Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, 
 // AQ-SGD sender: codes = Q(a - m); m += D(codes). m has a's dtype, updated in place.
 Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
                     void* codes, uint64_t codes_bytes, RoundingKey key = {}, CpuOptions opts = {});
-// AQ-SGD receiver: m += D(codes); out = m (out may be null, or equal to m).
+// AQ-SGD receiver: m += D(codes); out = m. out may be null; it must not alias m (a non-finite
+// group resets m to 0 and writes NaN to out, which one buffer cannot hold).
 Status decode_delta(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                     DType dtype, void* m, void* out, CpuOptions opts = {});
 
