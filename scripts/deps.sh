@@ -8,6 +8,7 @@ PACKAGES=(
   clang llvm libclang-rt-dev       # libFuzzer and the sanitizer runtimes
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev
+  libssl-dev                       # OpenSSL 3: HMAC authentication of transport streams
 )
 
 missing=()

@@ -1,0 +1,28 @@
+#pragma once
+// Logging to stderr, one line per call, threshold from LOWCOMM_DEBUG.
+//
+//   LOWCOMM_DEBUG = NONE | WARN (default) | INFO | TRACE
+//
+// Each line is "[lowcomm <pid> <thread name>] LEVEL file:line message" and is emitted with a
+// single write(2), so lines from concurrent threads never interleave. Log once, where an error
+// is first understood (STYLE.md). Usage: LOWCOMM_LOG(kWarn, "peer %s: %s", who, why);
+
+namespace lowcomm {
+
+enum class LogLevel { kNone = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
+
+// The threshold parsed from LOWCOMM_DEBUG on first use (an unknown value means WARN).
+LogLevel log_threshold();
+inline bool log_enabled(LogLevel level) {
+  return level != LogLevel::kNone && static_cast<int>(level) <= static_cast<int>(log_threshold());
+}
+void log_write(LogLevel level, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+}  // namespace lowcomm
+
+#define LOWCOMM_LOG(level, ...)                                                 \
+  do {                                                                          \
+    if (::lowcomm::log_enabled(::lowcomm::LogLevel::level))                     \
+      ::lowcomm::log_write(::lowcomm::LogLevel::level, __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)

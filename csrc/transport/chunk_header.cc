@@ -1,0 +1,46 @@
+#include "transport/chunk_header.h"
+
+#include "transport/little_endian.h"
+
+namespace lowcomm::transport {
+namespace {
+
+uint32_t fnv1a32(const uint8_t* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+}  // namespace
+
+void write_chunk_header(const ChunkHeader& h, uint8_t out[kChunkHeaderBytes]) {
+  store_le32(out, kChunkMagic);
+  store_le32(out + 4, h.chunk_len);
+  store_le64(out + 8, h.tag);
+  store_le64(out + 16, h.seq);
+  store_le64(out + 24, h.msg_len);
+  store_le64(out + 32, h.offset);
+  store_le32(out + 40, 0);
+  store_le32(out + 44, fnv1a32(out, 44));
+}
+
+Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes], const std::string& who) {
+  if (load_le32(in) != kChunkMagic)
+    return corrupt_data(who + ": bad chunk magic (stream out of sync or not lowcomm)");
+  if (load_le32(in + 44) != fnv1a32(in, 44)) return corrupt_data(who + ": chunk header checksum mismatch");
+  if (load_le32(in + 40) != 0) return corrupt_data(who + ": chunk header reserved field not zero");
+  ChunkHeader h;
+  h.chunk_len = load_le32(in + 4);
+  h.tag = load_le64(in + 8);
+  h.seq = load_le64(in + 16);
+  h.msg_len = load_le64(in + 24);
+  h.offset = load_le64(in + 32);
+  if (h.offset > h.msg_len || h.chunk_len > h.msg_len - h.offset) {
+    return corrupt_data(who + ": chunk [" + std::to_string(h.offset) + ", +" +
+                        std::to_string(h.chunk_len) + ") outside its message of " +
+                        std::to_string(h.msg_len) + " bytes (tag " + std::to_string(h.tag) + ")");
+  }
+  return h;
+}
+
+}  // namespace lowcomm::transport

@@ -1,0 +1,274 @@
+#include "transport/handshake.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "core/sys_check.h"
+#include "transport/little_endian.h"
+
+namespace lowcomm::transport {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x3148434Cu;      // "LCH1"
+constexpr uint32_t kChallengeMagic = 0x3153434Cu;  // "LCS1"
+constexpr uint32_t kAcceptMagic = 0x4B4F434Cu;     // "LCOK"
+constexpr uint16_t kProtocolVersion = 1;
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;
+constexpr char kServerLabel[] = "lowcomm server";
+constexpr char kClientLabel[] = "lowcomm client";
+
+// HMAC-SHA256(secret, label | a | b).
+Status hmac3(const std::string& secret, const char* label, const uint8_t* a, size_t a_len,
+             const uint8_t* b, size_t b_len, uint8_t out[kMacBytes]) {
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (!mac) return internal_error("OpenSSL: HMAC unavailable");
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(mac);
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                         OSSL_PARAM_construct_end()};
+  size_t out_len = 0;
+  bool ok = ctx && EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(secret.data()),
+                                secret.size(), params) == 1 &&
+            EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(label), std::strlen(label)) == 1 &&
+            EVP_MAC_update(ctx, a, a_len) == 1 && EVP_MAC_update(ctx, b, b_len) == 1 &&
+            EVP_MAC_final(ctx, out, &out_len, kMacBytes) == 1 && out_len == kMacBytes;
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(mac);
+  return ok ? Status::ok() : internal_error("OpenSSL: HMAC-SHA256 failed");
+}
+
+}  // namespace
+
+StreamHandshake::StreamHandshake(Role role, UniqueFd fd, std::string peer_name,
+                                 const std::string& secret, Deadline deadline)
+    : role_(role),
+      state_(role == Role::kClient ? State::kConnecting : State::kRecvHello),
+      fd_(std::move(fd)),
+      peer_name_(std::move(peer_name)),
+      secret_(secret),
+      deadline_(deadline.resolve()) {}
+
+StreamHandshake StreamHandshake::client(UniqueFd fd, std::string peer_name,
+                                        const std::string& secret, HelloInfo hello,
+                                        Deadline deadline) {
+  StreamHandshake h(Role::kClient, std::move(fd), std::move(peer_name), secret, deadline);
+  h.hello_ = hello;
+  uint8_t* p = h.hello_bytes_.data();
+  store_le32(p, kHelloMagic);
+  store_le16(p + 4, kProtocolVersion);
+  store_le16(p + 6, hello.stream_index);
+  store_le16(p + 8, hello.streams);
+  store_le16(p + 10, 0);
+  store_le32(p + 12, hello.rank);
+  store_le64(p + 16, hello.connection_id);
+  if (RAND_bytes(p + 24, static_cast<int>(kNonceBytes)) != 1) {
+    h.state_ = State::kFailed;
+  }
+  return h;
+}
+
+StreamHandshake StreamHandshake::server(UniqueFd fd, std::string peer_name,
+                                        const std::string& secret, uint32_t local_rank,
+                                        Deadline deadline) {
+  StreamHandshake h(Role::kServer, std::move(fd), std::move(peer_name), secret, deadline);
+  h.local_rank_ = local_rank;
+  return h;
+}
+
+short StreamHandshake::poll_events() const {
+  switch (state_) {
+    case State::kConnecting:
+    case State::kSendHello:
+    case State::kSendChallenge:
+    case State::kSendProof:
+    case State::kSendAccept: return POLLOUT;
+    default: return POLLIN;
+  }
+}
+
+Status StreamHandshake::fail(Status s) {
+  state_ = State::kFailed;
+  return Status(s.code(), "handshake with " + peer_name_ + ": " + s.message());
+}
+
+Status StreamHandshake::write_pending(bool* complete) {
+  while (out_done_ < out_len_) {
+    long n = LOWCOMM_SYS_RETRY(
+        ::send(fd_.get(), out_.data() + out_done_, out_len_ - out_done_, MSG_NOSIGNAL));
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        *complete = false;
+        return Status::ok();
+      }
+      return sys_error("send", peer_name_, errno);
+    }
+    out_done_ += static_cast<size_t>(n);
+  }
+  *complete = true;
+  return Status::ok();
+}
+
+Status StreamHandshake::read_exact(size_t want, bool* complete) {
+  // Never read past `want`: bytes after the handshake belong to the data path.
+  while (in_done_ < want) {
+    long n = LOWCOMM_SYS_RETRY(::recv(fd_.get(), in_.data() + in_done_, want - in_done_, 0));
+    if (n == 0) return Status(StatusCode::kRemoteError, "connection closed during handshake");
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        *complete = false;
+        return Status::ok();
+      }
+      return sys_error("recv", peer_name_, errno);
+    }
+    in_done_ += static_cast<size_t>(n);
+  }
+  *complete = true;
+  return Status::ok();
+}
+
+Status StreamHandshake::advance() {
+  bool complete = false;
+  while (true) {
+    if (state_ != State::kDone && state_ != State::kFailed && deadline_.expired())
+      return fail(Status(StatusCode::kTimeout, "not completed before its deadline"));
+    switch (state_) {
+      case State::kConnecting: {
+        pollfd p{fd_.get(), POLLOUT, 0};
+        int r = static_cast<int>(LOWCOMM_SYS_RETRY(::poll(&p, 1, 0)));
+        if (r < 0) return fail(sys_error("poll", peer_name_, errno));
+        if (r == 0) return Status::ok();
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        if (err != 0) return fail(sys_error("connect", peer_name_, err));
+        std::memcpy(out_.data(), hello_bytes_.data(), kHelloBytes);
+        out_len_ = kHelloBytes;
+        out_done_ = 0;
+        state_ = State::kSendHello;
+        break;
+      }
+      case State::kSendHello: {
+        Status s = write_pending(&complete);
+        if (!s) return fail(s);
+        if (!complete) return Status::ok();
+        in_done_ = 0;
+        state_ = State::kRecvChallenge;
+        break;
+      }
+      case State::kRecvHello: {
+        Status s = read_exact(kHelloBytes, &complete);
+        if (!s) return fail(s);
+        if (!complete) return Status::ok();
+        std::memcpy(hello_bytes_.data(), in_.data(), kHelloBytes);
+        const uint8_t* p = hello_bytes_.data();
+        if (load_le32(p) != kHelloMagic)
+          return fail(corrupt_data("not a lowcomm client (bad hello magic)"));
+        if (load_le16(p + 4) != kProtocolVersion)
+          return fail(corrupt_data("protocol version " + std::to_string(load_le16(p + 4)) +
+                                   ", this build speaks " + std::to_string(kProtocolVersion)));
+        hello_.stream_index = load_le16(p + 6);
+        hello_.streams = load_le16(p + 8);
+        hello_.rank = load_le32(p + 12);
+        hello_.connection_id = load_le64(p + 16);
+        // Build the challenge: magic, rank, nonce, then the MAC over hello and those fields.
+        uint8_t* c = challenge_bytes_.data();
+        store_le32(c, kChallengeMagic);
+        store_le32(c + 4, local_rank_);
+        if (RAND_bytes(c + 8, static_cast<int>(kNonceBytes)) != 1)
+          return fail(internal_error("OpenSSL RAND_bytes failed"));
+        Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c, 8 + kNonceBytes,
+                         c + 8 + kNonceBytes);
+        if (!m) return fail(m);
+        std::memcpy(out_.data(), c, kChallengeBytes);
+        out_len_ = kChallengeBytes;
+        out_done_ = 0;
+        state_ = State::kSendChallenge;
+        break;
+      }
+      case State::kSendChallenge: {
+        Status s = write_pending(&complete);
+        if (!s) return fail(s);
+        if (!complete) return Status::ok();
+        in_done_ = 0;
+        state_ = State::kRecvProof;
+        break;
+      }
+      case State::kRecvChallenge: {
+        Status s = read_exact(kChallengeBytes, &complete);
+        if (!s) return fail(s);
+        if (!complete) return Status::ok();
+        std::memcpy(challenge_bytes_.data(), in_.data(), kChallengeBytes);
+        const uint8_t* c = challenge_bytes_.data();
+        if (load_le32(c) != kChallengeMagic)
+          return fail(corrupt_data("not a lowcomm server (bad challenge magic)"));
+        uint8_t expect[kMacBytes];
+        Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c,
+                         8 + kNonceBytes, expect);
+        if (!m) return fail(m);
+        if (CRYPTO_memcmp(expect, c + 8 + kNonceBytes, kMacBytes) != 0)
+          return fail(Status(StatusCode::kRemoteError,
+                             "server failed authentication (wrong communicator secret?)"));
+        server_rank_ = load_le32(c + 4);
+        Status p = hmac3(secret_, kClientLabel, hello_bytes_.data(), kHelloBytes, c,
+                         kChallengeBytes, out_.data());
+        if (!p) return fail(p);
+        out_len_ = kProofBytes;
+        out_done_ = 0;
+        state_ = State::kSendProof;
+        break;
+      }
+      case State::kSendProof: {
+        Status s = write_pending(&complete);
+        if (!s) return fail(s);
+        if (!complete) return Status::ok();
+        in_done_ = 0;
+        state_ = State::kRecvAccept;
+        break;
+      }
+      case State::kRecvProof: {
+        Status s = read_exact(kProofBytes, &complete);
+        if (!s) return fail(s);
+        if (!complete) return Status::ok();
+        uint8_t expect[kMacBytes];
+        Status m = hmac3(secret_, kClientLabel, hello_bytes_.data(), kHelloBytes,
+                         challenge_bytes_.data(), kChallengeBytes, expect);
+        if (!m) return fail(m);
+        if (CRYPTO_memcmp(expect, in_.data(), kMacBytes) != 0)
+          return fail(Status(StatusCode::kRemoteError,
+                             "client failed authentication (wrong communicator secret?)"));
+        store_le32(out_.data(), kAcceptMagic);
+        out_len_ = kAcceptBytes;
+        out_done_ = 0;
+        state_ = State::kSendAccept;
+        break;
+      }
+      case State::kSendAccept: {
+        Status s = write_pending(&complete);
+        if (!s) return fail(s);
+        if (!complete) return Status::ok();
+        state_ = State::kDone;
+        break;
+      }
+      case State::kRecvAccept: {
+        Status s = read_exact(kAcceptBytes, &complete);
+        if (!s) return fail(Status(s.code(), s.message() + " (the server rejected this client?)"));
+        if (!complete) return Status::ok();
+        if (load_le32(in_.data()) != kAcceptMagic)
+          return fail(corrupt_data("bad accept message"));
+        state_ = State::kDone;
+        break;
+      }
+      case State::kDone: return Status::ok();
+      case State::kFailed:
+        return Status(StatusCode::kInternal, "handshake with " + peer_name_ + " already failed");
+    }
+  }
+}
+
+}  // namespace lowcomm::transport

@@ -1,0 +1,109 @@
+#pragma once
+// StreamHandshake: the set-up of one TCP stream as a resumable state machine. advance() does
+// only non-blocking I/O and returns as soon as the socket would block; call it again when the
+// socket is ready (poll_events() says for what). Nothing here blocks or spawns threads.
+//
+// Protocol (all integers little-endian; docs/transport.md):
+//   client -> server  Hello      magic "LCH1", u16 version, u16 stream index, u16 streams,
+//                                u16 zero, u32 client rank, u64 connection id, 32-byte nonce Nc
+//   server -> client  Challenge  magic "LCS1", u32 server rank, 32-byte nonce Ns,
+//                                32-byte MACs = HMAC-SHA256(secret, "lowcomm server" | Hello |
+//                                               magic | server rank | Ns)
+//   client -> server  Proof      32-byte MACc = HMAC-SHA256(secret, "lowcomm client" | Hello |
+//                                               Challenge)
+//   server -> client  Accept     magic "LCOK"
+// Each side proves knowledge of the secret over both nonces, so neither a replayed transcript
+// nor a reflected MAC (the labels differ) passes, and the secret itself never crosses the wire.
+// Any mismatch fails the handshake; the caller closes the socket and logs it.
+
+#include <poll.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "core/deadline.h"
+#include "core/unique_fd.h"
+#include "lowcomm/status.h"
+
+namespace lowcomm::transport {
+
+inline constexpr size_t kHelloBytes = 56;
+inline constexpr size_t kChallengeBytes = 72;
+inline constexpr size_t kProofBytes = 32;
+inline constexpr size_t kAcceptBytes = 4;
+
+struct HelloInfo {
+  uint32_t rank = 0;          // the client's rank
+  uint16_t stream_index = 0;  // which of the connection's streams this is
+  uint16_t streams = 0;       // how many streams the connection has
+  uint64_t connection_id = 0; // groups the streams of one connect attempt
+};
+
+class StreamHandshake {
+ public:
+  enum class Role { kClient, kServer };
+  enum class State {
+    kConnecting,     // client: non-blocking connect() in progress
+    kSendHello,      // client
+    kRecvHello,      // server
+    kSendChallenge,  // server
+    kRecvChallenge,  // client
+    kSendProof,      // client
+    kRecvProof,      // server
+    kSendAccept,     // server
+    kRecvAccept,     // client
+    kDone,
+    kFailed,
+  };
+
+  // Client: fd has a connect() in progress (or completed); hello describes this stream.
+  static StreamHandshake client(UniqueFd fd, std::string peer_name, const std::string& secret,
+                                HelloInfo hello, Deadline deadline);
+  // Server: fd was just accepted.
+  static StreamHandshake server(UniqueFd fd, std::string peer_name, const std::string& secret,
+                                uint32_t local_rank, Deadline deadline);
+
+  // Advances as far as the socket allows. Returns ok while in progress or when done; the error
+  // (and state kFailed) when the peer failed authentication, broke the protocol, closed, or the
+  // deadline passed.
+  Status advance();
+  State state() const { return state_; }
+  bool done() const { return state_ == State::kDone; }
+  bool failed() const { return state_ == State::kFailed; }
+  short poll_events() const;  // POLLIN or POLLOUT for the current state
+  int fd() const { return fd_.get(); }
+  UniqueFd release_fd() { return std::move(fd_); }
+  const std::string& peer_name() const { return peer_name_; }
+  const Deadline& deadline() const { return deadline_; }
+  // After done(): the client's hello (server side) and the server's rank (client side).
+  const HelloInfo& hello() const { return hello_; }
+  uint32_t server_rank() const { return server_rank_; }
+
+ private:
+  StreamHandshake(Role role, UniqueFd fd, std::string peer_name, const std::string& secret,
+                  Deadline deadline);
+  Status fail(Status s);
+  // Writes out_[out_done_, out_len_); returns ok with *complete=false when it would block.
+  Status write_pending(bool* complete);
+  // Reads until in_done_ == want; same contract.
+  Status read_exact(size_t want, bool* complete);
+
+  Role role_;
+  State state_;
+  UniqueFd fd_;
+  std::string peer_name_;
+  std::string secret_;
+  Deadline deadline_;
+  HelloInfo hello_;
+  uint32_t local_rank_ = 0;
+  uint32_t server_rank_ = 0;
+  std::array<uint8_t, kHelloBytes> hello_bytes_{};
+  std::array<uint8_t, kChallengeBytes> challenge_bytes_{};
+  std::array<uint8_t, kChallengeBytes> out_{};
+  size_t out_len_ = 0, out_done_ = 0;
+  std::array<uint8_t, kChallengeBytes> in_{};
+  size_t in_done_ = 0;
+};
+
+}  // namespace lowcomm::transport

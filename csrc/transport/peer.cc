@@ -1,0 +1,81 @@
+#include "transport/peer.h"
+
+#include "core/log.h"
+#include "transport/peer_core.h"
+
+namespace lowcomm::transport {
+
+Result<std::unique_ptr<Peer>> Peer::attach(std::shared_ptr<ProgressEngine> engine,
+                                           std::vector<UniqueFd> streams, int remote_rank,
+                                           std::string remote_address, const PeerConfig& config) {
+  if (!engine) return invalid_argument("Peer::attach: no progress engine");
+  if (streams.empty()) return invalid_argument("Peer::attach: no streams");
+  std::unique_ptr<Peer> p(new Peer());
+  p->buffers_ = granted_socket_buffers(streams[0].get());
+  p->streams_ = static_cast<int>(streams.size());
+  p->engine_ = std::move(engine);
+  p->remote_rank_ = remote_rank;
+  p->remote_address_ = remote_address;
+  p->core_ = std::make_shared<PeerCore>(*p->engine_, std::move(streams), remote_rank,
+                                        std::move(remote_address), config);
+  p->name_ = p->core_->name();
+  auto core = p->core_;
+  p->engine_->post([core] { core->start(); });
+  LOWCOMM_LOG(kInfo, "%s: %d streams, socket buffers send %d recv %d bytes (asked %d), wan %s",
+              p->name_.c_str(), p->streams_, p->buffers_.send, p->buffers_.recv,
+              config.socket_buffer_bytes, config.wan.to_string().c_str());
+  return p;
+}
+
+Peer::~Peer() {
+  if (!core_) return;
+  auto core = core_;
+  engine_->run_sync([core] {
+    core->shutdown(Status(StatusCode::kAborted, "the peer object was destroyed"));
+  });
+}
+
+Request Peer::isend(uint64_t tag, const void* data, uint64_t len) {
+  auto state = std::make_shared<RequestState>();
+  auto core = core_;
+  auto* bytes = static_cast<const uint8_t*>(data);
+  engine_->post([core, tag, bytes, len, state] { core->isend(tag, bytes, len, state); });
+  return Request(state);
+}
+
+Request Peer::irecv(uint64_t tag, void* data, uint64_t len) {
+  auto state = std::make_shared<RequestState>();
+  auto core = core_;
+  auto* bytes = static_cast<uint8_t*>(data);
+  engine_->post([core, tag, bytes, len, state] { core->irecv(tag, bytes, len, state); });
+  return Request(state);
+}
+
+Status Peer::send(uint64_t tag, const void* data, uint64_t len, Deadline deadline) {
+  Request r = isend(tag, data, len);
+  Status s = r.wait(deadline);
+  if (s.code() == StatusCode::kTimeout) {
+    abort();
+    return Status(StatusCode::kTimeout, "send tag " + std::to_string(tag) + " to " + name_ +
+                                            ": deadline passed; the peer was aborted");
+  }
+  return s;
+}
+
+Status Peer::recv(uint64_t tag, void* data, uint64_t len, Deadline deadline) {
+  Request r = irecv(tag, data, len);
+  Status s = r.wait(deadline);
+  if (s.code() == StatusCode::kTimeout) {
+    abort();
+    return Status(StatusCode::kTimeout, "recv tag " + std::to_string(tag) + " from " + name_ +
+                                            ": deadline passed; the peer was aborted");
+  }
+  return s;
+}
+
+void Peer::abort() {
+  auto core = core_;
+  engine_->run_sync([core] { core->fail(Status(StatusCode::kAborted, "aborted by the user")); });
+}
+
+}  // namespace lowcomm::transport

@@ -1,0 +1,71 @@
+#pragma once
+// Peer: N authenticated TCP streams to one remote rank, and asynchronous tagged messages over
+// them. Created by connect (connector.h) or accept (listener.h), never directly by users.
+//
+//   Request r = peer->isend(tag, buf, len);   // buf must stay valid until r completes
+//   Request q = peer->irecv(tag, out, len);   // out is written directly (no copy) as data arrives
+//   Status s = r.wait(Deadline::after(5s));
+//
+// Messages on one tag match in order: the k-th isend on tag T meets the k-th irecv on tag T;
+// different tags are independent. A receive's length must equal the message's length exactly;
+// a mismatch fails that request and the peer (it means the two sides disagree on the protocol).
+//
+// Thread safety: every method may be called from any thread. Operations are handed to the
+// engine thread in call order. Failures stick: after the first error every outstanding and
+// later request fails with a status naming the peer (rank and address) and the operation.
+// abort() fails everything and returns once no user buffer is referenced any more. The
+// destructor aborts, closes every socket, and does not return while the engine uses this peer.
+
+#include <memory>
+#include <string>
+
+#include "transport/peer_config.h"
+#include "transport/progress_engine.h"
+#include "transport/request.h"
+#include "transport/socket_options.h"
+
+namespace lowcomm::transport {
+
+class PeerCore;
+
+class Peer {
+ public:
+  // Takes ownership of authenticated, non-blocking stream sockets (stream order matters: both
+  // sides must list them in the same order).
+  static Result<std::unique_ptr<Peer>> attach(std::shared_ptr<ProgressEngine> engine,
+                                              std::vector<UniqueFd> streams, int remote_rank,
+                                              std::string remote_address, const PeerConfig& config);
+  ~Peer();
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  Request isend(uint64_t tag, const void* data, uint64_t len);
+  Request irecv(uint64_t tag, void* data, uint64_t len);
+  // Blocking conveniences: isend/irecv then wait(deadline); on kTimeout they abort the peer
+  // (the buffer must not stay in use after a blocking call returns).
+  Status send(uint64_t tag, const void* data, uint64_t len, Deadline deadline = {});
+  Status recv(uint64_t tag, void* data, uint64_t len, Deadline deadline = {});
+
+  // Fails every outstanding and future request with kAborted; returns after the engine thread
+  // has let go of every user buffer. Idempotent.
+  void abort();
+
+  int remote_rank() const { return remote_rank_; }
+  const std::string& remote_address() const { return remote_address_; }
+  const std::string& name() const { return name_; }  // "peer rank R (addr)"
+  int streams() const { return streams_; }
+  // The socket buffers the kernel granted on stream 0 (what was asked: config.socket_buffer_bytes).
+  SocketBufferSizes socket_buffers() const { return buffers_; }
+
+ private:
+  Peer() = default;
+  std::shared_ptr<ProgressEngine> engine_;
+  std::shared_ptr<PeerCore> core_;
+  int remote_rank_ = -1;
+  std::string remote_address_;
+  std::string name_;
+  int streams_ = 0;
+  SocketBufferSizes buffers_;
+};
+
+}  // namespace lowcomm::transport

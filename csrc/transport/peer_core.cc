@@ -1,0 +1,338 @@
+#include "transport/peer_core.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.h"
+#include "core/sys_check.h"
+
+namespace lowcomm::transport {
+namespace {
+
+// Per readiness event, move at most this much per stream so one busy stream cannot starve the
+// others or the timers (the epoll loop is level-triggered and comes back).
+constexpr uint64_t kMaxBytesPerEvent = 4u << 20;
+
+}  // namespace
+
+PeerCore::PeerCore(ProgressEngine& engine, std::vector<UniqueFd> fds, int remote_rank,
+                   std::string remote_address, PeerConfig config)
+    : engine_(engine),
+      config_(std::move(config)),
+      remote_rank_(remote_rank),
+      remote_address_(std::move(remote_address)),
+      name_("peer rank " + std::to_string(remote_rank_) + " (" + remote_address_ + ")"),
+      streams_(fds.size()),
+      pacer_(config_.wan, 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank)) {
+  for (size_t i = 0; i < fds.size(); ++i) {
+    streams_[i].index = static_cast<int>(i);
+    streams_[i].fd = std::move(fds[i]);
+  }
+  if (config_.chunk_bytes == 0) config_.chunk_bytes = 512 << 10;
+}
+
+std::string PeerCore::stream_name(const Stream& s) const {
+  return name_ + " stream " + std::to_string(s.index);
+}
+
+void PeerCore::start() {
+  if (!failure_.is_ok()) return;  // aborted before it started: never watch shut-down sockets
+  auto self = shared_from_this();
+  for (auto& s : streams_) {
+    Stream* sp = &s;
+    auto id = engine_.watch(s.fd.get(), EPOLLIN, [self, sp](uint32_t ev) { self->on_event(*sp, ev); });
+    if (!id) {
+      fail(id.status());
+      return;
+    }
+    s.watch_id = *id;
+    s.watching = true;
+  }
+}
+
+void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
+                     std::shared_ptr<RequestState> req) {
+  auto op = std::make_shared<SendOp>();
+  op->req = std::move(req);
+  op->what = "isend tag " + std::to_string(tag) + " (" + std::to_string(len) + " bytes) to " + name_;
+  if (!failure_.is_ok()) {
+    op->req->complete(Status(failure_.code(), op->what + ": " + failure_.message()));
+    return;
+  }
+  uint64_t seq = send_seq_[tag]++;
+  uint64_t chunk = config_.chunk_bytes;
+  uint64_t nchunks = len == 0 ? 1 : (len + chunk - 1) / chunk;
+  op->chunks_left = nchunks;
+  auto now = Pacer::Clock::now();
+  for (uint64_t i = 0; i < nchunks; ++i) {
+    OutChunk c;
+    c.op = op;
+    uint64_t off = i * chunk;
+    c.len = static_cast<uint32_t>(std::min(chunk, len - off));
+    c.data = data + off;
+    write_chunk_header({c.len, tag, seq, len, off}, c.header);
+    if (pacer_.shaped()) {
+      // Headers cross the emulated link too: they cost bandwidth on a real one.
+      c.release = pacer_.submit(kChunkHeaderBytes + c.len, now);
+      paced_.push_back(std::move(c));
+    } else {
+      enqueue(std::move(c));
+    }
+  }
+  if (pacer_.shaped()) release_paced();
+}
+
+void PeerCore::release_paced() {
+  auto now = Pacer::Clock::now();
+  while (!paced_.empty() && paced_.front().release <= now) {
+    enqueue(std::move(paced_.front()));
+    paced_.pop_front();
+  }
+  if (paced_.empty() || pace_timer_armed_) return;
+  auto self = shared_from_this();
+  pace_timer_armed_ = true;
+  pace_timer_ = engine_.add_timer(paced_.front().release, [self] {
+    self->pace_timer_armed_ = false;
+    self->release_paced();
+  });
+}
+
+void PeerCore::enqueue(OutChunk chunk) {
+  // The stream with the least queued work: stripes a large message evenly and keeps a small one
+  // from queueing behind a large one.
+  Stream* best = &streams_[0];
+  for (auto& s : streams_)
+    if (s.queued_bytes < best->queued_bytes) best = &s;
+  best->queued_bytes += kChunkHeaderBytes + chunk.len;
+  best->sendq.push_back(std::move(chunk));
+  // Try at once: the socket is usually writable, which saves an epoll round trip.
+  do_write(*best);
+}
+
+void PeerCore::update_write_interest(Stream& s) {
+  if (!s.watching) return;
+  bool want = !s.sendq.empty();
+  if (want == s.want_write) return;
+  s.want_write = want;
+  Status st = engine_.rewatch(s.watch_id, EPOLLIN | (want ? EPOLLOUT : 0u));
+  if (!st) fail(st);
+}
+
+void PeerCore::on_event(Stream& s, uint32_t events) {
+  if (!failure_.is_ok() || shut_down_) return;
+  if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) do_read(s);
+  if (!failure_.is_ok()) return;
+  if (events & EPOLLOUT) do_write(s);
+}
+
+void PeerCore::do_write(Stream& s) {
+  if (!failure_.is_ok()) return;
+  uint64_t moved = 0;
+  while (!s.sendq.empty() && moved < kMaxBytesPerEvent) {
+    OutChunk& c = s.sendq.front();
+    iovec iov[2];
+    int n_iov = 0;
+    if (c.written < kChunkHeaderBytes) {
+      iov[n_iov++] = {c.header + c.written, kChunkHeaderBytes - c.written};
+      if (c.len) iov[n_iov++] = {const_cast<uint8_t*>(c.data), c.len};
+    } else {
+      uint64_t off = c.written - kChunkHeaderBytes;
+      iov[n_iov++] = {const_cast<uint8_t*>(c.data + off), c.len - off};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n_iov);
+    long n = LOWCOMM_SYS_RETRY(::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL));
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      fail(sys_error("sendmsg", stream_name(s), errno));
+      return;
+    }
+    c.written += static_cast<uint64_t>(n);
+    moved += static_cast<uint64_t>(n);
+    if (c.written == kChunkHeaderBytes + c.len) {
+      s.queued_bytes -= kChunkHeaderBytes + c.len;
+      auto op = std::move(c.op);
+      s.sendq.pop_front();
+      if (--op->chunks_left == 0) op->req->complete(Status::ok());
+    }
+  }
+  update_write_interest(s);
+}
+
+void PeerCore::do_read(Stream& s) {
+  uint64_t moved = 0;
+  while (moved < kMaxBytesPerEvent && failure_.is_ok()) {
+    long n;
+    if (!s.cur) {
+      n = LOWCOMM_SYS_RETRY(
+          ::recv(s.fd.get(), s.header + s.header_got, kChunkHeaderBytes - s.header_got, 0));
+    } else {
+      uint64_t want = std::min<uint64_t>(s.payload_left, kMaxBytesPerEvent);
+      n = LOWCOMM_SYS_RETRY(::recv(s.fd.get(), s.dst, want, 0));
+    }
+    if (n == 0) {
+      fail(Status(StatusCode::kRemoteError, stream_name(s) + ": connection closed by the peer"));
+      return;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      fail(sys_error("recv", stream_name(s), errno));
+      return;
+    }
+    moved += static_cast<uint64_t>(n);
+    if (!s.cur) {
+      s.header_got += static_cast<size_t>(n);
+      if (s.header_got < kChunkHeaderBytes) continue;
+      s.header_got = 0;
+      Status st = on_header(s);
+      if (!st) {
+        fail(st);
+        return;
+      }
+    } else {
+      s.dst += n;
+      s.payload_left -= static_cast<uint64_t>(n);
+      if (s.payload_left == 0) finish_payload(s);
+    }
+  }
+}
+
+Status PeerCore::on_header(Stream& s) {
+  auto h = parse_chunk_header(s.header, stream_name(s));
+  if (!h) return h.status();
+  if (h->chunk_len > config_.chunk_bytes && h->chunk_len > (64u << 20))
+    return corrupt_data(stream_name(s) + ": chunk of " + std::to_string(h->chunk_len) + " bytes is implausibly large");
+  MsgKey key{h->tag, h->seq};
+  auto& slot = in_msgs_[key];
+  if (!slot) {
+    slot = std::make_shared<InMsg>();
+  }
+  InMsg& m = *slot;
+  if (!m.has_header) {
+    if (m.req && m.posted_len != h->msg_len) {
+      std::string why = "length mismatch: irecv posted " + std::to_string(m.posted_len) +
+                        " bytes but the message on tag " + std::to_string(h->tag) + " has " +
+                        std::to_string(h->msg_len) + " bytes";
+      m.req->complete(corrupt_data(m.what + ": " + why));
+      return corrupt_data(name_ + ": " + why);
+    }
+    if (!m.req) {
+      // Nobody posted yet: buffer it, within the peer's allowance for unexpected data.
+      if (h->msg_len > config_.max_unexpected_bytes - std::min(unexpected_bytes_, config_.max_unexpected_bytes))
+        return Status(StatusCode::kCorruptData,
+                      name_ + ": unexpected message of " + std::to_string(h->msg_len) +
+                          " bytes on tag " + std::to_string(h->tag) +
+                          " exceeds the unexpected-message allowance (post the irecv earlier)");
+      unexpected_bytes_ += h->msg_len;
+      m.buffer.resize(h->msg_len);
+    }
+    m.has_header = true;
+    m.msg_len = h->msg_len;
+  } else if (m.msg_len != h->msg_len) {
+    return corrupt_data(stream_name(s) + ": chunks of one message disagree on its length");
+  }
+  if (m.received + h->chunk_len > m.msg_len)
+    return corrupt_data(stream_name(s) + ": more bytes than the message length (duplicate chunk)");
+  uint8_t* base = m.buffer.empty() ? m.user : m.buffer.data();
+  s.cur = slot;
+  s.cur_key = key;
+  s.cur_chunk_len = h->chunk_len;
+  s.dst = base + h->offset;
+  s.payload_left = h->chunk_len;
+  if (h->chunk_len == 0) finish_payload(s);
+  return Status::ok();
+}
+
+void PeerCore::finish_payload(Stream& s) {
+  s.cur->received += s.cur_chunk_len;
+  s.cur.reset();
+  try_complete(s.cur_key);
+}
+
+void PeerCore::try_complete(const MsgKey& key) {
+  auto it = in_msgs_.find(key);
+  if (it == in_msgs_.end()) return;
+  InMsg& m = *it->second;
+  if (!m.req || !m.has_header || m.received != m.msg_len) return;
+  if (!m.buffer.empty()) {
+    std::memcpy(m.user, m.buffer.data(), m.msg_len);
+    unexpected_bytes_ -= m.msg_len;
+  }
+  m.req->complete(Status::ok());
+  in_msgs_.erase(it);
+}
+
+void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req) {
+  std::string what =
+      "irecv tag " + std::to_string(tag) + " (" + std::to_string(len) + " bytes) from " + name_;
+  if (!failure_.is_ok()) {
+    req->complete(Status(failure_.code(), what + ": " + failure_.message()));
+    return;
+  }
+  uint64_t seq = recv_post_seq_[tag]++;
+  MsgKey key{tag, seq};
+  auto& slot = in_msgs_[key];
+  if (!slot) slot = std::make_shared<InMsg>();
+  InMsg& m = *slot;
+  m.req = std::move(req);
+  m.what = std::move(what);
+  m.user = data;
+  m.posted_len = len;
+  if (m.has_header && m.msg_len != len) {
+    std::string why = "length mismatch: irecv posted " + std::to_string(len) +
+                      " bytes but the message on tag " + std::to_string(tag) + " has " +
+                      std::to_string(m.msg_len) + " bytes";
+    m.req->complete(corrupt_data(m.what + ": " + why));
+    fail(corrupt_data(name_ + ": " + why));
+    return;
+  }
+  try_complete(key);
+}
+
+void PeerCore::fail(Status why) {
+  if (failure_.is_ok()) {
+    failure_ = std::move(why);
+    LOWCOMM_LOG(kWarn, "%s", failure_.to_string().c_str());
+    // Shut the sockets down (not close: the fds stay ours until shutdown()) so the remote side
+    // sees EOF and fails its requests too, instead of waiting for data that will never come.
+    for (auto& s : streams_) {
+      if (s.fd) ::shutdown(s.fd.get(), SHUT_RDWR);
+      if (s.watching) {
+        engine_.unwatch(s.watch_id);
+        s.watching = false;
+      }
+    }
+  }
+  auto fail_req = [&](RequestState& r, const std::string& what) {
+    r.complete(Status(failure_.code(), what + ": " + failure_.message()));
+  };
+  for (auto& s : streams_) {
+    for (auto& c : s.sendq) fail_req(*c.op->req, c.op->what);
+    s.sendq.clear();
+    s.queued_bytes = 0;
+    s.cur.reset();
+  }
+  for (auto& c : paced_) fail_req(*c.op->req, c.op->what);
+  paced_.clear();
+  if (pace_timer_armed_) {
+    engine_.cancel_timer(pace_timer_);
+    pace_timer_armed_ = false;
+  }
+  for (auto& [key, m] : in_msgs_)
+    if (m->req) fail_req(*m->req, m->what);
+  in_msgs_.clear();
+  unexpected_bytes_ = 0;
+}
+
+void PeerCore::shutdown(Status why) {
+  fail(std::move(why));
+  shut_down_ = true;
+  for (auto& s : streams_) s.fd.reset();
+}
+
+}  // namespace lowcomm::transport

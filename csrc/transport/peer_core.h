@@ -1,0 +1,125 @@
+#pragma once
+// PeerCore: the engine-side state of one peer: its streams, send queues, the pacer, posted and
+// unexpected receives. Every member function except the constructor runs on the engine thread
+// (Peer posts to it), so nothing here takes a lock; requests are completed through their own
+// locked RequestState.
+//
+// Send path: isend splits a message into chunks of config.chunk_bytes (one empty chunk for a
+// zero-byte message). Unshaped, each chunk goes straight to the stream with the fewest queued
+// bytes. Shaped, each chunk gets its deliver time from the pacer and waits in paced_ until a
+// timer releases it to a stream. A send completes when its last chunk is written to a socket.
+//
+// Receive path: each stream reads a header, validates it, then reads the payload directly into
+// the posted user buffer at the chunk's offset (zero-copy), or into a buffer for a message that
+// no irecv has claimed yet. Messages match by (tag, per-tag sequence number), so chunks of one
+// message may arrive on any stream in any order.
+//
+// Failure: the first error (EOF, reset, bad header, length mismatch, abort) latches in
+// failure_; every outstanding and later request fails with it, and the sockets are shut down so
+// the remote side fails too.
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/unique_fd.h"
+#include "transport/chunk_header.h"
+#include "transport/pacer.h"
+#include "transport/peer_config.h"
+#include "transport/progress_engine.h"
+#include "transport/request.h"
+
+namespace lowcomm::transport {
+
+class PeerCore : public std::enable_shared_from_this<PeerCore> {
+ public:
+  PeerCore(ProgressEngine& engine, std::vector<UniqueFd> fds, int remote_rank,
+           std::string remote_address, PeerConfig config);
+
+  const std::string& name() const { return name_; }  // "peer rank R (addr)"
+
+  // --- engine thread only ---
+  void start();  // registers the streams with the engine
+  void isend(uint64_t tag, const uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
+  void irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
+  // Latches `why` (if nothing is latched yet) and fails everything; idempotent.
+  void fail(Status why);
+  // fail(aborted) and release the sockets and timers; after it the engine holds no reference.
+  void shutdown(Status why);
+
+ private:
+  struct SendOp {
+    std::shared_ptr<RequestState> req;
+    std::string what;  // "isend tag T (N bytes)"
+    uint64_t chunks_left = 0;
+  };
+  struct OutChunk {
+    std::shared_ptr<SendOp> op;
+    uint8_t header[kChunkHeaderBytes];
+    const uint8_t* data = nullptr;
+    uint32_t len = 0;
+    uint64_t written = 0;  // of header + data
+    Pacer::Clock::time_point release{};
+  };
+  struct InMsg {
+    std::shared_ptr<RequestState> req;  // null until an irecv claims it
+    std::string what;                   // "irecv tag T (N bytes)"
+    uint8_t* user = nullptr;
+    uint64_t posted_len = 0;
+    bool has_header = false;            // at least one chunk header seen
+    uint64_t msg_len = 0;
+    uint64_t received = 0;
+    std::vector<uint8_t> buffer;        // unexpected data, until claimed
+  };
+  struct Stream {
+    int index = 0;
+    UniqueFd fd;
+    uint64_t watch_id = 0;
+    bool watching = false;
+    bool want_write = false;
+    std::deque<OutChunk> sendq;
+    uint64_t queued_bytes = 0;
+    // receive state
+    uint8_t header[kChunkHeaderBytes];
+    size_t header_got = 0;
+    std::shared_ptr<InMsg> cur;  // message whose payload is being read; null while in header
+    uint8_t* dst = nullptr;
+    uint64_t payload_left = 0;
+    std::pair<uint64_t, uint64_t> cur_key{};
+    uint32_t cur_chunk_len = 0;
+  };
+  using MsgKey = std::pair<uint64_t, uint64_t>;  // (tag, seq)
+
+  void on_event(Stream& s, uint32_t events);
+  void do_write(Stream& s);
+  void do_read(Stream& s);
+  Status on_header(Stream& s);
+  void finish_payload(Stream& s);
+  void try_complete(const MsgKey& key);
+  void enqueue(OutChunk chunk);
+  void release_paced();
+  void update_write_interest(Stream& s);
+  std::string stream_name(const Stream& s) const;
+
+  ProgressEngine& engine_;
+  PeerConfig config_;
+  int remote_rank_;
+  std::string remote_address_;
+  std::string name_;
+  std::vector<Stream> streams_;
+  Pacer pacer_;
+  std::deque<OutChunk> paced_;  // release times non-decreasing (the pacer never reorders)
+  uint64_t pace_timer_ = 0;
+  bool pace_timer_armed_ = false;
+  std::map<uint64_t, uint64_t> send_seq_;       // tag -> next seq to send
+  std::map<uint64_t, uint64_t> recv_post_seq_;  // tag -> next seq an irecv claims
+  std::map<MsgKey, std::shared_ptr<InMsg>> in_msgs_;
+  uint64_t unexpected_bytes_ = 0;
+  Status failure_;
+  bool shut_down_ = false;
+};
+
+}  // namespace lowcomm::transport

@@ -1,0 +1,50 @@
+#pragma once
+// Request: the completion object of one isend or irecv. Cheap to copy (shared state).
+//
+// A request completes exactly once, with ok or with the error that stopped it. test() and
+// wait() may be called from any thread. After wait() returns kTimeout the operation is still in
+// flight and its buffer still in use: keep waiting, or abort() the peer (which finishes every
+// request before it returns) before freeing the buffer.
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "core/deadline.h"
+#include "lowcomm/status.h"
+
+namespace lowcomm::transport {
+
+class RequestState {
+ public:
+  // First completion wins; later ones are ignored. Returns whether this call completed it.
+  bool complete(Status s);
+  bool done() const;
+  Status wait(Deadline deadline) const;
+  Status status() const;
+
+ private:
+  mutable std::mutex mu_;  // guards done_ and status_
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+class Request {
+ public:
+  Request() = default;  // not a request: test() is true, status is invalid argument
+  explicit Request(std::shared_ptr<RequestState> s) : state_(std::move(s)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  // True once complete (successfully or not).
+  bool test() const { return !state_ || state_->done(); }
+  // The final status once test() is true; kInternal "still in flight" before.
+  Status status() const;
+  // Waits until complete or the deadline; kTimeout when the deadline passed first.
+  Status wait(Deadline deadline = Deadline::use_default()) const;
+
+ private:
+  std::shared_ptr<RequestState> state_;
+};
+
+}  // namespace lowcomm::transport

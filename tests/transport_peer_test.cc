@@ -1,0 +1,175 @@
+// A real pair of peers over loopback TCP: messages of every size striped over the streams,
+// many tagged requests in flight, length mismatches, and the WAN emulation's accuracy.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "transport_test_util.h"
+
+namespace lowcomm::transport {
+namespace {
+
+using testing::connect_pair;
+using testing::random_bytes;
+using testing::test_config;
+
+const Deadline kWait = Deadline::after_seconds(20);
+
+TEST(TransportPeer, ConnectsWithFourAuthenticatedStreams) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  EXPECT_EQ(p.a->remote_rank(), 1);
+  EXPECT_EQ(p.b->remote_rank(), 0);
+  EXPECT_EQ(p.a->streams(), 4);
+  EXPECT_EQ(p.b->streams(), 4);
+  EXPECT_GT(p.b->socket_buffers().send, 0);
+  EXPECT_NE(p.b->name().find("peer rank 0 (127.0.0.1:"), std::string::npos) << p.b->name();
+}
+
+TEST(TransportPeer, ExchangesMessagesOfEverySize) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1} << 20, (size_t{64} << 20) + 3}) {
+    auto out = random_bytes(n, static_cast<uint32_t>(n));
+    std::vector<uint8_t> in(n, 0xAB);
+    Request r = p.a->irecv(7, in.data(), n);
+    Request s = p.b->isend(7, out.data(), n);
+    ASSERT_TRUE(s.wait(kWait).is_ok()) << n;
+    Status rs = r.wait(kWait);
+    ASSERT_TRUE(rs.is_ok()) << n << " " << rs.to_string();
+    EXPECT_TRUE(in == out) << "content differs for " << n << " bytes";
+  }
+}
+
+TEST(TransportPeer, BothDirectionsAtOnce) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  const size_t n = 8 << 20;
+  auto x = random_bytes(n, 1), y = random_bytes(n, 2);
+  std::vector<uint8_t> xin(n), yin(n);
+  Request r1 = p.a->irecv(1, yin.data(), n), r2 = p.b->irecv(1, xin.data(), n);
+  Request s1 = p.a->isend(1, x.data(), n), s2 = p.b->isend(1, y.data(), n);
+  for (auto* r : {&r1, &r2, &s1, &s2}) ASSERT_TRUE(r->wait(kWait).is_ok());
+  EXPECT_TRUE(xin == x);
+  EXPECT_TRUE(yin == y);
+}
+
+TEST(TransportPeer, UnexpectedMessageIsBufferedUntilPosted) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  auto out = random_bytes(3 << 20, 9);
+  ASSERT_TRUE(p.b->isend(5, out.data(), out.size()).wait(kWait).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let it arrive unclaimed
+  std::vector<uint8_t> in(out.size());
+  ASSERT_TRUE(p.a->irecv(5, in.data(), in.size()).wait(kWait).is_ok());
+  EXPECT_TRUE(in == out);
+}
+
+TEST(TransportPeer, ManyConcurrentTaggedRequestsMatchPerTagInOrder) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  constexpr int kTags = 8, kPerTag = 16;
+  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<Request> reqs;
+  for (int t = 0; t < kTags; ++t) {
+    for (int k = 0; k < kPerTag; ++k) {
+      size_t n = static_cast<size_t>((t * 7919 + k * 104729) % (700 << 10));
+      out.push_back(random_bytes(n, static_cast<uint32_t>(t * 1000 + k)));
+      in.emplace_back(n);
+    }
+  }
+  // Receives for odd tags are posted before the sends, for even tags after: both paths.
+  for (int t = 1; t < kTags; t += 2)
+    for (int k = 0; k < kPerTag; ++k) {
+      auto& b = in[t * kPerTag + k];
+      reqs.push_back(p.a->irecv(static_cast<uint64_t>(t), b.data(), b.size()));
+    }
+  std::vector<std::thread> senders;
+  for (int t = 0; t < kTags; ++t) {
+    senders.emplace_back([&, t] {
+      for (int k = 0; k < kPerTag; ++k) {
+        auto& b = out[t * kPerTag + k];
+        EXPECT_TRUE(p.b->isend(static_cast<uint64_t>(t), b.data(), b.size()).wait(kWait).is_ok());
+      }
+    });
+  }
+  for (int t = 0; t < kTags; t += 2)
+    for (int k = 0; k < kPerTag; ++k) {
+      auto& b = in[t * kPerTag + k];
+      reqs.push_back(p.a->irecv(static_cast<uint64_t>(t), b.data(), b.size()));
+    }
+  for (auto& th : senders) th.join();
+  for (auto& r : reqs) ASSERT_TRUE(r.wait(kWait).is_ok()) << r.status().to_string();
+  for (size_t i = 0; i < in.size(); ++i) EXPECT_TRUE(in[i] == out[i]) << "message " << i;
+}
+
+TEST(TransportPeer, LengthMismatchFailsTheRequestAndThePeer) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> out(1000, 1), in(999, 0), guard(64, 0x5A);
+  Request r = p.a->irecv(3, in.data(), in.size());
+  Request s = p.b->isend(3, out.data(), out.size());
+  Status rs = r.wait(kWait);
+  EXPECT_EQ(rs.code(), StatusCode::kCorruptData) << rs.to_string();
+  EXPECT_NE(rs.message().find("length mismatch"), std::string::npos) << rs.message();
+  EXPECT_NE(rs.message().find("peer rank 1"), std::string::npos) << rs.message();
+  for (uint8_t c : in) ASSERT_EQ(c, 0);  // nothing written into a buffer of the wrong size
+  // The failure latches on the peer: later requests fail at once.
+  std::vector<uint8_t> more(10);
+  Status later = p.a->irecv(4, more.data(), more.size()).wait(kWait);
+  EXPECT_FALSE(later.is_ok());
+  EXPECT_NE(later.message().find("length mismatch"), std::string::npos) << later.message();
+}
+
+TEST(TransportPeer, UnexpectedMessageOfOtherLengthIsAnError) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> out(4096, 1), in(100, 0);
+  ASSERT_TRUE(p.b->isend(3, out.data(), out.size()).wait(kWait).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Status rs = p.a->irecv(3, in.data(), in.size()).wait(kWait);
+  EXPECT_EQ(rs.code(), StatusCode::kCorruptData) << rs.to_string();
+  for (uint8_t c : in) ASSERT_EQ(c, 0);
+}
+
+TEST(TransportPeer, EmulatedWanDeliversAtTheModelledTime) {
+  // 8 MiB over bw=100mbit,rtt=40ms: 8*2^20*8/1e8 + 0.02 = 0.691 s, within 10%.
+  auto cfg_a = test_config(0), cfg_b = test_config(1);
+  cfg_b.wan = *parse_wan("bw=100mbit,rtt=40ms");
+  auto p = connect_pair(cfg_a, cfg_b);
+  ASSERT_TRUE(p.a && p.b);
+  const size_t n = 8 << 20;
+  auto out = random_bytes(n, 3);
+  std::vector<uint8_t> in(n);
+  Request r = p.a->irecv(1, in.data(), n);
+  auto t0 = std::chrono::steady_clock::now();
+  Request s = p.b->isend(1, out.data(), n);
+  ASSERT_TRUE(r.wait(kWait).is_ok());
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(s.wait(kWait).is_ok());
+  double model = 8.0 * (1 << 20) * 8 / 1e8 + 0.02;
+  EXPECT_NEAR(took, model, 0.1 * model) << "took " << took << " s, model " << model << " s";
+  EXPECT_TRUE(in == out);
+}
+
+TEST(TransportPeer, EmulatedDelayAppliesToSmallMessages) {
+  auto cfg_b = test_config(1);
+  cfg_b.wan = *parse_wan("rtt=100ms");
+  auto p = connect_pair(test_config(0), cfg_b);
+  ASSERT_TRUE(p.a && p.b);
+  uint8_t x = 42, y = 0;
+  Request r = p.a->irecv(1, &y, 1);
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(p.b->isend(1, &x, 1).wait(kWait).is_ok());
+  ASSERT_TRUE(r.wait(kWait).is_ok());
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.049);
+  EXPECT_LT(took, 0.09);
+  EXPECT_EQ(y, 42);
+}
+
+}  // namespace
+}  // namespace lowcomm::transport

@@ -1,0 +1,148 @@
+// The WAN link syntax, the pacer's arithmetic (on an injected clock, no sleeping), and the
+// core pieces the transport stands on (deadlines, system-call errors).
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+
+#include "core/deadline.h"
+#include "core/sys_check.h"
+#include "transport/pacer.h"
+#include "transport/wan_link.h"
+
+namespace lowcomm::transport {
+namespace {
+
+using Clock = Pacer::Clock;
+using std::chrono::duration;
+
+double secs(Clock::duration d) { return duration<double>(d).count(); }
+
+TEST(TransportParseWan, FullSpec) {
+  auto w = parse_wan("bw=1gbit,rtt=80ms,jitter=2ms");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_DOUBLE_EQ(w->bits_per_second, 1e9);
+  EXPECT_DOUBLE_EQ(w->one_way_delay_s, 0.040);
+  EXPECT_DOUBLE_EQ(w->jitter_s, 0.002);
+}
+
+TEST(TransportParseWan, UnitsAndOrder) {
+  auto w = parse_wan(" rtt=1s , bw=100mbit ");
+  ASSERT_TRUE(w.is_ok());
+  EXPECT_DOUBLE_EQ(w->bits_per_second, 1e8);
+  EXPECT_DOUBLE_EQ(w->one_way_delay_s, 0.5);
+  EXPECT_DOUBLE_EQ(parse_wan("bw=2.5gbps")->bits_per_second, 2.5e9);
+  EXPECT_DOUBLE_EQ(parse_wan("bw=300kbit")->bits_per_second, 3e5);
+  EXPECT_DOUBLE_EQ(parse_wan("bw=10Mbps")->bits_per_second, 1e7);
+  EXPECT_DOUBLE_EQ(parse_wan("bw=64bit")->bits_per_second, 64);
+  EXPECT_DOUBLE_EQ(parse_wan("delay=250us")->one_way_delay_s, 250e-6);
+  EXPECT_DOUBLE_EQ(parse_wan("bw=0")->bits_per_second, 0.0);
+  auto empty = parse_wan("");
+  ASSERT_TRUE(empty.is_ok());
+  EXPECT_FALSE(empty->shaped());
+}
+
+TEST(TransportParseWan, Errors) {
+  for (const char* bad : {"bw=1gbyte", "bw=fast", "rtt=80", "rtt=80min", "bw=1gbit,,rtt=1ms",
+                          "speed=1gbit", "bw=1gbit,bw=2gbit", "rtt=1ms,delay=1ms", "bw",
+                          "bw=-1gbit", "jitter=nanms"}) {
+    auto w = parse_wan(bad);
+    EXPECT_FALSE(w.is_ok()) << bad;
+    EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(w.status().message().find("LOWCOMM_WAN"), std::string::npos) << bad;
+  }
+  EXPECT_NE(parse_wan("bw=1gbyte").status().message().find("gbyte"), std::string::npos);
+}
+
+TEST(TransportParseWan, FromEnv) {
+  setenv("LOWCOMM_WAN", "bw=1gbit,rtt=10ms", 1);
+  auto w = wan_from_env();
+  ASSERT_TRUE(w.is_ok());
+  EXPECT_DOUBLE_EQ(w->one_way_delay_s, 0.005);
+  setenv("LOWCOMM_WAN", "bw=oops", 1);
+  EXPECT_FALSE(wan_from_env().is_ok());
+  unsetenv("LOWCOMM_WAN");
+  EXPECT_FALSE(wan_from_env()->shaped());
+}
+
+TEST(TransportPacer, SixtyFourMiBOverSlowLongLink) {
+  Pacer p(*parse_wan("bw=100mbit,rtt=100ms"));
+  Clock::time_point t0{};
+  const uint64_t chunk = 512 << 10;
+  Clock::time_point last{};
+  for (uint64_t off = 0; off < (64ull << 20); off += chunk) last = p.submit(chunk, t0);
+  double expect = 64.0 * (1 << 20) * 8 / 1e8 + 0.05;  // ~5.42 s, not 0.5 s
+  EXPECT_NEAR(secs(last - t0), expect, 1e-6);
+}
+
+TEST(TransportPacer, DepartsWhenLinkFreesAndIdlesBetween) {
+  Pacer p(*parse_wan("bw=8mbit,delay=10ms"));  // 1 byte per microsecond
+  Clock::time_point t0{};
+  auto us = [](double x) { return std::chrono::duration_cast<Clock::duration>(duration<double, std::micro>(x)); };
+  // 1000 B at t0: on the link until 1 ms, delivered at 11 ms.
+  EXPECT_NEAR(secs(p.submit(1000, t0) - t0), 0.011, 1e-9);
+  // Submitted at 0.5 ms while the link is busy: departs at 1 ms, free at 2 ms, delivered 12 ms.
+  EXPECT_NEAR(secs(p.submit(1000, t0 + us(500)) - t0), 0.012, 1e-9);
+  // Submitted long after: the link was idle, so it departs at once.
+  EXPECT_NEAR(secs(p.submit(1000, t0 + us(100000)) - t0), 0.111, 1e-9);
+}
+
+TEST(TransportPacer, UnlimitedBandwidthIsPureDelay) {
+  Pacer p(*parse_wan("rtt=40ms"));
+  Clock::time_point t0{};
+  EXPECT_NEAR(secs(p.submit(1 << 30, t0) - t0), 0.020, 1e-9);
+  EXPECT_NEAR(secs(p.submit(1 << 30, t0) - t0), 0.020, 1e-9);
+}
+
+TEST(TransportPacer, JitterNeverReorders) {
+  Pacer p(*parse_wan("bw=1gbit,rtt=20ms,jitter=5ms"), 42);
+  Clock::time_point t0{};
+  Clock::time_point prev{};
+  double min_d = 1, max_d = 0;
+  for (int i = 0; i < 1000; ++i) {
+    auto d = p.submit(1000, t0);
+    EXPECT_GE(d, prev);
+    EXPECT_GE(d, p.link_free());
+    double extra = secs(d - p.link_free());
+    min_d = std::min(min_d, extra);
+    max_d = std::max(max_d, extra);
+    prev = d;
+  }
+  EXPECT_LE(max_d, 0.015 + 1e-9);
+  EXPECT_GT(max_d - min_d, 0.001);  // it does jitter
+}
+
+TEST(TransportDeadline, NoneDefaultAndAt) {
+  Clock::time_point t0 = Clock::now();
+  Deadline none = Deadline::none();
+  EXPECT_TRUE(none.is_none());
+  EXPECT_FALSE(none.expired(t0 + std::chrono::hours(1000)));
+  EXPECT_EQ(none.poll_timeout_ms(), -1);
+  Deadline def;
+  EXPECT_TRUE(def.is_default());
+  Deadline resolved = def.resolve(std::chrono::seconds(3), t0);
+  EXPECT_FALSE(resolved.is_default());
+  EXPECT_FALSE(resolved.expired(t0 + std::chrono::seconds(2)));
+  EXPECT_TRUE(resolved.expired(t0 + std::chrono::seconds(3)));
+  Deadline at = Deadline::after(std::chrono::milliseconds(1500), t0);
+  EXPECT_EQ(at.poll_timeout_ms(-1, t0), 1500);
+  EXPECT_EQ(at.poll_timeout_ms(100, t0), 100);
+  EXPECT_EQ(at.poll_timeout_ms(-1, t0 + std::chrono::seconds(5)), 0);
+  EXPECT_EQ(none.resolve(std::chrono::seconds(1), t0).is_none(), true);
+}
+
+Status failing_call(int fd) {
+  LOWCOMM_CHECK_SYS(::close(fd), "peer rank 3 (10.0.0.1:99)");
+  return Status::ok();
+}
+
+TEST(TransportSysCheck, NamesSyscallPeerAndErrno) {
+  Status s = failing_call(-1);
+  EXPECT_EQ(s.code(), StatusCode::kSystem);
+  EXPECT_NE(s.message().find("close failed for peer rank 3 (10.0.0.1:99)"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("Bad file descriptor"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace lowcomm::transport
