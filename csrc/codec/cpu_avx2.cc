@@ -117,7 +117,7 @@ void random8(const RoundingKey& key, uint64_t i, uint32_t out[8]) {
 // ---- packing 32 codes (four units) held as int32 in c[0..3] ----
 
 // Bytes of 32 codes in element order.
-inline __m256i codes_to_bytes(const __m256i c[4]) {
+[[gnu::always_inline]] inline __m256i codes_to_bytes(const __m256i c[4]) {
   __m256i a = _mm256_packus_epi32(c[0], c[1]);
   __m256i b = _mm256_packus_epi32(c[2], c[3]);
   __m256i bytes = _mm256_packus_epi16(a, b);
@@ -125,7 +125,7 @@ inline __m256i codes_to_bytes(const __m256i c[4]) {
 }
 
 // Writes 32 codes (4 * bits bytes) at dst.
-void pack32(const __m256i c[4], int bits, uint8_t* dst) {
+[[gnu::always_inline]] inline void pack32(const __m256i c[4], int bits, uint8_t* dst) {
   __m256i bytes = codes_to_bytes(c);
   if (bits == 8) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bytes);
@@ -326,16 +326,25 @@ void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
   const __m256 flt_max = _mm256_set1_ps(qm::kFltMax);
   const float* scales = job.scales();
   const uint8_t* packed = job.packed();
-  const uint64_t cols = job.spec.cols, block = job.spec.block;
+  const uint64_t cols = job.spec.cols;
+  const int block_shift = __builtin_ctz(job.spec.block);  // blocks are powers of two
   void* out = job.out;
   void* state = job.state;
   constexpr uint64_t kElemBytes = D == DType::kFloat32 ? 4 : 2;
   const char* prefetch = static_cast<const char*>(Op == CodecOp::kDecodeDelta ? state : out) + kPrefetchBytes;
+  uint64_t col = column ? begin % cols : 0;  // advanced by 8 per unit: no division in the loop
   for (uint64_t i = begin; i < end; i += 8) {
     if constexpr (Op != CodecOp::kDecode) {
       if (i * kElemBytes % 64 == 0) _mm_prefetch(prefetch + i * kElemBytes, _MM_HINT_T0);
     }
-    __m256 scale = column ? _mm256_loadu_ps(scales + i % cols) : _mm256_set1_ps(scales[i / block]);
+    __m256 scale;
+    if (column) {
+      scale = _mm256_loadu_ps(scales + col);
+      col += 8;
+      if (col == cols) col = 0;
+    } else {
+      scale = _mm256_set1_ps(scales[i >> block_shift]);
+    }
     __m256 finite = _mm256_cmp_ps(abs8(scale), flt_max, _CMP_LE_OQ);
     __m256i code = unpack8(packed, i / 8, bits);
     __m256 dec;
