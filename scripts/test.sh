@@ -3,7 +3,8 @@
 #   1. Release build (CUDA kernels compiled where nvcc exists), all CTest suites; CUDA tests
 #      report themselves skipped where no GPU is present.
 #   2. ASan + UBSan build of lowcomm's code and tests, all CTest suites.
-#   3. ThreadSanitizer build of the transport and its tests (the epoll engine and its users).
+#   3. ThreadSanitizer build of the transport and the collectives and their tests (the epoll
+#      engine, the executor, and their users).
 #   4. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,12 +24,12 @@ cmake --build build-asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
-echo "== TSan build and transport tests"
+echo "== TSan build, transport and collectives tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOWCOMM_CUDA=OFF \
   -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=thread >/dev/null
-cmake --build build-tsan -j "$JOBS" --target lowcomm_transport_test
+cmake --build build-tsan -j "$JOBS" --target lowcomm_transport_test lowcomm_collectives_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  ctest --test-dir build-tsan --output-on-failure -j "$JOBS" -R transport
+  ctest --test-dir build-tsan --output-on-failure -j "$JOBS" -R '^(transport|collectives)\.'
 
 echo "== wire decoder fuzzing"
 scripts/fuzz.sh "${LOWCOMM_FUZZ_SECONDS:-60}"

@@ -28,9 +28,6 @@ Result<std::unique_ptr<Listener>> Listener::create(std::shared_ptr<ProgressEngin
     if (!chosen) return chosen.status();
     addr = *chosen;
   }
-  std::unique_ptr<Listener> l(new Listener());
-  l->engine_ = std::move(engine);
-  l->config_ = config;
   auto fd = make_tcp_socket(addr);
   if (!fd) return fd.status();
   int one = 1;
@@ -40,13 +37,25 @@ Result<std::unique_ptr<Listener>> Listener::create(std::shared_ptr<ProgressEngin
   std::string who = "listen address " + addr.to_string();
   LOWCOMM_CHECK_SYS(::bind(fd->get(), addr.sockaddr_ptr(), addr.length()), who);
   LOWCOMM_CHECK_SYS(::listen(fd->get(), 128), who);
+  return adopt(std::move(engine), config, std::move(fd).value());
+}
+
+Result<std::unique_ptr<Listener>> Listener::adopt(std::shared_ptr<ProgressEngine> engine,
+                                                  const PeerConfig& config, UniqueFd listening) {
+  if (config.secret.empty()) return invalid_argument("listen: the communicator secret is empty");
+  if (!listening) return invalid_argument("listen: no listening socket to adopt");
+  LOWCOMM_CHECK(set_nonblocking(listening.get()));
+  std::unique_ptr<Listener> l(new Listener());
+  l->engine_ = std::move(engine);
+  l->config_ = config;
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
-  LOWCOMM_CHECK_SYS(::getsockname(fd->get(), reinterpret_cast<sockaddr*>(&bound), &len), who);
+  LOWCOMM_CHECK_SYS(::getsockname(listening.get(), reinterpret_cast<sockaddr*>(&bound), &len),
+                    "a listening socket");
   auto actual = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&bound), len);
   if (!actual) return actual.status();
   l->address_ = *actual;
-  l->fd_ = std::move(fd).value();
+  l->fd_ = std::move(listening);
   LOWCOMM_LOG(kInfo, "listening on %s", l->address_.to_string().c_str());
   return l;
 }
@@ -100,7 +109,8 @@ void Listener::advance_handshakes() {
       ++i;
       continue;
     }
-    const HelloInfo& hello = h.hello();
+    // A copy: h is erased from pending_ below, before hello.rank is used.
+    const HelloInfo hello = h.hello();
     if (hello.streams < 1 || hello.streams > kMaxStreams || hello.stream_index >= hello.streams) {
       drop(h.peer_name(), corrupt_data("bad stream index " + std::to_string(hello.stream_index) +
                                        " of " + std::to_string(hello.streams)));

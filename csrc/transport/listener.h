@@ -50,6 +50,10 @@ class Listener {
   static Result<std::unique_ptr<Listener>> create(std::shared_ptr<ProgressEngine> engine,
                                                   const PeerConfig& config,
                                                   std::optional<SocketAddress> bind = {});
+  // Takes over a socket that is already bound and listening (e.g. opened when a communicator
+  // id was created, before the process forked); it is made non-blocking here.
+  static Result<std::unique_ptr<Listener>> adopt(std::shared_ptr<ProgressEngine> engine,
+                                                 const PeerConfig& config, UniqueFd listening);
   const SocketAddress& address() const { return address_; }  // with the bound port
 
   AcceptOp start_accept() { return AcceptOp(*this); }

@@ -1,0 +1,38 @@
+#pragma once
+// The collective algorithms, each run on the executor thread inside an OpRun whose descriptor
+// describes the call. Each file opens with its schedule; docs/collectives.md has the byte counts.
+
+#include <optional>
+#include <string>
+
+#include "collectives/op_run.h"
+#include "lowcomm/communicator.h"
+
+namespace lowcomm::collectives {
+
+struct ReduceArgs {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  uint64_t n = 0;  // elements of the full tensor
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<CodecSpec> codec;  // unset: uncompressed
+  std::string ef_key;
+  bool owner_ef = false;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+};
+
+// Pipeline segment length (elements) for a reduce over `codec`; carried in the descriptor so
+// ranks configured differently fail cleanly instead of disagreeing on message sizes.
+uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype, const std::optional<CodecSpec>& codec);
+
+Status all_reduce(OpRun& run, const ReduceArgs& a);
+Status reduce_scatter(OpRun& run, const ReduceArgs& a);  // a.n = recv count * size
+Status all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype);
+Status broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root);
+Status send(OpRun& run, const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
+Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
+Status barrier(OpRun& run);
+
+}  // namespace lowcomm::collectives

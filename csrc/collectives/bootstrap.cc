@@ -1,0 +1,309 @@
+#include "collectives/bootstrap.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "collectives/root_socket.h"
+#include "collectives/tags.h"
+#include "core/log.h"
+#include "core/sys_check.h"
+#include "transport/connector.h"
+#include "transport/listener.h"
+#include "transport/little_endian.h"
+
+namespace lowcomm::collectives {
+namespace {
+
+using namespace transport;  // NOLINT
+
+constexpr uint32_t kHelloMagic = 0x3142434Cu;  // "LCB1"
+constexpr uint32_t kTableMagic = 0x3154434Cu;  // "LCT1"
+constexpr size_t kEntryBytes = 128;            // hello: magic, rank, nranks, len, address
+constexpr size_t kAddressMax = kEntryBytes - 16;
+constexpr size_t kTableHeaderBytes = 256;      // magic, status, nranks, text length, text
+constexpr size_t kTableTextMax = kTableHeaderBytes - 16;
+constexpr auto kTableGrace = std::chrono::seconds(3);
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes make_entry(uint32_t magic, int rank, int nranks, const std::string& address) {
+  Bytes b(kEntryBytes, 0);
+  store_le32(b.data(), magic);
+  store_le32(b.data() + 4, static_cast<uint32_t>(rank));
+  store_le32(b.data() + 8, static_cast<uint32_t>(nranks));
+  size_t len = std::min(address.size(), kAddressMax);
+  store_le32(b.data() + 12, static_cast<uint32_t>(len));
+  std::memcpy(b.data() + 16, address.data(), len);
+  return b;
+}
+
+Result<std::string> entry_address(const uint8_t* e) {
+  uint32_t len = load_le32(e + 12);
+  if (len == 0 || len > kAddressMax) return corrupt_data("bad address length in a bootstrap message");
+  return std::string(reinterpret_cast<const char*>(e + 16), len);
+}
+
+Bytes make_table(int nranks, const std::string& error, const std::vector<std::string>& addresses) {
+  Bytes b(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks), 0);
+  store_le32(b.data(), kTableMagic);
+  store_le32(b.data() + 4, error.empty() ? 0 : 1);
+  store_le32(b.data() + 8, static_cast<uint32_t>(nranks));
+  size_t tl = std::min(error.size(), kTableTextMax);
+  store_le32(b.data() + 12, static_cast<uint32_t>(tl));
+  std::memcpy(b.data() + 16, error.data(), tl);
+  for (size_t r = 0; r < addresses.size() && r < static_cast<size_t>(nranks); ++r) {
+    Bytes e = make_entry(kHelloMagic, static_cast<int>(r), nranks, addresses[r]);
+    std::memcpy(b.data() + kTableHeaderBytes + r * kEntryBytes, e.data(), kEntryBytes);
+  }
+  return b;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+// The local address this host uses to reach `remote` (a UDP connect sends nothing).
+Result<SocketAddress> route_to(const SocketAddress& remote) {
+  UniqueFd fd(::socket(remote.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd) return sys_error("socket", "route lookup", errno);
+  LOWCOMM_CHECK_SYS(::connect(fd.get(), remote.sockaddr_ptr(), remote.length()),
+                    "route lookup to " + remote.to_string());
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  LOWCOMM_CHECK_SYS(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len), "route lookup");
+  auto a = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&local), len);
+  if (a) a.value().set_port(0);
+  return a;
+}
+
+Result<std::unique_ptr<Listener>> open_listener(const UniqueId& id, int rank,
+                                                const CommOptions& options,
+                                                std::shared_ptr<ProgressEngine> engine,
+                                                const PeerConfig& config,
+                                                const SocketAddress& root) {
+  if (rank == 0) {
+    UniqueFd pre = take_root_socket(id.to_string());
+    if (pre) return Listener::adopt(std::move(engine), config, std::move(pre));
+    return Listener::create(std::move(engine), config, root);
+  }
+  if (!options.listen_address.empty()) {
+    auto a = SocketAddress::parse(options.listen_address);
+    if (!a) a = SocketAddress::parse(options.listen_address + ":0");
+    if (!a) return invalid_argument("listen_address '" + options.listen_address + "': " + a.status().message());
+    return Listener::create(std::move(engine), config, *a);
+  }
+  if (std::getenv("LOWCOMM_SOCKET_IFNAME")) return Listener::create(std::move(engine), config);
+  auto a = route_to(root);
+  if (!a) return a.status();
+  return Listener::create(std::move(engine), config, *a);
+}
+
+void poll_some(std::vector<pollfd> fds, const Deadline& deadline) {
+  if (fds.empty()) {
+    ::poll(nullptr, 0, deadline.poll_timeout_ms(10));
+    return;
+  }
+  ::poll(fds.data(), fds.size(), deadline.poll_timeout_ms(20));
+}
+
+// Rank 0: accept every other rank, collect hellos, send the table.
+Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
+                   std::vector<std::unique_ptr<Peer>>& peers) {
+  std::vector<Bytes> hello(nranks, Bytes(kEntryBytes));
+  std::vector<Request> hello_req(nranks);
+  std::string error;
+  while (true) {
+    auto p = listener.test_accept();
+    if (!p) return p.status();
+    if (*p) {
+      int r = (*p)->remote_rank();
+      if (r <= 0 || r >= nranks || peers[r]) {
+        LOWCOMM_LOG(kWarn, "init: dropping %s: rank %d is out of range or already joined",
+                    (*p)->name().c_str(), r);
+        if (error.empty())
+          error = "a process claiming rank " + std::to_string(r) + " joined a group of " +
+                  std::to_string(nranks) + " ranks" + (r > 0 && r < nranks ? " twice" : "");
+      } else {
+        peers[r] = std::move(p).value();
+        hello_req[r] = peers[r]->irecv(tags::kBootstrap, hello[r].data(), kEntryBytes);
+      }
+      continue;
+    }
+    std::vector<int> missing;
+    for (int r = 1; r < nranks; ++r)
+      if (!peers[r] || !hello_req[r].test()) missing.push_back(r);
+    if (missing.empty() || !error.empty()) break;
+    if (deadline.expired()) {
+      error = "rank(s) " + rank_list(missing) + " never joined (the root at " +
+              listener.address().to_string() + " waited until the init deadline)";
+      break;
+    }
+    poll_some(listener.poll_fds(), deadline);
+  }
+  std::vector<std::string> addresses(nranks);
+  addresses[0] = listener.address().to_string();
+  for (int r = 1; r < nranks && error.empty(); ++r) {
+    Status s = hello_req[r].status();
+    if (!s) {
+      error = "receiving rank " + std::to_string(r) + "'s hello: " + s.message();
+      break;
+    }
+    const uint8_t* h = hello[r].data();
+    if (load_le32(h) != kHelloMagic || load_le32(h + 4) != static_cast<uint32_t>(r)) {
+      error = "rank " + std::to_string(r) + " sent a malformed hello";
+    } else if (load_le32(h + 8) != static_cast<uint32_t>(nranks)) {
+      error = "rank " + std::to_string(r) + " was started with nranks " +
+              std::to_string(load_le32(h + 8)) + ", the root with " + std::to_string(nranks);
+    } else {
+      auto a = entry_address(h);
+      if (!a) error = a.status().message();
+      else addresses[r] = *a;
+    }
+  }
+  // Tell everyone who is connected, the reason included, so nobody waits for its deadline.
+  Bytes table = make_table(nranks, error, addresses);
+  std::vector<Request> sends;
+  for (int r = 1; r < nranks; ++r)
+    if (peers[r]) sends.push_back(peers[r]->isend(tags::kBootstrap, table.data(), table.size()));
+  for (auto& s : sends) {
+    Status st = s.wait(deadline);
+    if (!st && error.empty()) error = st.message();
+  }
+  if (!error.empty()) {
+    for (auto& p : peers)
+      if (p) p->abort();  // no request may still reference `table` or `hello`
+    return Status(StatusCode::kTimeout, error);
+  }
+  return Status::ok();
+}
+
+// Rank r > 0: join through the root, get the table.
+Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, int nranks,
+                                           const std::string& my_address,
+                                           std::shared_ptr<ProgressEngine> engine,
+                                           const PeerConfig& config, const Deadline& deadline,
+                                           std::unique_ptr<Peer>& root_peer) {
+  auto p = connect_peer(std::move(engine), root, config, deadline);
+  if (!p) return Status(p.status().code(), "connecting to the root (rank 0) at " + root.to_string() +
+                                               ": " + p.status().message());
+  root_peer = std::move(p).value();
+  if (root_peer->remote_rank() != 0)
+    return Status(StatusCode::kRemoteError, "the process at the root address " + root.to_string() +
+                                                " is rank " + std::to_string(root_peer->remote_rank()));
+  Bytes hello = make_entry(kHelloMagic, rank, nranks, my_address);
+  Bytes table(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks));
+  Request s = root_peer->isend(tags::kBootstrap, hello.data(), hello.size());
+  Request t = root_peer->irecv(tags::kBootstrap, table.data(), table.size());
+  // The root names missing ranks when the deadline passes; give its answer time to arrive.
+  Deadline table_deadline = Deadline::at(deadline.resolve().time() + kTableGrace);
+  Status st = t.wait(table_deadline);
+  if (st.is_ok()) st = s.wait(table_deadline);
+  if (!st) {
+    root_peer->abort();
+    if (st.code() == StatusCode::kTimeout)
+      return Status(StatusCode::kTimeout, "no address table from the root (rank 0) before the init deadline");
+    return Status(st.code(), "waiting for the address table from the root: " + st.message());
+  }
+  const uint8_t* h = table.data();
+  if (load_le32(h) != kTableMagic) return corrupt_data("the root sent a malformed address table");
+  if (load_le32(h + 4) != 0) {
+    uint32_t tl = std::min<uint32_t>(load_le32(h + 12), kTableTextMax);
+    return Status(StatusCode::kRemoteError,
+                  "the root (rank 0) reports: " + std::string(reinterpret_cast<const char*>(h + 16), tl));
+  }
+  std::vector<std::string> addresses(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    auto a = entry_address(h + kTableHeaderBytes + static_cast<size_t>(r) * kEntryBytes);
+    if (!a) return a.status();
+    addresses[r] = *a;
+  }
+  return addresses;
+}
+
+// Rank r > 0: connect to 0 < j < r, accept r < j < nranks.
+Status build_mesh(Listener& listener, int rank, int nranks, const std::vector<std::string>& addresses,
+                  std::shared_ptr<ProgressEngine> engine, const PeerConfig& config,
+                  const Deadline& deadline, std::vector<std::unique_ptr<Peer>>& peers) {
+  std::vector<std::unique_ptr<ConnectOp>> ops(nranks);
+  for (int j = 1; j < rank; ++j) {
+    auto a = SocketAddress::parse(addresses[j]);
+    if (!a) return a.status();
+    auto op = ConnectOp::start(engine, *a, config);
+    if (!op) return Status(op.status().code(), "connecting to rank " + std::to_string(j) + " at " +
+                                                   addresses[j] + ": " + op.status().message());
+    ops[j] = std::move(op).value();
+  }
+  while (true) {
+    std::vector<pollfd> fds = listener.poll_fds();
+    for (int j = 1; j < rank; ++j) {
+      if (!ops[j]) continue;
+      auto r = ops[j]->test();
+      if (!r) return Status(r.status().code(), "connecting to rank " + std::to_string(j) + " at " +
+                                                   addresses[j] + ": " + r.status().message());
+      if (*r) {
+        auto p = ops[j]->take_peer();
+        ops[j].reset();
+        if (p->remote_rank() != j)
+          return Status(StatusCode::kRemoteError, "the process at rank " + std::to_string(j) +
+                                                      "'s address answers as rank " +
+                                                      std::to_string(p->remote_rank()));
+        peers[j] = std::move(p);
+      } else {
+        auto more = ops[j]->poll_fds();
+        fds.insert(fds.end(), more.begin(), more.end());
+      }
+    }
+    auto acc = listener.test_accept();
+    if (!acc) return acc.status();
+    if (*acc) {
+      int j = (*acc)->remote_rank();
+      if (j <= rank || j >= nranks || peers[j]) {
+        LOWCOMM_LOG(kWarn, "init: rank %d dropping %s: unexpected rank", rank, (*acc)->name().c_str());
+      } else {
+        peers[j] = std::move(acc).value();
+      }
+      continue;
+    }
+    std::vector<int> missing;
+    for (int j = 1; j < nranks; ++j)
+      if (j != rank && !peers[j]) missing.push_back(j);
+    if (missing.empty()) return Status::ok();
+    if (deadline.expired())
+      return Status(StatusCode::kTimeout, "rank(s) " + rank_list(missing) + " never connected to rank " +
+                                              std::to_string(rank) + " before the init deadline");
+    poll_some(std::move(fds), deadline);
+  }
+}
+
+}  // namespace
+
+Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const CommOptions& options,
+                            const PeerConfig& config, Deadline deadline) {
+  auto root = SocketAddress::parse(id.root_address);
+  if (!root) return root.status();
+  Mesh mesh;
+  auto engine = ProgressEngine::create("lc-eng-r" + std::to_string(rank));
+  if (!engine) return engine.status();
+  mesh.engine = *engine;
+  mesh.peers.resize(nranks);
+  auto listener = open_listener(id, rank, options, mesh.engine, config, *root);
+  if (!listener) return listener.status();
+  Listener& l = **listener;
+  if (rank == 0) {
+    LOWCOMM_CHECK(root_gather(l, nranks, deadline, mesh.peers));
+    return mesh;
+  }
+  auto addresses = join_root(*root, rank, nranks, l.address().to_string(), mesh.engine, config,
+                             deadline, mesh.peers[0]);
+  if (!addresses) return addresses.status();
+  LOWCOMM_CHECK(build_mesh(l, rank, nranks, *addresses, mesh.engine, config, deadline, mesh.peers));
+  return mesh;
+}
+
+}  // namespace lowcomm::collectives

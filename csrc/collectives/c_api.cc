@@ -1,0 +1,332 @@
+// The C API: a thin translation of lowcomm.h onto Communicator. Status codes become
+// lowcommResult_t here and only here; every entry point catches everything (bad_alloc
+// included) so no exception crosses the C ABI.
+
+#include "lowcomm/lowcomm.h"
+
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "lowcomm/communicator.h"
+
+struct lowcommComm {
+  std::unique_ptr<lowcomm::Communicator> comm;
+  std::mutex mu;          // guards last_error and shown
+  std::string last_error;
+  std::string shown;      // what lowcommGetLastError handed out
+};
+
+struct lowcommRequest {
+  lowcomm::Work work;
+  lowcommComm* comm;
+};
+
+namespace {
+
+using lowcomm::Status;
+using lowcomm::StatusCode;
+
+thread_local std::string t_last_error;
+
+static_assert(sizeof(lowcommUniqueId) == lowcomm::UniqueId::kOpaqueBytes);
+
+lowcommResult_t to_result(StatusCode c) {
+  switch (c) {
+    case StatusCode::kOk: return lowcommSuccess;
+    case StatusCode::kInvalidArgument: return lowcommInvalidArgument;
+    case StatusCode::kCorruptData: return lowcommCorruptData;
+    case StatusCode::kUnsupported: return lowcommUnsupported;
+    case StatusCode::kInternal: return lowcommInternalError;
+    case StatusCode::kSystem: return lowcommSystemError;
+    case StatusCode::kTimeout: return lowcommTimeout;
+    case StatusCode::kRemoteError: return lowcommRemoteError;
+    case StatusCode::kAborted: return lowcommAborted;
+  }
+  return lowcommInternalError;
+}
+
+lowcommResult_t record(lowcommComm* comm, const Status& s) {
+  if (s.is_ok()) return lowcommSuccess;
+  if (comm) {
+    std::lock_guard<std::mutex> lock(comm->mu);
+    comm->last_error = s.to_string();
+  } else {
+    t_last_error = s.to_string();
+  }
+  return to_result(s.code());
+}
+
+template <typename F>
+lowcommResult_t guarded(lowcommComm* comm, F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return record(comm, Status(StatusCode::kSystem, "out of memory"));
+  } catch (const std::exception& e) {
+    return record(comm, lowcomm::internal_error(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    return record(comm, lowcomm::internal_error("unexpected exception"));
+  }
+}
+
+lowcomm::Result<lowcomm::DType> to_dtype(lowcommDataType_t t) {
+  switch (t) {
+    case lowcommFloat32: return lowcomm::DType::kFloat32;
+    case lowcommBfloat16: return lowcomm::DType::kBFloat16;
+    case lowcommFloat16: return lowcomm::DType::kFloat16;
+  }
+  return lowcomm::invalid_argument("unsupported datatype " + std::to_string(static_cast<int>(t)) +
+                                   " (lowcommFloat32, lowcommBfloat16, lowcommFloat16)");
+}
+
+lowcomm::Result<lowcomm::ReduceOp> to_op(lowcommRedOp_t op) {
+  if (op == lowcommSum) return lowcomm::ReduceOp::kSum;
+  if (op == lowcommAvg) return lowcomm::ReduceOp::kAverage;
+  return lowcomm::invalid_argument("unsupported reduction " + std::to_string(static_cast<int>(op)) +
+                                   " (lowcommSum, lowcommAvg)");
+}
+
+// Either hands the Work to the caller as a request or waits for it here.
+lowcommResult_t finish(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* request) {
+  if (request) {
+    *request = new lowcommRequest{std::move(w), comm};
+    return lowcommSuccess;
+  }
+  return record(comm, w.wait());
+}
+
+#define LOWCOMM_C_CHECK_COMM(comm) \
+  if (!(comm) || !(comm)->comm) return record(nullptr, lowcomm::invalid_argument("NULL communicator"))
+
+}  // namespace
+
+extern "C" {
+
+const char* lowcommGetErrorString(lowcommResult_t r) {
+  switch (r) {
+    case lowcommSuccess: return "no error";
+    case lowcommUnhandledCudaError: return "unhandled cuda error";
+    case lowcommSystemError: return "unhandled system error (network, OS)";
+    case lowcommInternalError: return "internal error - please report this issue";
+    case lowcommInvalidArgument: return "invalid argument";
+    case lowcommInvalidUsage: return "invalid usage";
+    case lowcommRemoteError: return "remote process exited or there was a network error";
+    case lowcommInProgress: return "operation in progress";
+    case lowcommTimeout: return "operation deadline passed";
+    case lowcommAborted: return "communicator aborted";
+    case lowcommCorruptData: return "received data failed validation";
+    case lowcommUnsupported: return "not supported";
+    default: return "unknown result code";
+  }
+}
+
+const char* lowcommGetLastError(lowcommComm_t comm) {
+  if (!comm) return t_last_error.c_str();
+  std::lock_guard<std::mutex> lock(comm->mu);
+  comm->shown = comm->last_error;
+  return comm->shown.c_str();
+}
+
+lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* out) {
+  return guarded(nullptr, [&] {
+    if (!out) return record(nullptr, lowcomm::invalid_argument("NULL unique id"));
+    auto id = lowcomm::create_unique_id(address ? address : "");
+    if (!id) return record(nullptr, id.status());
+    auto b = id->to_bytes();
+    std::memcpy(out->internal, b.data(), b.size());
+    return lowcommSuccess;
+  });
+}
+
+lowcommResult_t lowcommGetUniqueId(lowcommUniqueId* out) { return lowcommGetUniqueIdAt(nullptr, out); }
+
+lowcommResult_t lowcommUniqueIdToString(const lowcommUniqueId* id, char* buf, size_t len) {
+  return guarded(nullptr, [&] {
+    if (!id || !buf) return record(nullptr, lowcomm::invalid_argument("NULL argument"));
+    auto u = lowcomm::UniqueId::from_bytes(id->internal, sizeof(id->internal));
+    if (!u) return record(nullptr, u.status());
+    std::string s = u->to_string();
+    if (s.size() + 1 > len) return record(nullptr, lowcomm::invalid_argument("buffer too small"));
+    std::memcpy(buf, s.c_str(), s.size() + 1);
+    return lowcommSuccess;
+  });
+}
+
+lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommUniqueId* out) {
+  return guarded(nullptr, [&] {
+    if (!text || !out) return record(nullptr, lowcomm::invalid_argument("NULL argument"));
+    auto u = lowcomm::UniqueId::parse(text);
+    if (!u) return record(nullptr, u.status());
+    auto b = u->to_bytes();
+    std::memcpy(out->internal, b.data(), b.size());
+    return lowcommSuccess;
+  });
+}
+
+lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId, int rank) {
+  return guarded(nullptr, [&] {
+    if (!comm) return record(nullptr, lowcomm::invalid_argument("NULL communicator out-parameter"));
+    auto id = lowcomm::UniqueId::from_bytes(commId.internal, sizeof(commId.internal));
+    if (!id) return record(nullptr, id.status());
+    lowcomm::CommOptions opts;
+    auto codec = lowcomm::codec_spec_from_env("LOWCOMM_CODEC", "");
+    if (const char* e = std::getenv("LOWCOMM_CODEC"); e && *e) {
+      if (!codec) return record(nullptr, codec.status());
+      opts.codec = *codec;
+    }
+    auto c = lowcomm::Communicator::init(*id, rank, nranks, opts);
+    if (!c) return record(nullptr, c.status());
+    auto* h = new lowcommComm();
+    h->comm = std::move(c).value();
+    *comm = h;  // out-parameters are set only on success
+    return lowcommSuccess;
+  });
+}
+
+lowcommResult_t lowcommCommDestroy(lowcommComm_t comm) {
+  return guarded(nullptr, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    delete comm;
+    return lowcommSuccess;
+  });
+}
+
+lowcommResult_t lowcommCommAbort(lowcommComm_t comm) {
+  return guarded(nullptr, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    comm->comm->abort();
+    delete comm;
+    return lowcommSuccess;
+  });
+}
+
+lowcommResult_t lowcommCommCount(const lowcommComm_t comm, int* count) {
+  LOWCOMM_C_CHECK_COMM(comm);
+  if (!count) return record(comm, lowcomm::invalid_argument("NULL count"));
+  *count = comm->comm->size();
+  return lowcommSuccess;
+}
+
+lowcommResult_t lowcommCommUserRank(const lowcommComm_t comm, int* rank) {
+  LOWCOMM_C_CHECK_COMM(comm);
+  if (!rank) return record(comm, lowcomm::invalid_argument("NULL rank"));
+  *rank = comm->comm->rank();
+  return lowcommSuccess;
+}
+
+lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm, lowcommResult_t* asyncError) {
+  LOWCOMM_C_CHECK_COMM(comm);
+  if (!asyncError) return record(comm, lowcomm::invalid_argument("NULL asyncError"));
+  Status s = comm->comm->status();
+  if (!s.is_ok()) record(comm, s);
+  *asyncError = to_result(s.code());
+  return lowcommSuccess;
+}
+
+lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
+                                 lowcommComm_t comm, lowcommRequest_t* request) {
+  return guarded(comm, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    auto rop = to_op(op);
+    if (!rop) return record(comm, rop.status());
+    lowcomm::AllReduceOptions o;
+    if (codec) {
+      auto spec = lowcomm::parse_codec_spec(codec);
+      if (!spec) return record(comm, spec.status());
+      o.codec = *spec;
+    }
+    return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
+  });
+}
+
+lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                 lowcommDataType_t datatype, lowcommComm_t comm,
+                                 lowcommRequest_t* request) {
+  return guarded(comm, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish(comm, comm->comm->all_gather(sendbuff, recvbuff, sendcount, *dt), request);
+  });
+}
+
+lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     lowcommDataType_t datatype, lowcommRedOp_t op,
+                                     lowcommComm_t comm, lowcommRequest_t* request) {
+  return guarded(comm, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    auto rop = to_op(op);
+    if (!rop) return record(comm, rop.status());
+    return finish(comm, comm->comm->reduce_scatter(sendbuff, recvbuff, recvcount, *dt, *rop), request);
+  });
+}
+
+lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                 lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                                 lowcommRequest_t* request) {
+  return guarded(comm, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish(comm, comm->comm->broadcast(sendbuff, recvbuff, count, *dt, root), request);
+  });
+}
+
+lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype, int peer,
+                            lowcommComm_t comm, lowcommRequest_t* request) {
+  return guarded(comm, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish(comm, comm->comm->send(sendbuff, count, *dt, peer), request);
+  });
+}
+
+lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t datatype, int peer,
+                            lowcommComm_t comm, lowcommRequest_t* request) {
+  return guarded(comm, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish(comm, comm->comm->recv(recvbuff, count, *dt, peer), request);
+  });
+}
+
+lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request) {
+  return guarded(comm, [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    return finish(comm, comm->comm->barrier(), request);
+  });
+}
+
+lowcommResult_t lowcommTest(lowcommRequest_t request, int* done) {
+  return guarded(request ? request->comm : nullptr, [&] {
+    if (!request || !done) return record(nullptr, lowcomm::invalid_argument("NULL request or done"));
+    *done = request->work.test() ? 1 : 0;
+    if (!*done) return lowcommSuccess;
+    lowcommComm* comm = request->comm;
+    Status s = request->work.status();
+    delete request;
+    return record(comm, s);
+  });
+}
+
+lowcommResult_t lowcommWait(lowcommRequest_t request) {
+  return guarded(request ? request->comm : nullptr, [&] {
+    if (!request) return record(nullptr, lowcomm::invalid_argument("NULL request"));
+    lowcommComm* comm = request->comm;
+    Status s = request->work.wait();
+    delete request;
+    return record(comm, s);
+  });
+}
+
+}  // extern "C"

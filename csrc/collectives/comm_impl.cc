@@ -1,0 +1,296 @@
+#include "collectives/comm_impl.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/bootstrap.h"
+#include "collectives/op_run.h"
+#include "collectives/tags.h"
+#include "core/log.h"
+#include "transport/little_endian.h"
+#include "transport/peer_config.h"
+
+namespace lowcomm {
+namespace {
+
+using collectives::OpDescriptor;
+using collectives::OpRun;
+
+constexpr uint32_t kControlMagic = 0x3158434Cu;  // "LCX1"
+constexpr uint32_t kControlAbort = 1;
+constexpr uint32_t kControlGoodbye = 2;
+constexpr size_t kControlTextMax = 256 - 12;
+
+// How long a failing rank waits for its notices to reach the kernel before closing.
+constexpr auto kNoticeWait = std::chrono::milliseconds(500);
+constexpr auto kNoticeLinger = std::chrono::milliseconds(300);
+
+}  // namespace
+
+Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank, int nranks,
+                                                   const CommOptions& options) {
+  if (nranks < 1) return invalid_argument("init: nranks must be at least 1, got " + std::to_string(nranks));
+  if (rank < 0 || rank >= nranks)
+    return invalid_argument("init: rank " + std::to_string(rank) + " is outside [0, " +
+                            std::to_string(nranks) + ")");
+  if (options.segment_bytes < 4096) return invalid_argument("init: segment_bytes must be at least 4096");
+  std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
+  auto cfg = transport::PeerConfig::from_env(rank, secret);
+  if (!cfg) return cfg.status();
+  if (options.streams > 0) cfg.value().streams = options.streams;
+  if (!options.wan.empty()) {
+    auto wan = transport::parse_wan(options.wan);
+    if (!wan) return invalid_argument("init: wan option: " + wan.status().message());
+    cfg.value().wan = *wan;
+  }
+  if (options.socket_buffer_bytes > 0) cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
+
+  std::unique_ptr<CommImpl> c(new CommImpl());
+  c->rank_ = rank;
+  c->nranks_ = nranks;
+  c->options_ = options;
+  c->timeout_ = options.timeout.count() > 0 ? Deadline::Clock::duration(options.timeout) : default_timeout();
+  Deadline deadline = Deadline::after(c->timeout_);
+  auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, *cfg, deadline);
+  if (!mesh) {
+    Status s = mesh.status();
+    return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
+                                ": " + s.message());
+  }
+  c->engine_ = std::move(mesh.value().engine);
+  c->peers_ = std::move(mesh.value().peers);
+  c->control_ = std::vector<Control>(nranks);
+  for (int r = 0; r < nranks; ++r)
+    if (r != rank)
+      c->control_[r].in_req = c->peers_[r]->irecv(collectives::tags::kControl, c->control_[r].in.data(),
+                                                   c->control_[r].in.size());
+  CommImpl* self = c.get();
+  c->executor_ = std::thread([self] {
+    std::string name = "lc-coll-r" + std::to_string(self->rank_);
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+    self->executor_main();
+  });
+  LOWCOMM_LOG(kInfo, "rank %d of %d: communicator ready", rank, nranks);
+  return c;
+}
+
+CommImpl::~CommImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (!executor_.joinable()) return;  // init failed: the mesh closed itself
+  executor_.join();  // runs what was queued first
+  bool failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed = !failure_.is_ok();
+  }
+  if (!failed) goodbye();
+  for (auto& p : peers_)
+    if (p) p->abort();
+  peers_.clear();  // closes every socket; the engine joins when the last peer lets go of it
+  engine_.reset();
+}
+
+void CommImpl::goodbye() {
+  send_control(kControlGoodbye, "rank " + std::to_string(rank_) + " destroyed its communicator",
+               std::chrono::duration_cast<std::chrono::milliseconds>(timeout_));
+  // Closing before a peer has read everything we sent would fail its last operation (it sees
+  // one stream end before another's data), so wait until every peer has said goodbye too or is
+  // gone.
+  Deadline d = Deadline::after(timeout_);
+  for (int r = 0; r < nranks_; ++r)
+    if (r != rank_ && control_[r].in_req.wait(d).code() == StatusCode::kTimeout)
+      LOWCOMM_LOG(kWarn, "rank %d: rank %d did not destroy its communicator within the timeout; closing anyway",
+                  rank_, r);
+}
+
+Work CommImpl::enqueue(Op op) {
+  Work w(op.work);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(op));
+  }
+  cv_.notify_all();
+  return w;
+}
+
+Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
+  Op op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    desc.seq = next_seq_++;
+  }
+  desc.nranks = static_cast<uint32_t>(nranks_);
+  for (int r = 0; r < nranks_; ++r)
+    if (r != rank_) op.peers.push_back(r);
+  op.work = std::make_shared<WorkState>(desc.seq);
+  op.desc = desc;
+  op.body = std::move(body);
+  return enqueue(std::move(op));
+}
+
+Work CommImpl::submit_p2p(OpDescriptor desc, int peer, bool is_send, Body body) {
+  Op op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    desc.seq = p2p_seq_[{peer, desc.tag, is_send}]++;
+  }
+  desc.nranks = static_cast<uint32_t>(nranks_);
+  op.peers = {peer};
+  op.work = std::make_shared<WorkState>(desc.seq);
+  op.desc = desc;
+  op.body = std::move(body);
+  return enqueue(std::move(op));
+}
+
+Work CommImpl::submit_local(std::function<Status()> fn) {
+  Op op;
+  op.local = std::move(fn);
+  op.work = std::make_shared<WorkState>(0);
+  return enqueue(std::move(op));
+}
+
+void CommImpl::executor_main() {
+  while (true) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run_one(op);
+  }
+}
+
+void CommImpl::run_one(Op& op) {
+  if (op.local) {
+    op.work->complete(op.local());
+    return;
+  }
+  std::string what = op.desc.to_string();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.is_ok()) {
+      op.work->complete(Status(failure_.code() == StatusCode::kAborted ? StatusCode::kAborted
+                                                                        : StatusCode::kRemoteError,
+                               what + ": the communicator failed earlier: " + failure_.message()));
+      return;
+    }
+  }
+  Status s;
+  {
+    OpRun run(*this, op.desc, op.peers, Deadline::after(timeout_));
+    s = op.body(run);
+    if (s.is_ok()) s = run.wait_all();
+    if (!s) {
+      s = Status(s.code(), "rank " + std::to_string(rank_) + ": " + what + ": " + s.message());
+      // Before `run` frees its scratch and the Work returns the user's buffers: every request
+      // must be finished, which aborting the peers guarantees.
+      fail(s, s.code() != StatusCode::kAborted);
+    }
+  }
+  op.work->complete(s);
+}
+
+Status CommImpl::check_health(const std::vector<int>& involved) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.is_ok()) return failure_;
+  }
+  // Two passes: a peer's own account of why it failed beats the broken connection it leaves
+  // behind (which another peer may show first).
+  Status broken;
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_ || !control_[r].in_req.test()) continue;
+    bool needed = std::find(involved.begin(), involved.end(), r) != involved.end();
+    Status s = control_[r].in_req.status();
+    if (!s) {
+      if (needed && broken.is_ok()) broken = s;  // the transport names the peer and what broke
+      continue;
+    }
+    const uint8_t* m = control_[r].in.data();
+    if (transport::load_le32(m) != kControlMagic)
+      return corrupt_data("rank " + std::to_string(r) + " sent a malformed control message");
+    uint32_t type = transport::load_le32(m + 4);
+    uint32_t len = std::min<uint32_t>(transport::load_le32(m + 8), kControlTextMax);
+    std::string text(reinterpret_cast<const char*>(m + 12), len);
+    if (type == kControlAbort)
+      return Status(StatusCode::kRemoteError, "rank " + std::to_string(r) + " failed: " + text);
+    if (needed && broken.is_ok())
+      broken = Status(StatusCode::kRemoteError,
+                      "rank " + std::to_string(r) + " has left (it destroyed its communicator)");
+  }
+  return broken;
+}
+
+void CommImpl::send_control(uint32_t type, const std::string& text, std::chrono::milliseconds wait) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (control_sent_) return;
+    control_sent_ = true;
+  }
+  size_t len = std::min(text.size(), kControlTextMax);
+  std::vector<transport::Request> sent;
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_) continue;
+    uint8_t* m = control_[r].out.data();
+    transport::store_le32(m, kControlMagic);
+    transport::store_le32(m + 4, type);
+    transport::store_le32(m + 8, static_cast<uint32_t>(len));
+    std::memcpy(m + 12, text.data(), len);
+    control_[r].out_req = peers_[r]->isend(collectives::tags::kControl, m, control_[r].out.size());
+    sent.push_back(control_[r].out_req);
+  }
+  Deadline d = Deadline::after(wait);
+  for (auto& s : sent) (void)s.wait(d);
+}
+
+void CommImpl::fail(const Status& why, bool notify) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.is_ok()) {
+      // Already failed (abort() or an earlier operation): the peers are being aborted.
+    } else {
+      failure_ = why;
+    }
+  }
+  LOWCOMM_LOG(kWarn, "%s", why.to_string().c_str());
+  if (notify) {
+    send_control(kControlAbort, why.message(), kNoticeWait);
+    // Linger briefly before closing: a peer whose engine sees our connections end before it
+    // has read the notice (the notice and the end travel on different streams) would only
+    // learn "connection closed". A peer in an operation answers at once (its own notice or
+    // its close completes our control receive); an idle one costs this wait.
+    Deadline d = Deadline::after(kNoticeLinger);
+    for (int r = 0; r < nranks_; ++r)
+      if (r != rank_) (void)control_[r].in_req.wait(d);
+  }
+  for (auto& p : peers_)
+    if (p) p->abort();
+}
+
+void CommImpl::abort() {
+  fail(Status(StatusCode::kAborted, "rank " + std::to_string(rank_) + " aborted its communicator"),
+       true);
+  std::deque<Op> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped.swap(queue_);
+  }
+  for (auto& op : dropped)
+    op.work->complete(Status(StatusCode::kAborted, op.desc.to_string() + ": the communicator was aborted"));
+}
+
+Status CommImpl::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+}  // namespace lowcomm

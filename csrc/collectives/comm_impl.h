@@ -1,0 +1,118 @@
+#pragma once
+// CommImpl: the state behind Communicator: the mesh of peers, the control channel, the
+// executor thread that runs operations in call order, and the failure latch.
+//
+// Threads: the transport's engine thread ("lc-eng-r<rank>") moves bytes; the executor thread
+// ("lc-coll-r<rank>") runs one operation at a time (encode, reduce, decode, waits); user
+// threads only enqueue and wait on Work.
+//
+// Control channel: at init every rank posts one receive of a fixed-size control message on
+// tags::kControl from every peer, and sends at most one in its lifetime: an abort notice (this
+// rank failed, with the reason) or a goodbye (this rank is destroying its communicator after
+// finishing its operations). While an operation waits, it polls those receives: a notice from
+// any peer fails it; a goodbye or a broken connection fails it when the operation needs that
+// peer. So a dead rank is noticed by every rank directly (its sockets close), and a rank that
+// failed for any other reason tells everyone why.
+//
+// Locking: mu_ guards queue_, stop_, failure_, control_sent_ and the sequence counters. Peers
+// are thread-safe (transport). The executor alone touches ef_ and runs OpRun.
+
+#include <array>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "collectives/descriptor.h"
+#include "collectives/ef_store.h"
+#include "collectives/work_state.h"
+#include "core/deadline.h"
+#include "lowcomm/communicator.h"
+#include "transport/peer.h"
+
+namespace lowcomm {
+namespace collectives {
+class OpRun;
+}
+
+class CommImpl {
+ public:
+  using Body = std::function<Status(collectives::OpRun&)>;
+
+  static Result<std::unique_ptr<CommImpl>> create(const UniqueId& id, int rank, int nranks,
+                                                  const CommOptions& options);
+  ~CommImpl();
+
+  int rank() const { return rank_; }
+  int size() const { return nranks_; }
+  const CommOptions& options() const { return options_; }
+  Deadline::Clock::duration timeout() const { return timeout_; }
+
+  // Queues a collective (desc.seq assigned here) over every peer.
+  Work submit_collective(collectives::OpDescriptor desc, Body body);
+  // Queues a point-to-point operation with `peer`; desc.seq is the per (peer, tag, direction)
+  // message number.
+  Work submit_p2p(collectives::OpDescriptor desc, int peer, bool is_send, Body body);
+  // Queues a local operation (EF save/restore) ordered with the others; never fails the group.
+  Work submit_local(std::function<Status()> fn);
+
+  void abort();
+  Status status() const;
+
+  // --- for OpRun, on the executor thread ---
+  transport::Peer& peer(int r) { return *peers_[r]; }
+  collectives::ErrorFeedbackStore& ef() { return ef_; }
+  // ok, or why an operation involving `involved` peers must stop now.
+  Status check_health(const std::vector<int>& involved);
+
+ private:
+  struct Op {
+    collectives::OpDescriptor desc;
+    std::vector<int> peers;
+    Body body;
+    std::function<Status()> local;
+    std::shared_ptr<WorkState> work;
+  };
+  struct Control {
+    std::array<uint8_t, 256> in{};
+    transport::Request in_req;
+    std::array<uint8_t, 256> out{};
+    transport::Request out_req;
+  };
+
+  CommImpl() = default;
+  Work enqueue(Op op);
+  void executor_main();
+  void run_one(Op& op);
+  // Latches `why` as the communicator's failure; the first time, tells the peers and aborts
+  // every connection (no request references any buffer afterwards).
+  void fail(const Status& why, bool notify);
+  void send_control(uint32_t type, const std::string& text, std::chrono::milliseconds wait);
+  void goodbye();
+
+  int rank_ = 0;
+  int nranks_ = 0;
+  CommOptions options_;
+  Deadline::Clock::duration timeout_{};
+  std::shared_ptr<transport::ProgressEngine> engine_;
+  std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
+  std::vector<Control> control_;                         // by rank
+  collectives::ErrorFeedbackStore ef_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool stop_ = false;
+  Status failure_;
+  bool control_sent_ = false;
+  uint64_t next_seq_ = 0;
+  std::map<std::tuple<int, uint64_t, bool>, uint64_t> p2p_seq_;
+  std::thread executor_;
+};
+
+}  // namespace lowcomm

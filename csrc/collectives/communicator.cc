@@ -1,0 +1,136 @@
+// Communicator: the public C++ API; builds each operation's descriptor and hands the algorithm
+// to CommImpl's executor.
+
+#include "lowcomm/communicator.h"
+
+#include "collectives/algorithms.h"
+#include "collectives/comm_impl.h"
+
+namespace lowcomm {
+
+using collectives::OpDescriptor;
+using collectives::OpKind;
+using collectives::OpRun;
+
+const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::kAverage ? "avg" : "sum"; }
+
+Result<std::unique_ptr<Communicator>> Communicator::init(const UniqueId& id, int rank, int nranks,
+                                                         const CommOptions& options) {
+  auto impl = CommImpl::create(id, rank, nranks, options);
+  if (!impl) return impl.status();
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl).value()));
+}
+
+Communicator::Communicator(std::unique_ptr<CommImpl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return impl_->rank(); }
+int Communicator::size() const { return impl_->size(); }
+
+Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
+                              const AllReduceOptions& options) {
+  OpDescriptor d;
+  d.kind = OpKind::kAllReduce;
+  d.count = count;
+  d.dtype = dtype;
+  d.op = op;
+  d.codec = options.codec ? options.codec : impl_->options().codec;
+  // An uncompressed spec in the tensor's own dtype is the plain algorithm: one descriptor
+  // for both spellings, so "none" on one rank and no codec on another agree.
+  if (d.codec && !d.codec->quantized() && d.codec->wire_dtype == dtype) d.codec.reset();
+  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec);
+  collectives::ReduceArgs a{send, recv, count, dtype, op, d.codec, options.ef_key,
+                            options.owner_error_feedback, options.seed, 0};
+  auto step = options.step;
+  return impl_->submit_collective(d, [a, step](OpRun& run) mutable {
+    a.step = step ? *step : run.desc().seq;
+    return collectives::all_reduce(run, a);
+  });
+}
+
+Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
+                                  ReduceOp op) {
+  OpDescriptor d;
+  d.kind = OpKind::kReduceScatter;
+  d.count = recv_count;
+  d.dtype = dtype;
+  d.op = op;
+  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, std::nullopt);
+  collectives::ReduceArgs a{send, recv, recv_count * static_cast<uint64_t>(size()), dtype, op,
+                            std::nullopt, {}, false, 0, 0};
+  return impl_->submit_collective(d, [a](OpRun& run) { return collectives::reduce_scatter(run, a); });
+}
+
+Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype) {
+  OpDescriptor d;
+  d.kind = OpKind::kAllGather;
+  d.count = send_count;
+  d.dtype = dtype;
+  return impl_->submit_collective(d, [=](OpRun& run) {
+    return collectives::all_gather(run, send, recv, send_count, dtype);
+  });
+}
+
+Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root) {
+  OpDescriptor d;
+  d.kind = OpKind::kBroadcast;
+  d.count = count;
+  d.dtype = dtype;
+  d.root = root;
+  return impl_->submit_collective(d, [=](OpRun& run) {
+    return collectives::broadcast(run, send, recv, count, dtype, root);
+  });
+}
+
+Work Communicator::send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
+  OpDescriptor d;
+  d.kind = OpKind::kSend;
+  d.count = count;
+  d.dtype = dtype;
+  d.root = rank();
+  d.tag = tag;
+  return impl_->submit_p2p(d, peer, true, [=](OpRun& run) {
+    return collectives::send(run, buf, count, dtype, peer, tag);
+  });
+}
+
+Work Communicator::recv(void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
+  OpDescriptor d;
+  d.kind = OpKind::kRecv;
+  d.count = count;
+  d.dtype = dtype;
+  d.root = peer;
+  d.tag = tag;
+  return impl_->submit_p2p(d, peer, false, [=](OpRun& run) {
+    return collectives::recv(run, buf, count, dtype, peer, tag);
+  });
+}
+
+Work Communicator::barrier() {
+  OpDescriptor d;
+  d.kind = OpKind::kBarrier;
+  return impl_->submit_collective(d, [](OpRun& run) { return collectives::barrier(run); });
+}
+
+void Communicator::abort() { impl_->abort(); }
+Status Communicator::status() const { return impl_->status(); }
+
+Result<std::vector<uint8_t>> Communicator::save_error_feedback() {
+  std::vector<uint8_t> out;
+  CommImpl* impl = impl_.get();
+  Status s = impl_->submit_local([impl, &out] {
+                     out = impl->ef().save();
+                     return Status::ok();
+                   }).wait();
+  if (!s) return s;
+  return out;
+}
+
+Status Communicator::restore_error_feedback(const void* bytes, size_t len) {
+  CommImpl* impl = impl_.get();
+  return impl_->submit_local([impl, bytes, len] {
+                return impl->ef().restore(static_cast<const uint8_t*>(bytes), len);
+              }).wait();
+}
+
+}  // namespace lowcomm

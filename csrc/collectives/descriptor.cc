@@ -1,0 +1,111 @@
+#include "collectives/descriptor.h"
+
+#include "transport/little_endian.h"
+
+namespace lowcomm::collectives {
+namespace {
+
+using namespace transport;  // NOLINT: the little-endian helpers
+
+constexpr uint32_t kDescriptorMagic = 0x3144434Cu;  // "LCD1"
+
+uint32_t fnv1a32(const uint8_t* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+bool valid_dtype(uint8_t v) { return v >= 1 && v <= 3; }
+
+}  // namespace
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kBarrier: return "barrier";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kSend: return "send";
+    case OpKind::kRecv: return "recv";
+  }
+  return "?";
+}
+
+std::array<uint8_t, kDescriptorBytes> OpDescriptor::encode() const {
+  std::array<uint8_t, kDescriptorBytes> b{};
+  uint8_t* p = b.data();
+  store_le32(p, kDescriptorMagic);
+  p[4] = static_cast<uint8_t>(kind);
+  p[5] = static_cast<uint8_t>(dtype);
+  p[6] = static_cast<uint8_t>(op);
+  // Codec kind 0xFF: uncompressed (distinct from a passthrough spec, which converts dtypes).
+  p[7] = codec ? static_cast<uint8_t>(codec->kind) : 0xFF;
+  store_le64(p + 8, seq);
+  store_le64(p + 16, count);
+  store_le32(p + 24, static_cast<uint32_t>(root));
+  if (codec) {
+    p[28] = static_cast<uint8_t>(codec->bits);
+    p[29] = static_cast<uint8_t>(codec->wire_dtype);
+    p[30] = static_cast<uint8_t>(codec->grouping);
+    p[31] = static_cast<uint8_t>(codec->rounding);
+    store_le32(p + 32, codec->block);
+    store_le64(p + 40, codec->cols);
+  }
+  store_le32(p + 36, nranks);
+  store_le64(p + 48, tag);
+  store_le32(p + 56, 0);
+  store_le32(p + 60, fnv1a32(p, 60));
+  return b;
+}
+
+Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& who) {
+  if (load_le32(p) != kDescriptorMagic)
+    return corrupt_data(who + ": operation descriptor has a bad magic");
+  if (load_le32(p + 60) != fnv1a32(p, 60))
+    return corrupt_data(who + ": operation descriptor checksum mismatch");
+  if (p[4] < 1 || p[4] > 6 || !valid_dtype(p[5]) || p[6] > 1 || load_le32(p + 56) != 0)
+    return corrupt_data(who + ": operation descriptor has out-of-range fields");
+  OpDescriptor d;
+  d.kind = static_cast<OpKind>(p[4]);
+  d.dtype = static_cast<DType>(p[5]);
+  d.op = static_cast<ReduceOp>(p[6]);
+  d.seq = load_le64(p + 8);
+  d.count = load_le64(p + 16);
+  d.root = static_cast<int32_t>(load_le32(p + 24));
+  d.nranks = load_le32(p + 36);
+  d.tag = load_le64(p + 48);
+  if (p[7] != 0xFF) {
+    CodecSpec s;
+    s.kind = static_cast<CodecKind>(p[7]);
+    s.bits = p[28];
+    s.wire_dtype = static_cast<DType>(p[29]);
+    s.grouping = static_cast<Grouping>(p[30]);
+    s.rounding = static_cast<Rounding>(p[31]);
+    s.block = load_le32(p + 32);
+    s.cols = load_le64(p + 40);
+    if (p[7] > 2 || !valid_dtype(p[29]) || p[30] > 2 || p[31] > 1 || !validate_spec(s).is_ok())
+      return corrupt_data(who + ": operation descriptor carries an invalid codec spec");
+    d.codec = s;
+  }
+  return d;
+}
+
+std::string OpDescriptor::to_string() const {
+  std::string s = std::string(op_kind_name(kind)) + " #" + std::to_string(seq) + " (count " +
+                  std::to_string(count) + ", " + dtype_name(dtype);
+  if (kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter)
+    s += std::string(", ") + reduce_op_name(op);
+  if (kind == OpKind::kAllReduce) s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
+  if (kind == OpKind::kBroadcast) s += ", root " + std::to_string(root);
+  if (kind == OpKind::kSend) s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
+  if (kind == OpKind::kRecv) s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
+  s += ", " + std::to_string(nranks) + " ranks)";
+  return s;
+}
+
+bool same_operation(const OpDescriptor& a, const OpDescriptor& b) {
+  return a.encode() == b.encode();
+}
+
+}  // namespace lowcomm::collectives

@@ -1,0 +1,65 @@
+#pragma once
+// OpRun: what an algorithm sees while its operation runs on the executor thread: the peers,
+// the operation's descriptor and deadline, scratch memory, and waits that never hang.
+//
+// Buffers: every buffer a request may touch must outlive the request. Algorithms take scratch
+// memory from scratch(), owned by the OpRun, which the executor destroys only after every
+// request of the operation has completed (on failure, after the communicator has aborted every
+// peer, which completes them all). User buffers are handed back (the Work completes) at the
+// same point.
+//
+// Waits: wait() waits for one request in slices of a few milliseconds; between slices it checks
+// the operation's deadline and CommImpl::check_health (abort, a peer's failure notice, a
+// broken or departed peer this operation needs), so a wait returns within a slice of the first
+// of those.
+
+#include <memory>
+#include <vector>
+
+#include "collectives/comm_impl.h"
+#include "collectives/descriptor.h"
+#include "core/deadline.h"
+#include "transport/request.h"
+
+namespace lowcomm::collectives {
+
+class OpRun {
+ public:
+  OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline)
+      : comm_(comm), desc_(desc), peers_(std::move(peers)), deadline_(deadline) {}
+
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+  const OpDescriptor& desc() const { return desc_; }
+  const std::vector<int>& peers() const { return peers_; }
+  CpuOptions cpu() const { return CpuOptions{comm_.options().codec_threads, true}; }
+  uint64_t segment_bytes() const { return comm_.options().segment_bytes; }
+  ErrorFeedbackStore& ef() { return comm_.ef(); }
+
+  // 8-byte aligned scratch memory living as long as this OpRun.
+  uint8_t* scratch(uint64_t bytes);
+
+  transport::Request isend(int peer, uint64_t tag, const void* data, uint64_t len);
+  transport::Request irecv(int peer, uint64_t tag, void* data, uint64_t len);
+  Status wait(const transport::Request& r);
+  // Waits for every request issued so far (the end of a successful operation).
+  Status wait_all();
+
+  // Collectives: send our descriptor to every peer, check every peer's against ours.
+  Status exchange_descriptors();
+  // Point-to-point: the sender's descriptor to `peer` / the receiver's check of it.
+  Status send_descriptor(int peer, uint64_t tag);
+  Status expect_descriptor(int peer, uint64_t tag, const OpDescriptor& expected);
+
+ private:
+  Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
+
+  CommImpl& comm_;
+  OpDescriptor desc_;
+  std::vector<int> peers_;
+  Deadline deadline_;
+  std::vector<std::unique_ptr<uint64_t[]>> scratch_;
+  std::vector<transport::Request> issued_;
+};
+
+}  // namespace lowcomm::collectives

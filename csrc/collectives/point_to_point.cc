@@ -1,0 +1,50 @@
+// Tagged send/recv and barrier.
+//
+// send: the sender's descriptor (kind send, count, dtype, tag, per-(pair, tag) number) on the
+// user tag's descriptor channel, then the data on its data channel; it completes when both are
+// handed to the kernel (the receiver buffers data that arrives before its recv, as MPI's eager
+// protocol does). recv: wait for the descriptor, check it against what this rank expects, and
+// only then post the receive of the data, so a mismatch is an error naming both calls, never
+// bytes read as the wrong thing. The receiver detects a mismatch; the sender learns of it
+// through the receiver's failure notice (its next operation fails).
+//
+// barrier: the descriptor exchange of every collective is already a full all-to-all; a barrier
+// is only that.
+
+#include "collectives/algorithms.h"
+#include "collectives/tags.h"
+
+namespace lowcomm::collectives {
+namespace {
+
+Status check_peer(const OpRun& run, int peer, uint64_t tag, const void* buf, uint64_t count) {
+  if (peer < 0 || peer >= run.size() || peer == run.rank())
+    return invalid_argument("peer " + std::to_string(peer) + " is not another rank of [0, " +
+                            std::to_string(run.size()) + ")");
+  if (tag > tags::kMaxUserTag) return invalid_argument("tag must be below 2^60");
+  if (count > 0 && !buf) return invalid_argument("null buffer with a non-zero count");
+  if (count > (uint64_t{1} << 56)) return invalid_argument("element count too large");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status send(OpRun& run, const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
+  LOWCOMM_CHECK(check_peer(run, peer, tag, buf, count));
+  LOWCOMM_CHECK(run.send_descriptor(peer, tags::p2p_descriptor(tag)));
+  run.isend(peer, tags::p2p_data(tag), buf, count * dtype_size(dtype));
+  return Status::ok();
+}
+
+Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
+  LOWCOMM_CHECK(check_peer(run, peer, tag, buf, count));
+  OpDescriptor expected = run.desc();
+  expected.kind = OpKind::kSend;
+  expected.root = peer;
+  LOWCOMM_CHECK(run.expect_descriptor(peer, tags::p2p_descriptor(tag), expected));
+  return run.wait(run.irecv(peer, tags::p2p_data(tag), buf, count * dtype_size(dtype)));
+}
+
+Status barrier(OpRun& run) { return run.exchange_descriptors(); }
+
+}  // namespace lowcomm::collectives

@@ -1,0 +1,45 @@
+#include "collectives/work_state.h"
+
+namespace lowcomm {
+
+void WorkState::complete(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(s);
+  cv_.notify_all();
+}
+
+bool WorkState::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+Status WorkState::wait() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  return status_;
+}
+
+Status WorkState::wait_for(std::chrono::milliseconds d) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, d, [&] { return done_; }))
+    return Status(StatusCode::kTimeout, "operation #" + std::to_string(seq_) + " still running");
+  return status_;
+}
+
+Status WorkState::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return internal_error("operation still in flight");
+  return status_;
+}
+
+bool Work::test() const { return !state_ || state_->done(); }
+Status Work::wait() const { return state_ ? state_->wait() : invalid_argument("empty Work"); }
+Status Work::wait_for(std::chrono::milliseconds d) const {
+  return state_ ? state_->wait_for(d) : invalid_argument("empty Work");
+}
+Status Work::status() const { return state_ ? state_->status() : invalid_argument("empty Work"); }
+uint64_t Work::sequence() const { return state_ ? state_->seq() : 0; }
+
+}  // namespace lowcomm

@@ -1,0 +1,159 @@
+#pragma once
+// The communicator: an NCCL-style group of ranks joined by authenticated TCP peers, and the
+// collectives over host buffers (docs/collectives.md).
+//
+//   auto id = create_unique_id("10.0.0.5");              // on rank 0; distribute id.to_string()
+//   auto comm = Communicator::init(*id, rank, nranks);  // every rank, same id
+//   Work w = (*comm)->all_reduce(x, x, n, DType::kFloat32, ReduceOp::kAverage,
+//                                {.codec = *parse_codec_spec("q4"), .ef_key = "grads"});
+//   Status s = w.wait();
+//
+// Every operation is asynchronous: it returns a Work at once and runs on the communicator's
+// executor thread in call order (each collective gets the next operation sequence number). The
+// caller's buffers stay lent out until the Work completes. Every operation has a deadline
+// (CommOptions::timeout from the moment it starts running). The first failure of any operation
+// latches: the communicator is broken from then on, every queued and later operation fails with
+// the first cause, and the other ranks are told (docs/collectives.md, "Failure semantics").
+//
+// Thread safety: every method may be called from any thread; operations are ordered by the
+// order in which the calls return. abort() may be called while other threads wait.
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lowcomm/codec.h"
+#include "lowcomm/status.h"
+
+namespace lowcomm {
+
+// Where rank 0 listens and the communicator's shared secret. Fixed-size opaque form
+// (to_bytes, 128 bytes, what lowcommUniqueId holds) and printable form (to_string, for
+// environment variables and files): "lowcomm1:<address:port>/<64 hex digits>". The secret
+// authenticates every connection; treat the id like a password.
+struct UniqueId {
+  static constexpr size_t kSecretBytes = 32;
+  static constexpr size_t kOpaqueBytes = 128;
+
+  std::string root_address;  // numeric "a.b.c.d:port" or "[v6]:port"
+  std::array<uint8_t, kSecretBytes> secret{};
+
+  std::array<uint8_t, kOpaqueBytes> to_bytes() const;
+  static Result<UniqueId> from_bytes(const void* bytes, size_t len);
+  std::string to_string() const;
+  static Result<UniqueId> parse(std::string_view text);
+};
+
+// A fresh id with a random secret. `bind` is rank 0's listen address: "" (the interface
+// LOWCOMM_SOCKET_IFNAME selects), a numeric host ("127.0.0.1", port chosen now) or host:port.
+// The listening socket is opened now and kept for Communicator::init(rank 0) in this process
+// or a fork() of it; a rank 0 elsewhere binds root_address itself.
+Result<UniqueId> create_unique_id(std::string_view bind = {});
+
+enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1 };
+const char* reduce_op_name(ReduceOp op);
+
+struct CommOptions {
+  int streams = 0;   // TCP streams per peer; 0: LOWCOMM_STREAMS, else 4
+  std::string wan;   // emulated link of this rank's sends (LOWCOMM_WAN syntax); "": LOWCOMM_WAN
+  // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
+  // else 30 minutes.
+  std::chrono::milliseconds timeout{0};
+  // This rank's listen address (numeric host, port 0 allowed). "": LOWCOMM_SOCKET_IFNAME when
+  // set, else the local address that routes to the root.
+  std::string listen_address;
+  // all_reduce's codec when the call names none; unset: uncompressed.
+  std::optional<CodecSpec> codec;
+  uint64_t segment_bytes = 4u << 20;  // pipelining unit of the reduce algorithms (input bytes)
+  int codec_threads = 0;              // CpuOptions::threads for encode/decode
+  int socket_buffer_bytes = 0;        // 0: the transport default
+};
+
+struct AllReduceOptions {
+  // Unset: CommOptions::codec. A passthrough spec whose wire dtype is the tensor's dtype is the
+  // uncompressed algorithm.
+  std::optional<CodecSpec> codec;
+  // Non-empty: error feedback on each rank's quantization of its contributions, in residual state
+  // kept under this key across calls (save_error_feedback / restore_error_feedback).
+  std::string ef_key;
+  bool owner_error_feedback = false;  // also on the owner's re-quantization (same key)
+  // Stochastic rounding seeds derive from (seed, step, rank, element offset); step unset: the
+  // operation sequence number.
+  uint64_t seed = 0;
+  std::optional<uint64_t> step;
+};
+
+class WorkState;
+
+// The completion of one operation. Cheap to copy (shared state).
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<WorkState> s) : state_(std::move(s)) {}
+  bool valid() const { return state_ != nullptr; }
+  bool test() const;        // complete (successfully or not)
+  Status wait() const;      // until complete; the operation's own deadline bounds it
+  // kTimeout when not complete within `d`; the operation keeps running (buffers still lent).
+  Status wait_for(std::chrono::milliseconds d) const;
+  Status status() const;    // the final status; kInternal "in flight" before completion
+  uint64_t sequence() const;  // the collective's operation number (p2p: per peer and tag)
+
+ private:
+  std::shared_ptr<WorkState> state_;
+};
+
+class CommImpl;
+
+class Communicator {
+ public:
+  // Joins the group: every rank of [0, nranks) must call it with the same id within the timeout.
+  // Fails naming the ranks that never showed up, or the reason a connection was refused.
+  static Result<std::unique_ptr<Communicator>> init(const UniqueId& id, int rank, int nranks,
+                                                    const CommOptions& options = {});
+  // Finishes queued operations, says goodbye to every peer and waits for theirs (so no rank
+  // closes a connection another still reads), then closes. After abort(): closes at once.
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+
+  // recv[i] = op over ranks of send[i], count elements. send == recv is in place. Every rank
+  // ends with the same bits, for every codec.
+  Work all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
+                  const AllReduceOptions& options = {});
+  // send holds recv_count * size() elements; recv gets this rank's reduced slice.
+  Work reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op);
+  // recv holds send_count * size() elements, rank r's at r * send_count (in place allowed).
+  Work all_gather(const void* send, void* recv, uint64_t send_count, DType dtype);
+  // recv = root's send (root: send == recv allowed; other ranks ignore send).
+  Work broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root);
+  // Tagged point-to-point; the k-th send to a peer on a tag meets that peer's k-th recv on it.
+  // tag < 2^60. A send completes once its bytes are handed to the kernel.
+  Work send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag = 0);
+  Work recv(void* buf, uint64_t count, DType dtype, int peer, uint64_t tag = 0);
+  Work barrier();
+
+  // Fails everything in flight and queued with kAborted, tells the peers (best effort), closes
+  // every connection. Idempotent; returns once no user buffer is referenced.
+  void abort();
+  // ok, or the failure that broke the communicator.
+  Status status() const;
+
+  // Error-feedback residuals, all keys, as bytes (docs/collectives.md) / back. Waits for the
+  // operations queued before the call.
+  Result<std::vector<uint8_t>> save_error_feedback();
+  Status restore_error_feedback(const void* bytes, size_t len);
+
+ private:
+  explicit Communicator(std::unique_ptr<CommImpl> impl);
+  std::unique_ptr<CommImpl> impl_;
+};
+
+}  // namespace lowcomm

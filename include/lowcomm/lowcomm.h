@@ -1,0 +1,110 @@
+/* lowcomm C API, named and shaped like NCCL's (nccl.h), plus codec arguments.
+ *
+ *   lowcommUniqueId id;  lowcommGetUniqueId(&id);           // rank 0; distribute the bytes
+ *   lowcommComm_t comm;  lowcommCommInitRank(&comm, nranks, id, rank);
+ *   lowcommRequest_t req;
+ *   lowcommAllReduce(x, x, n, lowcommFloat32, lowcommAvg, "q4", comm, &req);
+ *   lowcommWait(req);                                       // frees req
+ *   lowcommCommDestroy(comm);
+ *
+ * Every operation is asynchronous when `request` is non-NULL (complete it with lowcommWait, or
+ * lowcommTest until done, which frees it) and blocking when it is NULL. Operations run in call
+ * order. Buffers stay in use until the request completes. The first failure breaks the
+ * communicator (as in NCCL): later calls return the same error; lowcommGetLastError(comm) has
+ * the text, naming the peer and the operation. No C++ exception crosses this API.
+ */
+#ifndef LOWCOMM_LOWCOMM_H_
+#define LOWCOMM_LOWCOMM_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOWCOMM_UNIQUE_ID_BYTES 128
+#define LOWCOMM_UNIQUE_ID_STRING_BYTES 256 /* enough for lowcommUniqueIdToString */
+
+typedef enum {
+  lowcommSuccess = 0,
+  lowcommUnhandledCudaError = 1,
+  lowcommSystemError = 2,
+  lowcommInternalError = 3,
+  lowcommInvalidArgument = 4,
+  lowcommInvalidUsage = 5,
+  lowcommRemoteError = 6,
+  lowcommInProgress = 7,
+  lowcommTimeout = 8,      /* lowcomm: an operation's deadline passed */
+  lowcommAborted = 9,      /* lowcomm: lowcommCommAbort */
+  lowcommCorruptData = 10, /* lowcomm: received bytes failed validation */
+  lowcommUnsupported = 11,
+  lowcommNumResults = 12
+} lowcommResult_t;
+
+/* Values as NCCL's ncclDataType_t. */
+typedef enum { lowcommFloat16 = 6, lowcommFloat32 = 7, lowcommBfloat16 = 9 } lowcommDataType_t;
+/* Values as NCCL's ncclRedOp_t. */
+typedef enum { lowcommSum = 0, lowcommAvg = 4 } lowcommRedOp_t;
+
+typedef struct {
+  char internal[LOWCOMM_UNIQUE_ID_BYTES];
+} lowcommUniqueId;
+
+typedef struct lowcommComm* lowcommComm_t;
+typedef struct lowcommRequest* lowcommRequest_t;
+
+const char* lowcommGetErrorString(lowcommResult_t result);
+/* The message of the last failed call on comm (this thread's last failed call when comm is
+ * NULL, e.g. an init). Valid until the next call on comm. */
+const char* lowcommGetLastError(lowcommComm_t comm);
+
+/* Rank 0's address from LOWCOMM_SOCKET_IFNAME (or the first non-loopback interface). */
+lowcommResult_t lowcommGetUniqueId(lowcommUniqueId* uniqueId);
+/* lowcomm: with an explicit listen address ("127.0.0.1", "10.0.0.5:29500"). */
+lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* uniqueId);
+/* lowcomm: printable form, for environment variables and files. */
+lowcommResult_t lowcommUniqueIdToString(const lowcommUniqueId* uniqueId, char* buf, size_t len);
+lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommUniqueId* uniqueId);
+
+/* Options from the environment: LOWCOMM_STREAMS, LOWCOMM_WAN, LOWCOMM_TIMEOUT_S,
+ * LOWCOMM_SOCKET_IFNAME, LOWCOMM_CODEC (all-reduce's codec when the call passes NULL;
+ * unset: uncompressed). */
+lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId, int rank);
+/* Finishes queued operations, then closes (waiting for the peers to do the same). */
+lowcommResult_t lowcommCommDestroy(lowcommComm_t comm);
+/* Cancels everything in flight, then frees the communicator. */
+lowcommResult_t lowcommCommAbort(lowcommComm_t comm);
+lowcommResult_t lowcommCommCount(const lowcommComm_t comm, int* count);
+lowcommResult_t lowcommCommUserRank(const lowcommComm_t comm, int* rank);
+/* lowcommSuccess, or the failure that broke the communicator. */
+lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm, lowcommResult_t* asyncError);
+
+/* codec: a codec spec ("q4", "q2:sr", "minmax4", docs/codecs.md) or NULL for uncompressed. */
+lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
+                                 lowcommComm_t comm, lowcommRequest_t* request);
+lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                 lowcommDataType_t datatype, lowcommComm_t comm,
+                                 lowcommRequest_t* request);
+lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                     lowcommDataType_t datatype, lowcommRedOp_t op,
+                                     lowcommComm_t comm, lowcommRequest_t* request);
+lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                 lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                                 lowcommRequest_t* request);
+lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype, int peer,
+                            lowcommComm_t comm, lowcommRequest_t* request);
+lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t datatype, int peer,
+                            lowcommComm_t comm, lowcommRequest_t* request);
+lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request);
+
+/* *done = 1 when complete; the request is then freed and its result returned. */
+lowcommResult_t lowcommTest(lowcommRequest_t request, int* done);
+/* Waits for completion, frees the request, returns its result. */
+lowcommResult_t lowcommWait(lowcommRequest_t request);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOWCOMM_LOWCOMM_H_ */

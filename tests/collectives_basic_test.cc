@@ -1,0 +1,136 @@
+// The uncompressed collectives over real processes on loopback, against fp64 references.
+
+#include <numeric>
+
+#include "collectives_test_util.h"
+
+namespace lowcomm::testing {
+namespace {
+
+TEST(CollectivesUniqueId, RoundTripsThroughBytesAndText) {
+  auto id = create_unique_id("127.0.0.1");
+  ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+  auto b = id->to_bytes();
+  auto back = UniqueId::from_bytes(b.data(), b.size());
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->root_address, id->root_address);
+  EXPECT_EQ(back->secret, id->secret);
+  auto parsed = UniqueId::parse(id->to_string());
+  ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->secret, id->secret);
+  b[50] ^= 1;
+  EXPECT_EQ(UniqueId::from_bytes(b.data(), b.size()).status().code(), StatusCode::kInvalidArgument);
+  std::string t = id->to_string();
+  t.pop_back();
+  auto bad = UniqueId::parse(t);
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().message().find(t.substr(t.size() - 10)), std::string::npos)
+      << "the error must not echo the secret";
+  (void)collectives::take_root_socket(id->to_string());
+}
+
+// Every collective on one communicator, P ranks.
+std::string every_collective(int rank, const UniqueId& id, int P) {
+  auto c = Communicator::init(id, rank, P, test_options());
+  RANK_OK(c.status());
+  Communicator& comm = **c;
+  RANK_OK(comm.barrier().wait());
+
+  // all_reduce, fp32 sum, out of place, several in flight at once.
+  const uint64_t n = 50003;  // not a multiple of P or of a segment
+  std::vector<Tensor> in, out;
+  std::vector<Work> works;
+  for (int k = 0; k < 3; ++k) {
+    in.push_back(make_input(DType::kFloat32, n, 10 + k, rank));
+    out.emplace_back(DType::kFloat32, n);
+  }
+  for (int k = 0; k < 3; ++k)
+    works.push_back(comm.all_reduce(in[k].data(), out[k].data(), n, DType::kFloat32,
+                                    k == 2 ? ReduceOp::kAverage : ReduceOp::kSum));
+  for (int k = 0; k < 3; ++k) {
+    RANK_OK(works[k].wait());
+    for (uint64_t i = 0; i < n; ++i) {
+      double ref = 0;
+      for (int r = 0; r < P; ++r) ref += input_value(10 + k, r, i);
+      if (k == 2) ref /= P;
+      double err = std::fabs(out[k].get(i) - ref);
+      RANK_CHECK(err <= 1e-5 * (1 + std::fabs(ref)) * P,
+                 "all_reduce " + std::to_string(k) + " element " + std::to_string(i) + ": " +
+                     std::to_string(out[k].get(i)) + " vs " + std::to_string(ref));
+    }
+  }
+  // all_reduce bf16 average, in place: fp32 accumulation, one rounding to bf16.
+  Tensor x = make_input(DType::kBFloat16, n, 20, rank);
+  RANK_OK(comm.all_reduce(x.data(), x.data(), n, DType::kBFloat16, ReduceOp::kAverage).wait());
+  for (uint64_t i = 0; i < n; ++i) {
+    double ref = 0;
+    for (int r = 0; r < P; ++r) ref += from_bf16(to_bf16(input_value(20, r, i)));
+    ref /= P;
+    RANK_CHECK(std::fabs(x.get(i) - ref) <= std::fabs(ref) * (1.0 / 256) + 1e-6,
+               "bf16 element " + std::to_string(i));
+  }
+
+  // reduce_scatter fp32 sum.
+  const uint64_t rc = 7001;
+  Tensor rs_in = make_input(DType::kFloat32, rc * P, 30, rank);
+  Tensor rs_out(DType::kFloat32, rc);
+  RANK_OK(comm.reduce_scatter(rs_in.data(), rs_out.data(), rc, DType::kFloat32, ReduceOp::kSum).wait());
+  for (uint64_t i = 0; i < rc; ++i) {
+    double ref = 0;
+    for (int r = 0; r < P; ++r) ref += input_value(30, r, rank * rc + i);
+    RANK_CHECK(std::fabs(rs_out.get(i) - ref) <= 1e-5 * (1 + std::fabs(ref)) * P, "reduce_scatter");
+  }
+
+  // all_gather, out of place then in place.
+  const uint64_t gc = 3001;
+  Tensor g_in = make_input(DType::kFloat32, gc, 40, rank);
+  Tensor g_out(DType::kFloat32, gc * P);
+  RANK_OK(comm.all_gather(g_in.data(), g_out.data(), gc, DType::kFloat32).wait());
+  for (int r = 0; r < P; ++r)
+    for (uint64_t i = 0; i < gc; ++i)
+      RANK_CHECK(g_out.get(r * gc + i) == input_value(40, r, i), "all_gather");
+  Tensor g_inplace(DType::kFloat32, gc * P);
+  for (uint64_t i = 0; i < gc; ++i) g_inplace.set(rank * gc + i, input_value(41, rank, i));
+  RANK_OK(comm.all_gather(g_inplace.bytes.data() + rank * gc * 4, g_inplace.data(), gc, DType::kFloat32).wait());
+  for (int r = 0; r < P; ++r)
+    for (uint64_t i = 0; i < gc; ++i) RANK_CHECK(g_inplace.get(r * gc + i) == input_value(41, r, i), "all_gather in place");
+
+  // broadcast: small (direct) and large (scatter + relay), root P-1.
+  for (uint64_t bc : {uint64_t{100}, uint64_t{300007}}) {
+    const int root = P - 1;
+    Tensor b_in = make_input(DType::kFloat32, bc, 50, rank);
+    Tensor b_out(DType::kFloat32, bc);
+    RANK_OK(comm.broadcast(b_in.data(), b_out.data(), bc, DType::kFloat32, root).wait());
+    for (uint64_t i = 0; i < bc; ++i) RANK_CHECK(b_out.get(i) == input_value(50, root, i), "broadcast");
+  }
+
+  // send/recv around a ring, two tags, posted in opposite orders on the two sides.
+  const uint64_t sc = 12345;
+  Tensor s0 = make_input(DType::kFloat32, sc, 60, rank), s1 = make_input(DType::kFloat32, sc, 61, rank);
+  Tensor r0(DType::kFloat32, sc), r1(DType::kFloat32, sc);
+  int next = (rank + 1) % P, prev = (rank + P - 1) % P;
+  Work w0 = comm.send(s0.data(), sc, DType::kFloat32, next, 5);
+  Work w1 = comm.send(s1.data(), sc, DType::kFloat32, next, 6);
+  Work w3 = comm.recv(r1.data(), sc, DType::kFloat32, prev, 6);
+  Work w2 = comm.recv(r0.data(), sc, DType::kFloat32, prev, 5);
+  for (Work* w : {&w0, &w1, &w2, &w3}) RANK_OK(w->wait());
+  for (uint64_t i = 0; i < sc; ++i) {
+    RANK_CHECK(r0.get(i) == input_value(60, prev, i), "recv tag 5");
+    RANK_CHECK(r1.get(i) == input_value(61, prev, i), "recv tag 6");
+  }
+  RANK_OK(comm.barrier().wait());
+  return "ok";
+}
+
+class CollectivesEvery : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesEvery, MatchFp64References) {
+  int P = GetParam();
+  expect_all_ok(run_ranks(P, [P](int rank, const UniqueId& id) { return every_collective(rank, id, P); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesEvery, ::testing::Values(2, 3, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& p) { return "P" + std::to_string(p.param); });
+
+}  // namespace
+}  // namespace lowcomm::testing

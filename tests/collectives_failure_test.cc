@@ -1,0 +1,183 @@
+// Failures: mismatched collectives, a wrong secret, a missing rank, a killed rank, an expired
+// deadline -- each an error on every rank, naming the peer and the operation, never a hang.
+// Plus the C API.
+
+#include <signal.h>
+
+#include <thread>
+
+#include "collectives_test_util.h"
+#include "lowcomm/lowcomm.h"
+
+namespace lowcomm::testing {
+namespace {
+
+CommOptions short_timeout(int ms) {
+  CommOptions o = test_options();
+  o.timeout = std::chrono::milliseconds(ms);
+  return o;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Every rank must fail within `max_s` with `code` and every listed fragment in its message.
+std::string expect_failure(const Status& s, StatusCode code, std::vector<std::string> parts,
+                           Clock::time_point t0, double max_s) {
+  double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  RANK_CHECK(!s.is_ok(), "the operation succeeded");
+  RANK_CHECK(s.code() == code, "code: " + s.to_string());
+  for (auto& p : parts) RANK_CHECK(contains(s.message(), p), "'" + p + "' missing from: " + s.message());
+  RANK_CHECK(took < max_s, "took " + std::to_string(took) + " s: " + s.message());
+  return "ok " + s.message();
+}
+
+TEST(CollectivesMismatch, DifferentCountFailsOnEveryRankNamingThePeer) {
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 3, test_options());
+    RANK_OK(c.status());
+    uint64_t n = rank == 2 ? 1001 : 1000;
+    std::vector<float> x(n, 1.0f);
+    auto t0 = Clock::now();
+    Status s = (*c)->all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum).wait();
+    std::string peer = rank == 2 ? "rank 0" : "rank 2";
+    return expect_failure(s, StatusCode::kInvalidArgument,
+                          {"mismatched operations", peer, "count 1001", "count 1000", "all_reduce #0"}, t0, 5);
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesMismatch, DifferentCodecFails) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(c.status());
+    std::vector<float> x(4096, 1.0f);
+    AllReduceOptions o;
+    o.codec = *parse_codec_spec(rank == 0 ? "q4" : "q8");
+    auto t0 = Clock::now();
+    Status s = (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o).wait();
+    return expect_failure(s, StatusCode::kInvalidArgument,
+                          {"codec q4", "codec q8", rank == 0 ? "rank 1" : "rank 0"}, t0, 5);
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesMismatch, AllReduceAgainstAllGatherFails) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(c.status());
+    std::vector<float> x(2048, 1.0f);
+    auto t0 = Clock::now();
+    Status s = rank == 0
+                   ? (*c)->all_reduce(x.data(), x.data(), 2048, DType::kFloat32, ReduceOp::kSum).wait()
+                   : (*c)->all_gather(x.data(), x.data(), 1024, DType::kFloat32).wait();
+    std::string r = expect_failure(s, StatusCode::kInvalidArgument, {"all_reduce #0", "all_gather #0"}, t0, 5);
+    if (r.rfind("ok", 0) != 0) return r;
+    // The failure sticks: the next operation fails at once with the first cause.
+    Status later = (*c)->barrier().wait();
+    RANK_CHECK(!later.is_ok() && contains(later.message(), "failed earlier"), later.to_string());
+    return r;
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesSecurity, WrongSecretCannotJoin) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    UniqueId mine = id;
+    if (rank == 1) mine.secret[0] ^= 0x5A;
+    auto t0 = Clock::now();
+    auto c = Communicator::init(mine, rank, 2, short_timeout(3000));
+    if (rank == 1) {
+      RANK_CHECK(!c.is_ok(), "joined with a wrong secret");
+      RANK_CHECK(contains(c.status().message(), "rank 0"), c.status().to_string());
+      return "ok " + c.status().to_string();
+    }
+    return expect_failure(c.status(), StatusCode::kTimeout, {"rank(s) 1 never joined"}, t0, 8);
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesInit, MissingRankIsNamedAtTheDeadline) {
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    if (rank == 2) return "ok (stays away)";
+    auto t0 = Clock::now();
+    auto c = Communicator::init(id, rank, 3, short_timeout(1500));
+    StatusCode want = rank == 0 ? StatusCode::kTimeout : StatusCode::kRemoteError;
+    return expect_failure(c.status(), want, {"rank(s) 2 never joined"}, t0, 6);
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesFailure, KilledRankFailsEveryOtherRankNamingIt) {
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.wan = "bw=100mbit";  // ~2 s for this all-reduce: still in flight when rank 2 dies
+    auto c = Communicator::init(id, rank, 3, o);
+    RANK_OK(c.status());
+    const uint64_t n = 8 << 20;
+    std::vector<float> x(n, 1.0f);
+    auto t0 = Clock::now();
+    Work w = (*c)->all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum);
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::raise(SIGKILL);  // mid-transfer: the all-reduce needs about 2 s on this link
+    }
+    // Killed at ~0.5 s: the others must fail well within a few seconds after, naming it.
+    return expect_failure(w.wait(), StatusCode::kRemoteError, {"rank 2", "all_reduce #0"}, t0, 3.5);
+  });
+  ASSERT_EQ(res.size(), 3u);
+  EXPECT_EQ(res[2].exit_code, 128 + SIGKILL);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(res[r].ok()) << "rank " << r << ": " << res[r].text;
+  }
+}
+
+TEST(CollectivesFailure, ExpiredDeadlineGivesTimeoutAndThePeerLearnsWhy) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 2, short_timeout(800));
+    RANK_OK(c.status());
+    std::vector<float> x(1000, 1.0f);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    auto t0 = Clock::now();
+    Status s = (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    if (rank == 0) return expect_failure(s, StatusCode::kTimeout, {"deadline passed", "rank 1", "all_reduce #0"}, t0, 3);
+    return expect_failure(s, StatusCode::kRemoteError, {"rank 0 failed", "deadline passed"}, t0, 2);
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesCApi, AllReduceWithACodecAndErrorStrings) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    lowcommUniqueId cid;
+    auto b = id.to_bytes();
+    std::memcpy(cid.internal, b.data(), b.size());
+    char text[LOWCOMM_UNIQUE_ID_STRING_BYTES];
+    RANK_CHECK(lowcommUniqueIdToString(&cid, text, sizeof(text)) == lowcommSuccess, "to string");
+    lowcommUniqueId back;
+    RANK_CHECK(lowcommUniqueIdFromString(text, &back) == lowcommSuccess, "from string");
+    lowcommComm_t comm = nullptr;
+    RANK_CHECK(lowcommCommInitRank(&comm, 2, back, rank) == lowcommSuccess, lowcommGetLastError(nullptr));
+    int count = 0, me = -1;
+    RANK_CHECK(lowcommCommCount(comm, &count) == lowcommSuccess && count == 2, "count");
+    RANK_CHECK(lowcommCommUserRank(comm, &me) == lowcommSuccess && me == rank, "rank");
+    std::vector<float> x(10000, static_cast<float>(rank + 1)), y(10000);
+    lowcommRequest_t req = nullptr;
+    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, "q8", comm, &req) ==
+                   lowcommSuccess, lowcommGetLastError(comm));
+    int done = 0;
+    lowcommResult_t r = lowcommSuccess;
+    while (!done) r = lowcommTest(req, &done);
+    RANK_CHECK(r == lowcommSuccess, lowcommGetLastError(comm));
+    for (float v : y) RANK_CHECK(std::fabs(v - 3.0f) < 0.05f, std::to_string(v));
+    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, "q5", comm, nullptr) ==
+                   lowcommInvalidArgument, "a bad codec spec was accepted");
+    RANK_CHECK(contains(lowcommGetLastError(comm), "q5"), lowcommGetLastError(comm));
+    RANK_CHECK(lowcommBarrier(comm, nullptr) == lowcommSuccess, lowcommGetLastError(comm));
+    RANK_CHECK(std::string(lowcommGetErrorString(lowcommTimeout)).size() > 0, "error string");
+    RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+}  // namespace
+}  // namespace lowcomm::testing
