@@ -13,6 +13,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev       # Open MPI 4.1 baseline (scripts/baselines/mpi_allreduce.sh)
   python3-torch                    # Gloo baseline via torch.distributed (/usr/bin/python3)
   libopenblas0-pthread             # OpenBLAS as the system BLAS for Debian's torch
+  python3-matplotlib               # lowcomm-bench --plot (bench/plot_bench.py)
 )
 
 missing=()

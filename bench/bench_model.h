@@ -1,0 +1,189 @@
+#pragma once
+// lowcomm-bench's model of each collective: buffer shapes for a size, the payload bytes each
+// rank sends (from the algorithms of docs/collectives.md and the codec's exact encoded size),
+// nccl-tests' bus-bandwidth factors, and the link-limit time of those bytes.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "collectives/partition.h"
+#include "lowcomm/codec.h"
+
+namespace lowcomm::bench {
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+
+inline std::optional<Collective> parse_collective(const std::string& s) {
+  if (s == "allreduce" || s == "all_reduce") return Collective::kAllReduce;
+  if (s == "allgather" || s == "all_gather") return Collective::kAllGather;
+  if (s == "reducescatter" || s == "reduce_scatter") return Collective::kReduceScatter;
+  if (s == "broadcast") return Collective::kBroadcast;
+  return std::nullopt;
+}
+
+inline const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kAllGather: return "allgather";
+    case Collective::kReduceScatter: return "reducescatter";
+    case Collective::kBroadcast: return "broadcast";
+  }
+  return "?";
+}
+
+// As nccl-tests: the size is the whole tensor (all-reduce, broadcast), the gathered result
+// (all-gather) or the scattered input (reduce-scatter); fp32 elements.
+struct Shape {
+  uint64_t total_elems = 0;  // elements the size stands for
+  uint64_t send_elems = 0;   // per rank
+  uint64_t recv_elems = 0;
+};
+
+inline Shape shape(Collective c, uint64_t bytes, int P) {
+  const uint64_t p = static_cast<uint64_t>(P);
+  uint64_t n = bytes / 4;
+  switch (c) {
+    case Collective::kAllReduce:
+    case Collective::kBroadcast: return {n, n, n};
+    case Collective::kAllGather: {
+      uint64_t per = n / p;
+      return {per * p, per, per * p};
+    }
+    case Collective::kReduceScatter: {
+      uint64_t per = n / p;
+      return {per * p, per * p, per};
+    }
+  }
+  return {};
+}
+
+inline double bus_factor(Collective c, int P) {
+  double p = P;
+  switch (c) {
+    case Collective::kAllReduce: return 2 * (p - 1) / p;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter: return (p - 1) / p;
+    case Collective::kBroadcast: return 1;
+  }
+  return 1;
+}
+
+struct Traffic {
+  uint64_t max_rank_bytes = 0;  // payload bytes the busiest rank sends per call
+  uint64_t max_peer_bytes = 0;  // payload bytes on the busiest (sender, receiver) pair per call
+  uint64_t total_bytes = 0;     // all ranks together per call
+};
+
+inline uint64_t encoded_chunk(const std::optional<CodecSpec>& spec, collectives::Range chunk, uint64_t seg) {
+  if (!spec) return chunk.count * 4;
+  uint64_t b = 0;
+  for (const auto& s : collectives::split_segments(chunk, seg)) b += encoded_size(*spec, s.count);
+  return b;
+}
+
+inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional<CodecSpec>& spec, uint64_t segment_bytes) {
+  Traffic t;
+  const uint64_t p = static_cast<uint64_t>(P);
+  switch (c) {
+    case Collective::kAllReduce: {
+      // Phase 1: rank r sends its contribution to chunk j to owner j; phase 2: owner r sends its
+      // chunk's result to everyone.
+      std::optional<CodecSpec> s = spec;
+      if (s && !s->quantized() && s->wire_dtype == DType::kFloat32) s.reset();
+      uint64_t g = collectives::granule(s);
+      uint64_t seg = std::max<uint64_t>(g, segment_bytes / 4 / g * g);
+      auto chunks = collectives::owner_chunks(sh.total_elems, P, g);
+      std::vector<uint64_t> enc(p);
+      for (uint64_t j = 0; j < p; ++j) enc[j] = encoded_chunk(s, chunks[j], seg);
+      uint64_t all = 0;
+      for (uint64_t j = 0; j < p; ++j) all += enc[j];
+      for (uint64_t r = 0; r < p; ++r) {
+        uint64_t sent = (all - enc[r]) + (p - 1) * enc[r];
+        t.max_rank_bytes = std::max(t.max_rank_bytes, sent);
+        t.total_bytes += sent;
+        for (uint64_t j = 0; j < p; ++j)
+          if (j != r) t.max_peer_bytes = std::max(t.max_peer_bytes, enc[j] + enc[r]);
+      }
+      break;
+    }
+    case Collective::kAllGather:
+      t.max_rank_bytes = (p - 1) * sh.send_elems * 4;
+      t.max_peer_bytes = sh.send_elems * 4;
+      t.total_bytes = p * t.max_rank_bytes;
+      break;
+    case Collective::kReduceScatter:
+      t.max_rank_bytes = (p - 1) * sh.recv_elems * 4;
+      t.max_peer_bytes = sh.recv_elems * 4;
+      t.total_bytes = p * t.max_rank_bytes;
+      break;
+    case Collective::kBroadcast: {
+      uint64_t b = sh.total_elems * 4;
+      if (P == 2 || b < (64u << 10)) {
+        t.max_rank_bytes = (p - 1) * b;
+        t.max_peer_bytes = b;
+        t.total_bytes = t.max_rank_bytes;
+      } else {  // root scatters n/(P-1) slices, the others relay theirs to each other
+        uint64_t slice = b / (p - 1);
+        t.max_rank_bytes = b;
+        t.max_peer_bytes = slice;
+        t.total_bytes = b + (p - 1) * (p - 2) * slice;
+      }
+      break;
+    }
+  }
+  return t;
+}
+
+// One-way hops on the critical path (latency term of the link limit).
+inline int rounds(Collective c, const Shape& sh, int P) {
+  switch (c) {
+    case Collective::kAllReduce: return 2;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter: return 1;
+    case Collective::kBroadcast: return (P == 2 || sh.total_elems * 4 < (64u << 10)) ? 1 : 2;
+  }
+  return 1;
+}
+
+// The link every rank's bytes cross:
+//  - kPerPeer: lowcomm's emulator (--wan), one paced link per (sender, receiver) pair, so the
+//    busiest pair's bytes set the time: bytes * 8 / bw + rounds * one-way delay;
+//  - kAccess: a tbf-shaped access link per rank (--netns), each way; the busiest rank's bytes
+//    set the time (no delay on these kernels).
+struct LinkModel {
+  enum Kind { kNone, kPerPeer, kAccess } kind = kNone;
+  double bits_per_second = 0;
+  double one_way_delay_s = 0;
+
+  double limit_seconds(const Traffic& t, int nrounds) const {
+    if (kind == kNone || bits_per_second <= 0) return 0;
+    double bytes = static_cast<double>(kind == kPerPeer ? t.max_peer_bytes : t.max_rank_bytes);
+    return bytes * 8 / bits_per_second + nrounds * one_way_delay_s;
+  }
+  std::string describe(const std::string& wan, const std::string& netns) const {
+    char buf[256];
+    if (kind == kPerPeer)
+      std::snprintf(buf, sizeof buf, "lowcomm emulator '%s' (%.3g Gbit/s per peer link, one-way %.1f ms)%s%s",
+                    wan.c_str(), bits_per_second / 1e9, one_way_delay_s * 1e3, netns.empty() ? "" : " inside ",
+                    netns.c_str());
+    else if (kind == kAccess)
+      std::snprintf(buf, sizeof buf, "tbf-shaped namespaces %s (%.3g Gbit/s per rank, each way)", netns.c_str(),
+                    bits_per_second / 1e9);
+    else
+      std::snprintf(buf, sizeof buf, "unshaped (loopback); no link limit");
+    return buf;
+  }
+};
+
+// A loose sanity bound on the relative L2 error (for --check): two quantizations at b bits.
+inline double error_bound(const std::optional<CodecSpec>& spec) {
+  if (!spec || !spec->quantized()) return 1e-5;
+  double bits = bits_per_element(*spec, 1 << 20);
+  return std::min(1.0, 4.0 * std::pow(2.0, -(bits - 1)) * 2);
+}
+
+}  // namespace lowcomm::bench

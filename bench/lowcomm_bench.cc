@@ -1,0 +1,699 @@
+// lowcomm-bench: collective benchmark in the manner of nccl-tests (docs/benchmarks-collectives.md).
+//
+//   build/bin/lowcomm-bench -n 4 -b 1M -e 256M -f 4 --codec none,q8,q4 --wan bw=1gbit,rtt=50ms
+//   build/bin/lowcomm-bench -n 4 -b 256M -e 256M --codec none,q8,q4 --netns lc --baseline gloo
+//   mpirun -n 4 build/bin/lowcomm-bench -b 1M -e 64M --id-file /shared/lc.id
+//
+// Three ways to run the ranks:
+//   - launcher (default): `-n P` starts P worker processes of this program (re-executed from
+//     /proc/self/exe, with `ip netns exec PREFIX<k>` in front under --netns); rank 0 creates the
+//     UniqueId and writes it to an id file that the others poll;
+//   - under mpirun (OMPI_COMM_WORLD_RANK/SIZE set): this process is that rank; rank 0 writes the
+//     id to --id-file (tagged with the job id so a stale file is never used);
+//   - worker (--rank/--nranks, used by the launcher).
+// Rank 0 prints one table per codec, one row per size, and writes --csv; the launcher then runs
+// the baselines (--baseline) and the plot (--plot).
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_model.h"
+#include "lowcomm/codec.h"
+#include "lowcomm/communicator.h"
+#include "transport/wan_link.h"
+
+#ifndef LOWCOMM_SOURCE_DIR
+#define LOWCOMM_SOURCE_DIR "."
+#endif
+
+namespace {
+
+using namespace lowcomm;
+using bench::Collective;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  uint64_t min_bytes = 1 << 20;
+  uint64_t max_bytes = 1 << 20;
+  uint64_t factor = 2;
+  Collective collective = Collective::kAllReduce;
+  std::vector<std::string> codecs{"none"};
+  bool ef = false;
+  int ranks = 0;  // launcher: how many workers
+  int rank = -1;  // worker: this rank
+  int nranks = 0;
+  std::string wan;
+  std::string netns;  // namespace prefix, "" = none
+  int warmup = 1;
+  int iters = 5;
+  int streams = 0;
+  std::string csv;
+  std::string plot;
+  std::string baseline;  // "", "mpi", "gloo"
+  std::string id_file;
+  uint64_t seed = 1;
+  int timeout_s = 1800;
+  bool check = false;  // exit non-zero if a row's relative error exceeds the codec's sanity bound
+};
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "lowcomm-bench: error: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+uint64_t parse_bytes(const std::string& s) {
+  if (s.empty()) die("empty size");
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  uint64_t mul = 1;
+  std::string suf(end);
+  if (suf == "K" || suf == "k") mul = 1ull << 10;
+  else if (suf == "M" || suf == "m") mul = 1ull << 20;
+  else if (suf == "G" || suf == "g") mul = 1ull << 30;
+  else if (!suf.empty()) die("bad size '" + s + "' (bytes, optional K/M/G suffix)");
+  if (!(v > 0)) die("bad size '" + s + "'");
+  return static_cast<uint64_t>(v * static_cast<double>(mul));
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void usage() {
+  std::printf(
+      "usage: lowcomm-bench [options]\n"
+      "  -b, --minbytes SIZE      smallest size (bytes, K/M/G suffix; default 1M)\n"
+      "  -e, --maxbytes SIZE      largest size (default: the -b size)\n"
+      "  -f, --stepfactor F       multiply the size by F each step (default 2)\n"
+      "  -c, --collective NAME    allreduce | allgather | reducescatter | broadcast\n"
+      "      --codec LIST         comma list of codec specs, one table each (default none;\n"
+      "                           all-reduce only: e.g. none,q8,q4,q2,q4:block=64:sr)\n"
+      "      --ef                 error feedback on the senders' quantization (all-reduce)\n"
+      "  -n, --ranks P            launch P local ranks (not under mpirun)\n"
+      "      --wan SPEC           lowcomm's link emulator, e.g. bw=1gbit,rtt=50ms (per peer link)\n"
+      "      --netns PREFIX       rank k runs in namespace PREFIX<k> (scripts/wan_netns.sh up P)\n"
+      "  -w, --warmup N           untimed calls per size (default 1)\n"
+      "  -i, --iters N            timed calls per size (default 5)\n"
+      "      --streams N          TCP streams per peer (default: LOWCOMM_STREAMS or 4)\n"
+      "      --csv FILE           write every row as CSV\n"
+      "      --plot FILE.png      plot time against size per codec (python3-matplotlib)\n"
+      "      --baseline mpi|gloo  also run scripts/baselines/{mpi,gloo}_allreduce.sh over the same\n"
+      "                           namespaces and sizes, and print the speedups\n"
+      "      --id-file FILE       where rank 0 writes the UniqueId (mpirun; default in /tmp)\n"
+      "      --seed S             input seed (default 1)\n"
+      "      --timeout S          deadline of init and of every operation (default 1800)\n"
+      "      --check              exit 1 when a row's relative error is above the codec's bound\n"
+      "Time is the slowest rank's time, median over the timed calls; each call starts after a\n"
+      "barrier. Bandwidths in Gbit/s (10^9 bit/s, the unit of link rates).\n");
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  bool have_max = false;
+  auto need = [&](int& i) -> std::string {
+    if (i + 1 >= argc) die(std::string("missing value for ") + argv[i]);
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") { usage(); std::exit(0); }
+    else if (a == "-b" || a == "--minbytes") o.min_bytes = parse_bytes(need(i));
+    else if (a == "-e" || a == "--maxbytes") { o.max_bytes = parse_bytes(need(i)); have_max = true; }
+    else if (a == "-f" || a == "--stepfactor") o.factor = std::stoull(need(i));
+    else if (a == "-c" || a == "--collective") {
+      auto c = bench::parse_collective(need(i));
+      if (!c) die("unknown collective (allreduce, allgather, reducescatter, broadcast)");
+      o.collective = *c;
+    } else if (a == "--codec") o.codecs = split(need(i), ',');
+    else if (a == "--ef") o.ef = true;
+    else if (a == "-n" || a == "--ranks") o.ranks = std::stoi(need(i));
+    else if (a == "--rank") o.rank = std::stoi(need(i));
+    else if (a == "--nranks") o.nranks = std::stoi(need(i));
+    else if (a == "--wan") o.wan = need(i);
+    else if (a == "--netns") o.netns = need(i);
+    else if (a == "-w" || a == "--warmup") o.warmup = std::stoi(need(i));
+    else if (a == "-i" || a == "--iters") o.iters = std::stoi(need(i));
+    else if (a == "--streams") o.streams = std::stoi(need(i));
+    else if (a == "--csv") o.csv = need(i);
+    else if (a == "--plot") o.plot = need(i);
+    else if (a == "--baseline") o.baseline = need(i);
+    else if (a == "--id-file") o.id_file = need(i);
+    else if (a == "--seed") o.seed = std::stoull(need(i));
+    else if (a == "--timeout") o.timeout_s = std::stoi(need(i));
+    else if (a == "--check") o.check = true;
+    else die("unknown argument '" + a + "' (see --help)");
+  }
+  if (!have_max) o.max_bytes = std::max(o.max_bytes, o.min_bytes);
+  if (o.max_bytes < o.min_bytes) die("-e is smaller than -b");
+  if (o.factor < 2 && o.max_bytes > o.min_bytes) die("-f must be at least 2");
+  if (o.iters < 1 || o.warmup < 0) die("-i must be >= 1 and -w >= 0");
+  if (o.codecs.empty()) die("--codec needs at least one spec");
+  for (const auto& c : o.codecs) {
+    auto spec = parse_codec_spec(c);
+    if (!spec) die("--codec " + c + ": " + spec.status().message());
+    if (c != "none" && o.collective != Collective::kAllReduce)
+      die("codecs apply to allreduce only (" + std::string(bench::collective_name(o.collective)) + " is uncompressed)");
+  }
+  if (!o.baseline.empty() && o.baseline != "mpi" && o.baseline != "gloo") die("--baseline must be mpi or gloo");
+  if (!o.baseline.empty() && o.collective != Collective::kAllReduce) die("--baseline compares all-reduce only");
+  if (!o.wan.empty()) {
+    auto w = transport::parse_wan(o.wan);
+    if (!w) die("--wan: " + w.status().message());
+  }
+  return o;
+}
+
+// ---- the netns layout (scripts/wan_netns.sh state file) ----
+
+struct NetnsInfo {
+  std::string subnet = "10.77.0";
+  double rate_bits = 0;
+  std::string rate;
+};
+
+NetnsInfo read_netns(const std::string& prefix) {
+  NetnsInfo info;
+  std::ifstream f("/run/lowcomm-wan/" + prefix + ".conf");
+  if (!f) die("no /run/lowcomm-wan/" + prefix + ".conf: run scripts/wan_netns.sh up P --prefix " + prefix + " first");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+    if (k == "SUBNET") info.subnet = v;
+    else if (k == "RATE_BITS") info.rate_bits = std::strtod(v.c_str(), nullptr);
+    else if (k == "RATE") info.rate = v;
+  }
+  return info;
+}
+
+// ---- inputs: a seeded pseudo-gradient, a pure function of (seed, rank, index) ----
+
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Bell-shaped values (sum of two uniforms) whose scale changes every 64 Ki elements over two
+// decades, as the tensors of a model's pseudo-gradient do.
+struct InputGen {
+  uint64_t seed;
+  float value(int rank, uint64_t i) const {
+    uint64_t base = mix64(seed * 0x100000001b3ull + static_cast<uint64_t>(rank) + 1);
+    uint64_t h = mix64(base ^ i);
+    uint64_t hb = mix64(seed ^ ((i >> 16) * 0x9e3779b97f4a7c15ull));  // scale: same on all ranks
+    float scale = std::pow(10.0f, -4.0f + 2.0f * static_cast<float>(hb >> 40) / static_cast<float>(1 << 24));
+    float u1 = static_cast<float>(h >> 40) / static_cast<float>(1 << 24);
+    float u2 = static_cast<float>((h >> 16) & 0xffffff) / static_cast<float>(1 << 24);
+    return (u1 + u2 - 1.0f) * scale;
+  }
+  void fill(int rank, uint64_t begin, uint64_t n, float* out) const {
+    float scale = 0;
+    uint64_t block = ~0ull;
+    uint64_t base = mix64(seed * 0x100000001b3ull + static_cast<uint64_t>(rank) + 1);
+    for (uint64_t k = 0; k < n; ++k) {
+      uint64_t i = begin + k;
+      if ((i >> 16) != block) {
+        block = i >> 16;
+        uint64_t hb = mix64(seed ^ (block * 0x9e3779b97f4a7c15ull));
+        scale = std::pow(10.0f, -4.0f + 2.0f * static_cast<float>(hb >> 40) / static_cast<float>(1 << 24));
+      }
+      uint64_t h = mix64(base ^ i);
+      float u1 = static_cast<float>(h >> 40) / static_cast<float>(1 << 24);
+      float u2 = static_cast<float>((h >> 16) & 0xffffff) / static_cast<float>(1 << 24);
+      out[k] = (u1 + u2 - 1.0f) * scale;
+    }
+  }
+};
+
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return tv(ru.ru_utime) + tv(ru.ru_stime);
+}
+
+// ---- one rank ----
+
+std::string job_token() {
+  for (const char* k : {"OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "LOWCOMM_BENCH_TOKEN"})
+    if (const char* v = std::getenv(k)) return v;
+  return "none";
+}
+
+UniqueId exchange_id(const Options& o, int rank, const std::string& bind) {
+  const std::string token = job_token();
+  if (rank == 0) {
+    auto id = create_unique_id(bind);
+    if (!id) die("create_unique_id(" + bind + "): " + id.status().to_string());
+    std::string tmp = o.id_file + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream f(tmp);
+      f << token << "\n" << id->to_string() << "\n";
+    }
+    ::chmod(tmp.c_str(), 0600);
+    if (std::rename(tmp.c_str(), o.id_file.c_str()) != 0) die("cannot write " + o.id_file);
+    return *id;
+  }
+  auto until = Clock::now() + std::chrono::seconds(std::min(o.timeout_s, 120));
+  while (Clock::now() < until) {
+    std::ifstream f(o.id_file);
+    std::string tok, text;
+    if (f && std::getline(f, tok) && std::getline(f, text) && tok == token) {
+      auto id = UniqueId::parse(text);
+      if (id) return *id;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  die("rank " + std::to_string(rank) + ": no id from rank 0 in " + o.id_file);
+}
+
+struct Row {
+  std::string codec;
+  uint64_t bytes = 0;
+  double time_s = 0;
+  double algbw = 0, busbw = 0;
+  uint64_t wire = 0;
+  double ratio = 1;
+  double rel_err = 0;
+  double limit_s = 0;  // 0: no link model
+  double cpu_ns_per_byte = 0;
+};
+
+int run_rank(const Options& o, int rank, int P) {
+  std::optional<NetnsInfo> ns;
+  std::string bind = "127.0.0.1", listen = "127.0.0.1";
+  if (!o.netns.empty()) {
+    ns = read_netns(o.netns);
+    bind = ns->subnet + ".1";
+    listen = ns->subnet + "." + std::to_string(rank + 1);
+  } else if (std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
+    bind = "";  // across hosts: LOWCOMM_SOCKET_IFNAME or the first interface
+    listen = "";
+  }
+  UniqueId id = exchange_id(o, rank, bind);
+
+  CommOptions co;
+  co.streams = o.streams;
+  co.wan = o.wan;
+  co.timeout = std::chrono::seconds(o.timeout_s);
+  co.listen_address = listen;
+  auto comm_r = Communicator::init(id, rank, P, co);
+  if (!comm_r) die("rank " + std::to_string(rank) + ": init: " + comm_r.status().to_string());
+  std::unique_ptr<Communicator> comm = std::move(comm_r.value());
+  auto check = [&](const Status& s, const char* what) {
+    if (!s) die("rank " + std::to_string(rank) + ": " + what + ": " + s.to_string());
+  };
+
+  // The link model: per peer link of the emulator, or the rank's tbf access link.
+  bench::LinkModel link;
+  if (!o.wan.empty()) {
+    auto w = *transport::parse_wan(o.wan);
+    link.kind = bench::LinkModel::kPerPeer;
+    link.bits_per_second = w.bits_per_second;
+    link.one_way_delay_s = w.one_way_delay_s;
+  } else if (ns) {
+    link.kind = bench::LinkModel::kAccess;
+    link.bits_per_second = ns->rate_bits;
+  }
+
+  std::FILE* csv = nullptr;
+  if (rank == 0 && !o.csv.empty()) {
+    csv = std::fopen(o.csv.c_str(), "w");
+    if (!csv) die("cannot write " + o.csv);
+    std::fprintf(csv, "library,collective,codec,ef,ranks,bytes,time_s,algbw_gbit_s,busbw_gbit_s,"
+                      "wire_bytes_per_rank,compression_ratio,rel_err,limit_s,efficiency,cpu_ns_per_byte,link\n");
+  }
+  if (rank == 0) {
+    std::printf("# lowcomm-bench: %s, %d ranks, fp32 sum, warm-up %d, iterations %d, streams %s\n",
+                bench::collective_name(o.collective), P, o.warmup, o.iters,
+                o.streams ? std::to_string(o.streams).c_str() : "default");
+    std::printf("# link: %s\n", link.describe(o.wan, ns ? o.netns + "0.." + o.netns + std::to_string(P - 1) + " " + ns->rate : "").c_str());
+    std::printf("# time: slowest rank, median of the timed calls; algbw/busbw in Gbit/s; wire: payload bytes\n"
+                "# sent per rank per call; limit: wire time at the link rate + latency of the rounds; eff = limit/time\n");
+  }
+
+  InputGen gen{o.seed};
+  int bad = 0;
+  double cpu_total = 0, bytes_total = 0;
+  for (const auto& codec_text : o.codecs) {
+    std::optional<CodecSpec> spec;
+    if (codec_text != "none") spec = *parse_codec_spec(codec_text);
+    if (rank == 0) {
+      std::printf("#\n# codec %s%s\n", codec_text.c_str(), o.ef && spec && spec->quantized() ? " + error feedback" : "");
+      std::printf("#%13s %12s %10s %9s %9s %13s %7s %10s %9s %6s %8s\n", "bytes", "count", "time(s)",
+                  "algbw", "busbw", "wire/rank(B)", "ratio", "rel_err", "limit(s)", "eff", "cpu ns/B");
+    }
+    for (uint64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
+      bench::Shape sh = bench::shape(o.collective, size, P);
+      if (sh.total_elems == 0) {
+        if (size * o.factor <= size) break;
+        continue;
+      }
+      // Buffers: send holds what this rank contributes, recv what it gets.
+      std::vector<float> send(sh.send_elems), recv(sh.recv_elems);
+      if (o.collective == Collective::kBroadcast) {
+        if (rank == 0) gen.fill(0, 0, sh.send_elems, send.data());
+      } else if (o.collective == Collective::kAllGather) {
+        gen.fill(rank, static_cast<uint64_t>(rank) * sh.send_elems, sh.send_elems, send.data());
+      } else {
+        gen.fill(rank, 0, sh.send_elems, send.data());
+      }
+      AllReduceOptions ar;
+      ar.codec = spec;
+      if (o.ef && spec && spec->quantized()) ar.ef_key = "bench:" + codec_text + ":" + std::to_string(size);
+      auto launch = [&]() -> Work {
+        switch (o.collective) {
+          case Collective::kAllReduce:
+            return comm->all_reduce(send.data(), recv.data(), sh.send_elems, DType::kFloat32, ReduceOp::kSum, ar);
+          case Collective::kAllGather:
+            return comm->all_gather(send.data(), recv.data(), sh.send_elems, DType::kFloat32);
+          case Collective::kReduceScatter:
+            return comm->reduce_scatter(send.data(), recv.data(), sh.recv_elems, DType::kFloat32, ReduceOp::kSum);
+          case Collective::kBroadcast:
+            return comm->broadcast(send.data(), recv.data(), sh.send_elems, DType::kFloat32, 0);
+        }
+        return {};
+      };
+      for (int w = 0; w < o.warmup; ++w) check(launch().wait(), "warm-up");
+      std::vector<double> mine(static_cast<size_t>(o.iters) + 1);
+      double cpu0 = cpu_seconds();
+      for (int it = 0; it < o.iters; ++it) {
+        check(comm->barrier().wait(), "barrier");
+        auto t0 = Clock::now();
+        check(launch().wait(), bench::collective_name(o.collective));
+        mine[static_cast<size_t>(it)] = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      mine.back() = cpu_seconds() - cpu0;
+      // Gather every rank's times and CPU seconds (doubles, carried bit for bit as fp32 pairs).
+      const uint64_t per = mine.size() * 2;
+      std::vector<float> all(per * static_cast<uint64_t>(P));
+      std::vector<float> mine_f(per);
+      std::memcpy(mine_f.data(), mine.data(), mine.size() * sizeof(double));
+      check(comm->all_gather(mine_f.data(), all.data(), per, DType::kFloat32).wait(), "gathering results");
+
+      if (rank == 0) {
+        std::vector<double> per_iter(static_cast<size_t>(o.iters), 0.0);
+        double cpu = 0;
+        for (int r = 0; r < P; ++r) {
+          std::vector<double> d(mine.size());
+          std::memcpy(d.data(), all.data() + per * static_cast<uint64_t>(r), d.size() * sizeof(double));
+          for (int it = 0; it < o.iters; ++it) per_iter[static_cast<size_t>(it)] = std::max(per_iter[static_cast<size_t>(it)], d[static_cast<size_t>(it)]);
+          cpu += d.back();
+        }
+        std::sort(per_iter.begin(), per_iter.end());
+        size_t m = per_iter.size();
+        double t = m % 2 ? per_iter[m / 2] : 0.5 * (per_iter[m / 2 - 1] + per_iter[m / 2]);
+
+        bench::Traffic tr = bench::traffic(o.collective, sh, P, spec, co.segment_bytes);
+        bench::Traffic plain = bench::traffic(o.collective, sh, P, std::nullopt, co.segment_bytes);
+        Row row;
+        row.codec = codec_text;
+        row.bytes = sh.total_elems * 4;
+        row.time_s = t;
+        row.algbw = static_cast<double>(row.bytes) * 8 / t / 1e9;
+        row.busbw = row.algbw * bench::bus_factor(o.collective, P);
+        row.wire = tr.max_rank_bytes;
+        row.ratio = static_cast<double>(plain.max_rank_bytes) / static_cast<double>(std::max<uint64_t>(tr.max_rank_bytes, 1));
+        row.limit_s = link.limit_seconds(tr, bench::rounds(o.collective, sh, P));
+        double sent = static_cast<double>(tr.total_bytes) * o.iters;
+        row.cpu_ns_per_byte = sent > 0 ? cpu / sent * 1e9 : 0;
+        cpu_total += cpu;
+        bytes_total += sent;
+
+        // Relative L2 error of rank 0's output against the fp64 reference from every rank's input.
+        double num = 0, den = 0;
+        const uint64_t chunk = 1 << 16;
+        std::vector<float> tmp(chunk);
+        std::vector<double> ref(chunk);
+        // Which global elements rank 0's recv holds, and how its reference is formed.
+        uint64_t out_begin = 0, out_n = sh.recv_elems;
+        for (uint64_t off = 0; off < out_n; off += chunk) {
+          uint64_t n = std::min(chunk, out_n - off);
+          std::fill(ref.begin(), ref.begin() + static_cast<long>(n), 0.0);
+          if (o.collective == Collective::kAllReduce || o.collective == Collective::kReduceScatter) {
+            for (int r = 0; r < P; ++r) {
+              gen.fill(r, out_begin + off, n, tmp.data());
+              for (uint64_t k = 0; k < n; ++k) ref[k] += tmp[k];
+            }
+          } else if (o.collective == Collective::kAllGather) {
+            uint64_t g = out_begin + off;  // global index = owner * send_elems + local
+            for (uint64_t k = 0; k < n; ++k) {
+              int owner = static_cast<int>((g + k) / sh.send_elems);
+              ref[k] = gen.value(owner, g + k);
+            }
+          } else {
+            gen.fill(0, out_begin + off, n, tmp.data());
+            for (uint64_t k = 0; k < n; ++k) ref[k] = tmp[k];
+          }
+          for (uint64_t k = 0; k < n; ++k) {
+            double e = static_cast<double>(recv[off + k]) - ref[k];
+            num += e * e;
+            den += ref[k] * ref[k];
+          }
+        }
+        row.rel_err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+        if (o.check && !(row.rel_err <= bench::error_bound(spec))) {
+          std::fprintf(stderr, "lowcomm-bench: %s %llu B: relative error %.3g above the bound %.3g\n",
+                       codec_text.c_str(), static_cast<unsigned long long>(row.bytes), row.rel_err,
+                       bench::error_bound(spec));
+          bad = 1;
+        }
+
+        char limit[32] = "-", eff[32] = "-";
+        if (row.limit_s > 0) {
+          std::snprintf(limit, sizeof limit, "%.4f", row.limit_s);
+          std::snprintf(eff, sizeof eff, "%.2f", row.limit_s / row.time_s);
+        }
+        std::printf(" %13llu %12llu %10.4f %9.3f %9.3f %13llu %7.2f %10.3e %9s %6s %8.2f\n",
+                    static_cast<unsigned long long>(row.bytes), static_cast<unsigned long long>(sh.total_elems),
+                    row.time_s, row.algbw, row.busbw, static_cast<unsigned long long>(row.wire), row.ratio,
+                    row.rel_err, limit, eff, row.cpu_ns_per_byte);
+        std::fflush(stdout);
+        if (csv) {
+          std::fprintf(csv, "lowcomm,%s,%s,%d,%d,%llu,%.6f,%.4f,%.4f,%llu,%.4f,%.4e,%.6f,%.4f,%.3f,%s\n",
+                       bench::collective_name(o.collective), codec_text.c_str(), ar.ef_key.empty() ? 0 : 1, P,
+                       static_cast<unsigned long long>(row.bytes), row.time_s, row.algbw, row.busbw,
+                       static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err, row.limit_s,
+                       row.limit_s > 0 ? row.limit_s / row.time_s : 0.0, row.cpu_ns_per_byte,
+                       link.kind == bench::LinkModel::kPerPeer ? "wan" : link.kind == bench::LinkModel::kAccess ? "netns" : "none");
+          std::fflush(csv);
+        }
+      }
+      if (size * o.factor <= size) break;  // overflow
+    }
+  }
+  if (rank == 0) {
+    double nspb = bytes_total > 0 ? cpu_total / bytes_total * 1e9 : 0;
+    std::printf("#\n# CPU: %.2f ns (user+sys, all ranks' threads) per payload byte sent; a rank sending at "
+                "1 Gbit/s would use %.1f%% of one core\n", nspb, nspb * 0.125e9 / 1e9 * 100);
+    if (csv) std::fclose(csv);
+  }
+  comm.reset();
+  return bad;
+}
+
+// ---- the launcher ----
+
+std::vector<char*> cargv(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+int launch_ranks(const Options& o, int argc, char** argv) {
+  char exe[4096];
+  ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len <= 0) die("cannot find /proc/self/exe");
+  exe[len] = '\0';
+  std::string token = std::to_string(::getpid()) + "-" + std::to_string(Clock::now().time_since_epoch().count());
+  ::setenv("LOWCOMM_BENCH_TOKEN", token.c_str(), 1);
+  std::string id_file = o.id_file.empty() ? "/tmp/lowcomm-bench-" + token + ".id" : o.id_file;
+  std::remove(id_file.c_str());
+  std::fflush(stdout);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < o.ranks; ++r) {
+    std::vector<std::string> args;
+    if (!o.netns.empty()) args = {"ip", "netns", "exec", o.netns + std::to_string(r)};
+    args.push_back(exe);
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a == "--plot" || a == "--baseline" || a == "--id-file" || a == "-n" || a == "--ranks") { ++i; continue; }
+      args.push_back(a);
+    }
+    for (const std::string& s : {std::string("--rank"), std::to_string(r), std::string("--nranks"),
+                                 std::to_string(o.ranks), std::string("--id-file"), id_file})
+      args.push_back(s);
+    pid_t pid = ::fork();
+    if (pid < 0) die("fork failed");
+    if (pid == 0) {
+      auto av = cargv(args);
+      ::execvp(av[0], av.data());
+      std::fprintf(stderr, "lowcomm-bench: exec %s failed: %s\n", av[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  size_t left = pids.size();
+  while (left > 0) {
+    int st = 0;
+    pid_t p = ::wait(&st);
+    if (p < 0) break;
+    --left;
+    bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!ok) {
+      if (WIFEXITED(st) && WEXITSTATUS(st) == 1 && o.check) {
+        rc = std::max(rc, 1);
+        continue;
+      }
+      if (rc == 2) continue;  // stopped by us after the first failure
+      auto it = std::find(pids.begin(), pids.end(), p);
+      std::fprintf(stderr, "lowcomm-bench: rank %ld failed (%s %d); stopping the others\n",
+                   static_cast<long>(it - pids.begin()), WIFEXITED(st) ? "exit" : "signal",
+                   WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+      for (pid_t q : pids)
+        if (q != p) ::kill(q, SIGTERM);
+      rc = 2;
+    }
+  }
+  std::remove(id_file.c_str());
+  return rc;
+}
+
+struct CsvRow {
+  std::string library, codec;
+  uint64_t bytes = 0;
+  double time_s = 0;
+};
+
+std::vector<CsvRow> read_lowcomm_csv(const std::string& path) {
+  std::vector<CsvRow> rows;
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);  // header
+  while (std::getline(f, line)) {
+    auto c = split(line, ',');
+    if (c.size() < 7) continue;
+    rows.push_back({c[0], c[2], std::stoull(c[5]), std::stod(c[6])});
+  }
+  return rows;
+}
+
+int run_baseline(const Options& o, const std::string& csv) {
+  std::string script = std::string(LOWCOMM_SOURCE_DIR) + "/scripts/baselines/" + o.baseline + "_allreduce.sh";
+  auto fmt = [](uint64_t b) { return std::to_string(b); };
+  std::string cmd = "'" + script + "' --ranks " + std::to_string(o.ranks) + " --prefix " +
+                    (o.netns.empty() ? std::string("lc") : o.netns) + " -b " + fmt(o.min_bytes) + " -e " +
+                    fmt(o.max_bytes) + " -f " + std::to_string(o.factor) + " -w " + std::to_string(o.warmup) +
+                    " -n " + std::to_string(o.iters);
+  std::printf("#\n# baseline: %s\n", cmd.c_str());
+  if (o.netns.empty())
+    std::printf("# note: lowcomm ran %s, the baseline runs over tbf-shaped namespaces: not the same links\n",
+                o.wan.empty() ? "unshaped" : "over its own emulator");
+  std::fflush(stdout);
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) die("cannot run " + script);
+  std::map<uint64_t, double> base;
+  std::string lib;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+    std::string line(buf);
+    std::fputs(("#   " + line).c_str(), stdout);
+    auto c = split(line, ',');
+    if (c.size() == 6 && c[0] != "library" && line[0] != '#') {
+      try {
+        base[std::stoull(c[2])] = std::stod(c[3]);
+        lib = c[0];
+      } catch (...) {
+      }
+    }
+  }
+  int st = ::pclose(p);
+  if (st != 0 || base.empty()) {
+    std::fprintf(stderr, "lowcomm-bench: the %s baseline failed (status %d)\n", o.baseline.c_str(), st);
+    return 2;
+  }
+  std::printf("#\n# speedup of lowcomm over %s (baseline time: its slowest rank's mean; lowcomm: median)\n", lib.c_str());
+  std::printf("#%13s %-14s %10s %10s %8s\n", "bytes", "codec", "lowcomm(s)", "base(s)", "speedup");
+  for (const auto& r : read_lowcomm_csv(csv)) {
+    auto it = base.find(r.bytes);
+    if (it == base.end()) continue;
+    std::printf(" %13llu %-14s %10.4f %10.4f %7.2fx\n", static_cast<unsigned long long>(r.bytes), r.codec.c_str(),
+                r.time_s, it->second, it->second / r.time_s);
+  }
+  return 0;
+}
+
+int run_plot(const Options& o, const std::string& csv) {
+  std::string cmd = "/usr/bin/python3 '" + std::string(LOWCOMM_SOURCE_DIR) + "/bench/plot_bench.py' '" + csv +
+                    "' '" + o.plot + "'";
+  int st = std::system(cmd.c_str());
+  if (st != 0) std::fprintf(stderr, "lowcomm-bench: plotting failed (%s)\n", cmd.c_str());
+  return st == 0 ? 0 : 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse_args(argc, argv);
+  const char* ompi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* ompi_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (o.rank >= 0) {
+    if (o.nranks < 2 || o.rank >= o.nranks) die("--rank needs --nranks >= 2 and rank < nranks");
+    if (o.id_file.empty()) die("--rank needs --id-file");
+    return run_rank(o, o.rank, o.nranks);
+  }
+  if (ompi_rank && ompi_size) {
+    Options m = o;
+    int r = std::atoi(ompi_rank), p = std::atoi(ompi_size);
+    if (m.id_file.empty()) m.id_file = "/tmp/lowcomm-bench-" + job_token() + ".id";
+    if (!m.baseline.empty()) die("--baseline is for the launcher (-n P), not under mpirun");
+    int rc = run_rank(m, r, p);
+    if (r == 0 && !m.plot.empty() && !m.csv.empty()) rc = std::max(rc, run_plot(m, m.csv));
+    return rc;
+  }
+  if (o.ranks < 2) die("give -n P (P >= 2) or run under mpirun");
+  std::string csv = o.csv;
+  std::string tmp_csv;
+  std::vector<std::string> args(argv, argv + argc);
+  if (csv.empty() && (!o.plot.empty() || !o.baseline.empty())) {
+    tmp_csv = "/tmp/lowcomm-bench-" + std::to_string(::getpid()) + ".csv";
+    csv = tmp_csv;
+    args.push_back("--csv");
+    args.push_back(csv);
+  }
+  auto av = cargv(args);
+  int rc = launch_ranks(o, static_cast<int>(args.size()), av.data());
+  if (rc < 2 && !o.plot.empty()) rc = std::max(rc, run_plot(o, csv));
+  if (rc < 2 && !o.baseline.empty()) rc = std::max(rc, run_baseline(o, csv));
+  if (!tmp_csv.empty()) std::remove(tmp_csv.c_str());
+  return rc;
+}
