@@ -1,1 +1,197 @@
+// Host entry points of the CUDA codec API (include/lowcomm/codec_cuda.h): the argument checks
+// of the CPU path (cpu_codec.cc), then a launch plan (launch_policy.h)
+// and the kernel family that owns the job (codec_launch.h). Nothing here waits for the device:
+// launches and the column-statistics scratch (cudaMallocAsync) are all ordered on the caller's
+// stream.
 
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "codec/codec_job.h"
+#include "codec_launch.h"
+#include "cuda_check.h"
+#include "launch_policy.h"
+#include "lowcomm/codec_cuda.h"
+
+namespace lowcomm {
+namespace {
+
+// The checks of cpu_codec.cc, with the same messages, so a job the CPU refuses is refused here.
+Status check_job(const CodecJob& job, const void* data, uint64_t codes_bytes) {
+  LOWCOMM_CHECK(validate_spec(job.spec));
+  LOWCOMM_CHECK(check_count(job.spec, job.n));
+  if (job.dtype != DType::kFloat32 && job.dtype != DType::kBFloat16 &&
+      job.dtype != DType::kFloat16) {
+    return invalid_argument("unknown dtype value " + std::to_string(static_cast<int>(job.dtype)));
+  }
+  uint64_t need = encoded_size(job.spec, job.n);
+  if (codes_bytes < need) {
+    return invalid_argument("codes buffer holds " + std::to_string(codes_bytes) + " bytes; " +
+                            to_string(job.spec) + " needs " + std::to_string(need) + " for " +
+                            std::to_string(job.n) + " elements");
+  }
+  if (job.n > 0 && (data == nullptr || job.payload == nullptr)) {
+    return invalid_argument("null buffer for a non-empty tensor");
+  }
+  const size_t payload_align = job.spec.quantized() ? 4 : dtype_size(job.spec.wire_dtype);
+  if (reinterpret_cast<uintptr_t>(job.payload) % payload_align != 0) {
+    return invalid_argument("codes buffer must be " + std::to_string(payload_align) +
+                            "-byte aligned");
+  }
+  for (const void* p :
+       {job.x, static_cast<const void*>(job.state), static_cast<const void*>(job.out)}) {
+    if (reinterpret_cast<uintptr_t>(p) % dtype_size(job.dtype) != 0) {
+      return invalid_argument(
+          std::string("tensor buffers must be aligned to their element size (") +
+          dtype_name(job.dtype) + ")");
+    }
+  }
+  // Beyond the CPU's checks: the residual is read as fp32, and a GPU faults on a misaligned
+  // access where the host does not.
+  if (job.op == CodecOp::kEncodeFeedback &&
+      reinterpret_cast<uintptr_t>(job.state) % sizeof(float) != 0) {
+    return invalid_argument("the error-feedback residual must be 4-byte aligned on the device");
+  }
+  return Status::ok();
+}
+
+// Stream-ordered device scratch, returned to the pool after the work queued before it.
+class StreamScratch {
+ public:
+  StreamScratch() = default;
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  ~StreamScratch() {
+    // A failure here can only follow one the caller already sees; nothing better to do with it.
+    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
+  }
+
+  Status allocate(uint64_t bytes, cudaStream_t stream) {
+    LOWCOMM_CHECK_CUDA(cudaMallocAsync(&ptr_, bytes, stream));
+    stream_ = stream;
+    return Status::ok();
+  }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+Status launched(cudaError_t err, const char* what) {
+  return err == cudaSuccess ? Status::ok() : cuda::cuda_status(err, what);
+}
+
+Status enqueue(const CodecJob& job, cudaStream_t stream) {
+  if (job.n == 0) return Status::ok();
+  if (job.spec.kind == CodecKind::kNone) {
+    return launched(cuda::launch_passthrough(job, cuda::plan_units(job.n), stream),
+                    "passthrough kernel launch");
+  }
+  if (!is_encode(job.op)) {
+    return launched(cuda::launch_quant_decode(job, cuda::plan_units(job.n), stream),
+                    "decode kernel launch");
+  }
+  if (job.spec.grouping == Grouping::kBlock) {
+    return launched(cuda::launch_block_encode(job, cuda::plan_block_encode(job), stream),
+                    "block encode kernel launch");
+  }
+  StreamScratch scratch;
+  LOWCOMM_CHECK(scratch.allocate(cuda::column_scratch_bytes(job), stream));
+  return launched(
+      cuda::launch_column_encode(job, cuda::plan_column_encode(job), scratch.get(), stream),
+      "column encode kernel launch");
+}
+
+Status run_checked(const CodecJob& job, const void* data, uint64_t codes_bytes,
+                   cudaStream_t stream) {
+  LOWCOMM_CHECK(check_job(job, data, codes_bytes));
+  return enqueue(job, stream);
+}
+
+}  // namespace
+
+bool cuda_device_available() {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // leave no error behind for the caller's next check
+    return false;
+  }
+  return count > 0;
+}
+
+Status encode_cuda(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,
+                   uint64_t codes_bytes, RoundingKey key, cudaStream_t stream) {
+  CodecJob job{
+      CodecOp::kEncode, spec, dtype, n, x, nullptr, nullptr, static_cast<uint8_t*>(codes), key};
+  return run_checked(job, x, codes_bytes, stream);
+}
+
+Status decode_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+                   DType dtype, void* out, cudaStream_t stream) {
+  CodecJob job{CodecOp::kDecode,
+               spec,
+               dtype,
+               n,
+               nullptr,
+               nullptr,
+               out,
+               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)),
+               {}};
+  return run_checked(job, out, codes_bytes, stream);
+}
+
+Status decode_accumulate_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                              uint64_t n, DType dtype, void* out, cudaStream_t stream) {
+  CodecJob job{CodecOp::kDecodeAccumulate,
+               spec,
+               dtype,
+               n,
+               nullptr,
+               nullptr,
+               out,
+               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)),
+               {}};
+  return run_checked(job, out, codes_bytes, stream);
+}
+
+Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void* x,
+                                  float* residual, uint64_t n, void* codes, uint64_t codes_bytes,
+                                  RoundingKey key, cudaStream_t stream) {
+  if (n > 0 && residual == nullptr)
+    return invalid_argument("error feedback needs a residual buffer");
+  CodecJob job{CodecOp::kEncodeFeedback,     spec, dtype, n, x, residual, nullptr,
+               static_cast<uint8_t*>(codes), key};
+  return run_checked(job, x, codes_bytes, stream);
+}
+
+Status encode_delta_cuda(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
+                         void* codes, uint64_t codes_bytes, RoundingKey key, cudaStream_t stream) {
+  if (n > 0 && m == nullptr) return invalid_argument("delta encode needs the activation cache m");
+  CodecJob job{CodecOp::kEncodeDelta,        spec, dtype, n, a, m, nullptr,
+               static_cast<uint8_t*>(codes), key};
+  return run_checked(job, a, codes_bytes, stream);
+}
+
+Status decode_delta_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+                         DType dtype, void* m, void* out, cudaStream_t stream) {
+  if (n > 0 && out != nullptr && out == m) {
+    return invalid_argument(
+        "decode_delta: out must not alias the cache m (pass null for no output)");
+  }
+  CodecJob job{CodecOp::kDecodeDelta,
+               spec,
+               dtype,
+               n,
+               nullptr,
+               m,
+               out,
+               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)),
+               {}};
+  return run_checked(job, m, codes_bytes, stream);
+}
+
+}  // namespace lowcomm

@@ -1,1 +1,616 @@
+// The CUDA codec against the CPU reference, byte for byte: for every op, codec, dtype and a
+// spread of sizes, the same seeded inputs go through lowcomm::encode & co. on the host and
+// lowcomm::encode_cuda & co. on the device, and every byte either side may write (payload,
+// residual or cache, output, and guard bytes past each buffer) must match. Inputs include
+// NaN, Inf, subnormals, huge ranges and groups whose extreme is a signed zero. Every test
+// skips, visibly, on machines without a CUDA device.
+
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/quant_math.h"
+#include "lowcomm/codec.h"
+#include "lowcomm/codec_cuda.h"
+
+namespace lowcomm {
+namespace {
+
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                       \
+  do {                                                                                   \
+    if (!cuda_device_available()) {                                                      \
+      GTEST_SKIP() << "no CUDA device: the CUDA codec is compared with the CPU path on " \
+                      "GPU machines only";                                               \
+    }                                                                                    \
+  } while (0)
+
+#define ASSERT_CUDA(expr)                                                              \
+  do {                                                                                 \
+    const cudaError_t cuda_err_ = (expr);                                              \
+    ASSERT_EQ(cudaSuccess, cuda_err_) << #expr << ": " << cudaGetErrorName(cuda_err_); \
+  } while (0)
+
+// The reference: the portable scalar path (threaded; results do not depend on threads).
+const CpuOptions kReference{0, false};
+constexpr size_t kGuard = 64;  // bytes past each buffer that neither side may touch
+constexpr uint8_t kGuardByte = 0xA5;
+
+// ---- device resources ----
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) {
+    if (cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)) != cudaSuccess) ptr_ = nullptr;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  }
+  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+class Stream {
+ public:
+  Stream() {
+    if (cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking) != cudaSuccess) s_ = nullptr;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() {
+    if (s_ != nullptr) (void)cudaStreamDestroy(s_);
+  }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// ---- inputs ----
+
+enum class Fill {
+  kNormal,   // finite values over a wide dynamic range, with zero runs and constant runs
+  kSpecial,  // plus NaN (several payloads), Inf, subnormals, +-FLT_MAX and raw random bits
+  kZeros,    // signed zeros: groups whose min or max is a zero of either sign
+};
+
+const char* fill_name(Fill f) {
+  switch (f) {
+    case Fill::kNormal:
+      return "normal";
+    case Fill::kSpecial:
+      return "special";
+    case Fill::kZeros:
+      return "zeros";
+  }
+  return "?";
+}
+
+using Rng = std::mt19937_64;
+
+float gaussian(Rng& rng) {
+  return std::normal_distribution<float>(0.0f, 1.0f)(rng);
+}
+
+uint16_t to_bits16(DType dtype, float v) {
+  return dtype == DType::kBFloat16 ? qm::f32_to_bf16(v) : qm::f32_to_f16(v);
+}
+
+void put(std::vector<uint8_t>& buf, DType dtype, uint64_t i, uint32_t bits) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(&buf[4 * i], &bits, 4);
+  } else {
+    uint16_t h = static_cast<uint16_t>(bits);
+    std::memcpy(&buf[2 * i], &h, 2);
+  }
+}
+
+// n elements of `dtype` followed by kGuard guard bytes. The tensor is cut into runs of
+// 32..4096 elements, each with its own mode, so that block and column groups of every size see
+// uniform groups (all-zero, all-negative, constant) as well as mixed ones.
+std::vector<uint8_t> make_tensor(DType dtype, uint64_t n, uint64_t seed, Fill fill,
+                                 float magnitude = 1.0f) {
+  Rng rng(seed);
+  const size_t es = dtype_size(dtype);
+  std::vector<uint8_t> buf(n * es + kGuard, kGuardByte);
+  auto store = [&](uint64_t i, float v) {
+    put(buf, dtype, i, dtype == DType::kFloat32 ? qm::f32_bits(v) : to_bits16(dtype, v));
+  };
+  const float nan_payloads[] = {qm::bits_f32(0x7FC00000u), qm::bits_f32(0xFFC00001u),
+                                qm::bits_f32(0x7F800001u), qm::bits_f32(0x7FFFFFFFu)};
+  uint64_t i = 0;
+  while (i < n) {
+    const uint64_t run = std::min<uint64_t>(n - i, uint64_t{32} << (rng() % 8));
+    const int mode = static_cast<int>(rng() % (fill == Fill::kNormal ? 6 : 10));
+    const float scale = magnitude * std::ldexp(1.0f, static_cast<int>(rng() % 41) - 20);
+    const float constant = gaussian(rng) * scale;
+    for (uint64_t k = 0; k < run; ++k, ++i) {
+      const float g = gaussian(rng) * scale;
+      const float zero = (rng() & 1) ? -0.0f : 0.0f;
+      if (fill == Fill::kZeros) {
+        // Only zeros and values of one sign per run: the extreme on that side is a zero.
+        const float pick = (rng() % 3 == 0) ? zero : std::fabs(g);
+        store(i, mode < 4 ? zero : (mode < 7 ? pick : -pick));
+        continue;
+      }
+      switch (mode) {
+        case 0:
+        case 1:
+        case 2:
+          store(i, g);
+          break;
+        case 3:
+          store(i, (rng() % 4 == 0) ? zero : g);
+          break;
+        case 4:
+          store(i, constant);
+          break;
+        case 5:
+          store(i, -std::fabs(g));
+          break;
+        case 6:
+          store(i, (rng() % 97 == 0) ? nan_payloads[rng() % 4] : g);
+          break;
+        case 7: {
+          const float inf = (rng() & 1) ? -INFINITY : INFINITY;
+          store(i, (rng() % 61 == 0) ? inf : g);
+          break;
+        }
+        case 8: {  // subnormals of fp32 (1e-45..1e-38) and of the 16-bit types, and the huge
+          const uint32_t r = static_cast<uint32_t>(rng() % 4);
+          const float v = r == 0   ? qm::bits_f32(static_cast<uint32_t>(rng() % 0x800000u))
+                          : r == 1 ? std::ldexp(gaussian(rng), -130)
+                          : r == 2 ? std::ldexp(gaussian(rng), -20)
+                                   : ((rng() & 1) ? 3.4e38f : -3.0e38f) * std::fabs(gaussian(rng));
+          store(i, (rng() & 1) ? -v : v);
+          break;
+        }
+        default:  // raw random bits of the dtype (fp32: exponents everywhere, few non-finite)
+          put(buf, dtype, i, static_cast<uint32_t>(rng()));
+          break;
+      }
+    }
+  }
+  return buf;
+}
+
+std::vector<uint8_t> random_bytes(size_t bytes, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<uint8_t> buf(bytes + kGuard, kGuardByte);
+  for (size_t k = 0; k < bytes; ++k) buf[k] = static_cast<uint8_t>(rng());
+  return buf;
+}
+
+// ---- one op on both sides ----
+
+enum class Op { kEncode, kFeedback, kDelta, kDecode, kAccumulate, kDecodeDelta };
+enum class Out { kSeparate, kNull };  // decode_delta's out
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kEncode:
+      return "encode";
+    case Op::kFeedback:
+      return "encode_error_feedback";
+    case Op::kDelta:
+      return "encode_delta";
+    case Op::kDecode:
+      return "decode";
+    case Op::kAccumulate:
+      return "decode_accumulate";
+    case Op::kDecodeDelta:
+      return "decode_delta";
+  }
+  return "?";
+}
+
+// Every buffer an op reads or writes, each followed by kGuard guard bytes.
+struct Buffers {
+  std::vector<uint8_t> x;        // encode input
+  std::vector<uint8_t> state;    // residual (fp32) or cache m (dtype)
+  std::vector<uint8_t> out;      // decode output
+  std::vector<uint8_t> payload;  // codes: decode input, encode output (pre-filled)
+};
+
+void expect_same_bytes(const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu,
+                       const char* what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  if (std::memcmp(cpu.data(), gpu.data(), cpu.size()) == 0) return;
+  size_t first = 0, count = 0;
+  for (size_t k = cpu.size(); k-- > 0;) {
+    if (cpu[k] != gpu[k]) {
+      first = k;
+      ++count;
+    }
+  }
+  ADD_FAILURE() << what << ": " << count << " of " << cpu.size() << " bytes differ; first at byte "
+                << first << " (cpu 0x" << std::hex << int{cpu[first]} << ", gpu 0x"
+                << int{gpu[first]} << std::dec << ")"
+                << (first + kGuard >= cpu.size() ? " in the guard bytes" : "");
+}
+
+Status run_cpu(Op op, const CodecSpec& spec, DType dtype, uint64_t n, RoundingKey key, Out out_mode,
+               Buffers& b) {
+  const uint64_t bytes = encoded_size(spec, n);
+  uint8_t* m = b.state.data();
+  switch (op) {
+    case Op::kEncode:
+      return encode(spec, dtype, b.x.data(), n, b.payload.data(), bytes, key, kReference);
+    case Op::kFeedback:
+      return encode_error_feedback(spec, dtype, b.x.data(), reinterpret_cast<float*>(m), n,
+                                   b.payload.data(), bytes, key, kReference);
+    case Op::kDelta:
+      return encode_delta(spec, dtype, b.x.data(), m, n, b.payload.data(), bytes, key, kReference);
+    case Op::kDecode:
+      return decode(spec, b.payload.data(), bytes, n, dtype, b.out.data(), kReference);
+    case Op::kAccumulate:
+      return decode_accumulate(spec, b.payload.data(), bytes, n, dtype, b.out.data(), kReference);
+    case Op::kDecodeDelta: {
+      void* out = out_mode == Out::kSeparate ? b.out.data() : nullptr;
+      return decode_delta(spec, b.payload.data(), bytes, n, dtype, m, out, kReference);
+    }
+  }
+  return internal_error("unknown op");
+}
+
+// The same call on device copies; the pointers are the device buffers' starts plus `shift`
+// bytes (alignment tests).
+struct DevicePtrs {
+  uint8_t* x;
+  uint8_t* state;
+  uint8_t* out;
+  uint8_t* payload;
+};
+
+Status run_gpu(Op op, const CodecSpec& spec, DType dtype, uint64_t n, RoundingKey key, Out out_mode,
+               const DevicePtrs& d, cudaStream_t s) {
+  const uint64_t bytes = encoded_size(spec, n);
+  switch (op) {
+    case Op::kEncode:
+      return encode_cuda(spec, dtype, d.x, n, d.payload, bytes, key, s);
+    case Op::kFeedback:
+      return encode_error_feedback_cuda(spec, dtype, d.x, reinterpret_cast<float*>(d.state), n,
+                                        d.payload, bytes, key, s);
+    case Op::kDelta:
+      return encode_delta_cuda(spec, dtype, d.x, d.state, n, d.payload, bytes, key, s);
+    case Op::kDecode:
+      return decode_cuda(spec, d.payload, bytes, n, dtype, d.out, s);
+    case Op::kAccumulate:
+      return decode_accumulate_cuda(spec, d.payload, bytes, n, dtype, d.out, s);
+    case Op::kDecodeDelta: {
+      void* out = out_mode == Out::kSeparate ? d.out : nullptr;
+      return decode_delta_cuda(spec, d.payload, bytes, n, dtype, d.state, out, s);
+    }
+  }
+  return internal_error("unknown op");
+}
+
+// Byte offsets of each device buffer from a cudaMalloc'd (256-byte aligned) start.
+struct Shifts {
+  size_t x = 0, state = 0, out = 0, payload = 0;
+};
+
+// Runs `op` on the host and on the device from identical buffers and compares all of them.
+void compare_op(Op op, const CodecSpec& spec, DType dtype, uint64_t n, RoundingKey key,
+                Out out_mode, const Buffers& in, const Shifts& shift = {}) {
+  SCOPED_TRACE(
+      std::string(op_name(op)) +
+      (op == Op::kDecodeDelta ? (out_mode == Out::kSeparate ? " (out)" : " (out null)") : ""));
+  Buffers cpu = in;
+  Status st = run_cpu(op, spec, dtype, n, key, out_mode, cpu);
+  ASSERT_TRUE(st.is_ok()) << "cpu: " << st.to_string();
+
+  Stream stream;
+  ASSERT_NE(stream.get(), nullptr);
+  DeviceBuffer dx(in.x.size() + shift.x), ds(in.state.size() + shift.state),
+      dout(in.out.size() + shift.out), dp(in.payload.size() + shift.payload);
+  ASSERT_TRUE(dx && ds && dout && dp) << "cudaMalloc failed";
+  DevicePtrs d{dx.get() + shift.x, ds.get() + shift.state, dout.get() + shift.out,
+               dp.get() + shift.payload};
+  ASSERT_CUDA(cudaMemcpy(d.x, in.x.data(), in.x.size(), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(d.state, in.state.data(), in.state.size(), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(d.out, in.out.data(), in.out.size(), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(d.payload, in.payload.data(), in.payload.size(), cudaMemcpyHostToDevice));
+  st = run_gpu(op, spec, dtype, n, key, out_mode, d, stream.get());
+  ASSERT_TRUE(st.is_ok()) << "gpu: " << st.to_string();
+  ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
+  ASSERT_CUDA(cudaGetLastError());
+
+  Buffers gpu = in;
+  ASSERT_CUDA(cudaMemcpy(gpu.x.data(), d.x, gpu.x.size(), cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(gpu.state.data(), d.state, gpu.state.size(), cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(gpu.out.data(), d.out, gpu.out.size(), cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(
+      cudaMemcpy(gpu.payload.data(), d.payload, gpu.payload.size(), cudaMemcpyDeviceToHost));
+  expect_same_bytes(cpu.payload, gpu.payload, "payload");
+  expect_same_bytes(cpu.state, gpu.state, "state (residual or m)");
+  expect_same_bytes(cpu.out, gpu.out, "out");
+  expect_same_bytes(cpu.x, gpu.x, "input");
+}
+
+// All six ops (decode_delta with and without out) at one size and fill.
+void compare_all_ops(const CodecSpec& spec, DType dtype, uint64_t n, Fill fill, uint64_t seed,
+                     RoundingKey key, const Shifts& shift = {}) {
+  SCOPED_TRACE("spec " + to_string(spec) + ", dtype " + dtype_name(dtype) + ", n " +
+               std::to_string(n) + ", fill " + fill_name(fill) + ", key {" +
+               std::to_string(key.seed) + ", " + std::to_string(key.offset) + "}");
+  const uint64_t bytes = encoded_size(spec, n);
+  Buffers in;
+  in.x = make_tensor(dtype, n, seed, fill);
+  in.out = std::vector<uint8_t>(n * dtype_size(dtype) + kGuard, kGuardByte);
+  in.payload = random_bytes(bytes, seed + 1);  // encodes must overwrite every payload byte
+
+  // Encodes: residual small against x (as in training), cache m near x.
+  in.state = make_tensor(DType::kFloat32, n, seed + 2,
+                         fill == Fill::kSpecial ? fill : Fill::kNormal, 1e-3f);
+  compare_op(Op::kFeedback, spec, dtype, n, key, Out::kSeparate, in, shift);
+  in.state = make_tensor(dtype, n, seed + 3, fill);
+  compare_op(Op::kDelta, spec, dtype, n, key, Out::kSeparate, in, shift);
+  compare_op(Op::kEncode, spec, dtype, n, key, Out::kSeparate, in, shift);
+  if (::testing::Test::HasFailure()) return;
+
+  // Decodes of real codes (the CPU encoding of x) and of arbitrary bytes: a decoder must agree
+  // on any payload, including records with NaN, Inf, subnormal or inverted ranges.
+  Buffers enc = in;
+  ASSERT_TRUE(
+      encode(spec, dtype, in.x.data(), n, enc.payload.data(), bytes, key, kReference).is_ok());
+  for (int source = 0; source < 2; ++source) {
+    SCOPED_TRACE(source == 0 ? "payload: cpu encoding" : "payload: random bytes");
+    Buffers dec = in;
+    dec.payload = source == 0 ? enc.payload : random_bytes(bytes, seed + 4);
+    compare_op(Op::kDecode, spec, dtype, n, key, Out::kSeparate, dec, shift);
+    dec.out = make_tensor(dtype, n, seed + 5, fill);
+    compare_op(Op::kAccumulate, spec, dtype, n, key, Out::kSeparate, dec, shift);
+    dec.state = make_tensor(dtype, n, seed + 6, fill);
+    compare_op(Op::kDecodeDelta, spec, dtype, n, key, Out::kSeparate, dec, shift);
+    compare_op(Op::kDecodeDelta, spec, dtype, n, key, Out::kNull, dec, shift);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Element counts: the edges (0, 1, a partial unit, one unit), around one group, and a few
+// hundred thousand with a partial last group. Column specs: whole rows only.
+std::vector<uint64_t> test_sizes(const CodecSpec& spec) {
+  std::vector<uint64_t> sizes;
+  if (spec.grouping == Grouping::kColumn) {
+    for (uint64_t rows : {0, 1, 2, 5, 33, 70}) sizes.push_back(rows * spec.cols);
+    sizes.push_back((100003 / spec.cols + 1) * spec.cols);
+  } else {
+    const uint64_t g = spec.grouping == Grouping::kBlock ? spec.block : 128;
+    sizes = {0, 1, 7, 8, 33, g - 1, g, g + 1, 3 * g + 5, 100003, 262147};
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
+// Rounding keys: offsets that start mid-way through a Philox block of 4 words, and two that
+// wrap past 2^64 inside the tensor. Seven of them, so that every fill meets every offset.
+RoundingKey test_key(size_t k) {
+  const uint64_t offsets[] = {0, 1, 2, 3, 1000003, UINT64_MAX - 2, UINT64_MAX - 100};
+  return RoundingKey{0x9E3779B97F4A7C15ull * (k + 1), offsets[k % 7]};
+}
+
+// ---- the matrix: codec x dtype, each over all sizes, fills and ops ----
+
+struct CodecCase {
+  std::string spec;
+  DType dtype;
+};
+
+std::string case_name(const ::testing::TestParamInfo<CodecCase>& info) {
+  std::string s = info.param.spec + "_" + dtype_name(info.param.dtype);
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return s;
+}
+
+std::vector<CodecCase> all_cases() {
+  std::vector<std::string> specs;
+  for (const char* q : {"q2", "q3", "q4", "q8"}) {
+    for (int block : {32, 128, 256, 512, 4096}) {
+      for (const char* r : {"rn", "sr"}) {
+        specs.push_back(std::string(q) + ":block=" + std::to_string(block) + ":" + r);
+      }
+    }
+  }
+  for (int block = 32; block <= 4096; block *= 2)
+    specs.push_back("q1:block=" + std::to_string(block));
+  for (const char* q : {"minmax2", "minmax4", "minmax8"}) {
+    for (int block : {32, 128, 512, 4096}) {
+      for (const char* r : {"rn", "sr"}) {
+        specs.push_back(std::string(q) + ":block=" + std::to_string(block) + ":" + r);
+      }
+    }
+  }
+  for (const char* s :
+       {"q4:col=96", "q4:col=96:sr", "q8:col=7", "q2:col=1:sr", "q3:col=1000", "minmax4:col=96",
+        "minmax8:col=7:sr", "minmax2:col=1", "minmax4:col=3000:sr"}) {
+    specs.push_back(s);
+  }
+  for (const char* s : {"none", "bf16", "fp16"}) specs.push_back(s);
+  std::vector<CodecCase> cases;
+  for (const std::string& s : specs) {
+    for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) cases.push_back({s, d});
+  }
+  return cases;
+}
+
+class CudaCodecMatrix : public ::testing::TestWithParam<CodecCase> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_P(CudaCodecMatrix, MatchesCpuByteForByte) {
+  auto spec = parse_codec_spec(GetParam().spec);
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  const DType dtype = GetParam().dtype;
+  std::vector<Fill> fills = {Fill::kNormal, Fill::kSpecial};
+  if (spec->kind == CodecKind::kMinmax) fills.push_back(Fill::kZeros);
+  size_t k = 0;
+  for (uint64_t n : test_sizes(*spec)) {
+    for (Fill fill : fills) {
+      compare_all_ops(*spec, dtype, n, fill, 1000 * k + 17, test_key(k));
+      ++k;
+      if (HasFailure()) return;  // one failing case says enough
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, CudaCodecMatrix, ::testing::ValuesIn(all_cases()), case_name);
+
+// ---- buffers at offsets that rule out vector accesses ----
+
+TEST(CudaCodec, UnalignedBuffers) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (const char* text : {"q4", "q3:block=32:sr", "q8:block=64", "q1:block=512",
+                           "minmax8:col=7:sr", "minmax2:block=4096", "bf16", "none"}) {
+    auto spec = parse_codec_spec(text);
+    ASSERT_TRUE(spec.is_ok());
+    const size_t payload_align = spec->quantized() ? 4 : dtype_size(spec->wire_dtype);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      // Tensors one element off 16-byte alignment (the smallest legal offset; the state buffer
+      // also holds fp32 residuals), payloads at each legal offset below 16 bytes.
+      for (size_t payload_shift = payload_align; payload_shift < 16;
+           payload_shift += payload_align) {
+        Shifts shift{dtype_size(dtype), 4, dtype_size(dtype), payload_shift};
+        const uint64_t n = spec->grouping == Grouping::kColumn ? 7 * 151 : 1005;
+        SCOPED_TRACE("payload shift " + std::to_string(payload_shift));
+        compare_all_ops(*spec, dtype, n, Fill::kSpecial, 99 + payload_shift,
+                        test_key(payload_shift), shift);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// ---- argument checks: nothing is enqueued for a call the CPU path would refuse ----
+
+TEST(CudaCodec, RejectsWhatTheCpuRejects) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  Stream stream;
+  DeviceBuffer buf(4096);
+  ASSERT_TRUE(buf);
+  CodecSpec q4 = *parse_codec_spec("q4");
+  CodecSpec col = *parse_codec_spec("q4:col=10");
+  const uint64_t need = encoded_size(q4, 100);
+  uint8_t* p = buf.get();
+  auto code = [](const Status& s) { return s.code(); };
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(encode_cuda(q4, DType::kFloat32, p, 100, p + 1024, need - 1, {}, stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(encode_cuda(q4, DType::kFloat32, nullptr, 100, p, need, {}, stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(encode_cuda(col, DType::kFloat32, p, 95, p + 1024, 1024, {}, stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(encode_error_feedback_cuda(q4, DType::kFloat32, p, nullptr, 100, p + 1024, need,
+                                            {}, stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(encode_delta_cuda(q4, DType::kBFloat16, p, nullptr, 100, p + 1024, need, {},
+                                   stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(decode_cuda(q4, p, need, 100, static_cast<DType>(9), p + 1024, stream.get())));
+  CodecSpec bad = q4;
+  bad.block = 48;
+  EXPECT_EQ(
+      StatusCode::kInvalidArgument,
+      code(decode_accumulate_cuda(bad, p, 4096, 100, DType::kFloat32, p + 1024, stream.get())));
+  // Misaligned tensors and payloads.
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(encode_cuda(q4, DType::kFloat32, p + 2, 100, p + 1024, need, {}, stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument, code(decode_delta_cuda(q4, p, need, 100, DType::kBFloat16,
+                                                                 p + 1025, nullptr, stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(encode_cuda(q4, DType::kFloat32, p, 100, p + 1026, need, {}, stream.get())));
+  EXPECT_EQ(StatusCode::kInvalidArgument,
+            code(decode_cuda(*parse_codec_spec("bf16"), p + 1, 200, 100, DType::kFloat32, p + 1024,
+                             stream.get())));
+  // The residual is fp32 whatever the tensor's dtype (the CPU checks only the dtype's size).
+  EXPECT_EQ(
+      StatusCode::kInvalidArgument,
+      code(encode_error_feedback_cuda(q4, DType::kBFloat16, p, reinterpret_cast<float*>(p + 514),
+                                      100, p + 1024, need, {}, stream.get())));
+  // decode_delta's out must not alias m.
+  EXPECT_EQ(
+      StatusCode::kInvalidArgument,
+      code(decode_delta_cuda(q4, p, need, 100, DType::kFloat32, p + 1024, p + 1024, stream.get())));
+  // Empty tensors need no buffers.
+  EXPECT_TRUE(encode_cuda(q4, DType::kFloat32, nullptr, 0, nullptr, 0, {}, stream.get()).is_ok());
+  EXPECT_TRUE(decode_delta_cuda(q4, nullptr, 0, 0, DType::kFloat16, nullptr, nullptr, stream.get())
+                  .is_ok());
+  ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
+}
+
+// ---- more than 2^31 elements: 64-bit indexing end to end ----
+
+TEST(CudaCodec, MoreThan2Pow31Elements) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const uint64_t n = (uint64_t{1} << 31) + 1000;
+  const DType dtype = DType::kBFloat16;
+  const CodecSpec spec = *parse_codec_spec("q4:sr");
+  const uint64_t tensor_bytes = n * dtype_size(dtype), bytes = encoded_size(spec, n);
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < 2 * tensor_bytes + bytes + (uint64_t{1} << 30)) {
+    GTEST_SKIP() << "needs " << ((2 * tensor_bytes + bytes) >> 20) << " MiB of device memory, "
+                 << (free_bytes >> 20) << " MiB free";
+  }
+  // About 10 GiB of host memory in all.
+  std::vector<uint16_t> x, gpu_out;
+  std::vector<uint8_t> cpu_codes, gpu_codes;
+  try {
+    x.resize(n);
+    gpu_out.resize(n);
+    cpu_codes.resize(bytes);
+    gpu_codes.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    GTEST_SKIP() << "not enough host memory for two copies of a 4 GiB tensor";
+  }
+  // Cheap, varied input: bf16 bits from a 64-bit mixer, finite only.
+  uint64_t s = 0x243F6A8885A308D3ull;
+  for (uint64_t i = 0; i < n; i += 4) {
+    s += 0x9E3779B97F4A7C15ull;
+    uint64_t z = (s ^ (s >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    for (uint64_t k = 0; k < 4 && i + k < n; ++k) {
+      const uint16_t h = static_cast<uint16_t>(z >> (16 * k));
+      x[i + k] = static_cast<uint16_t>((h & 0x803F) | 0x3C00 | ((h & 0x0F00) >> 2));
+    }
+  }
+  const RoundingKey key{12345, 7};
+  ASSERT_TRUE(encode(spec, dtype, x.data(), n, cpu_codes.data(), bytes, key, CpuOptions{}).is_ok());
+
+  Stream stream;
+  DeviceBuffer dx(tensor_bytes), dcodes(bytes), dout(tensor_bytes);
+  ASSERT_TRUE(dx && dcodes && dout) << "cudaMalloc failed";
+  ASSERT_CUDA(cudaMemcpy(dx.get(), x.data(), tensor_bytes, cudaMemcpyHostToDevice));
+  ASSERT_TRUE(
+      encode_cuda(spec, dtype, dx.get(), n, dcodes.get(), bytes, key, stream.get()).is_ok());
+  ASSERT_TRUE(decode_cuda(spec, dcodes.get(), bytes, n, dtype, dout.get(), stream.get()).is_ok());
+  ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
+  ASSERT_CUDA(cudaMemcpy(gpu_codes.data(), dcodes.get(), bytes, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(0, std::memcmp(cpu_codes.data(), gpu_codes.data(), bytes)) << "encoded payloads differ";
+
+  // Decode of the same codes; x's host buffer is reused for the CPU output.
+  ASSERT_CUDA(cudaMemcpy(gpu_out.data(), dout.get(), tensor_bytes, cudaMemcpyDeviceToHost));
+  ASSERT_TRUE(decode(spec, cpu_codes.data(), bytes, n, dtype, x.data(), CpuOptions{}).is_ok());
+  EXPECT_EQ(0, std::memcmp(x.data(), gpu_out.data(), tensor_bytes)) << "decoded tensors differ";
+}
+
+}  // namespace
+}  // namespace lowcomm

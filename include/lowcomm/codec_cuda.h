@@ -7,11 +7,12 @@
 // stream reaches that point. The bytes written equal those of the CPU functions in codec.h for
 // the same input, spec and RoundingKey.
 //
-// Buffers: x, out and m are arrays of `dtype` aligned to its size; residual is fp32, 4-byte
-// aligned; the codes buffer may have any alignment. Buffers must not overlap, except that
-// decode_delta_cuda's out may equal m. Errors: kInvalidArgument for bad arguments (nothing is
-// enqueued), kSystem naming the cudaError when the runtime refuses a launch or an allocation.
-// Errors of kernels already enqueued surface at the caller's next synchronisation.
+// Buffers follow codec.h: x, out and m are arrays of `dtype` aligned to its size (the residual,
+// fp32, to 4 bytes); codes are 4-byte aligned (passthrough: wire-dtype aligned); buffers do not
+// overlap, and decode_delta_cuda's out may be null but not m. Errors: kInvalidArgument for the
+// arguments the CPU functions refuse (nothing is enqueued), kSystem naming the cudaError when
+// the runtime refuses a launch or an allocation. Faults of kernels already enqueued surface at
+// the caller's next synchronisation.
 //
 // This header is C++17 and needs no CUDA headers.
 
@@ -44,8 +45,8 @@ Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void
 // codes = Q(a - m); m += D(codes)  (m has a's dtype, in place)
 Status encode_delta_cuda(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
                          void* codes, uint64_t codes_bytes, RoundingKey key, cudaStream_t stream);
-// m += D(codes); out = m  (out may be null, or equal to m)
-Status decode_delta_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
-                         uint64_t n, DType dtype, void* m, void* out, cudaStream_t stream);
+// m += D(codes); out = m  (out may be null; it must not alias m)
+Status decode_delta_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+                         DType dtype, void* m, void* out, cudaStream_t stream);
 
 }  // namespace lowcomm
