@@ -129,6 +129,24 @@ TEST_P(CollectivesEvery, MatchFp64References) {
   expect_all_ok(run_ranks(P, [P](int rank, const UniqueId& id) { return every_collective(rank, id, P); }));
 }
 
+// CUDA buffers are refused at once with a clear error, and the group stays usable.
+TEST(CollectivesMemory, CudaBuffersRefusedWithoutBreakingTheGroup) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto comm = Communicator::init(id, rank, 2, test_options());
+    if (!comm) return "init: " + comm.status().to_string();
+    std::vector<float> x(64, 1.0f);
+    AllReduceOptions cuda;
+    cuda.memory = MemoryKind::kCuda;
+    Status s = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, cuda).wait();
+    if (s.code() != StatusCode::kUnsupported) return "cuda all_reduce gave " + s.to_string();
+    if (s.message().find("CUDA") == std::string::npos) return "unclear message: " + s.message();
+    s = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    if (!s.is_ok()) return "host all_reduce after refusal: " + s.to_string();
+    if (x[0] != 2.0f) return "wrong sum " + std::to_string(x[0]);
+    return "ok";
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesEvery, ::testing::Values(2, 3, 4, 8),
                          [](const ::testing::TestParamInfo<int>& p) { return "P" + std::to_string(p.param); });
 

@@ -2,6 +2,7 @@
 // to CommImpl's executor.
 
 #include "lowcomm/communicator.h"
+#include "collectives/work_state.h"
 
 #include "collectives/algorithms.h"
 #include "collectives/comm_impl.h"
@@ -29,6 +30,14 @@ int Communicator::size() const { return impl_->size(); }
 
 Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                               const AllReduceOptions& options) {
+  if (options.memory != MemoryKind::kHost) {
+    // Refused before any descriptor is sent: the group is not broken by an unsupported call.
+    auto failed = std::make_shared<WorkState>(0);
+    failed->complete(unsupported(
+        "all_reduce on CUDA buffers: this build has no GPU collective path yet (CUDA codec "
+        "kernels exist; the stream-ordered collective is issue 4); pass host buffers"));
+    return Work(failed);
+  }
   OpDescriptor d;
   d.kind = OpKind::kAllReduce;
   d.count = count;

@@ -74,6 +74,8 @@ struct CommOptions {
   int socket_buffer_bytes = 0;        // 0: the transport default
 };
 
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+
 struct AllReduceOptions {
   // Unset: CommOptions::codec. A passthrough spec whose wire dtype is the tensor's dtype is the
   // uncompressed algorithm.
@@ -86,6 +88,12 @@ struct AllReduceOptions {
   // operation sequence number.
   uint64_t seed = 0;
   std::optional<uint64_t> step;
+  // Where send/recv live. kCuda: device pointers, work ordered on `cuda_stream` (a cudaStream_t):
+  // the chunks are encoded on the GPU into pinned staging so only compressed bytes cross PCIe,
+  // and the Work completes so that work queued on the stream afterwards sees the result. This
+  // build has no GPU path yet: kCuda fails at once with kUnsupported, nothing sent (issue 4).
+  MemoryKind memory = MemoryKind::kHost;
+  void* cuda_stream = nullptr;
 };
 
 class WorkState;
