@@ -103,6 +103,9 @@ Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, 
                              uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key,
                              CpuOptions opts) {
   if (n > 0 && residual == nullptr) return invalid_argument("error feedback needs a residual buffer");
+  if (reinterpret_cast<uintptr_t>(residual) % alignof(float) != 0) {
+    return invalid_argument("the error-feedback residual (fp32) must be 4-byte aligned");
+  }
   CodecJob job{CodecOp::kEncodeFeedback, spec, dtype, n, x, residual, nullptr,
                static_cast<uint8_t*>(codes), key};
   return run_checked(job, x, codes_bytes, opts);
