@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "collectives/scratch_pool.h"
 #include "collectives/descriptor.h"
 #include "collectives/ef_store.h"
 #include "collectives/work_state.h"
@@ -67,6 +68,7 @@ class CommImpl {
   // --- for OpRun, on the executor thread ---
   transport::Peer& peer(int r) { return *peers_[r]; }
   collectives::ErrorFeedbackStore& ef() { return ef_; }
+  collectives::ScratchPool& scratch_pool() { return scratch_pool_; }
   // ok, or why an operation involving `involved` peers must stop now.
   Status check_health(const std::vector<int>& involved);
 
@@ -103,6 +105,7 @@ class CommImpl {
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank
   collectives::ErrorFeedbackStore ef_;
+  collectives::ScratchPool scratch_pool_;  // executor thread only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

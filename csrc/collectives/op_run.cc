@@ -14,9 +14,13 @@ constexpr auto kWaitSlice = std::chrono::milliseconds(20);
 
 }  // namespace
 
+OpRun::~OpRun() {
+  for (auto& b : scratch_) comm_.scratch_pool().give(std::move(b));
+}
+
 uint8_t* OpRun::scratch(uint64_t bytes) {
-  scratch_.push_back(std::make_unique<uint64_t[]>((bytes + 7) / 8 + 1));
-  return reinterpret_cast<uint8_t*>(scratch_.back().get());
+  scratch_.push_back(comm_.scratch_pool().take(bytes));
+  return reinterpret_cast<uint8_t*>(scratch_.back().mem.get());
 }
 
 transport::Request OpRun::isend(int peer, uint64_t tag, const void* data, uint64_t len) {

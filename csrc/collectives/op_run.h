@@ -18,6 +18,7 @@
 
 #include "collectives/comm_impl.h"
 #include "collectives/descriptor.h"
+#include "collectives/scratch_pool.h"
 #include "core/deadline.h"
 #include "transport/request.h"
 
@@ -27,6 +28,9 @@ class OpRun {
  public:
   OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline)
       : comm_(comm), desc_(desc), peers_(std::move(peers)), deadline_(deadline) {}
+  ~OpRun();  // returns the scratch blocks to the communicator's pool
+  OpRun(const OpRun&) = delete;
+  OpRun& operator=(const OpRun&) = delete;
 
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
@@ -36,7 +40,8 @@ class OpRun {
   uint64_t segment_bytes() const { return comm_.options().segment_bytes; }
   ErrorFeedbackStore& ef() { return comm_.ef(); }
 
-  // 8-byte aligned scratch memory living as long as this OpRun.
+  // 8-byte aligned scratch memory living as long as this OpRun; not zeroed (reused across
+  // operations through the communicator's ScratchPool).
   uint8_t* scratch(uint64_t bytes);
 
   transport::Request isend(int peer, uint64_t tag, const void* data, uint64_t len);
@@ -58,7 +63,7 @@ class OpRun {
   OpDescriptor desc_;
   std::vector<int> peers_;
   Deadline deadline_;
-  std::vector<std::unique_ptr<uint64_t[]>> scratch_;
+  std::vector<ScratchPool::Block> scratch_;
   std::vector<transport::Request> issued_;
 };
 
