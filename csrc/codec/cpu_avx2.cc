@@ -99,19 +99,80 @@ float tree_sum8(float* t, uint32_t g) {
   return _mm_cvtss_f32(a);
 }
 
-// ---- random words for elements i..i+7 ----
+// ---- random words for a whole group, eight Philox counters per instruction ----
 
-void random8(const RoundingKey& key, uint64_t i, uint32_t out[8]) {
-  uint64_t idx = key.offset + i;
-  uint64_t c = idx >> 2;
-  unsigned skip = static_cast<unsigned>(idx & 3);
-  uint32_t words[12];
-  for (int b = 0; b < 3; ++b) {
-    if (b == 2 && skip == 0) break;
-    qm::U32x4 r = qm::philox(c + b, key.seed);
-    std::memcpy(words + 4 * b, r.v, 16);
+// 32x32 -> 64-bit products of each lane of x with m: the low and high halves, lane by lane.
+inline void mulhilo8(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(x, m);                         // lanes 0, 2, 4, 6
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);   // lanes 1, 3, 5, 7
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+// Philox4x32-10 (qm::philox, the same rounds) for counters c .. c+8N-1; words[4*l + w] is word w
+// of counter c + l. N independent blocks of 8 are interleaved so that the multiplies' latency
+// overlaps (one block alone is a serial chain of ten rounds).
+template <int N>
+void philox8xN(uint64_t c, uint64_t seed, uint32_t* words) {
+  __m256i c0[N], c1[N], c2[N], c3[N];
+  for (int b = 0; b < N; ++b) {
+    alignas(32) uint32_t lo_words[8], hi_words[8];
+    for (int l = 0; l < 8; ++l) {
+      const uint64_t ctr = c + static_cast<uint64_t>(8 * b + l);
+      lo_words[l] = static_cast<uint32_t>(ctr);
+      hi_words[l] = static_cast<uint32_t>(ctr >> 32);
+    }
+    c0[b] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo_words));
+    c1[b] = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
+    c2[b] = _mm256_setzero_si256();
+    c3[b] = _mm256_setzero_si256();
   }
-  std::memcpy(out, words + skip, 32);
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  for (int round = 0; round < 10; ++round) {
+    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
+    for (int b = 0; b < N; ++b) {
+      __m256i hi0, lo0, hi1, lo1;
+      mulhilo8(c0[b], m0, hi0, lo0);
+      mulhilo8(c2[b], m1, hi1, lo1);
+      c0[b] = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[b]), key0);
+      c2[b] = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[b]), key1);
+      c1[b] = lo1;
+      c3[b] = lo0;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int b = 0; b < N; ++b) {
+    // Transpose the four word vectors into counter order: (w0 w1 w2 w3) per counter.
+    const __m256i a01lo = _mm256_unpacklo_epi32(c0[b], c1[b]);  // l0w0 l0w1 l1w0 l1w1 | l4.. l5..
+    const __m256i a01hi = _mm256_unpackhi_epi32(c0[b], c1[b]);  // l2.. l3.. | l6.. l7..
+    const __m256i a23lo = _mm256_unpacklo_epi32(c2[b], c3[b]);
+    const __m256i a23hi = _mm256_unpackhi_epi32(c2[b], c3[b]);
+    const __m256i q0 = _mm256_unpacklo_epi64(a01lo, a23lo);  // counter 0 | counter 4
+    const __m256i q1 = _mm256_unpackhi_epi64(a01lo, a23lo);  // counter 1 | counter 5
+    const __m256i q2 = _mm256_unpacklo_epi64(a01hi, a23hi);  // counter 2 | counter 6
+    const __m256i q3 = _mm256_unpackhi_epi64(a01hi, a23hi);  // counter 3 | counter 7
+    __m256i* out = reinterpret_cast<__m256i*>(words + 32 * b);
+    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(q0, q1, 0x20));  // counters 0, 1
+    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(q2, q3, 0x20));  // counters 2, 3
+    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(q0, q1, 0x31));  // counters 4, 5
+    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(q2, q3, 0x31));  // counters 6, 7
+  }
+}
+
+// Random words of elements start .. start+g-1 (random_word in group_math.h): returns a pointer
+// to element start's word inside `buf`, which holds at least g + 64 words.
+const uint32_t* group_random_words(const RoundingKey& key, uint64_t start, uint32_t g, uint32_t* buf) {
+  const uint64_t idx = key.offset + start;
+  const uint64_t c = idx >> 2;
+  const uint64_t counters = (g + 3 + 4) / 4;  // covers a start that is not a multiple of 4
+  uint64_t done = 0;
+  for (; done + 32 <= counters; done += 32) philox8xN<4>(c + done, key.seed, buf + 4 * done);
+  for (; done < counters; done += 8) philox8xN<1>(c + done, key.seed, buf + 4 * done);
+  return buf + (idx & 3);
 }
 
 // ---- packing 32 codes (four units) held as int32 in c[0..3] ----
@@ -164,7 +225,7 @@ void random8(const RoundingKey& key, uint64_t i, uint32_t out[8]) {
 // ---- block encode ----
 
 template <DType D, CodecOp Op>
-void encode_group(const CodecJob& job, uint64_t start, float* y, float* t) {
+void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint32_t* rnd_buf) {
   const uint32_t g = job.spec.block;
   const int bits = job.spec.bits;
   const uint64_t group = start / g;
@@ -244,6 +305,7 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t) {
   const __m256 unit_step = _mm256_set1_ps(qm::pow2i(1 - bits));
   const __m256 scale = _mm256_set1_ps(absmax);
   const bool sr = job.spec.rounding == Rounding::kStochastic;
+  const uint32_t* rnd_words = sr ? group_random_words(job.key, start, g, rnd_buf) : nullptr;
 
   for (uint32_t k = 0; k < g; k += 32) {
     __m256i codes[4];
@@ -253,9 +315,8 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t) {
       __m256 s = _mm256_mul_ps(_mm256_mul_ps(v, pre), inv);
       __m256 q;
       if (sr) {
-        alignas(32) uint32_t rnd[8];
-        random8(job.key, i, rnd);
-        __m256i r = _mm256_srli_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(rnd)), 8);
+        __m256i r = _mm256_srli_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rnd_words + (i - start))), 8);
         __m256 uni = _mm256_mul_ps(_mm256_cvtepi32_ps(r), _mm256_set1_ps(5.9604644775390625e-08f));
         __m256 f = _mm256_floor_ps(s);
         __m256 up = _mm256_and_ps(_mm256_cmp_ps(uni, _mm256_sub_ps(s, f), _CMP_LT_OQ), _mm256_set1_ps(1.0f));
@@ -284,7 +345,10 @@ template <DType D, CodecOp Op>
 void encode_blocks(const CodecJob& job, uint64_t begin, uint64_t end) {
   alignas(32) float y[kMaxBlock];  // the group's values, staged for the second pass
   alignas(32) float t[kMaxBlock];  // q1: scratch for the tree sum
-  for (uint64_t start = begin; start < end; start += job.spec.block) encode_group<D, Op>(job, start, y, t);
+  alignas(32) uint32_t rnd[kMaxBlock + 64];  // stochastic rounding: the group's random words
+  for (uint64_t start = begin; start < end; start += job.spec.block) {
+    encode_group<D, Op>(job, start, y, t, rnd);
+  }
 }
 
 // ---- decodes ----
