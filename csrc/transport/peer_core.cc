@@ -1,5 +1,6 @@
 #include "transport/peer_core.h"
 
+#include <errno.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -11,6 +12,19 @@
 #include "core/sys_check.h"
 
 namespace lowcomm::transport {
+
+namespace {
+
+// A reset or broken connection means the peer went away (killed, crashed, aborted): the same
+// remote error as an orderly EOF, whichever of the three this side happens to see first.
+Status socket_error(const char* call, const std::string& who, int err) {
+  if (err == ECONNRESET || err == EPIPE) {
+    return Status(StatusCode::kRemoteError, who + ": connection reset by the peer (" + call + ")");
+  }
+  return sys_error(call, who, err);
+}
+
+}  // namespace
 namespace {
 
 // Per readiness event, move at most this much per stream so one busy stream cannot starve the
@@ -89,8 +103,11 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
 void PeerCore::release_paced() {
   auto now = Pacer::Clock::now();
   while (!paced_.empty() && paced_.front().release <= now) {
-    enqueue(std::move(paced_.front()));
+    // Take the chunk out before enqueueing: a write failure inside enqueue() runs fail(), which
+    // completes and clears everything still in paced_.
+    OutChunk c = std::move(paced_.front());
     paced_.pop_front();
+    enqueue(std::move(c));
   }
   if (paced_.empty() || pace_timer_armed_) return;
   auto self = shared_from_this();
@@ -149,7 +166,7 @@ void PeerCore::do_write(Stream& s) {
     long n = LOWCOMM_SYS_RETRY(::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL));
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      fail(sys_error("sendmsg", stream_name(s), errno));
+      fail(socket_error("sendmsg", stream_name(s), errno));
       return;
     }
     c.written += static_cast<uint64_t>(n);
@@ -181,7 +198,7 @@ void PeerCore::do_read(Stream& s) {
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      fail(sys_error("recv", stream_name(s), errno));
+      fail(socket_error("recv", stream_name(s), errno));
       return;
     }
     moved += static_cast<uint64_t>(n);
