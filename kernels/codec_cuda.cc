@@ -1,5 +1,5 @@
 // Host entry points of the CUDA codec API (include/lowcomm/codec_cuda.h): the argument checks
-// of the CPU path (cpu_codec.cc), then a launch plan (launch_policy.h)
+// shared with the CPU path (codec/job_check.h), then a launch plan (launch_policy.h)
 // and the kernel family that owns the job (codec_launch.h). Nothing here waits for the device:
 // launches and the column-statistics scratch (cudaMallocAsync) are all ordered on the caller's
 // stream.
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "codec/codec_job.h"
+#include "codec/job_check.h"
 #include "codec_launch.h"
 #include "cuda_check.h"
 #include "launch_policy.h"
@@ -17,45 +18,6 @@
 
 namespace lowcomm {
 namespace {
-
-// The checks of cpu_codec.cc, with the same messages, so a job the CPU refuses is refused here.
-Status check_job(const CodecJob& job, const void* data, uint64_t codes_bytes) {
-  LOWCOMM_CHECK(validate_spec(job.spec));
-  LOWCOMM_CHECK(check_count(job.spec, job.n));
-  if (job.dtype != DType::kFloat32 && job.dtype != DType::kBFloat16 &&
-      job.dtype != DType::kFloat16) {
-    return invalid_argument("unknown dtype value " + std::to_string(static_cast<int>(job.dtype)));
-  }
-  uint64_t need = encoded_size(job.spec, job.n);
-  if (codes_bytes < need) {
-    return invalid_argument("codes buffer holds " + std::to_string(codes_bytes) + " bytes; " +
-                            to_string(job.spec) + " needs " + std::to_string(need) + " for " +
-                            std::to_string(job.n) + " elements");
-  }
-  if (job.n > 0 && (data == nullptr || job.payload == nullptr)) {
-    return invalid_argument("null buffer for a non-empty tensor");
-  }
-  const size_t payload_align = job.spec.quantized() ? 4 : dtype_size(job.spec.wire_dtype);
-  if (reinterpret_cast<uintptr_t>(job.payload) % payload_align != 0) {
-    return invalid_argument("codes buffer must be " + std::to_string(payload_align) +
-                            "-byte aligned");
-  }
-  for (const void* p :
-       {job.x, static_cast<const void*>(job.state), static_cast<const void*>(job.out)}) {
-    if (reinterpret_cast<uintptr_t>(p) % dtype_size(job.dtype) != 0) {
-      return invalid_argument(
-          std::string("tensor buffers must be aligned to their element size (") +
-          dtype_name(job.dtype) + ")");
-    }
-  }
-  // Beyond the CPU's checks: the residual is read as fp32, and a GPU faults on a misaligned
-  // access where the host does not.
-  if (job.op == CodecOp::kEncodeFeedback &&
-      reinterpret_cast<uintptr_t>(job.state) % sizeof(float) != 0) {
-    return invalid_argument("the error-feedback residual must be 4-byte aligned on the device");
-  }
-  return Status::ok();
-}
 
 // Stream-ordered device scratch, returned to the pool after the work queued before it.
 class StreamScratch {
@@ -107,7 +69,7 @@ Status enqueue(const CodecJob& job, cudaStream_t stream) {
 
 Status run_checked(const CodecJob& job, const void* data, uint64_t codes_bytes,
                    cudaStream_t stream) {
-  LOWCOMM_CHECK(check_job(job, data, codes_bytes));
+  LOWCOMM_CHECK(check_codec_job(job, data, codes_bytes));
   return enqueue(job, stream);
 }
 
@@ -161,8 +123,6 @@ Status decode_accumulate_cuda(const CodecSpec& spec, const void* codes, uint64_t
 Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void* x,
                                   float* residual, uint64_t n, void* codes, uint64_t codes_bytes,
                                   RoundingKey key, cudaStream_t stream) {
-  if (n > 0 && residual == nullptr)
-    return invalid_argument("error feedback needs a residual buffer");
   CodecJob job{CodecOp::kEncodeFeedback,     spec, dtype, n, x, residual, nullptr,
                static_cast<uint8_t*>(codes), key};
   return run_checked(job, x, codes_bytes, stream);
@@ -170,7 +130,6 @@ Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void
 
 Status encode_delta_cuda(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
                          void* codes, uint64_t codes_bytes, RoundingKey key, cudaStream_t stream) {
-  if (n > 0 && m == nullptr) return invalid_argument("delta encode needs the activation cache m");
   CodecJob job{CodecOp::kEncodeDelta,        spec, dtype, n, a, m, nullptr,
                static_cast<uint8_t*>(codes), key};
   return run_checked(job, a, codes_bytes, stream);
@@ -178,10 +137,6 @@ Status encode_delta_cuda(const CodecSpec& spec, DType dtype, const void* a, void
 
 Status decode_delta_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                          DType dtype, void* m, void* out, cudaStream_t stream) {
-  if (n > 0 && out != nullptr && out == m) {
-    return invalid_argument(
-        "decode_delta: out must not alias the cache m (pass null for no output)");
-  }
   CodecJob job{CodecOp::kDecodeDelta,
                spec,
                dtype,

@@ -9,42 +9,13 @@
 
 #include "codec/codec_job.h"
 #include "codec/cpu_kernels.h"
+#include "codec/job_check.h"
 #include "core/thread_pool.h"
 
 namespace lowcomm {
 namespace {
 
 constexpr uint64_t kTaskElements = uint64_t{1} << 16;
-
-Status check_job(const CodecJob& job, const void* data, uint64_t codes_bytes) {
-  LOWCOMM_CHECK(validate_spec(job.spec));
-  LOWCOMM_CHECK(check_count(job.spec, job.n));
-  if (job.dtype != DType::kFloat32 && job.dtype != DType::kBFloat16 && job.dtype != DType::kFloat16) {
-    return invalid_argument("unknown dtype value " + std::to_string(static_cast<int>(job.dtype)));
-  }
-  uint64_t need = encoded_size(job.spec, job.n);
-  if (codes_bytes < need) {
-    return invalid_argument("codes buffer holds " + std::to_string(codes_bytes) + " bytes; " +
-                            to_string(job.spec) + " needs " + std::to_string(need) + " for " +
-                            std::to_string(job.n) + " elements");
-  }
-  if (job.n > 0 && (data == nullptr || job.payload == nullptr)) {
-    return invalid_argument("null buffer for a non-empty tensor");
-  }
-  // Scales are fp32 at the payload's start, passthrough values are wire-dtype elements, and
-  // tensors are accessed as their element type.
-  const size_t payload_align = job.spec.quantized() ? 4 : dtype_size(job.spec.wire_dtype);
-  if (reinterpret_cast<uintptr_t>(job.payload) % payload_align != 0) {
-    return invalid_argument("codes buffer must be " + std::to_string(payload_align) + "-byte aligned");
-  }
-  for (const void* p : {job.x, static_cast<const void*>(job.state), static_cast<const void*>(job.out)}) {
-    if (reinterpret_cast<uintptr_t>(p) % dtype_size(job.dtype) != 0) {
-      return invalid_argument(std::string("tensor buffers must be aligned to their element size (") +
-                              dtype_name(job.dtype) + ")");
-    }
-  }
-  return Status::ok();
-}
 
 void run_range(const CodecJob& job, const CpuOptions& opts, uint64_t begin, uint64_t end) {
   if (opts.simd && cpu::avx2_supported() && cpu::avx2_range(job, begin, end)) return;
@@ -71,7 +42,7 @@ void run_job(const CodecJob& job, const CpuOptions& opts) {
 }
 
 Status run_checked(CodecJob& job, const void* data, uint64_t codes_bytes, const CpuOptions& opts) {
-  LOWCOMM_CHECK(check_job(job, data, codes_bytes));
+  LOWCOMM_CHECK(check_codec_job(job, data, codes_bytes));
   run_job(job, opts);
   return Status::ok();
 }
@@ -102,10 +73,6 @@ Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t code
 Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, float* residual,
                              uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key,
                              CpuOptions opts) {
-  if (n > 0 && residual == nullptr) return invalid_argument("error feedback needs a residual buffer");
-  if (reinterpret_cast<uintptr_t>(residual) % alignof(float) != 0) {
-    return invalid_argument("the error-feedback residual (fp32) must be 4-byte aligned");
-  }
   CodecJob job{CodecOp::kEncodeFeedback, spec, dtype, n, x, residual, nullptr,
                static_cast<uint8_t*>(codes), key};
   return run_checked(job, x, codes_bytes, opts);
@@ -113,7 +80,6 @@ Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, 
 
 Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
                     void* codes, uint64_t codes_bytes, RoundingKey key, CpuOptions opts) {
-  if (n > 0 && m == nullptr) return invalid_argument("delta encode needs the activation cache m");
   CodecJob job{CodecOp::kEncodeDelta, spec, dtype, n, a, m, nullptr,
                static_cast<uint8_t*>(codes), key};
   return run_checked(job, a, codes_bytes, opts);
@@ -121,9 +87,6 @@ Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m, 
 
 Status decode_delta(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                     DType dtype, void* m, void* out, CpuOptions opts) {
-  if (n > 0 && out != nullptr && out == m) {
-    return invalid_argument("decode_delta: out must not alias the cache m (pass null for no output)");
-  }
   CodecJob job{CodecOp::kDecodeDelta, spec, dtype, n, nullptr, m, out,
                const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)), {}};
   return run_checked(job, m, codes_bytes, opts);
