@@ -39,6 +39,7 @@
 #include "bench_model.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
+#include "transport/peer_config.h"
 #include "transport/wan_link.h"
 
 #ifndef LOWCOMM_SOURCE_DIR
@@ -66,6 +67,7 @@ struct Options {
   int warmup = 1;
   int iters = 5;
   int streams = 0;
+  int sockbuf = 0;  // CommOptions::socket_buffer_bytes: 0 default, -1 kernel autotuning
   std::string csv;
   std::string plot;
   std::string baseline;  // "", "mpi", "gloo"
@@ -118,7 +120,10 @@ void usage() {
       "      --netns PREFIX       rank k runs in namespace PREFIX<k> (scripts/wan_netns.sh up P)\n"
       "  -w, --warmup N           untimed calls per size (default 1)\n"
       "  -i, --iters N            timed calls per size (default 5)\n"
-      "      --streams N          TCP streams per peer (default: LOWCOMM_STREAMS or 4)\n"
+      "      --streams N          TCP streams per peer, all striped (default: LOWCOMM_STREAMS, else 4\n"
+      "                           opened and as many striped as the path needs)\n"
+      "      --sockbuf BYTES|auto socket buffer per stream (32M default; auto: the kernel's autotuning,\n"
+      "                           i.e. a default TCP socket)\n"
       "      --csv FILE           write every row as CSV\n"
       "      --plot FILE.png      plot time against size per codec (python3-matplotlib)\n"
       "      --baseline mpi|gloo  also run scripts/baselines/{mpi,gloo}_allreduce.sh over the same\n"
@@ -158,6 +163,16 @@ Options parse_args(int argc, char** argv) {
     else if (a == "-w" || a == "--warmup") o.warmup = std::stoi(need(i));
     else if (a == "-i" || a == "--iters") o.iters = std::stoi(need(i));
     else if (a == "--streams") o.streams = std::stoi(need(i));
+    else if (a == "--sockbuf") {
+      std::string v = need(i);
+      if (v == "auto") {
+        o.sockbuf = -1;
+      } else {
+        auto b = transport::parse_buffer_bytes(v);
+        if (!b || *b == 0) die("--sockbuf: expected a byte count such as 32M, or auto");
+        o.sockbuf = *b;
+      }
+    }
     else if (a == "--csv") o.csv = need(i);
     else if (a == "--plot") o.plot = need(i);
     else if (a == "--baseline") o.baseline = need(i);
@@ -321,6 +336,7 @@ int run_rank(const Options& o, int rank, int P) {
 
   CommOptions co;
   co.streams = o.streams;
+  co.socket_buffer_bytes = o.sockbuf;
   co.wan = o.wan;
   co.timeout = std::chrono::seconds(o.timeout_s);
   co.listen_address = listen;
@@ -351,9 +367,10 @@ int run_rank(const Options& o, int rank, int P) {
                       "wire_bytes_per_rank,compression_ratio,rel_err,limit_s,efficiency,cpu_ns_per_byte,link\n");
   }
   if (rank == 0) {
-    std::printf("# lowcomm-bench: %s, %d ranks, fp32 sum, warm-up %d, iterations %d, streams %s\n",
+    std::printf("# lowcomm-bench: %s, %d ranks, fp32 sum, warm-up %d, iterations %d, streams %s, socket buffers %s\n",
                 bench::collective_name(o.collective), P, o.warmup, o.iters,
-                o.streams ? std::to_string(o.streams).c_str() : "default");
+                o.streams ? std::to_string(o.streams).c_str() : "default (adaptive)",
+                o.sockbuf < 0 ? "kernel autotuning" : o.sockbuf > 0 ? std::to_string(o.sockbuf).c_str() : "default");
     std::printf("# link: %s\n", link.describe(o.wan, ns ? o.netns + "0.." + o.netns + std::to_string(P - 1) + " " + ns->rate : "").c_str());
     std::printf("# time: slowest rank, median of the timed calls; algbw/busbw in Gbit/s; wire: payload bytes\n"
                 "# sent per rank per call; limit: wire time at the link rate + latency of the rounds; eff = limit/time\n");

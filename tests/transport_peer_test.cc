@@ -29,6 +29,36 @@ TEST(TransportPeer, ConnectsWithFourAuthenticatedStreams) {
   EXPECT_NE(p.b->name().find("peer rank 0 (127.0.0.1:"), std::string::npos) << p.b->name();
 }
 
+TEST(TransportPeer, StripesAsWideAsThePathNeeds) {
+  // Explicit stream count (test_config): every stream carries data.
+  auto fixed = connect_pair();
+  ASSERT_TRUE(fixed.a && fixed.b);
+  EXPECT_EQ(fixed.a->stripe_streams(), 4);
+  // Adaptive: on loopback (RTT well under a millisecond; sized for 1 Gbit/s so a busy machine's
+  // few-millisecond RTT still fits one 4 MiB window) messages use one stream; the other three
+  // stay open for paths that need them.
+  auto cfg_a = test_config(0), cfg_b = test_config(1);
+  cfg_a.adapt_streams = cfg_b.adapt_streams = true;
+  cfg_a.path_rate_bps = cfg_b.path_rate_bps = 1e9;
+  auto p = connect_pair(cfg_a, cfg_b);
+  ASSERT_TRUE(p.a && p.b);
+  EXPECT_EQ(p.b->streams(), 4);
+  EXPECT_EQ(p.b->stripe_streams(), 1);
+  const size_t n = 8 << 20;
+  auto out = random_bytes(n, 5);
+  std::vector<uint8_t> in(n);
+  Request r = p.a->irecv(3, in.data(), n);
+  Request s = p.b->isend(3, out.data(), n);
+  ASSERT_TRUE(s.wait(kWait).is_ok());
+  ASSERT_TRUE(r.wait(kWait).is_ok());
+  EXPECT_TRUE(in == out);
+  // An emulated link models the windows itself and spreads over every stream.
+  cfg_b.wan = *parse_wan("rtt=2ms");
+  auto shaped = connect_pair(cfg_a, cfg_b);
+  ASSERT_TRUE(shaped.a && shaped.b);
+  EXPECT_EQ(shaped.b->stripe_streams(), 4);
+}
+
 TEST(TransportPeer, ExchangesMessagesOfEverySize) {
   auto p = connect_pair();
   ASSERT_TRUE(p.a && p.b);

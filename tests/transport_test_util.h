@@ -19,6 +19,7 @@ inline PeerConfig test_config(int rank, std::string secret = "test-secret", int 
   c.local_rank = rank;
   c.secret = std::move(secret);
   c.streams = streams;
+  c.adapt_streams = false;  // exercise striping over every stream, even on loopback
   c.socket_buffer_bytes = 4 << 20;  // keep kernel memory modest across many test pairs
   c.handshake_timeout_s = 5.0;
   return c;

@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <vector>
 
 #include "core/deadline.h"
 #include "core/sys_check.h"
 #include "transport/pacer.h"
+#include "transport/path_model.h"
+#include "transport/peer_config.h"
 #include "transport/wan_link.h"
 
 namespace lowcomm::transport {
@@ -70,7 +73,7 @@ TEST(TransportPacer, SixtyFourMiBOverSlowLongLink) {
   Clock::time_point t0{};
   const uint64_t chunk = 512 << 10;
   Clock::time_point last{};
-  for (uint64_t off = 0; off < (64ull << 20); off += chunk) last = p.submit(chunk, t0);
+  for (uint64_t off = 0; off < (64ull << 20); off += chunk) last = p.submit(chunk, t0).deliver;
   double expect = 64.0 * (1 << 20) * 8 / 1e8 + 0.05;  // ~5.42 s, not 0.5 s
   EXPECT_NEAR(secs(last - t0), expect, 1e-6);
 }
@@ -80,18 +83,18 @@ TEST(TransportPacer, DepartsWhenLinkFreesAndIdlesBetween) {
   Clock::time_point t0{};
   auto us = [](double x) { return std::chrono::duration_cast<Clock::duration>(duration<double, std::micro>(x)); };
   // 1000 B at t0: on the link until 1 ms, delivered at 11 ms.
-  EXPECT_NEAR(secs(p.submit(1000, t0) - t0), 0.011, 1e-9);
+  EXPECT_NEAR(secs(p.submit(1000, t0).deliver - t0), 0.011, 1e-9);
   // Submitted at 0.5 ms while the link is busy: departs at 1 ms, free at 2 ms, delivered 12 ms.
-  EXPECT_NEAR(secs(p.submit(1000, t0 + us(500)) - t0), 0.012, 1e-9);
+  EXPECT_NEAR(secs(p.submit(1000, t0 + us(500)).deliver - t0), 0.012, 1e-9);
   // Submitted long after: the link was idle, so it departs at once.
-  EXPECT_NEAR(secs(p.submit(1000, t0 + us(100000)) - t0), 0.111, 1e-9);
+  EXPECT_NEAR(secs(p.submit(1000, t0 + us(100000)).deliver - t0), 0.111, 1e-9);
 }
 
 TEST(TransportPacer, UnlimitedBandwidthIsPureDelay) {
   Pacer p(*parse_wan("rtt=40ms"));
   Clock::time_point t0{};
-  EXPECT_NEAR(secs(p.submit(1 << 30, t0) - t0), 0.020, 1e-9);
-  EXPECT_NEAR(secs(p.submit(1 << 30, t0) - t0), 0.020, 1e-9);
+  EXPECT_NEAR(secs(p.submit(1 << 30, t0).deliver - t0), 0.020, 1e-9);
+  EXPECT_NEAR(secs(p.submit(1 << 30, t0).deliver - t0), 0.020, 1e-9);
 }
 
 TEST(TransportPacer, JitterNeverReorders) {
@@ -100,7 +103,7 @@ TEST(TransportPacer, JitterNeverReorders) {
   Clock::time_point prev{};
   double min_d = 1, max_d = 0;
   for (int i = 0; i < 1000; ++i) {
-    auto d = p.submit(1000, t0);
+    auto d = p.submit(1000, t0).deliver;
     EXPECT_GE(d, prev);
     EXPECT_GE(d, p.link_free());
     double extra = secs(d - p.link_free());
@@ -110,6 +113,95 @@ TEST(TransportPacer, JitterNeverReorders) {
   }
   EXPECT_LE(max_d, 0.015 + 1e-9);
   EXPECT_GT(max_d - min_d, 0.001);  // it does jitter
+}
+
+// Submits `total` bytes in 512 KiB chunks as fast as the pacer allows (each chunk at the time
+// the previous one may be written, like the transport's pace timer) and returns the seconds
+// until the last one is delivered.
+double paced_seconds(Pacer& p, uint64_t total) {
+  Clock::time_point t0{}, now{}, last{};
+  const uint64_t chunk = 512 << 10;
+  for (uint64_t off = 0; off < total; off += chunk) last = p.submit(chunk, now).deliver;
+  return secs(last - t0);
+}
+
+TEST(TransportPacer, OneWindowLimitedStreamMovesWindowPerRtt) {
+  // 1 Gbit/s, 100 ms RTT, one stream with a 2 MiB window: 2 MiB per round trip (the window's
+  // four chunks take 16.8 ms on the link, then the first acknowledgement is 100 ms away), i.e.
+  // ~0.14 Gbit/s, nowhere near the link rate: 64 MiB take ~3.7 s instead of 0.59 s.
+  const auto link = *parse_wan("bw=1gbit,rtt=100ms");
+  Pacer one(link, 1, 1, 2u << 20);
+  const uint64_t total = 64ull << 20;
+  const double round = 0.1 + 8.0 * (512 << 10) / 1e9;  // a chunk's departure to its ack
+  const double rounds = static_cast<double>(total) / (2u << 20);
+  EXPECT_NEAR(paced_seconds(one, total), (rounds - 1) * round + 8.0 * (2u << 20) / 1e9 + 0.05, 1e-3);
+  // Four streams with 32 MiB windows hold 128 MiB in flight, more than the 12.5 MB the path
+  // holds: link-limited, like an unwindowed link.
+  Pacer four(link, 1, 4, 32u << 20);
+  Pacer free_link(link);
+  EXPECT_NEAR(paced_seconds(four, total), paced_seconds(free_link, total), 1e-6);
+}
+
+TEST(TransportPacer, StripesOverStreamsAndKeepsAckOrder) {
+  Pacer p(*parse_wan("bw=1gbit,rtt=100ms"), 1, 4, 1u << 20);
+  Clock::time_point now{};
+  std::vector<int> used(4, 0);
+  Clock::time_point prev{};
+  for (int i = 0; i < 64; ++i) {
+    auto slot = p.submit(512 << 10, now);
+    ASSERT_GE(slot.stream, 0);
+    ASSERT_LT(slot.stream, 4);
+    ++used[static_cast<size_t>(slot.stream)];
+    EXPECT_GE(slot.deliver, prev);  // the link never reorders
+    prev = slot.deliver;
+  }
+  for (int n : used) EXPECT_EQ(n, 16);  // windows full in turn: even spread
+}
+
+TEST(TransportPacer, ChunkLargerThanWindowWaitsForAnEmptyStream) {
+  Pacer p(*parse_wan("rtt=100ms"), 1, 1, 1000);
+  Clock::time_point t0{};
+  EXPECT_NEAR(secs(p.submit(5000, t0).deliver - t0), 0.05, 1e-9);
+  // Departs once the first is acknowledged (100 ms), delivered 50 ms later.
+  EXPECT_NEAR(secs(p.submit(5000, t0).deliver - t0), 0.15, 1e-9);
+}
+
+TEST(TransportPathModel, StripeWidthFromRttAndWindow) {
+  // LAN / tbf namespaces: one stream carries 10 Gbit/s.
+  EXPECT_EQ(stripe_streams(10e9, 100e-6, 32u << 20, 4), 1);
+  // 100 ms with 32 MiB windows: 125 MB in flight needs 4.
+  EXPECT_EQ(stripe_streams(10e9, 0.1, 32u << 20, 4), 4);
+  EXPECT_EQ(stripe_streams(10e9, 0.05, 32u << 20, 4), 2);
+  EXPECT_EQ(stripe_streams(1e9, 0.1, 32u << 20, 4), 1);
+  // Never more than opened, never fewer than one; unknown RTT: all of them.
+  EXPECT_EQ(stripe_streams(10e9, 0.2, 2u << 20, 4), 4);
+  EXPECT_EQ(stripe_streams(10e9, 0.0, 32u << 20, 4), 4);
+  EXPECT_EQ(stripe_streams(10e9, 1.0, 32u << 20, 1), 1);
+}
+
+TEST(TransportPathModel, ParseBufferBytes) {
+  EXPECT_EQ(*parse_buffer_bytes("0"), 0);
+  EXPECT_EQ(*parse_buffer_bytes("33554432"), 32 << 20);
+  EXPECT_EQ(*parse_buffer_bytes("32M"), 32 << 20);
+  EXPECT_EQ(*parse_buffer_bytes("512K"), 512 << 10);
+  EXPECT_EQ(*parse_buffer_bytes("1G"), 1 << 30);
+  EXPECT_FALSE(parse_buffer_bytes("").is_ok());
+  EXPECT_FALSE(parse_buffer_bytes("-1").is_ok());
+  EXPECT_FALSE(parse_buffer_bytes("4X").is_ok());
+  EXPECT_FALSE(parse_buffer_bytes("2G").is_ok());
+  setenv("LOWCOMM_SOCKET_BUFFER", "8M", 1);
+  auto c = PeerConfig::from_env(0, "s");
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->socket_buffer_bytes, 8 << 20);
+  EXPECT_TRUE(c->adapt_streams);
+  setenv("LOWCOMM_SOCKET_BUFFER", "lots", 1);
+  auto bad = PeerConfig::from_env(0, "s");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("LOWCOMM_SOCKET_BUFFER"), std::string::npos);
+  unsetenv("LOWCOMM_SOCKET_BUFFER");
+  setenv("LOWCOMM_STREAMS", "3", 1);
+  EXPECT_FALSE(PeerConfig::from_env(0, "s")->adapt_streams);
+  unsetenv("LOWCOMM_STREAMS");
 }
 
 TEST(TransportDeadline, NoneDefaultAndAt) {

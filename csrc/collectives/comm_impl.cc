@@ -39,13 +39,17 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(rank, secret);
   if (!cfg) return cfg.status();
-  if (options.streams > 0) cfg.value().streams = options.streams;
+  if (options.streams > 0) {
+    cfg.value().streams = options.streams;
+    cfg.value().adapt_streams = false;
+  }
   if (!options.wan.empty()) {
     auto wan = transport::parse_wan(options.wan);
     if (!wan) return invalid_argument("init: wan option: " + wan.status().message());
     cfg.value().wan = *wan;
   }
   if (options.socket_buffer_bytes > 0) cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
+  if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
 
   std::unique_ptr<CommImpl> c(new CommImpl());
   c->rank_ = rank;
@@ -89,7 +93,11 @@ CommImpl::~CommImpl() {
     std::lock_guard<std::mutex> lock(mu_);
     failed = !failure_.is_ok();
   }
-  if (!failed) goodbye();
+  if (!failed) {
+    for (auto& p : peers_)
+      if (p) p->expect_close();
+    goodbye();
+  }
   for (auto& p : peers_)
     if (p) p->abort();
   peers_.clear();  // closes every socket; the engine joins when the last peer lets go of it
@@ -261,7 +269,11 @@ void CommImpl::fail(const Status& why, bool notify) {
       failure_ = why;
     }
   }
-  LOWCOMM_LOG(kWarn, "%s", why.to_string().c_str());
+  if (why.code() == StatusCode::kAborted) {
+    LOWCOMM_LOG(kInfo, "%s", why.to_string().c_str());  // asked for
+  } else {
+    LOWCOMM_LOG(kWarn, "%s", why.to_string().c_str());
+  }
   if (notify) {
     send_control(kControlAbort, why.message(), kNoticeWait);
     // Linger briefly before closing: a peer whose engine sees our connections end before it

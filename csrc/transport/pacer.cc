@@ -11,7 +11,11 @@ Pacer::Clock::duration seconds(double s) {
 
 }  // namespace
 
-Pacer::Pacer(const WanLink& link, uint64_t jitter_seed) : link_(link), rng_state_(jitter_seed) {}
+Pacer::Pacer(const WanLink& link, uint64_t jitter_seed, int streams, uint64_t window_bytes)
+    : link_(link),
+      window_(window_bytes),
+      streams_(static_cast<size_t>(std::max(1, streams))),
+      rng_state_(jitter_seed) {}
 
 double Pacer::next_jitter_s() {
   // splitmix64: deterministic per seed, so a jittered run can be reproduced.
@@ -23,8 +27,40 @@ double Pacer::next_jitter_s() {
   return (2.0 * u - 1.0) * link_.jitter_s;
 }
 
-Pacer::Clock::time_point Pacer::submit(uint64_t bytes, Clock::time_point now) {
-  Clock::time_point depart = std::max(now, link_free_);
+Pacer::Clock::time_point Pacer::room_at(const InFlight& s, Clock::time_point t) const {
+  if (window_ == 0) return t;
+  // A chunk departs while the window is open (fewer than W bytes in flight), as TCP sends
+  // whenever its window has room; so at most W plus one chunk is in flight, and W itself on
+  // average over a round trip (the chunk is the model's unit, not the segment).
+  uint64_t need_free = s.bytes >= window_ ? s.bytes - window_ + 1 : 0;
+  uint64_t freed = 0;
+  for (const auto& [ack, b] : s.acks) {
+    if (freed >= need_free) break;
+    freed += b;
+    t = std::max(t, ack);
+  }
+  return t;
+}
+
+Pacer::Slot Pacer::submit(uint64_t bytes, Clock::time_point now) {
+  Clock::time_point earliest = std::max(now, link_free_);
+  // Acknowledged by `earliest` is acknowledged for every later chunk too: `earliest` never
+  // goes back (link_free_ only grows, and callers pass a monotonic clock).
+  for (auto& s : streams_) {
+    while (!s.acks.empty() && s.acks.front().first <= earliest) {
+      s.bytes -= s.acks.front().second;
+      s.acks.pop_front();
+    }
+  }
+  int best = 0;
+  Clock::time_point depart = room_at(streams_[0], earliest);
+  for (int i = 1; i < static_cast<int>(streams_.size()); ++i) {
+    Clock::time_point t = room_at(streams_[i], earliest);
+    if (t < depart || (t == depart && streams_[i].bytes < streams_[best].bytes)) {
+      best = i;
+      depart = t;
+    }
+  }
   if (link_.bits_per_second > 0.0) {
     link_free_ = depart + seconds(8.0 * static_cast<double>(bytes) / link_.bits_per_second);
   } else {
@@ -34,7 +70,12 @@ Pacer::Clock::time_point Pacer::submit(uint64_t bytes, Clock::time_point now) {
   if (link_.jitter_s > 0.0) delay = std::max(0.0, delay + next_jitter_s());
   Clock::time_point deliver = std::max(link_free_ + seconds(delay), last_deliver_);
   last_deliver_ = deliver;
-  return deliver;
+  if (window_ > 0) {
+    InFlight& s = streams_[static_cast<size_t>(best)];
+    s.acks.emplace_back(deliver + seconds(link_.one_way_delay_s), bytes);
+    s.bytes += bytes;
+  }
+  return Slot{best, deliver};
 }
 
 }  // namespace lowcomm::transport

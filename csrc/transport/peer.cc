@@ -73,6 +73,13 @@ Status Peer::recv(uint64_t tag, void* data, uint64_t len, Deadline deadline) {
   return s;
 }
 
+int Peer::stripe_streams() const { return core_->stripe_streams(); }
+
+void Peer::expect_close() {
+  auto core = core_;
+  engine_->post([core] { core->expect_close(); });
+}
+
 void Peer::abort() {
   auto core = core_;
   engine_->run_sync([core] { core->fail(Status(StatusCode::kAborted, "aborted by the user")); });

@@ -50,10 +50,16 @@ class Peer {
   // has let go of every user buffer. Idempotent.
   void abort();
 
+  // The owner is closing the connection by agreement (both sides said goodbye): the peer's end
+  // of the connection is no longer news, so it is logged at INFO instead of WARN.
+  void expect_close();
+
   int remote_rank() const { return remote_rank_; }
   const std::string& remote_address() const { return remote_address_; }
   const std::string& name() const { return name_; }  // "peer rank R (addr)"
   int streams() const { return streams_; }
+  // How many of them a message is striped over (path_model.h).
+  int stripe_streams() const;
   // The socket buffers the kernel granted on stream 0 (what was asked: config.socket_buffer_bytes).
   SocketBufferSizes socket_buffers() const { return buffers_; }
 

@@ -1,8 +1,27 @@
 #include "transport/peer_config.h"
 
+#include <cerrno>
 #include <cstdlib>
+#include <string>
 
 namespace lowcomm::transport {
+
+Result<int> parse_buffer_bytes(std::string_view text) {
+  std::string t(text);
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long n = std::strtoull(t.c_str(), &end, 10);
+  if (t.empty() || end == t.c_str() || errno != 0 || t[0] == '-')
+    return invalid_argument("expected a byte count such as 33554432, 32M or 0");
+  unsigned long long scale = 1;
+  std::string_view suffix(end);
+  if (suffix == "K" || suffix == "k") scale = 1ull << 10;
+  else if (suffix == "M" || suffix == "m") scale = 1ull << 20;
+  else if (suffix == "G" || suffix == "g") scale = 1ull << 30;
+  else if (!suffix.empty()) return invalid_argument("unknown suffix '" + std::string(suffix) + "' (K, M or G)");
+  if (n > (1ull << 30) / scale) return invalid_argument("more than 1 GiB per socket buffer");
+  return static_cast<int>(n * scale);
+}
 
 Result<PeerConfig> PeerConfig::from_env(int local_rank, std::string secret) {
   PeerConfig c;
@@ -16,6 +35,12 @@ Result<PeerConfig> PeerConfig::from_env(int local_rank, std::string secret) {
                               std::to_string(kMaxStreams));
     }
     c.streams = static_cast<int>(n);
+    c.adapt_streams = false;
+  }
+  if (const char* env = std::getenv("LOWCOMM_SOCKET_BUFFER")) {
+    auto bytes = parse_buffer_bytes(env);
+    if (!bytes) return invalid_argument("LOWCOMM_SOCKET_BUFFER='" + std::string(env) + "': " + bytes.status().message());
+    c.socket_buffer_bytes = *bytes;
   }
   auto wan = wan_from_env();
   if (!wan) return wan.status();

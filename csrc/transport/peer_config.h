@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "transport/wan_link.h"
 
@@ -12,17 +13,26 @@ struct PeerConfig {
   int local_rank = 0;
   std::string secret;             // shared communicator secret; never sent; must be non-empty
   int streams = 4;                // TCP streams per peer (connect side decides; LOWCOMM_STREAMS)
-  int socket_buffer_bytes = 32 << 20;  // requested SO_SNDBUF/SO_RCVBUF per stream
+  // true: stripe over as many of the streams as the path needs (path_model.h); false: over all
+  // of them (set when the user chose the stream count).
+  bool adapt_streams = true;
+  double path_rate_bps = 10e9;    // the rate adapt_streams sizes the stripe for
+  // Requested SO_SNDBUF/SO_RCVBUF per stream (LOWCOMM_SOCKET_BUFFER); 0: the kernel's autotuning.
+  int socket_buffer_bytes = 32 << 20;
   uint32_t chunk_bytes = 512 << 10;    // striping unit; also the pacing unit
   WanLink wan;                    // shaping of this side's sends to the peer
   double handshake_timeout_s = 10.0;   // a half-open or silent connection is dropped after this
   uint64_t max_unexpected_bytes = 1ull << 30;  // buffered messages nobody has posted yet
 
-  // streams from LOWCOMM_STREAMS and wan from LOWCOMM_WAN, other fields default. The error
-  // names the bad variable.
+  // streams from LOWCOMM_STREAMS (which also turns adapt_streams off), socket_buffer_bytes from
+  // LOWCOMM_SOCKET_BUFFER (bytes, K/M/G suffixes of 1024, 0 = kernel autotuning) and wan from
+  // LOWCOMM_WAN; other fields default. The error names the bad variable.
   static Result<PeerConfig> from_env(int local_rank, std::string secret);
 };
 
 inline constexpr int kMaxStreams = 64;
+
+// "33554432", "32M", "512K", "0": a socket buffer size in bytes (suffixes are powers of 1024).
+Result<int> parse_buffer_bytes(std::string_view text);
 
 }  // namespace lowcomm::transport

@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/sys_check.h"
+#include "transport/path_model.h"
 
 namespace lowcomm::transport {
 
@@ -41,12 +42,29 @@ PeerCore::PeerCore(ProgressEngine& engine, std::vector<UniqueFd> fds, int remote
       remote_address_(std::move(remote_address)),
       name_("peer rank " + std::to_string(remote_rank_) + " (" + remote_address_ + ")"),
       streams_(fds.size()),
-      pacer_(config_.wan, 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank)) {
+      pacer_(config_.wan) {
   for (size_t i = 0; i < fds.size(); ++i) {
     streams_[i].index = static_cast<int>(i);
     streams_[i].fd = std::move(fds[i]);
   }
   if (config_.chunk_bytes == 0) config_.chunk_bytes = 512 << 10;
+  plan_streams();
+}
+
+void PeerCore::plan_streams() {
+  const int opened = static_cast<int>(streams_.size());
+  const uint64_t window = stream_window_bytes(streams_[0].fd.get(), config_.socket_buffer_bytes);
+  const double rtt = kernel_rtt_seconds(streams_[0].fd.get());
+  stripe_ = config_.adapt_streams ? transport::stripe_streams(config_.path_rate_bps, rtt, window, opened) : opened;
+  if (config_.wan.shaped()) {
+    // The kernel sees loopback; the pacer models the emulated path's windows on every stream.
+    pacer_ = Pacer(config_.wan, 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank),
+                   opened, window);
+    stripe_ = opened;
+  }
+  LOWCOMM_LOG(kInfo, "%s: %d of %d streams striped (window %llu bytes per stream, kernel rtt %.3f ms%s)",
+              name_.c_str(), stripe_, opened, static_cast<unsigned long long>(window), rtt * 1e3,
+              config_.wan.shaped() ? ", emulated link models the windows" : "");
 }
 
 std::string PeerCore::stream_name(const Stream& s) const {
@@ -91,7 +109,9 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
     write_chunk_header({c.len, tag, seq, len, off}, c.header);
     if (pacer_.shaped()) {
       // Headers cross the emulated link too: they cost bandwidth on a real one.
-      c.release = pacer_.submit(kChunkHeaderBytes + c.len, now);
+      Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
+      c.release = slot.deliver;
+      c.stream = slot.stream;
       paced_.push_back(std::move(c));
     } else {
       enqueue(std::move(c));
@@ -119,11 +139,15 @@ void PeerCore::release_paced() {
 }
 
 void PeerCore::enqueue(OutChunk chunk) {
-  // The stream with the least queued work: stripes a large message evenly and keeps a small one
-  // from queueing behind a large one.
+  // The pacer's stream, or the striped stream with the least queued work: stripes a large
+  // message evenly and keeps a small one from queueing behind a large one.
   Stream* best = &streams_[0];
-  for (auto& s : streams_)
-    if (s.queued_bytes < best->queued_bytes) best = &s;
+  if (chunk.stream >= 0) {
+    best = &streams_[static_cast<size_t>(chunk.stream)];
+  } else {
+    for (int i = 1; i < stripe_; ++i)
+      if (streams_[i].queued_bytes < best->queued_bytes) best = &streams_[i];
+  }
   best->queued_bytes += kChunkHeaderBytes + chunk.len;
   best->sendq.push_back(std::move(chunk));
   // Try at once: the socket is usually writable, which saves an epoll round trip.
@@ -314,7 +338,12 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<
 void PeerCore::fail(Status why) {
   if (failure_.is_ok()) {
     failure_ = std::move(why);
-    LOWCOMM_LOG(kWarn, "%s", failure_.to_string().c_str());
+    // This side's own abort or close is not news; a failure of the connection is.
+    if (failure_.code() == StatusCode::kAborted || closing_) {
+      LOWCOMM_LOG(kInfo, "%s", failure_.to_string().c_str());
+    } else {
+      LOWCOMM_LOG(kWarn, "%s", failure_.to_string().c_str());
+    }
     // Shut the sockets down (not close: the fds stay ours until shutdown()) so the remote side
     // sees EOF and fails its requests too, instead of waiting for data that will never come.
     for (auto& s : streams_) {

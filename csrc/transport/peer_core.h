@@ -6,8 +6,10 @@
 //
 // Send path: isend splits a message into chunks of config.chunk_bytes (one empty chunk for a
 // zero-byte message). Unshaped, each chunk goes straight to the stream with the fewest queued
-// bytes. Shaped, each chunk gets its deliver time from the pacer and waits in paced_ until a
-// timer releases it to a stream. A send completes when its last chunk is written to a socket.
+// bytes among the first stripe_ streams (path_model.h: as many as the path needs). Shaped,
+// the pacer gives each chunk its stream and deliver time (it models each stream's TCP window)
+// and the chunk waits in paced_ until a timer releases it to that stream. A send completes when
+// its last chunk is written to a socket.
 //
 // Receive path: each stream reads a header, validates it, then reads the payload directly into
 // the posted user buffer at the chunk's offset (zero-copy), or into a buffer for a message that
@@ -40,6 +42,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
            std::string remote_address, PeerConfig config);
 
   const std::string& name() const { return name_; }  // "peer rank R (addr)"
+  int stripe_streams() const { return stripe_; }    // set by the constructor
 
   // --- engine thread only ---
   void start();  // registers the streams with the engine
@@ -47,6 +50,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
   // Latches `why` (if nothing is latched yet) and fails everything; idempotent.
   void fail(Status why);
+  // A later failure is an agreed close: logged at INFO.
+  void expect_close() { closing_ = true; }
   // fail(aborted) and release the sockets and timers; after it the engine holds no reference.
   void shutdown(Status why);
 
@@ -63,6 +68,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     uint32_t len = 0;
     uint64_t written = 0;  // of header + data
     Pacer::Clock::time_point release{};
+    int stream = -1;       // shaped: the pacer's choice; -1: the least busy striped stream
   };
   struct InMsg {
     std::shared_ptr<RequestState> req;  // null until an irecv claims it
@@ -103,6 +109,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void release_paced();
   void update_write_interest(Stream& s);
   std::string stream_name(const Stream& s) const;
+  // The stream window and stripe width for this peer's path (constructor).
+  void plan_streams();
 
   ProgressEngine& engine_;
   PeerConfig config_;
@@ -110,6 +118,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::string remote_address_;
   std::string name_;
   std::vector<Stream> streams_;
+  int stripe_ = 1;  // unshaped sends use streams [0, stripe_)
   Pacer pacer_;
   std::deque<OutChunk> paced_;  // release times non-decreasing (the pacer never reorders)
   uint64_t pace_timer_ = 0;
@@ -120,6 +129,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   uint64_t unexpected_bytes_ = 0;
   Status failure_;
   bool shut_down_ = false;
+  bool closing_ = false;
 };
 
 }  // namespace lowcomm::transport

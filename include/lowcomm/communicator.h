@@ -59,7 +59,9 @@ enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1 };
 const char* reduce_op_name(ReduceOp op);
 
 struct CommOptions {
-  int streams = 0;   // TCP streams per peer; 0: LOWCOMM_STREAMS, else 4
+  // TCP streams per peer, all striped; 0: LOWCOMM_STREAMS, else 4 opened and as many striped
+  // as the path needs (one on a LAN, four at 100 ms RTT with 32 MiB buffers; docs/transport.md).
+  int streams = 0;
   std::string wan;   // emulated link of this rank's sends (LOWCOMM_WAN syntax); "": LOWCOMM_WAN
   // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
   // else 30 minutes.
@@ -71,7 +73,9 @@ struct CommOptions {
   std::optional<CodecSpec> codec;
   uint64_t segment_bytes = 4u << 20;  // pipelining unit of the reduce algorithms (input bytes)
   int codec_threads = 0;              // CpuOptions::threads for encode/decode
-  int socket_buffer_bytes = 0;        // 0: the transport default
+  // SO_SNDBUF/SO_RCVBUF per stream; 0: LOWCOMM_SOCKET_BUFFER, else 32 MiB; -1: the kernel's
+  // autotuning (a default TCP socket).
+  int socket_buffer_bytes = 0;
 };
 
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
