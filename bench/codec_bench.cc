@@ -159,7 +159,7 @@ int register_all() {
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }
-  const char* codecs[] = {"q1", "q2", "q3", "q4", "q8", "minmax4", "bf16"};
+  const char* codecs[] = {"q1", "q2", "q3", "q4", "q8", "minmax4", "bf16", "fp32"};
   const Op ops[] = {Op::kEncode, Op::kEncodeFeedback, Op::kEncodeDelta,
                     Op::kDecode, Op::kDecodeAccumulate, Op::kDecodeDelta};
   for (Op op : ops) {
@@ -168,7 +168,7 @@ int register_all() {
         for (bool sr : {false, true}) {
           std::string text = c;
           bool is_encode = op == Op::kEncode || op == Op::kEncodeFeedback || op == Op::kEncodeDelta;
-          if (sr && (!is_encode || text == "q1" || text == "bf16")) continue;
+          if (sr && (!is_encode || text == "q1" || text == "bf16" || text == "fp32")) continue;
           auto spec = parse_codec_spec(sr ? text + ":sr" : text);
           if (!spec.is_ok()) continue;
           for (uint64_t bytes : sizes) {

@@ -103,7 +103,7 @@ void check_case(const Case& c, bool specials) {
 TEST(CodecSimd, MatchesPortablePathBitForBit) {
   const char* specs[] = {"q1", "q2", "q3", "q4", "q8", "q4:sr", "q2:block=32:sr", "q3:block=64",
                          "q8:block=4096", "q1:block=32", "q4:block=256:sr", "q4:col=64",
-                         "q2:col=24", "q4:col=20", "minmax4", "bf16", "none"};
+                         "q2:col=24", "q4:col=20", "minmax4", "bf16", "fp16", "fp32", "none"};
   const uint64_t sizes[] = {0, 1, 7, 8, 31, 32, 127, 128, 129, 1000, 4096 + 40, 65536 + 200};
   for (const char* s : specs) {
     for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {

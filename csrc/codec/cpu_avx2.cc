@@ -431,6 +431,74 @@ void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
   }
 }
 
+// ---- passthrough (a float wire dtype): conversions and sums, 8 elements at a time ----
+// The same element rule as the portable path (cpu_scalar.cc passthrough_range): stores round to
+// nearest even and write the canonical NaN; state resets to 0 where the wire value is not
+// finite.
+
+inline __m256 finite_mask8(__m256 v) {
+  return _mm256_cmp_ps(abs8(v), _mm256_set1_ps(qm::kFltMax), _CMP_LE_OQ);
+}
+
+template <DType D, DType W, CodecOp Op>
+void passthrough_units(const CodecJob& job, uint64_t begin, uint64_t end) {
+  void* wire = job.payload;
+  constexpr uint64_t kElemBytes = D == DType::kFloat32 ? 4 : 2;
+  const char* prefetch = static_cast<const char*>(Op == CodecOp::kDecodeDelta || Op == CodecOp::kEncodeDelta
+                                                      ? job.state
+                                                      : job.out) + kPrefetchBytes;
+  for (uint64_t i = begin; i < end; i += 8) {
+    if constexpr (Op == CodecOp::kDecodeAccumulate || Op == CodecOp::kDecodeDelta ||
+                  Op == CodecOp::kEncodeDelta) {
+      if (i * kElemBytes % 64 == 0) _mm_prefetch(prefetch + i * kElemBytes, _MM_HINT_T0);
+    }
+    if constexpr (Op == CodecOp::kEncode) {
+      store8<W>(wire, i, load8<D>(job.x, i));
+    } else if constexpr (Op == CodecOp::kEncodeFeedback) {
+      float* r = static_cast<float*>(job.state);
+      __m256 y = _mm256_add_ps(load8<D>(job.x, i), _mm256_loadu_ps(r + i));
+      store8<W>(wire, i, y);
+      __m256 dec = load8<W>(wire, i);
+      _mm256_storeu_ps(r + i, _mm256_and_ps(finite_mask8(dec), canonical8(_mm256_sub_ps(y, dec))));
+    } else if constexpr (Op == CodecOp::kEncodeDelta) {
+      __m256 m = load8<D>(job.state, i);
+      store8<W>(wire, i, _mm256_sub_ps(load8<D>(job.x, i), m));
+      __m256 dec = load8<W>(wire, i);
+      store8<D>(job.state, i, _mm256_and_ps(finite_mask8(dec), _mm256_add_ps(m, dec)));
+    } else if constexpr (Op == CodecOp::kDecode) {
+      store8<D>(job.out, i, load8<W>(wire, i));
+    } else if constexpr (Op == CodecOp::kDecodeAccumulate) {
+      store8<D>(job.out, i, _mm256_add_ps(load8<D>(job.out, i), load8<W>(wire, i)));
+    } else {  // kDecodeDelta
+      __m256 dec = load8<W>(wire, i);
+      __m256 finite = finite_mask8(dec);
+      store8<D>(job.state, i, _mm256_and_ps(finite, _mm256_add_ps(load8<D>(job.state, i), dec)));
+      if (job.out) store8<D>(job.out, i, _mm256_blendv_ps(dec, load8<D>(job.state, i), finite));
+    }
+  }
+}
+
+template <DType D, DType W>
+void passthrough_dispatch(const CodecJob& job, uint64_t begin, uint64_t end) {
+  switch (job.op) {
+    case CodecOp::kEncode: return passthrough_units<D, W, CodecOp::kEncode>(job, begin, end);
+    case CodecOp::kEncodeFeedback: return passthrough_units<D, W, CodecOp::kEncodeFeedback>(job, begin, end);
+    case CodecOp::kEncodeDelta: return passthrough_units<D, W, CodecOp::kEncodeDelta>(job, begin, end);
+    case CodecOp::kDecode: return passthrough_units<D, W, CodecOp::kDecode>(job, begin, end);
+    case CodecOp::kDecodeAccumulate: return passthrough_units<D, W, CodecOp::kDecodeAccumulate>(job, begin, end);
+    default: return passthrough_units<D, W, CodecOp::kDecodeDelta>(job, begin, end);
+  }
+}
+
+bool passthrough_range(const CodecJob& job, uint64_t begin, uint64_t end) {
+  const uint64_t vec_end = begin + (end - begin) / 8 * 8;
+  with_dtype(job.dtype, [&]<DType D>() {
+    with_dtype(job.spec.wire_dtype, [&]<DType W>() { passthrough_dispatch<D, W>(job, begin, vec_end); });
+  });
+  if (vec_end < end) scalar_range(job, vec_end, end);
+  return true;
+}
+
 }  // namespace
 
 bool avx2_supported() {
@@ -444,6 +512,7 @@ bool avx2_supported() {
 }
 
 bool avx2_range(const CodecJob& job, uint64_t begin, uint64_t end) {
+  if (job.spec.kind == CodecKind::kNone) return passthrough_range(job, begin, end);
   if (job.spec.kind != CodecKind::kAbsmax) return false;
   const bool encode = is_encode(job.op);
   if (encode && job.spec.grouping != Grouping::kBlock) return false;
