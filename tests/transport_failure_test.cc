@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "transport_test_util.h"
@@ -106,6 +107,30 @@ TEST(TransportFailure, AcceptAndConnectHonourDeadlines) {
   EXPECT_FALSE(c.is_ok());
   EXPECT_NE(c.status().message().find(dead.to_string()), std::string::npos) << c.status().to_string();
   EXPECT_LT(since(t0), 2.0);
+}
+
+TEST(TransportFailure, ConnectWaitsForAListenerThatIsNotAcceptingYet) {
+  // The listening socket exists (as rank 0's does from the moment it made the id), but nobody
+  // accepts for longer than a handshake timeout: the kernel completes the TCP connects and the
+  // hellos go unanswered. The connector must keep trying until its own deadline.
+  auto engine_a = *ProgressEngine::create("lc-test-a");
+  auto engine_b = *ProgressEngine::create("lc-test-b");
+  auto l = std::move(Listener::create(engine_a, test_config(0), loopback())).value();
+  PeerConfig cfg = test_config(1);
+  cfg.handshake_timeout_s = 0.3;
+  auto connected = std::async(std::launch::async, [&] {
+    return connect_peer(engine_b, l->address(), cfg, Deadline::after_seconds(15));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // four handshake timeouts
+  auto a = l->accept(Deadline::after_seconds(10));
+  auto b = connected.get();
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+  uint32_t x = 0xC0FFEE, y = 0;
+  auto r = (*a)->irecv(0, &y, sizeof(y));
+  ASSERT_TRUE((*b)->send(0, &x, sizeof(x), Deadline::after_seconds(5)).is_ok());
+  ASSERT_TRUE(r.wait(Deadline::after_seconds(5)).is_ok());
+  EXPECT_EQ(y, x);
 }
 
 TEST(TransportFailure, NonBlockingConnectAndAcceptByTest) {

@@ -53,7 +53,12 @@ Result<bool> ConnectOp::test() {
     Status s = h.advance();
     if (!s) {
       failure_ = s;
-      LOWCOMM_LOG(kWarn, "connect to %s: %s", remote_.to_string().c_str(), s.to_string().c_str());
+      server_silent_ = h.server_silent();
+      if (server_silent_) {
+        LOWCOMM_LOG(kInfo, "connect to %s: %s", remote_.to_string().c_str(), s.to_string().c_str());
+      } else {
+        LOWCOMM_LOG(kWarn, "connect to %s: %s", remote_.to_string().c_str(), s.to_string().c_str());
+      }
       streams_.clear();  // closes every socket of this attempt
       return failure_;
     }
@@ -93,9 +98,11 @@ Result<std::unique_ptr<Peer>> connect_peer(std::shared_ptr<ProgressEngine> engin
     while (true) {
       auto r = (*op)->test();
       if (!r) {
+        // Retry while nobody answers: the listener may not be up yet, or its socket exists
+        // (opened with the id) but nobody accepts on it yet.
         bool refused = r.status().message().find("Connection refused") != std::string::npos;
-        if (!refused || deadline.expired()) return r.status();
-        break;  // retry: the listener may not be up yet
+        if (!(refused || (*op)->server_silent()) || deadline.expired()) return r.status();
+        break;
       }
       if (*r) return (*op)->take_peer();
       if (deadline.expired())

@@ -31,6 +31,8 @@ class ConnectOp {
                                                   const PeerConfig& config);
   // true: done, take_peer() is ready; false: in progress; error: failed (the sockets are closed).
   Result<bool> test();
+  // After test() failed: whether the server never answered (StreamHandshake::server_silent).
+  bool server_silent() const { return server_silent_; }
   std::unique_ptr<Peer> take_peer() { return std::move(peer_); }
   // What to poll before the next test().
   std::vector<pollfd> poll_fds() const;
@@ -44,6 +46,7 @@ class ConnectOp {
   std::unique_ptr<Peer> peer_;
   Status failure_;
   bool done_ = false;
+  bool server_silent_ = false;
 };
 
 Result<std::unique_ptr<Peer>> connect_peer(std::shared_ptr<ProgressEngine> engine,

@@ -93,6 +93,12 @@ short StreamHandshake::poll_events() const {
 }
 
 Status StreamHandshake::fail(Status s) {
+  // Silent: a timeout or reset before any challenge byte. A clean close is an answer (the
+  // server read our hello and rejected it, e.g. another protocol version): not silent.
+  bool early = state_ == State::kConnecting || state_ == State::kSendHello ||
+               (state_ == State::kRecvChallenge && in_done_ == 0);
+  bool closed = s.code() == StatusCode::kRemoteError;
+  server_silent_ = role_ == Role::kClient && early && !closed;
   state_ = State::kFailed;
   return Status(s.code(), "handshake with " + peer_name_ + ": " + s.message());
 }
