@@ -21,7 +21,10 @@ using collectives::OpRun;
 constexpr uint32_t kControlMagic = 0x3158434Cu;  // "LCX1"
 constexpr uint32_t kControlAbort = 1;
 constexpr uint32_t kControlGoodbye = 2;
-constexpr size_t kControlTextMax = 256 - 12;
+// Control message: u32 magic, u32 type, u32 text length, then (goodbye) three u64 counts:
+// collectives run, point-to-point messages sent to the receiver, received from it; then text.
+constexpr size_t kControlTextOffset = 12 + 24;
+constexpr size_t kControlTextMax = 256 - kControlTextOffset;
 
 // How long a failing rank waits for its notices to reach the kernel before closing.
 constexpr auto kNoticeWait = std::chrono::milliseconds(500);
@@ -66,6 +69,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
   c->control_ = std::vector<Control>(nranks);
+  c->p2p_sent_.assign(static_cast<size_t>(nranks), 0);
+  c->p2p_received_.assign(static_cast<size_t>(nranks), 0);
   for (int r = 0; r < nranks; ++r)
     if (r != rank)
       c->control_[r].in_req = c->peers_[r]->irecv(collectives::tags::kControl, c->control_[r].in.data(),
@@ -117,43 +122,46 @@ void CommImpl::goodbye() {
                   rank_, r);
 }
 
-Work CommImpl::enqueue(Op op) {
+// Sequence numbers are assigned and the operation queued in one critical section, so the
+// executor runs operations in sequence order even when threads submit concurrently.
+Work CommImpl::enqueue_locked(Op op) {
   Work w(op.work);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(op));
-  }
+  queue_.push_back(std::move(op));
   cv_.notify_all();
   return w;
 }
 
+Work CommImpl::enqueue(Op op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return enqueue_locked(std::move(op));
+}
+
 Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   Op op;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    desc.seq = next_seq_++;
-  }
   desc.nranks = static_cast<uint32_t>(nranks_);
   for (int r = 0; r < nranks_; ++r)
     if (r != rank_) op.peers.push_back(r);
+  op.body = std::move(body);
+  std::lock_guard<std::mutex> lock(mu_);
+  desc.seq = next_seq_++;
   op.work = std::make_shared<WorkState>(desc.seq);
   op.desc = desc;
-  op.body = std::move(body);
-  return enqueue(std::move(op));
+  return enqueue_locked(std::move(op));
 }
 
 Work CommImpl::submit_p2p(OpDescriptor desc, int peer, bool is_send, Body body) {
   Op op;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    desc.seq = p2p_seq_[{peer, desc.tag, is_send}]++;
-  }
   desc.nranks = static_cast<uint32_t>(nranks_);
   op.peers = {peer};
+  op.body = std::move(body);
+  op.p2p = true;
+  op.is_send = is_send;
+  std::lock_guard<std::mutex> lock(mu_);
+  desc.seq = p2p_seq_[{peer, desc.tag, is_send}]++;
+  op.p2p_index = is_send ? p2p_sent_[static_cast<size_t>(peer)]++ : p2p_received_[static_cast<size_t>(peer)]++;
   op.work = std::make_shared<WorkState>(desc.seq);
   op.desc = desc;
-  op.body = std::move(body);
-  return enqueue(std::move(op));
+  return enqueue_locked(std::move(op));
 }
 
 Work CommImpl::submit_local(std::function<Status()> fn) {
@@ -172,8 +180,16 @@ void CommImpl::executor_main() {
       if (queue_.empty()) return;
       op = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
+    current_ = &op;
     run_one(op);
+    current_ = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+    }
+    cv_.notify_all();
   }
 }
 
@@ -228,21 +244,46 @@ Status CommImpl::check_health(const std::vector<int>& involved) {
       return corrupt_data("rank " + std::to_string(r) + " sent a malformed control message");
     uint32_t type = transport::load_le32(m + 4);
     uint32_t len = std::min<uint32_t>(transport::load_le32(m + 8), kControlTextMax);
-    std::string text(reinterpret_cast<const char*>(m + 12), len);
+    std::string text(reinterpret_cast<const char*>(m + kControlTextOffset), len);
     if (type == kControlAbort)
       return Status(StatusCode::kRemoteError, "rank " + std::to_string(r) + " failed: " + text);
-    if (needed && broken.is_ok())
+    // A goodbye: the rank finished every operation it was given, this one included if it took
+    // part, and keeps its sockets open until everyone's goodbye, so its data still arrives.
+    if (needed && broken.is_ok() && needs_departed(r, parse_departure(m)))
       broken = Status(StatusCode::kRemoteError,
-                      "rank " + std::to_string(r) + " has left (it destroyed its communicator)");
+                      "rank " + std::to_string(r) +
+                          " has left without taking part (it destroyed its communicator)");
   }
   return broken;
 }
 
+CommImpl::Departure CommImpl::parse_departure(const uint8_t* m) {
+  Departure d;
+  d.collectives = transport::load_le64(m + 12);
+  d.sent_to_us = transport::load_le64(m + 20);
+  d.received_from_us = transport::load_le64(m + 28);
+  return d;
+}
+
+bool CommImpl::needs_departed(int r, const Departure& d) const {
+  const Op* op = current_;
+  if (!op) return true;
+  if (!op->p2p) return op->desc.seq >= d.collectives;
+  if (op->peers.empty() || op->peers[0] != r) return false;
+  // Counted over all tags: a message on another tag keeps this one waiting, to the deadline.
+  return op->is_send ? op->p2p_index >= d.received_from_us : op->p2p_index >= d.sent_to_us;
+}
+
 void CommImpl::send_control(uint32_t type, const std::string& text, std::chrono::milliseconds wait) {
+  uint64_t collectives = 0;
+  std::vector<uint64_t> sent_to, received_from;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (control_sent_) return;
     control_sent_ = true;
+    collectives = next_seq_;
+    sent_to = p2p_sent_;
+    received_from = p2p_received_;
   }
   size_t len = std::min(text.size(), kControlTextMax);
   std::vector<transport::Request> sent;
@@ -252,7 +293,10 @@ void CommImpl::send_control(uint32_t type, const std::string& text, std::chrono:
     transport::store_le32(m, kControlMagic);
     transport::store_le32(m + 4, type);
     transport::store_le32(m + 8, static_cast<uint32_t>(len));
-    std::memcpy(m + 12, text.data(), len);
+    transport::store_le64(m + 12, collectives);
+    transport::store_le64(m + 20, sent_to[static_cast<size_t>(r)]);
+    transport::store_le64(m + 28, received_from[static_cast<size_t>(r)]);
+    std::memcpy(m + kControlTextOffset, text.data(), len);
     control_[r].out_req = peers_[r]->isend(collectives::tags::kControl, m, control_[r].out.size());
     sent.push_back(control_[r].out_req);
   }
@@ -298,6 +342,12 @@ void CommImpl::abort() {
   }
   for (auto& op : dropped)
     op.work->complete(Status(StatusCode::kAborted, op.desc.to_string() + ": the communicator was aborted"));
+  // The running operation sees the failure at its next wait (its requests were all completed
+  // by the peers' abort); only then are the user's buffers free.
+  if (executor_.joinable() && std::this_thread::get_id() != executor_.get_id()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !running_; });
+  }
 }
 
 Status CommImpl::status() const {

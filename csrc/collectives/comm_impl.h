@@ -10,12 +10,16 @@
 // tags::kControl from every peer, and sends at most one in its lifetime: an abort notice (this
 // rank failed, with the reason) or a goodbye (this rank is destroying its communicator after
 // finishing its operations). While an operation waits, it polls those receives: a notice from
-// any peer fails it; a goodbye or a broken connection fails it when the operation needs that
-// peer. So a dead rank is noticed by every rank directly (its sockets close), and a rank that
-// failed for any other reason tells everyone why.
+// any peer fails it; a broken connection fails it when the operation needs that peer. A goodbye
+// carries how many collectives the departing rank ran and how many point-to-point messages it
+// sent to and received from this rank, so it fails the running operation only if the departed
+// rank never took part in it (its data may still be on the wire: it closes its sockets only
+// after everyone's goodbye). So a dead rank is noticed by every rank directly (its sockets
+// close), and a rank that failed for any other reason tells everyone why.
 //
-// Locking: mu_ guards queue_, stop_, failure_, control_sent_ and the sequence counters. Peers
-// are thread-safe (transport). The executor alone touches ef_ and runs OpRun.
+// Locking: mu_ guards queue_, running_, stop_, failure_, control_sent_ and the sequence and
+// completion counters. Peers are thread-safe (transport). The executor alone touches ef_,
+// current_ and runs OpRun.
 
 #include <array>
 #include <condition_variable>
@@ -62,6 +66,8 @@ class CommImpl {
   // Queues a local operation (EF save/restore) ordered with the others; never fails the group.
   Work submit_local(std::function<Status()> fn);
 
+  // Fails the communicator, tells the peers, drops queued operations, and returns once the
+  // running operation (if any) has let go of the user's buffers.
   void abort();
   Status status() const;
 
@@ -69,7 +75,7 @@ class CommImpl {
   transport::Peer& peer(int r) { return *peers_[r]; }
   collectives::ErrorFeedbackStore& ef() { return ef_; }
   collectives::ScratchPool& scratch_pool() { return scratch_pool_; }
-  // ok, or why an operation involving `involved` peers must stop now.
+  // ok, or why the running operation (involving `involved` peers) must stop now.
   Status check_health(const std::vector<int>& involved);
 
  private:
@@ -79,7 +85,19 @@ class CommImpl {
     Body body;
     std::function<Status()> local;
     std::shared_ptr<WorkState> work;
+    bool p2p = false;
+    bool is_send = false;
+    uint64_t p2p_index = 0;  // point-to-point ops with this peer in this direction before it
   };
+  // What a goodbye says: the departed rank's totals, to this rank.
+  struct Departure {
+    uint64_t collectives = 0;
+    uint64_t sent_to_us = 0;
+    uint64_t received_from_us = 0;
+  };
+  static Departure parse_departure(const uint8_t* m);
+  // Whether the running operation still expects something from departed rank r.
+  bool needs_departed(int r, const Departure& d) const;
   struct Control {
     std::array<uint8_t, 256> in{};
     transport::Request in_req;
@@ -95,6 +113,7 @@ class CommImpl {
   // every connection (no request references any buffer afterwards).
   void fail(const Status& why, bool notify);
   void send_control(uint32_t type, const std::string& text, std::chrono::milliseconds wait);
+  Work enqueue_locked(Op op);  // under mu_
   void goodbye();
 
   int rank_ = 0;
@@ -110,11 +129,14 @@ class CommImpl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
+  bool running_ = false;  // the executor is inside run_one
+  const Op* current_ = nullptr;  // executor thread only
   bool stop_ = false;
   Status failure_;
   bool control_sent_ = false;
   uint64_t next_seq_ = 0;
   std::map<std::tuple<int, uint64_t, bool>, uint64_t> p2p_seq_;
+  std::vector<uint64_t> p2p_sent_, p2p_received_;  // by peer: point-to-point ops submitted
   std::thread executor_;
 };
 
