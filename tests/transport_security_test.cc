@@ -6,10 +6,14 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <future>
 #include <thread>
 
+#include "transport/chunk_header.h"
+#include "transport/handshake.h"
 #include "transport/little_endian.h"
+#include "transport/socket_options.h"
 #include "transport_test_util.h"
 
 namespace lowcomm::transport {
@@ -117,6 +121,92 @@ TEST(TransportSecurity, GarbageClientDroppedWhileLegitimatePeerConnects) {
   ASSERT_TRUE((*good)->send(9, out.data(), out.size(), Deadline::after_seconds(5)).is_ok());
   ASSERT_TRUE(r.wait(Deadline::after_seconds(5)).is_ok());
   EXPECT_TRUE(in == out);
+}
+
+// One authenticated stream driven by hand, to send chunk headers no lowcomm sender would: the
+// receiver must check them even from a peer that knows the secret (a buggy build, corruption).
+struct HandDrivenPeer {
+  std::unique_ptr<Peer> server;  // the listener's side, a real Peer
+  UniqueFd fd;                   // our side of the one stream
+
+  explicit HandDrivenPeer(PeerConfig server_cfg) {
+    auto engine = *ProgressEngine::create("lc-test-srv");
+    auto listener = std::move(Listener::create(engine, server_cfg, loopback())).value();
+    auto addr = listener->address();
+    auto accepted = std::async(std::launch::async, [&] { return listener->accept(Deadline::after_seconds(10)); });
+    auto sock = make_tcp_socket(addr);
+    EXPECT_TRUE(sock.is_ok());
+    (void)::connect(sock->get(), addr.sockaddr_ptr(), addr.length());
+    HelloInfo hello;
+    hello.rank = 1;
+    hello.streams = 1;
+    hello.connection_id = 42;
+    auto h = StreamHandshake::client(std::move(sock).value(), addr.to_string(), server_cfg.secret, hello,
+                                     Deadline::after_seconds(5));
+    while (!h.done()) {
+      Status st = h.advance();
+      EXPECT_TRUE(st.is_ok()) << st.to_string();
+      if (!st) break;
+      pollfd p{h.fd(), h.poll_events(), 0};
+      ::poll(&p, 1, 100);
+    }
+    fd = h.release_fd();
+    auto a = accepted.get();
+    EXPECT_TRUE(a.is_ok()) << a.status().to_string();
+    if (a) server = std::move(a).value();
+    engine_ = engine;
+    listener_ = std::move(listener);
+  }
+  // False once the receiver has shut the connection (it failed the peer).
+  bool send_chunk(const ChunkHeader& hdr, const std::vector<uint8_t>& payload) {
+    std::vector<uint8_t> wire(kChunkHeaderBytes);
+    write_chunk_header(hdr, wire.data());
+    wire.insert(wire.end(), payload.begin(), payload.end());
+    size_t done = 0;
+    while (done < wire.size()) {
+      long n = ::send(fd.get(), wire.data() + done, wire.size() - done, MSG_NOSIGNAL);
+      if (n < 0 && errno == EAGAIN) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<ProgressEngine> engine_;
+  std::unique_ptr<Listener> listener_;
+};
+
+TEST(TransportSecurity, OverlappingChunksFailTheMessageInsteadOfCompletingIt) {
+  HandDrivenPeer p(test_config(0, "right secret"));
+  ASSERT_TRUE(p.server);
+  std::vector<uint8_t> in(8, 0xEE);
+  auto r = p.server->irecv(5, in.data(), in.size());
+  // The first half twice: its total matches the message length, but the second half never came.
+  ASSERT_TRUE(p.send_chunk({4, 5, 0, 8, 0}, {1, 2, 3, 4}));
+  (void)p.send_chunk({4, 5, 0, 8, 0}, {1, 2, 3, 4});
+  Status s = r.wait(Deadline::after_seconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kCorruptData) << s.to_string();
+  EXPECT_NE(s.message().find("overlaps"), std::string::npos) << s.to_string();
+}
+
+TEST(TransportSecurity, EmptyUnexpectedMessagesCountAgainstTheAllowance) {
+  PeerConfig cfg = test_config(0, "right secret");
+  cfg.max_unexpected_bytes = 64 << 10;
+  HandDrivenPeer p(cfg);
+  ASSERT_TRUE(p.server);
+  // Nobody posts tag 9: each empty message is bookkeeping on the receiver, so a stream of them
+  // must hit the allowance and fail the peer rather than grow without bound.
+  uint64_t sent = 0;
+  while (sent < 20000 && p.send_chunk({0, 9, sent, 0, 0}, {})) ++sent;
+  uint8_t b = 0;
+  auto r = p.server->irecv(10, &b, 1);
+  Status s = r.wait(Deadline::after_seconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kCorruptData) << s.to_string();
+  EXPECT_NE(s.message().find("allowance"), std::string::npos) << s.to_string();
 }
 
 TEST(TransportSecurity, EmptySecretIsRefused) {

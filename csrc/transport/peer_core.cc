@@ -31,6 +31,8 @@ namespace {
 // Per readiness event, move at most this much per stream so one busy stream cannot starve the
 // others or the timers (the epoll loop is level-triggered and comes back).
 constexpr uint64_t kMaxBytesPerEvent = 4u << 20;
+// What an unexpected message costs besides its payload, charged against the allowance.
+constexpr uint64_t kUnexpectedOverheadBytes = 256;
 
 }  // namespace
 
@@ -263,23 +265,38 @@ Status PeerCore::on_header(Stream& s) {
       return corrupt_data(name_ + ": " + why);
     }
     if (!m.req) {
-      // Nobody posted yet: buffer it, within the peer's allowance for unexpected data.
-      if (h->msg_len > config_.max_unexpected_bytes - std::min(unexpected_bytes_, config_.max_unexpected_bytes))
+      // Nobody posted yet: buffer it, within the peer's allowance for unexpected data. Each
+      // message is charged its bookkeeping too, so empty ones cannot pile up without bound.
+      const uint64_t charge = h->msg_len + kUnexpectedOverheadBytes;
+      if (charge > config_.max_unexpected_bytes - std::min(unexpected_bytes_, config_.max_unexpected_bytes))
         return Status(StatusCode::kCorruptData,
                       name_ + ": unexpected message of " + std::to_string(h->msg_len) +
                           " bytes on tag " + std::to_string(h->tag) +
                           " exceeds the unexpected-message allowance (post the irecv earlier)");
-      unexpected_bytes_ += h->msg_len;
+      unexpected_bytes_ += charge;
       m.buffer.resize(h->msg_len);
+      m.unexpected = true;
     }
     m.has_header = true;
     m.msg_len = h->msg_len;
   } else if (m.msg_len != h->msg_len) {
     return corrupt_data(stream_name(s) + ": chunks of one message disagree on its length");
   }
-  if (m.received + h->chunk_len > m.msg_len)
-    return corrupt_data(stream_name(s) + ": more bytes than the message length (duplicate chunk)");
-  uint8_t* base = m.buffer.empty() ? m.user : m.buffer.data();
+  // Chunks of one message must not overlap, counting those still being read on other streams:
+  // an overlapping one would write into a buffer the message may already have completed into.
+  if (h->chunk_len > 0) {
+    const uint64_t begin = h->offset, end = h->offset + h->chunk_len;
+    auto next = m.claimed.lower_bound(begin);
+    bool overlaps = (next != m.claimed.end() && next->first < end) ||
+                    (next != m.claimed.begin() && std::prev(next)->second > begin);
+    if (overlaps)
+      return corrupt_data(stream_name(s) + ": chunk [" + std::to_string(begin) + ", " + std::to_string(end) +
+                          ") overlaps another chunk of the message on tag " + std::to_string(h->tag));
+    m.claimed.emplace(begin, end);
+  } else if (m.msg_len > 0) {
+    return corrupt_data(stream_name(s) + ": empty chunk in a non-empty message on tag " + std::to_string(h->tag));
+  }
+  uint8_t* base = m.unexpected ? m.buffer.data() : m.user;
   s.cur = slot;
   s.cur_key = key;
   s.cur_chunk_len = h->chunk_len;
@@ -300,9 +317,9 @@ void PeerCore::try_complete(const MsgKey& key) {
   if (it == in_msgs_.end()) return;
   InMsg& m = *it->second;
   if (!m.req || !m.has_header || m.received != m.msg_len) return;
-  if (!m.buffer.empty()) {
-    std::memcpy(m.user, m.buffer.data(), m.msg_len);
-    unexpected_bytes_ -= m.msg_len;
+  if (m.unexpected) {
+    if (m.msg_len) std::memcpy(m.user, m.buffer.data(), m.msg_len);
+    unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
   }
   m.req->complete(Status::ok());
   in_msgs_.erase(it);

@@ -78,7 +78,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     bool has_header = false;            // at least one chunk header seen
     uint64_t msg_len = 0;
     uint64_t received = 0;
+    std::map<uint64_t, uint64_t> claimed;  // [offset, end) of every chunk whose header came
     std::vector<uint8_t> buffer;        // unexpected data, until claimed
+    bool unexpected = false;            // arrived before its irecv (buffered, charged)
   };
   struct Stream {
     int index = 0;
