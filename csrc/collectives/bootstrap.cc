@@ -47,6 +47,10 @@ Result<std::string> entry_address(const uint8_t* e) {
   return std::string(reinterpret_cast<const char*>(e + 16), len);
 }
 
+// A joiner claiming more ranks than this is not sent a table sized for it (it fails on the
+// length instead): bounds what a confused joiner can make the root allocate.
+constexpr uint32_t kMaxTableRanks = 1u << 16;
+
 Bytes make_table(int nranks, const std::string& error, const std::vector<std::string>& addresses) {
   Bytes b(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks), 0);
   store_le32(b.data(), kTableMagic);
@@ -118,6 +122,7 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
   std::vector<Bytes> hello(nranks, Bytes(kEntryBytes));
   std::vector<Request> hello_req(nranks);
   std::string error;
+  StatusCode code = StatusCode::kInvalidArgument;  // of `error`
   while (true) {
     auto p = listener.test_accept();
     if (!p) return p.status();
@@ -142,6 +147,7 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
     if (deadline.expired()) {
       error = "rank(s) " + rank_list(missing) + " never joined (the root at " +
               listener.address().to_string() + " waited until the init deadline)";
+      code = StatusCode::kTimeout;
       break;
     }
     poll_some(listener.poll_fds(), deadline);
@@ -152,11 +158,13 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
     Status s = hello_req[r].status();
     if (!s) {
       error = "receiving rank " + std::to_string(r) + "'s hello: " + s.message();
+      code = s.code();
       break;
     }
     const uint8_t* h = hello[r].data();
     if (load_le32(h) != kHelloMagic || load_le32(h + 4) != static_cast<uint32_t>(r)) {
       error = "rank " + std::to_string(r) + " sent a malformed hello";
+      code = StatusCode::kCorruptData;
     } else if (load_le32(h + 8) != static_cast<uint32_t>(nranks)) {
       error = "rank " + std::to_string(r) + " was started with nranks " +
               std::to_string(load_le32(h + 8)) + ", the root with " + std::to_string(nranks);
@@ -167,18 +175,34 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
     }
   }
   // Tell everyone who is connected, the reason included, so nobody waits for its deadline.
+  // Each joiner receives a table of the size it expects (its own nranks, from its hello), so
+  // one started with another nranks reads the reason instead of failing on the length.
   Bytes table = make_table(nranks, error, addresses);
+  std::vector<Bytes> odd_tables(nranks);
   std::vector<Request> sends;
-  for (int r = 1; r < nranks; ++r)
-    if (peers[r]) sends.push_back(peers[r]->isend(tags::kBootstrap, table.data(), table.size()));
+  for (int r = 1; r < nranks; ++r) {
+    if (!peers[r]) continue;
+    const Bytes* t = &table;
+    if (hello_req[r].test() && hello_req[r].status().is_ok()) {
+      uint32_t theirs = load_le32(hello[r].data() + 8);
+      if (theirs != static_cast<uint32_t>(nranks) && theirs > 0 && theirs <= kMaxTableRanks) {
+        odd_tables[r] = make_table(static_cast<int>(theirs), error, {});
+        t = &odd_tables[r];
+      }
+    }
+    sends.push_back(peers[r]->isend(tags::kBootstrap, t->data(), t->size()));
+  }
   for (auto& s : sends) {
     Status st = s.wait(deadline);
-    if (!st && error.empty()) error = st.message();
+    if (!st && error.empty()) {
+      error = st.message();
+      code = st.code();
+    }
   }
   if (!error.empty()) {
     for (auto& p : peers)
       if (p) p->abort();  // no request may still reference `table` or `hello`
-    return Status(StatusCode::kTimeout, error);
+    return Status(code, error);
   }
   return Status::ok();
 }
