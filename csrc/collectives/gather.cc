@@ -9,6 +9,20 @@
 // The root sends n bytes in all and each relay (P-2)/(P-1) n, instead of (P-1) n from the root
 // alone. Small buffers (under 64 KiB) and two ranks go direct: one hop beats two when latency
 // dominates.
+//
+// Latency: one one-way delay for all-gather and direct broadcast, two for the relay. The
+// descriptor exchange is posted, not waited for (op_run.h): receives are posted and data sent
+// at once, and the descriptors are checked before the operation succeeds and before a relay
+// forwards its slice. Data may therefore land before the check, always in place in `recv`, and
+// that is safe:
+//   - No rank's input is a receive target: an all-gather never receives into its own block (the
+//     in-place send buffer), a broadcast root receives nothing, a non-root has no input. So a
+//     peer that called something else can at worst write output that this failed call leaves
+//     unspecified anyway.
+//   - It cannot even do that: a mismatched peer's payload travels on another tag
+//     (tags::payload hashes the shape: kind, count, dtype, root, ...), so it meets none of our
+//     receives and waits unclaimed until the check fails the operation; and relays forward only
+//     after their own check. (Up to a 1 in 65536 hash collision, covered by the point above.)
 
 #include <cstring>
 
@@ -33,14 +47,15 @@ Status all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DTyp
   if (count > (uint64_t{1} << 56) / static_cast<uint64_t>(run.size()))
     return invalid_argument("element count too large");
   LOWCOMM_CHECK(check_buffers(send, recv, bytes));
-  LOWCOMM_CHECK(run.exchange_descriptors());
+  LOWCOMM_CHECK(run.post_descriptors());
   auto* out = static_cast<uint8_t*>(recv);
   const int me = run.rank();
-  for (int p : run.peers()) run.irecv(p, tags::kGather, out + bytes * static_cast<uint64_t>(p), bytes);
+  const uint64_t tag = run.payload_tag(tags::kGather);
+  for (int p : run.peers()) run.irecv(p, tag, out + bytes * static_cast<uint64_t>(p), bytes);
   uint8_t* mine = out + bytes * static_cast<uint64_t>(me);
   if (mine != send && bytes) std::memmove(mine, send, bytes);
-  for (int p : run.peers()) run.isend(p, tags::kGather, mine, bytes);
-  return Status::ok();  // the executor waits for every request
+  for (int p : run.peers()) run.isend(p, tag, mine, bytes);
+  return run.check_descriptors();  // then the executor waits for every request
 }
 
 Status broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root) {
@@ -52,17 +67,18 @@ Status broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType
   const uint64_t bytes = count * es;
   const int me = run.rank(), P = run.size();
   LOWCOMM_CHECK(check_buffers(me == root ? send : recv, recv, bytes));
-  LOWCOMM_CHECK(run.exchange_descriptors());
+  LOWCOMM_CHECK(run.post_descriptors());
   auto* out = static_cast<uint8_t*>(recv);
   if (me == root && send != recv && bytes) std::memmove(out, send, bytes);
-  if (P == 1) return Status::ok();
+  if (P == 1) return run.check_descriptors();
+  const uint64_t scatter = run.payload_tag(tags::kScatter), relay = run.payload_tag(tags::kGather);
   if (P == 2 || bytes < kDirectBroadcastBytes) {
     if (me == root) {
-      for (int p : run.peers()) run.isend(p, tags::kScatter, out, bytes);
+      for (int p : run.peers()) run.isend(p, scatter, out, bytes);
     } else {
-      run.irecv(root, tags::kScatter, out, bytes);
+      run.irecv(root, scatter, out, bytes);
     }
-    return Status::ok();
+    return run.check_descriptors();
   }
   std::vector<int> relays;
   for (int r = 0; r < P; ++r)
@@ -70,16 +86,19 @@ Status broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType
   auto slices = owner_chunks(count, P - 1, 1);
   if (me == root) {
     for (size_t i = 0; i < relays.size(); ++i)
-      run.isend(relays[i], tags::kScatter, out + slices[i].begin * es, slices[i].count * es);
-    return Status::ok();
+      run.isend(relays[i], scatter, out + slices[i].begin * es, slices[i].count * es);
+    return run.check_descriptors();
   }
   size_t my = 0;
   while (relays[my] != me) ++my;
   for (size_t i = 0; i < relays.size(); ++i)
-    if (i != my) run.irecv(relays[i], tags::kGather, out + slices[i].begin * es, slices[i].count * es);
-  LOWCOMM_CHECK(run.wait(run.irecv(root, tags::kScatter, out + slices[my].begin * es, slices[my].count * es)));
+    if (i != my) run.irecv(relays[i], relay, out + slices[i].begin * es, slices[i].count * es);
+  auto from_root = run.irecv(root, scatter, out + slices[my].begin * es, slices[my].count * es);
+  // Before waiting for the root's slice (a mismatched root's never comes) and forwarding it.
+  LOWCOMM_CHECK(run.check_descriptors());
+  LOWCOMM_CHECK(run.wait(from_root));
   for (size_t i = 0; i < relays.size(); ++i)
-    if (i != my) run.isend(relays[i], tags::kGather, out + slices[my].begin * es, slices[my].count * es);
+    if (i != my) run.isend(relays[i], relay, out + slices[my].begin * es, slices[my].count * es);
   return Status::ok();
 }
 

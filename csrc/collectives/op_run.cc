@@ -12,7 +12,25 @@ namespace {
 // anywhere reaches every rank well within a second, long enough to cost nothing.
 constexpr auto kWaitSlice = std::chrono::milliseconds(20);
 
+// FNV-1a 64 of the descriptor less its sequence number, folded so every byte reaches the low
+// bits that tags::payload keeps.
+uint64_t shape_hash(const OpDescriptor& desc) {
+  OpDescriptor d = desc;
+  d.seq = 0;
+  auto bytes = d.encode();
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < 60; ++i) h = (h ^ bytes[i]) * 1099511628211ull;  // not the checksum
+  return h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48);
+}
+
 }  // namespace
+
+OpRun::OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline)
+    : comm_(comm),
+      desc_(desc),
+      peers_(std::move(peers)),
+      deadline_(deadline),
+      shape_hash_(shape_hash(desc)) {}
 
 OpRun::~OpRun() {
   for (auto& b : scratch_) comm_.scratch_pool().give(std::move(b));
@@ -34,6 +52,21 @@ transport::Request OpRun::irecv(int peer, uint64_t tag, void* data, uint64_t len
 }
 
 Status OpRun::wait(const transport::Request& r) {
+  Status s = wait_one(r);
+  return s.is_ok() ? s : explain(std::move(s));
+}
+
+Status OpRun::explain(Status failure) {
+  if (!desc_pending_) return failure;
+  for (auto& [p, r] : desc_recvs_) {
+    if (!r.test() || !r.status().is_ok()) continue;
+    Status s = check_descriptor(p, desc_in_ + kDescriptorBytes * static_cast<uint64_t>(p), desc_);
+    if (!s) return s;
+  }
+  return failure;
+}
+
+Status OpRun::wait_one(const transport::Request& r) {
   while (true) {
     auto now = Deadline::Clock::now();
     auto slice = std::min<Deadline::Clock::duration>(kWaitSlice, deadline_.remaining(now));
@@ -60,6 +93,7 @@ Status OpRun::wait(const transport::Request& r) {
 }
 
 Status OpRun::wait_all() {
+  if (desc_pending_) LOWCOMM_CHECK(check_descriptors());
   for (const auto& r : issued_) LOWCOMM_CHECK(wait(r));
   issued_.clear();
   return Status::ok();
@@ -74,21 +108,45 @@ Status OpRun::check_descriptor(int peer, const uint8_t* bytes, const OpDescripto
                           " called " + theirs->to_string());
 }
 
-Status OpRun::exchange_descriptors() {
+Status OpRun::post_descriptors() {
+  if (desc_pending_ || desc_checked_) return internal_error("descriptors posted twice");
   auto mine = desc_.encode();
   uint8_t* out = scratch(kDescriptorBytes);
   std::copy(mine.begin(), mine.end(), out);
-  std::vector<std::pair<int, transport::Request>> recvs;
-  uint8_t* in = scratch(kDescriptorBytes * static_cast<uint64_t>(size()));
+  desc_in_ = scratch(kDescriptorBytes * static_cast<uint64_t>(size()));
   for (int p : peers_) {
     isend(p, tags::kDescriptor, out, kDescriptorBytes);
-    recvs.emplace_back(p, irecv(p, tags::kDescriptor, in + kDescriptorBytes * p, kDescriptorBytes));
+    desc_recvs_.emplace_back(
+        p, irecv(p, tags::kDescriptor, desc_in_ + kDescriptorBytes * static_cast<uint64_t>(p),
+                 kDescriptorBytes));
   }
-  for (auto& [p, r] : recvs) {
-    LOWCOMM_CHECK(wait(r));
-    LOWCOMM_CHECK(check_descriptor(p, in + kDescriptorBytes * p, desc_));
-  }
+  desc_pending_ = true;
   return Status::ok();
+}
+
+Status OpRun::check_descriptors() {
+  if (desc_checked_) return desc_result_;
+  if (!desc_pending_) return internal_error("descriptors checked before they were posted");
+  desc_result_ = [&]() -> Status {
+    for (auto& [p, r] : desc_recvs_) {
+      LOWCOMM_CHECK(wait(r));  // explain()s a failure by the descriptors already here
+      LOWCOMM_CHECK(
+          check_descriptor(p, desc_in_ + kDescriptorBytes * static_cast<uint64_t>(p), desc_));
+    }
+    return Status::ok();
+  }();
+  desc_pending_ = false;
+  desc_checked_ = true;
+  return desc_result_;
+}
+
+Status OpRun::exchange_descriptors() {
+  LOWCOMM_CHECK(post_descriptors());
+  return check_descriptors();
+}
+
+uint64_t OpRun::payload_tag(uint64_t channel) const {
+  return tags::payload(channel, shape_hash_);
 }
 
 Status OpRun::send_descriptor(int peer, uint64_t tag) {

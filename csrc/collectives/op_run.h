@@ -12,8 +12,16 @@
 // the operation's deadline and CommImpl::check_health (abort, a peer's failure notice, a
 // broken or departed peer this operation needs), so a wait returns within a slice of the first
 // of those.
+//
+// Descriptors: a collective posts its descriptor exchange (post_descriptors), posts its payload
+// receives and sends its payload on payload_tag() at once, and calls check_descriptors() before
+// it uses any received byte (decodes, forwards, or reports success), so the exchange costs no
+// extra one-way delay. A failed wait while the check is pending reports a mismatch among the
+// descriptors that did arrive, if there is one, in preference to its own error: the mismatch
+// is the cause, the transport error its echo.
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "collectives/comm_impl.h"
@@ -26,8 +34,7 @@ namespace lowcomm::collectives {
 
 class OpRun {
  public:
-  OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline)
-      : comm_(comm), desc_(desc), peers_(std::move(peers)), deadline_(deadline) {}
+  OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline);
   ~OpRun();  // returns the scratch blocks to the communicator's pool
   OpRun(const OpRun&) = delete;
   OpRun& operator=(const OpRun&) = delete;
@@ -50,14 +57,25 @@ class OpRun {
   // Waits for every request issued so far (the end of a successful operation).
   Status wait_all();
 
-  // Collectives: send our descriptor to every peer, check every peer's against ours.
+  // Collectives: sends our descriptor to every peer and posts the receives of theirs; no wait.
+  Status post_descriptors();
+  // Waits for every peer's descriptor and checks it against ours; the first call does the work,
+  // later ones return its answer. wait_all() calls it too, so no operation succeeds unchecked.
+  Status check_descriptors();
+  // Both: the barrier.
   Status exchange_descriptors();
+  // The transport tag of this operation's payload on `channel` (tags::payload): operations of
+  // another shape never match our receives.
+  uint64_t payload_tag(uint64_t channel) const;
   // Point-to-point: the sender's descriptor to `peer` / the receiver's check of it.
   Status send_descriptor(int peer, uint64_t tag);
   Status expect_descriptor(int peer, uint64_t tag, const OpDescriptor& expected);
 
  private:
   Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
+  Status wait_one(const transport::Request& r);
+  // A mismatch among the peers' descriptors that have arrived, else `failure`.
+  Status explain(Status failure);
 
   CommImpl& comm_;
   OpDescriptor desc_;
@@ -65,6 +83,13 @@ class OpRun {
   Deadline deadline_;
   std::vector<ScratchPool::Block> scratch_;
   std::vector<transport::Request> issued_;
+  uint64_t shape_hash_ = 0;
+  // The descriptor exchange: theirs land at desc_in_ + kDescriptorBytes * peer.
+  uint8_t* desc_in_ = nullptr;
+  std::vector<std::pair<int, transport::Request>> desc_recvs_;
+  bool desc_pending_ = false;  // posted, not yet checked
+  bool desc_checked_ = false;
+  Status desc_result_;
 };
 
 }  // namespace lowcomm::collectives

@@ -15,6 +15,23 @@
 //      rounded to the dtype in its output).
 // Bytes sent per rank: (P-1)/P * n * w in step 1 and (P-1) * n/P * w in step 3, w the encoded
 // bytes per element: 2 (P-1)/P * n * w, the bandwidth-optimal all-reduce volume.
+//
+// Latency: two one-way delays. The descriptor exchange is posted, not waited for: every
+// receive is posted and step 1 sent at once, and the descriptors (sent first, so they arrive
+// with the contributions) are checked before step 2 uses any received byte. What that allows to
+// arrive unchecked, and why it is safe:
+//   - Step-1 contributions land in scratch and are read only after the check.
+//   - Step-3 results may land in place in `out`, which may be the user's input. An owner sends
+//     them only after it has checked every descriptor, and a mismatch is symmetric (ours
+//     differs from owner j's exactly when j's differs from ours), so results only ever come
+//     from an owner whose operation is ours.
+//   - Payload of a mismatched operation travels on another tag (tags::payload hashes the
+//     operation's shape), so it meets none of our receives, whatever its length, and cannot
+//     fail the connection before the descriptor check names the mismatch. (If the 16-bit
+//     hashes collide, a length mismatch may fail the connection first; OpRun::wait still names
+//     the mismatch when the descriptor is in. The two points above do not rest on the hash.)
+// Step 1 updates the error-feedback residual before the check, as any failure after step 1
+// would leave it; a mismatch fails the communicator anyway.
 
 #include <cstring>
 
@@ -106,7 +123,8 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
     for (const Range& s : my_segs) {
       uint8_t* b = run.scratch(plan.bytes(s.count));
       contrib[r].push_back(b);
-      contrib_req[r].push_back(run.irecv(r, tags::kReduce, b, plan.bytes(s.count)));
+      contrib_req[r].push_back(
+          run.irecv(r, run.payload_tag(tags::kReduce), b, plan.bytes(s.count)));
     }
   }
   std::vector<std::vector<uint8_t*>> results(P);  // [owner][segment] codes of owner's chunk
@@ -117,7 +135,8 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       for (const Range& s : plan.segs[j]) {
         uint8_t* b = plan.plain ? out + s.begin * plan.es : run.scratch(plan.bytes(s.count));
         results[j].push_back(b);
-        result_req[j].push_back(run.irecv(j, tags::kGather, b, plan.bytes(s.count)));
+        result_req[j].push_back(
+            run.irecv(j, run.payload_tag(tags::kGather), b, plan.bytes(s.count)));
       }
     }
   }
@@ -148,10 +167,13 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       if (j == me) {
         own_codes[k] = codes;
       } else {
-        run.isend(j, tags::kReduce, codes, plan.bytes(s.count));
+        run.isend(j, run.payload_tag(tags::kReduce), codes, plan.bytes(s.count));
       }
     }
   }
+
+  // Before any received byte is read, and before results leave (see the file comment).
+  LOWCOMM_CHECK(run.check_descriptors());
 
   // Step 2: reduce my chunk, segment by segment, as contributions arrive.
   const CodecSpec dtype_out = passthrough(a.dtype);
@@ -191,7 +213,8 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       }
       res = b;
     }
-    for (int d = 1; d < P; ++d) run.isend((me + d) % P, tags::kGather, res, plan.bytes(s.count));
+    for (int d = 1; d < P; ++d)
+      run.isend((me + d) % P, run.payload_tag(tags::kGather), res, plan.bytes(s.count));
     // The owner decodes the very bytes it sent, like everyone else.
     if (!plan.plain) LOWCOMM_CHECK(decode(plan.wire, res, plan.bytes(s.count), s.count, a.dtype, dst, cpu));
   }
@@ -223,14 +246,14 @@ uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype, const std::op
 
 Status all_reduce(OpRun& run, const ReduceArgs& a) {
   LOWCOMM_CHECK(validate(a));
-  LOWCOMM_CHECK(run.exchange_descriptors());
+  LOWCOMM_CHECK(run.post_descriptors());
   return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)), true);
 }
 
 Status reduce_scatter(OpRun& run, const ReduceArgs& a) {
   LOWCOMM_CHECK(validate(a));
   if (a.codec) return unsupported("reduce_scatter with a codec is not implemented; use all_reduce");
-  LOWCOMM_CHECK(run.exchange_descriptors());
+  LOWCOMM_CHECK(run.post_descriptors());
   const uint64_t rc = a.n / static_cast<uint64_t>(run.size());
   std::vector<Range> chunks;
   for (int j = 0; j < run.size(); ++j) chunks.push_back({rc * static_cast<uint64_t>(j), rc});

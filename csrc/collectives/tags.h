@@ -1,9 +1,17 @@
 #pragma once
 // Transport tags of the communicator's messages. The transport matches the k-th send on a tag
 // with the k-th receive on it, and every rank runs its collectives in the same order, so a
-// fixed small set of tags suffices (tags carrying sequence numbers would grow the transport's
-// per-tag tables forever). The operation descriptor sent first on kDescriptor checks that the
-// k-th messages really belong to the same operation.
+// small set of tags suffices (tags carrying sequence numbers would grow the transport's per-tag
+// tables forever). The operation descriptor sent first on kDescriptor checks that the k-th
+// messages really belong to the same operation.
+//
+// Collective payloads travel on payload(channel, shape): the channel below plus a 16-bit hash
+// of the operation's shape (its descriptor less the sequence number). Payload is sent and
+// received before the descriptors are checked (op_run.h), and this keeps a mismatched peer's
+// payload away from our receives: it waits, unclaimed, on another tag until the descriptor
+// check fails the operation, instead of failing the connection with a length mismatch before
+// its descriptor is read, or landing in a user buffer. Per-tag tables stay bounded: at most
+// 3 * 2^16 payload tags, and a program uses one per channel and distinct shape.
 
 #include <cstdint>
 
@@ -12,11 +20,17 @@ namespace lowcomm::collectives::tags {
 inline constexpr uint64_t kBootstrap = 1;   // init: hello to the root, the address table back
 inline constexpr uint64_t kControl = 2;     // one message per peer and lifetime: abort or goodbye
 inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
+// Payload channels (only inside payload()).
 inline constexpr uint64_t kReduce = 4;      // contributions to an owner chunk
 inline constexpr uint64_t kGather = 5;      // owners' results, all-gather blocks, broadcast relay
 inline constexpr uint64_t kScatter = 6;     // broadcast: root to each relay
 
-// Point-to-point: user tag t (< 2^60) uses these two transport tags.
+// Bit 61, the shape hash's low 16 bits in bits 4..19, the channel in bits 0..3.
+inline uint64_t payload(uint64_t channel, uint64_t shape_hash) {
+  return (uint64_t{1} << 61) | ((shape_hash & 0xFFFFu) << 4) | channel;
+}
+
+// Point-to-point: user tag t (< 2^60) uses these two transport tags (bit 62; never bit 61).
 inline constexpr uint64_t kMaxUserTag = (uint64_t{1} << 60) - 1;
 inline uint64_t p2p_descriptor(uint64_t user_tag) { return (uint64_t{1} << 62) | (user_tag << 1); }
 inline uint64_t p2p_data(uint64_t user_tag) { return (uint64_t{1} << 62) | (user_tag << 1) | 1; }

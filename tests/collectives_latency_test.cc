@@ -1,0 +1,127 @@
+// Latency in one-way delays: over the emulated WAN with a 200 ms one-way delay and no bandwidth
+// limit, a tiny collective's time is a whole number of delays (plus milliseconds of work), so
+// the schedule is checked with 100 ms of margin instead of fragile timing. The descriptor
+// exchange overlaps the payload: all-reduce takes two one-way delays (contributions, results),
+// broadcast, all-gather and send/recv one.
+//
+// Every rank must start the measured operation at the same instant, or the last one to start
+// would be charged for the others' head start: rank 0 picks a start time, broadcasts it, and
+// every rank sleeps until then (fork()ed ranks share steady_clock).
+
+#include <cstdio>
+#include <thread>
+
+#include "collectives_test_util.h"
+
+namespace lowcomm::testing {
+namespace {
+
+constexpr double kOneWayS = 0.2;
+
+CommOptions wan_options() {
+  CommOptions o = test_options();
+  o.wan = "rtt=400ms";
+  return o;
+}
+
+// Sleeps until the start time rank 0 chose; an error when it has already passed.
+Status align_start(Communicator& c, int rank) {
+  int64_t start = now_ns() + 1'500'000'000;  // several one-way delays of margin
+  float wire[2];
+  std::memcpy(wire, &start, sizeof(start));
+  LOWCOMM_CHECK(c.broadcast(wire, wire, 2, DType::kFloat32, 0).wait());
+  std::memcpy(&start, wire, sizeof(start));
+  if (now_ns() >= start)
+    return Status(StatusCode::kTimeout,
+                  "rank " + std::to_string(rank) + " missed the common start time");
+  std::this_thread::sleep_for(std::chrono::nanoseconds(start - now_ns()));
+  return Status::ok();
+}
+
+double delays_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count() / kOneWayS;
+}
+
+// Every rank must take at least `low` and under `high` one-way delays.
+std::string expect_delays(double took, double low, double high) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.2f one-way delays (%.0f ms)", took, took * kOneWayS * 1e3);
+  RANK_CHECK(took >= low, std::string("faster than the emulated link allows: ") + buf);
+  RANK_CHECK(took < high, buf);
+  return std::string("ok ") + buf;
+}
+
+void report(const char* what, const std::vector<RankResult>& res) {
+  for (size_t r = 0; r < res.size(); ++r)
+    std::printf("%s rank %zu: %s\n", what, r, res[r].text.c_str());
+}
+
+TEST(CollectivesLatency, AllReduceTakesTwoOneWayDelays) {
+  constexpr int P = 3;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, P, wan_options());
+    RANK_OK(c.status());
+    RANK_OK(align_start(**c, rank));
+    std::vector<float> x(64, static_cast<float>(rank + 1));
+    auto t0 = Clock::now();
+    RANK_OK((*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+    double took = delays_since(t0);
+    for (float v : x) RANK_CHECK(v == 6.0f, std::to_string(v));
+    return expect_delays(took, 1.5, 2.5);  // was 3: descriptors, contributions, results
+  });
+  report("all_reduce", res);
+  expect_all_ok(res);
+}
+
+TEST(CollectivesLatency, BroadcastAndAllGatherTakeOneOneWayDelay) {
+  constexpr int P = 3;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, P, wan_options());
+    RANK_OK(c.status());
+    RANK_OK(align_start(**c, rank));
+    std::vector<float> b(64, rank == 1 ? 7.0f : 0.0f);
+    auto t0 = Clock::now();
+    RANK_OK((*c)->broadcast(b.data(), b.data(), b.size(), DType::kFloat32, 1).wait());
+    double bcast = delays_since(t0);
+    for (float v : b) RANK_CHECK(v == 7.0f, std::to_string(v));
+
+    RANK_OK(align_start(**c, rank));
+    std::vector<float> g(64 * P, 0.0f);
+    for (int i = 0; i < 64; ++i) g[64 * rank + i] = static_cast<float>(rank);
+    t0 = Clock::now();
+    RANK_OK((*c)->all_gather(g.data() + 64 * rank, g.data(), 64, DType::kFloat32).wait());
+    double gather = delays_since(t0);
+    for (int i = 0; i < 64 * P; ++i)
+      RANK_CHECK(g[i] == static_cast<float>(i / 64), std::to_string(i));
+    // Both were 2: descriptors, data.
+    std::string r = expect_delays(bcast, 0.75, 1.5), s = expect_delays(gather, 0.75, 1.5);
+    if (r.rfind("ok", 0) != 0 || s.rfind("ok", 0) != 0)
+      return "broadcast: " + r + "; all_gather: " + s;
+    return "ok broadcast " + r.substr(3) + ", all_gather " + s.substr(3);
+  });
+  report("broadcast/all_gather", res);
+  expect_all_ok(res);
+}
+
+// Unchanged, for reference: the sender sends its descriptor and data at once, the receiver
+// checks the descriptor before it takes the data.
+TEST(CollectivesLatency, SendRecvTakesOneOneWayDelay) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 2, wan_options());
+    RANK_OK(c.status());
+    RANK_OK(align_start(**c, rank));
+    std::vector<float> x(64, rank == 0 ? 3.0f : 0.0f);
+    auto t0 = Clock::now();
+    RANK_OK((rank == 0 ? (*c)->send(x.data(), x.size(), DType::kFloat32, 1, 5)
+                       : (*c)->recv(x.data(), x.size(), DType::kFloat32, 0, 5))
+                .wait());
+    double took = delays_since(t0);
+    for (float v : x) RANK_CHECK(v == 3.0f, std::to_string(v));
+    return expect_delays(took, 0.75, 1.5);
+  });
+  report("send/recv", res);
+  expect_all_ok(res);
+}
+
+}  // namespace
+}  // namespace lowcomm::testing
