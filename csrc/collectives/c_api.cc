@@ -6,22 +6,37 @@
 
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
 
 #include "lowcomm/communicator.h"
 
+namespace {
+
+// Where a communicator's failed calls leave their text. Its requests share it with the comm
+// (never a raw lowcommComm*), so a request may complete after lowcommCommDestroy/Abort freed
+// the comm -- a watchdog aborting while another thread waits -- and still record safely. From
+// the moment the comm is being closed nobody can ask it any more, so the text goes to the
+// completing thread's last error (lowcommGetLastError(NULL)) instead.
+struct ErrorSink {
+  std::mutex mu;  // guards everything below
+  bool comm_open = true;
+  std::string last_error;
+  std::string shown;  // what lowcommGetLastError handed out
+};
+
+}  // namespace
+
 struct lowcommComm {
   std::unique_ptr<lowcomm::Communicator> comm;
-  std::mutex mu;          // guards last_error and shown
-  std::string last_error;
-  std::string shown;      // what lowcommGetLastError handed out
+  std::shared_ptr<ErrorSink> errors = std::make_shared<ErrorSink>();
 };
 
 struct lowcommRequest {
   lowcomm::Work work;
-  lowcommComm* comm;
+  std::shared_ptr<ErrorSink> errors;  // its comm's; outlives the comm when it must
 };
 
 namespace {
@@ -48,27 +63,36 @@ lowcommResult_t to_result(StatusCode c) {
   return lowcommInternalError;
 }
 
-lowcommResult_t record(lowcommComm* comm, const Status& s) {
+// Records a failure in `sink` (NULL: no communicator; or one being closed: this thread's last
+// error) and translates its code.
+lowcommResult_t record_to(ErrorSink* sink, const Status& s) {
   if (s.is_ok()) return lowcommSuccess;
-  if (comm) {
-    std::lock_guard<std::mutex> lock(comm->mu);
-    comm->last_error = s.to_string();
-  } else {
-    t_last_error = s.to_string();
+  std::string text = s.to_string();
+  if (sink) {
+    std::lock_guard<std::mutex> lock(sink->mu);
+    if (sink->comm_open) {
+      sink->last_error = std::move(text);
+      return to_result(s.code());
+    }
   }
+  t_last_error = std::move(text);
   return to_result(s.code());
 }
 
+ErrorSink* sink_of(const lowcommComm* comm) { return comm ? comm->errors.get() : nullptr; }
+
+lowcommResult_t record(lowcommComm* comm, const Status& s) { return record_to(sink_of(comm), s); }
+
 template <typename F>
-lowcommResult_t guarded(lowcommComm* comm, F&& f) {
+lowcommResult_t guarded(ErrorSink* sink, F&& f) {
   try {
     return f();
   } catch (const std::bad_alloc&) {
-    return record(comm, Status(StatusCode::kSystem, "out of memory"));
+    return record_to(sink, Status(StatusCode::kSystem, "out of memory"));
   } catch (const std::exception& e) {
-    return record(comm, lowcomm::internal_error(std::string("unexpected exception: ") + e.what()));
+    return record_to(sink, lowcomm::internal_error(std::string("unexpected exception: ") + e.what()));
   } catch (...) {
-    return record(comm, lowcomm::internal_error("unexpected exception"));
+    return record_to(sink, lowcomm::internal_error("unexpected exception"));
   }
 }
 
@@ -89,13 +113,21 @@ lowcomm::Result<lowcomm::ReduceOp> to_op(lowcommRedOp_t op) {
                                    " (lowcommSum, lowcommAvg)");
 }
 
-// Either hands the Work to the caller as a request or waits for it here.
+// Either hands the Work to the caller as a request or waits for it here. A call refused for
+// its arguments returns the error now and hands out no request (the comm is unaffected).
 lowcommResult_t finish(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* request) {
+  if (w.refused()) return record(comm, w.status());
   if (request) {
-    *request = new lowcommRequest{std::move(w), comm};
+    *request = new lowcommRequest{std::move(w), comm->errors};
     return lowcommSuccess;
   }
   return record(comm, w.wait());
+}
+
+// Destroy and abort: from here on the comm's errors go to the completing thread (ErrorSink).
+void close_errors(lowcommComm* comm) {
+  std::lock_guard<std::mutex> lock(comm->errors->mu);
+  comm->errors->comm_open = false;
 }
 
 #define LOWCOMM_C_CHECK_COMM(comm) \
@@ -125,9 +157,10 @@ const char* lowcommGetErrorString(lowcommResult_t r) {
 
 const char* lowcommGetLastError(lowcommComm_t comm) {
   if (!comm) return t_last_error.c_str();
-  std::lock_guard<std::mutex> lock(comm->mu);
-  comm->shown = comm->last_error;
-  return comm->shown.c_str();
+  ErrorSink& e = *comm->errors;
+  std::lock_guard<std::mutex> lock(e.mu);
+  e.shown = e.last_error;
+  return e.shown.c_str();
 }
 
 lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* out) {
@@ -189,7 +222,8 @@ lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniq
 lowcommResult_t lowcommCommDestroy(lowcommComm_t comm) {
   return guarded(nullptr, [&] {
     LOWCOMM_C_CHECK_COMM(comm);
-    delete comm;
+    close_errors(comm);
+    delete comm;  // outstanding requests keep the ErrorSink
     return lowcommSuccess;
   });
 }
@@ -197,8 +231,9 @@ lowcommResult_t lowcommCommDestroy(lowcommComm_t comm) {
 lowcommResult_t lowcommCommAbort(lowcommComm_t comm) {
   return guarded(nullptr, [&] {
     LOWCOMM_C_CHECK_COMM(comm);
+    close_errors(comm);
     comm->comm->abort();
-    delete comm;
+    delete comm;  // outstanding requests keep the ErrorSink
     return lowcommSuccess;
   });
 }
@@ -229,7 +264,7 @@ lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm, lowcommResult_t* as
 lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                  lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
                                  lowcommComm_t comm, lowcommRequest_t* request) {
-  return guarded(comm, [&] {
+  return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
@@ -248,7 +283,7 @@ lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t co
 lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                  lowcommDataType_t datatype, lowcommComm_t comm,
                                  lowcommRequest_t* request) {
-  return guarded(comm, [&] {
+  return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
@@ -259,7 +294,7 @@ lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t se
 lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                      lowcommDataType_t datatype, lowcommRedOp_t op,
                                      lowcommComm_t comm, lowcommRequest_t* request) {
-  return guarded(comm, [&] {
+  return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
@@ -272,7 +307,7 @@ lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_
 lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                  lowcommDataType_t datatype, int root, lowcommComm_t comm,
                                  lowcommRequest_t* request) {
-  return guarded(comm, [&] {
+  return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
@@ -282,7 +317,7 @@ lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t co
 
 lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype, int peer,
                             lowcommComm_t comm, lowcommRequest_t* request) {
-  return guarded(comm, [&] {
+  return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
@@ -292,7 +327,7 @@ lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_
 
 lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t datatype, int peer,
                             lowcommComm_t comm, lowcommRequest_t* request) {
-  return guarded(comm, [&] {
+  return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
@@ -301,31 +336,33 @@ lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t data
 }
 
 lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request) {
-  return guarded(comm, [&] {
+  return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     return finish(comm, comm->comm->barrier(), request);
   });
 }
 
+// Both may run after the request's comm was destroyed or aborted: they touch only the request
+// and the ErrorSink it shares (held here past `delete request`).
 lowcommResult_t lowcommTest(lowcommRequest_t request, int* done) {
-  return guarded(request ? request->comm : nullptr, [&] {
+  std::shared_ptr<ErrorSink> sink = request ? request->errors : nullptr;
+  return guarded(sink.get(), [&] {
     if (!request || !done) return record(nullptr, lowcomm::invalid_argument("NULL request or done"));
     *done = request->work.test() ? 1 : 0;
     if (!*done) return lowcommSuccess;
-    lowcommComm* comm = request->comm;
     Status s = request->work.status();
     delete request;
-    return record(comm, s);
+    return record_to(sink.get(), s);
   });
 }
 
 lowcommResult_t lowcommWait(lowcommRequest_t request) {
-  return guarded(request ? request->comm : nullptr, [&] {
+  std::shared_ptr<ErrorSink> sink = request ? request->errors : nullptr;
+  return guarded(sink.get(), [&] {
     if (!request) return record(nullptr, lowcomm::invalid_argument("NULL request"));
-    lowcommComm* comm = request->comm;
     Status s = request->work.wait();
     delete request;
-    return record(comm, s);
+    return record_to(sink.get(), s);
   });
 }
 

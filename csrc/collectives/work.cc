@@ -2,6 +2,13 @@
 
 namespace lowcomm {
 
+std::shared_ptr<WorkState> WorkState::refused(Status why) {
+  auto s = std::make_shared<WorkState>(0);
+  s->refused_ = true;
+  s->complete(std::move(why));
+  return s;
+}
+
 void WorkState::complete(Status s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
@@ -34,6 +41,7 @@ Status WorkState::status() const {
   return status_;
 }
 
+bool Work::refused() const { return state_ && state_->is_refused(); }
 bool Work::test() const { return !state_ || state_->done(); }
 Status Work::wait() const { return state_ ? state_->wait() : invalid_argument("empty Work"); }
 Status Work::wait_for(std::chrono::milliseconds d) const {

@@ -114,6 +114,11 @@ class Work {
   Status wait_for(std::chrono::milliseconds d) const;
   Status status() const;    // the final status; kInternal "in flight" before completion
   uint64_t sequence() const;  // the collective's operation number (p2p: per peer and tag)
+  // Refused before it was queued, for arguments that are wrong on this rank alone (a peer or
+  // root outside the group, a null buffer with a non-zero count, an invalid codec, a count too
+  // large): already complete with that error (kInvalidArgument; kUnsupported for CUDA memory).
+  // Nothing was sent and no sequence number taken, so the communicator stays usable.
+  bool refused() const;
 
  private:
   std::shared_ptr<WorkState> state_;

@@ -12,6 +12,12 @@
  * order. Buffers stay in use until the request completes. The first failure breaks the
  * communicator (as in NCCL): later calls return the same error; lowcommGetLastError(comm) has
  * the text, naming the peer and the operation. No C++ exception crosses this API.
+ *
+ * Arguments that are wrong on this rank alone (a peer or root outside the communicator, a peer
+ * equal to the caller's rank, a NULL buffer with a non-zero count, a bad codec or a count it
+ * cannot take, a count too large) make the call return lowcommInvalidArgument at once, as
+ * NCCL's ncclInvalidArgument: no request is set, nothing is sent, and the communicator stays
+ * usable. lowcommGetLastError(comm) says what was wrong.
  */
 #ifndef LOWCOMM_LOWCOMM_H_
 #define LOWCOMM_LOWCOMM_H_
@@ -55,7 +61,8 @@ typedef struct lowcommRequest* lowcommRequest_t;
 
 const char* lowcommGetErrorString(lowcommResult_t result);
 /* The message of the last failed call on comm (this thread's last failed call when comm is
- * NULL, e.g. an init). Valid until the next call on comm. */
+ * NULL: an init, or a lowcommWait/lowcommTest completing after its comm was destroyed or
+ * aborted). Valid until the next call on comm. */
 const char* lowcommGetLastError(lowcommComm_t comm);
 
 /* Rank 0's address from LOWCOMM_SOCKET_IFNAME (or the first non-loopback interface). */
@@ -98,7 +105,10 @@ lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t data
                             lowcommComm_t comm, lowcommRequest_t* request);
 lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request);
 
-/* *done = 1 when complete; the request is then freed and its result returned. */
+/* *done = 1 when complete; the request is then freed and its result returned.
+ * lowcommTest and lowcommWait stay valid after lowcommCommDestroy or lowcommCommAbort of the
+ * request's communicator (e.g. one thread waits while a watchdog thread aborts): the request
+ * returns its result, and a failure's text goes to lowcommGetLastError(NULL) of this thread. */
 lowcommResult_t lowcommTest(lowcommRequest_t request, int* done);
 /* Waits for completion, frees the request, returns its result. */
 lowcommResult_t lowcommWait(lowcommRequest_t request);

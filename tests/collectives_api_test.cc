@@ -1,0 +1,278 @@
+// API contract at the edges: arguments that are wrong on one rank are refused at once, by the
+// C++ and the C API, without breaking the group (the other ranks never hear of the call); and
+// C API requests stay safe to wait on and test after their communicator is aborted or
+// destroyed (the watchdog pattern: one thread waits while another aborts).
+
+#include <cstdlib>
+#include <limits>
+#include <thread>
+
+#include "collectives_test_util.h"
+#include "lowcomm/lowcomm.h"
+
+namespace lowcomm::testing {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+CommOptions short_timeout() {
+  CommOptions o = test_options();
+  o.timeout = std::chrono::milliseconds(10000);
+  return o;
+}
+
+// The call must have been refused before it returned: complete, kInvalidArgument, a message
+// with `part`, and the communicator not failed.
+std::string expect_refused(const Communicator& comm, const Work& w, const std::string& part) {
+  RANK_CHECK(w.test(), "not refused at once (queued): expected '" + part + "'");
+  RANK_CHECK(w.refused(), "completed, but not marked refused: " + w.status().to_string());
+  Status s = w.status();
+  RANK_CHECK(s.code() == StatusCode::kInvalidArgument, "expected '" + part + "', got " + s.to_string());
+  RANK_CHECK(contains(s.message(), part), "'" + part + "' missing from: " + s.message());
+  RANK_CHECK(comm.status().is_ok(), "the communicator failed: " + comm.status().to_string());
+  return "ok";
+}
+
+#define RANK_REFUSED(comm, work, part)                          \
+  do {                                                          \
+    std::string refused_ = expect_refused((comm), (work), part); \
+    if (refused_ != "ok") return #work ": " + refused_;         \
+  } while (0)
+
+// Rank 0 alone makes every kind of rank-local mistake; then both ranks run collectives and
+// point-to-point messages on the tags and sequence numbers they would have used anyway. Before
+// the checks were hoisted out of the algorithm bodies each mistake was queued, failed on the
+// executor and broke the group (a block size of 0 even raised SIGFPE on the caller's thread).
+TEST(CollectivesArguments, RefusedAtOnceAndTheGroupStaysUsable) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 2, short_timeout());
+    if (!c) return "init: " + c.status().to_string();
+    Communicator& comm = **c;
+    std::vector<float> x(64, static_cast<float>(rank + 1)), y(64, 0.0f);
+    const uint64_t too_many = (uint64_t{1} << 56) + 1;
+    const auto f32 = DType::kFloat32;
+    const auto sum = ReduceOp::kSum;
+    if (rank == 0) {
+      // Point-to-point: peers, tags, buffers, counts.
+      RANK_REFUSED(comm, comm.send(x.data(), 4, f32, 2), "peer 2 is not another rank");
+      RANK_REFUSED(comm, comm.send(x.data(), 4, f32, -1), "peer -1");
+      RANK_REFUSED(comm, comm.send(x.data(), 4, f32, 0), "peer 0 is not another rank");
+      RANK_REFUSED(comm, comm.recv(y.data(), 4, f32, 2), "peer 2");
+      RANK_REFUSED(comm, comm.recv(y.data(), 4, f32, 0), "peer 0");
+      RANK_REFUSED(comm, comm.send(x.data(), 4, f32, 1, uint64_t{1} << 60), "tag");
+      RANK_REFUSED(comm, comm.send(nullptr, 4, f32, 1), "null");
+      RANK_REFUSED(comm, comm.recv(nullptr, 4, f32, 1), "null");
+      RANK_REFUSED(comm, comm.send(x.data(), too_many, f32, 1), "2^56");
+      RANK_REFUSED(comm, comm.send(x.data(), 4, static_cast<DType>(9), 1), "dtype");
+      // Broadcast roots and buffers.
+      RANK_REFUSED(comm, comm.broadcast(x.data(), y.data(), 4, f32, 2), "root 2");
+      RANK_REFUSED(comm, comm.broadcast(x.data(), y.data(), 4, f32, -1), "root -1");
+      RANK_REFUSED(comm, comm.broadcast(nullptr, y.data(), 4, f32, 0), "send buffer is null");
+      RANK_REFUSED(comm, comm.broadcast(x.data(), nullptr, 4, f32, 1), "recv buffer is null");
+      RANK_REFUSED(comm, comm.broadcast(x.data(), y.data(), too_many, f32, 0), "2^56");
+      // All-reduce: buffers, counts, codecs, error feedback.
+      RANK_REFUSED(comm, comm.all_reduce(nullptr, y.data(), 64, f32, sum), "send buffer is null");
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), nullptr, 64, f32, sum), "recv buffer is null");
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), too_many, f32, sum), "2^56");
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, static_cast<ReduceOp>(7)), "reduction");
+      AllReduceOptions block0;
+      block0.codec = CodecSpec{.kind = CodecKind::kAbsmax, .bits = 4, .grouping = Grouping::kBlock, .block = 0};
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, block0), "invalid codec");
+      AllReduceOptions bits5;
+      bits5.codec = CodecSpec{.kind = CodecKind::kAbsmax, .bits = 5, .grouping = Grouping::kBlock};
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, bits5), "not 5");
+      AllReduceOptions col5;
+      col5.codec = *parse_codec_spec("q4:col=5");
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, col5), "multiple of col=5");
+      AllReduceOptions ef;
+      ef.ef_key = "grads";
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, ef), "error feedback");
+      ef.codec = *parse_codec_spec("none");
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, ef), "error feedback");
+      // Reduce-scatter: recv_count * 2 wraps to 2; checked before multiplying.
+      RANK_REFUSED(comm, comm.reduce_scatter(x.data(), y.data(), (uint64_t{1} << 63) + 1, f32, sum), "2^56");
+      RANK_REFUSED(comm, comm.reduce_scatter(nullptr, y.data(), 4, f32, sum), "send buffer is null");
+      // All-gather: send_count * size() must fit, buffers.
+      RANK_REFUSED(comm, comm.all_gather(x.data(), y.data(), (uint64_t{1} << 55) + 1, f32), "2^56");
+      RANK_REFUSED(comm, comm.all_gather(x.data(), nullptr, 4, f32), "recv buffer is null");
+      // A non-root's send buffer is ignored, as documented: not refused.
+    }
+    // Both ranks, as if nothing had happened on rank 0.
+    RANK_OK(comm.all_reduce(x.data(), y.data(), x.size(), f32, sum).wait());
+    for (float v : y) RANK_CHECK(v == 3.0f, "plain all_reduce gave " + std::to_string(v));
+    AllReduceOptions q8;
+    q8.codec = *parse_codec_spec("q8");
+    RANK_OK(comm.all_reduce(x.data(), y.data(), x.size(), f32, sum, q8).wait());
+    for (float v : y) RANK_CHECK(std::fabs(v - 3.0f) < 0.05f, "q8 all_reduce gave " + std::to_string(v));
+    std::vector<float> msg(16, 0.0f);
+    if (rank == 0) {
+      for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<float>(i);
+      RANK_OK(comm.send(msg.data(), msg.size(), f32, 1).wait());
+    } else {
+      RANK_OK(comm.recv(msg.data(), msg.size(), f32, 0).wait());
+      for (size_t i = 0; i < msg.size(); ++i) RANK_CHECK(msg[i] == static_cast<float>(i), "p2p payload");
+    }
+    std::vector<float> b(8, static_cast<float>(10 * (rank + 1)));
+    RANK_OK(comm.broadcast(rank == 1 ? b.data() : nullptr, b.data(), b.size(), f32, 1).wait());
+    for (float v : b) RANK_CHECK(v == 20.0f, "broadcast gave " + std::to_string(v));
+    RANK_OK(comm.barrier().wait());
+    RANK_CHECK(comm.status().is_ok(), comm.status().to_string());
+    return "ok";
+  }));
+}
+
+// Options for C API ranks (which read the environment): light and bounded.
+void c_api_environment() {
+  ::setenv("LOWCOMM_STREAMS", "2", 1);
+  ::setenv("LOWCOMM_TIMEOUT_S", "10", 1);
+}
+
+std::string c_init(int rank, const UniqueId& id, lowcommComm_t* comm) {
+  c_api_environment();
+  lowcommUniqueId cid;
+  auto bytes = id.to_bytes();
+  std::memcpy(cid.internal, bytes.data(), bytes.size());
+  RANK_CHECK(lowcommCommInitRank(comm, 2, cid, rank) == lowcommSuccess, lowcommGetLastError(nullptr));
+  return "ok";
+}
+
+// The C API returns lowcommInvalidArgument from the call itself, sets no request, and the
+// communicator goes on working (as NCCL's ncclInvalidArgument).
+TEST(CollectivesCApi, InvalidArgumentsReturnAtOnceWithoutARequest) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    lowcommComm_t comm = nullptr;
+    if (std::string s = c_init(rank, id, &comm); s != "ok") return s;
+    std::vector<float> x(64, static_cast<float>(rank + 1)), y(64, 0.0f);
+    if (rank == 0) {
+      struct Case {
+        const char* what;
+        std::function<lowcommResult_t(lowcommRequest_t*)> call;
+        const char* part;
+      };
+      std::vector<Case> cases = {
+          {"send to rank 2", [&](lowcommRequest_t* r) { return lowcommSend(x.data(), 4, lowcommFloat32, 2, comm, r); },
+           "peer 2"},
+          {"recv from self", [&](lowcommRequest_t* r) { return lowcommRecv(y.data(), 4, lowcommFloat32, 0, comm, r); },
+           "peer 0"},
+          {"send NULL", [&](lowcommRequest_t* r) { return lowcommSend(nullptr, 4, lowcommFloat32, 1, comm, r); },
+           "null"},
+          {"broadcast root 5",
+           [&](lowcommRequest_t* r) { return lowcommBroadcast(x.data(), y.data(), 4, lowcommFloat32, 5, comm, r); },
+           "root 5"},
+          {"reduce_scatter overflow",
+           [&](lowcommRequest_t* r) {
+             return lowcommReduceScatter(x.data(), y.data(), (size_t{1} << 63) + 1, lowcommFloat32, lowcommSum,
+                                         comm, r);
+           },
+           "2^56"},
+          {"all_gather NULL",
+           [&](lowcommRequest_t* r) { return lowcommAllGather(x.data(), nullptr, 4, lowcommFloat32, comm, r); },
+           "null"},
+          {"all_reduce q4:col=5",
+           [&](lowcommRequest_t* r) {
+             return lowcommAllReduce(x.data(), y.data(), 64, lowcommFloat32, lowcommSum, "q4:col=5", comm, r);
+           },
+           "col=5"},
+      };
+      for (const Case& c : cases) {
+        for (bool async : {true, false}) {
+          lowcommRequest_t req = nullptr;
+          lowcommResult_t r = c.call(async ? &req : nullptr);
+          std::string tag = std::string(c.what) + (async ? " (async)" : " (blocking)");
+          RANK_CHECK(r == lowcommInvalidArgument, tag + ": returned " + lowcommGetErrorString(r));
+          RANK_CHECK(req == nullptr, tag + ": handed out a request");
+          RANK_CHECK(contains(lowcommGetLastError(comm), c.part),
+                     tag + ": '" + c.part + "' missing from: " + lowcommGetLastError(comm));
+          lowcommResult_t async_error = lowcommInternalError;
+          RANK_CHECK(lowcommCommGetAsyncError(comm, &async_error) == lowcommSuccess && async_error == lowcommSuccess,
+                     tag + ": the communicator failed: " + lowcommGetLastError(comm));
+        }
+      }
+    }
+    lowcommRequest_t req = nullptr;
+    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, nullptr, comm, &req) ==
+                   lowcommSuccess,
+               lowcommGetLastError(comm));
+    RANK_CHECK(lowcommWait(req) == lowcommSuccess, lowcommGetLastError(comm));
+    for (float v : y) RANK_CHECK(v == 3.0f, "all_reduce gave " + std::to_string(v));
+    std::vector<float> msg(16, static_cast<float>(rank == 0 ? 7 : 0));
+    lowcommResult_t r = rank == 0 ? lowcommSend(msg.data(), msg.size(), lowcommFloat32, 1, comm, nullptr)
+                                  : lowcommRecv(msg.data(), msg.size(), lowcommFloat32, 0, comm, nullptr);
+    RANK_CHECK(r == lowcommSuccess, lowcommGetLastError(comm));
+    for (float v : msg) RANK_CHECK(v == 7.0f, "p2p payload " + std::to_string(v));
+    RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
+    return "ok";
+  }));
+}
+
+// Watchdog pattern: rank 0's main thread waits on a receive that never completes while a second
+// thread aborts the communicator. The wait returns the failure with its text in the waiting
+// thread's last error; it used to write that text into the freed communicator (ASan: heap use
+// after free).
+TEST(CollectivesCApi, WaitWhileAnotherThreadAbortsIsSafe) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    lowcommComm_t comm = nullptr;
+    if (std::string s = c_init(rank, id, &comm); s != "ok") return s;
+    if (rank == 1) {
+      // Rank 1 never sends; it learns of rank 0's abort in its barrier.
+      lowcommResult_t r = lowcommBarrier(comm, nullptr);
+      RANK_CHECK(r == lowcommRemoteError, std::string("barrier: ") + lowcommGetErrorString(r));
+      RANK_CHECK(contains(lowcommGetLastError(comm), "rank 0"), lowcommGetLastError(comm));
+      RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
+      return "ok";
+    }
+    std::vector<float> buf(1024);
+    lowcommRequest_t req = nullptr;
+    RANK_CHECK(lowcommRecv(buf.data(), buf.size(), lowcommFloat32, 1, comm, &req) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    lowcommResult_t aborted = lowcommSuccess;
+    std::thread watchdog([comm, &aborted] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      aborted = lowcommCommAbort(comm);
+    });
+    lowcommResult_t r = lowcommWait(req);
+    std::string text = lowcommGetLastError(nullptr);
+    watchdog.join();
+    RANK_CHECK(aborted == lowcommSuccess, "abort failed");
+    // kAborted, or kRemoteError when rank 1's reaction (it fails and closes) reaches the receive
+    // before our own abort does.
+    RANK_CHECK(r == lowcommAborted || r == lowcommRemoteError,
+               std::string("wait returned ") + lowcommGetErrorString(r) + ": " + text);
+    RANK_CHECK(contains(text, "recv #0"), "last error of the waiting thread: '" + text + "'");
+    return "ok";
+  }));
+}
+
+// A request that fails and is waited on only after lowcommCommDestroy (which finishes the
+// queue) reports its failure without touching the freed communicator; so does lowcommTest.
+TEST(CollectivesCApi, WaitAndTestAfterDestroyReportTheFailure) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    lowcommComm_t comm = nullptr;
+    if (std::string s = c_init(rank, id, &comm); s != "ok") return s;
+    if (rank == 1) {
+      RANK_CHECK(lowcommCommAbort(comm) == lowcommSuccess, "abort");
+      return "ok";
+    }
+    std::vector<float> a(256), b(256);
+    lowcommRequest_t ra = nullptr, rb = nullptr;
+    RANK_CHECK(lowcommRecv(a.data(), a.size(), lowcommFloat32, 1, comm, &ra) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    RANK_CHECK(lowcommRecv(b.data(), b.size(), lowcommFloat32, 1, comm, &rb) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
+    lowcommResult_t r = lowcommWait(ra);
+    RANK_CHECK(r != lowcommSuccess, "a receive from an aborted rank succeeded");
+    RANK_CHECK(contains(lowcommGetLastError(nullptr), "rank 1"),
+               std::string("wait: ") + lowcommGetErrorString(r) + ": '" + lowcommGetLastError(nullptr) + "'");
+    int done = 0;
+    r = lowcommTest(rb, &done);
+    RANK_CHECK(done == 1, "a request was still pending after destroy");
+    RANK_CHECK(r != lowcommSuccess, "the second receive succeeded");
+    RANK_CHECK(contains(lowcommGetLastError(nullptr), "failed"),
+               std::string("test: ") + lowcommGetErrorString(r) + ": '" + lowcommGetLastError(nullptr) + "'");
+    return "ok";
+  }));
+}
+
+}  // namespace
+}  // namespace lowcomm::testing
