@@ -297,6 +297,31 @@ TEST(CollectivesFailure, AbortReturnsOnlyAfterTheRunningOperationLetGo) {
   expect_all_ok(res);
 }
 
+TEST(CollectivesMismatch, PointToPointOfAnotherLengthFailsNamingBoth) {
+  // The receiver posts its data receive with the descriptor's, so the sender's longer message
+  // may be refused by the transport before the descriptor is read: either way the error names
+  // the mismatch, and the sender learns of it.
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(c.status());
+    std::vector<float> x(1000, 1.0f);
+    auto t0 = Clock::now();
+    if (rank == 0) {
+      RANK_OK((*c)->send(x.data(), 1000, DType::kFloat32, 1, 3).wait());
+      Status s = (*c)->barrier().wait();
+      return expect_failure(s, StatusCode::kRemoteError, {"rank 1 failed"}, t0, 5);
+    }
+    Status s = (*c)->recv(x.data(), 500, DType::kFloat32, 0, 3).wait();
+    RANK_CHECK(!s.is_ok(), "the mismatched recv succeeded");
+    RANK_CHECK(contains(s.message(), "mismatched operations") ||
+                   (contains(s.message(), "length mismatch") && contains(s.message(), "2000 bytes") &&
+                    contains(s.message(), "4000 bytes")),
+               "unclear error: " + s.to_string());
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
 TEST(CollectivesFailure, ExpiredDeadlineGivesTimeoutAndThePeerLearnsWhy) {
   auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
     auto c = Communicator::init(id, rank, 2, short_timeout(800));

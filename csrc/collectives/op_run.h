@@ -70,9 +70,10 @@ class OpRun {
   // Point-to-point: the sender's descriptor to `peer` / the receiver's check of it.
   Status send_descriptor(int peer, uint64_t tag);
   Status expect_descriptor(int peer, uint64_t tag, const OpDescriptor& expected);
+  // Decodes the descriptor `peer` sent (kDescriptorBytes at `bytes`) and checks it is `expected`.
+  Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
 
  private:
-  Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
   Status wait_one(const transport::Request& r);
   // A mismatch among the peers' descriptors that have arrived, else `failure`.
   Status explain(Status failure);

@@ -3,10 +3,15 @@
 // send: the sender's descriptor (kind send, count, dtype, tag, per-(pair, tag) number) on the
 // user tag's descriptor channel, then the data on its data channel; it completes when both are
 // handed to the kernel (the receiver buffers data that arrives before its recv, as MPI's eager
-// protocol does). recv: wait for the descriptor, check it against what this rank expects, and
-// only then post the receive of the data, so a mismatch is an error naming both calls, never
-// bytes read as the wrong thing. The receiver detects a mismatch; the sender learns of it
-// through the receiver's failure notice (its next operation fails).
+// protocol does; a rendezvous would deadlock the common "both send, then both receive" pattern
+// on the one executor per rank). recv: posts the descriptor's and the data's receives at once,
+// so data that comes while the recv runs lands in the user's buffer with no copy and no
+// unexpected-message allowance; it checks the descriptor against what this rank expects before
+// it reports the data received, so a mismatch is an error naming both calls, never bytes
+// reported as the wrong thing (a failed recv leaves its buffer unspecified). A sender's message
+// of another length fails the connection with the transport's length mismatch, which names both
+// lengths. The receiver detects a mismatch; the sender learns of it through the receiver's
+// failure notice (its next operation fails).
 //
 // barrier: the descriptor exchange of every collective is already a full all-to-all; a barrier
 // is only that.
@@ -41,8 +46,12 @@ Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64
   OpDescriptor expected = run.desc();
   expected.kind = OpKind::kSend;
   expected.root = peer;
-  LOWCOMM_CHECK(run.expect_descriptor(peer, tags::p2p_descriptor(tag), expected));
-  return run.wait(run.irecv(peer, tags::p2p_data(tag), buf, count * dtype_size(dtype)));
+  uint8_t* desc = run.scratch(kDescriptorBytes);
+  transport::Request d = run.irecv(peer, tags::p2p_descriptor(tag), desc, kDescriptorBytes);
+  transport::Request data = run.irecv(peer, tags::p2p_data(tag), buf, count * dtype_size(dtype));
+  LOWCOMM_CHECK(run.wait(d));
+  LOWCOMM_CHECK(run.check_descriptor(peer, desc, expected));
+  return run.wait(data);
 }
 
 Status barrier(OpRun& run) { return run.exchange_descriptors(); }

@@ -216,7 +216,12 @@ void PeerCore::do_read(Stream& s) {
           ::recv(s.fd.get(), s.header + s.header_got, kChunkHeaderBytes - s.header_got, 0));
     } else {
       uint64_t want = std::min<uint64_t>(s.payload_left, kMaxBytesPerEvent);
-      n = LOWCOMM_SYS_RETRY(::recv(s.fd.get(), s.dst, want, 0));
+      uint8_t* into = s.dst;
+      if (!into) {  // a discarded message: read and drop
+        want = std::min<uint64_t>(want, sizeof(sink_));
+        into = sink_;
+      }
+      n = LOWCOMM_SYS_RETRY(::recv(s.fd.get(), into, want, 0));
     }
     if (n == 0) {
       fail(Status(StatusCode::kRemoteError, stream_name(s) + ": connection closed by the peer"));
@@ -238,7 +243,7 @@ void PeerCore::do_read(Stream& s) {
         return;
       }
     } else {
-      s.dst += n;
+      if (s.dst) s.dst += n;
       s.payload_left -= static_cast<uint64_t>(n);
       if (s.payload_left == 0) finish_payload(s);
     }
@@ -258,13 +263,17 @@ Status PeerCore::on_header(Stream& s) {
   InMsg& m = *slot;
   if (!m.has_header) {
     if (m.req && m.posted_len != h->msg_len) {
+      // The application's error, not the stream's: fail that receive, drop the message's bytes
+      // as they come, and keep the connection (the layers above still talk over it, e.g. to
+      // tell the sender why).
       std::string why = "length mismatch: irecv posted " + std::to_string(m.posted_len) +
                         " bytes but the message on tag " + std::to_string(h->tag) + " has " +
                         std::to_string(h->msg_len) + " bytes";
       m.req->complete(corrupt_data(m.what + ": " + why));
-      return corrupt_data(name_ + ": " + why);
+      m.req.reset();
+      m.discard = true;
     }
-    if (!m.req) {
+    if (!m.req && !m.discard) {
       // Nobody posted yet: buffer it, within the peer's allowance for unexpected data. Each
       // message is charged its bookkeeping too, so empty ones cannot pile up without bound.
       const uint64_t charge = h->msg_len + kUnexpectedOverheadBytes;
@@ -274,7 +283,7 @@ Status PeerCore::on_header(Stream& s) {
                           " bytes on tag " + std::to_string(h->tag) +
                           " exceeds the unexpected-message allowance (post the irecv earlier)");
       unexpected_bytes_ += charge;
-      m.buffer.resize(h->msg_len);
+      m.buffer.reset(new uint8_t[h->msg_len]);
       m.unexpected = true;
     }
     m.has_header = true;
@@ -296,11 +305,11 @@ Status PeerCore::on_header(Stream& s) {
   } else if (m.msg_len > 0) {
     return corrupt_data(stream_name(s) + ": empty chunk in a non-empty message on tag " + std::to_string(h->tag));
   }
-  uint8_t* base = m.unexpected ? m.buffer.data() : m.user;
+  uint8_t* base = m.unexpected ? m.buffer.get() : m.discard ? nullptr : m.user;
   s.cur = slot;
   s.cur_key = key;
   s.cur_chunk_len = h->chunk_len;
-  s.dst = base + h->offset;
+  s.dst = base ? base + h->offset : nullptr;
   s.payload_left = h->chunk_len;
   if (h->chunk_len == 0) finish_payload(s);
   return Status::ok();
@@ -316,9 +325,14 @@ void PeerCore::try_complete(const MsgKey& key) {
   auto it = in_msgs_.find(key);
   if (it == in_msgs_.end()) return;
   InMsg& m = *it->second;
+  if (m.discard && m.has_header && m.received == m.msg_len) {  // dropped, all of it read
+    if (m.unexpected) unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
+    in_msgs_.erase(it);
+    return;
+  }
   if (!m.req || !m.has_header || m.received != m.msg_len) return;
   if (m.unexpected) {
-    if (m.msg_len) std::memcpy(m.user, m.buffer.data(), m.msg_len);
+    if (m.msg_len) std::memcpy(m.user, m.buffer.get(), m.msg_len);
     unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
   }
   m.req->complete(Status::ok());
@@ -346,8 +360,8 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<
                       " bytes but the message on tag " + std::to_string(tag) + " has " +
                       std::to_string(m.msg_len) + " bytes";
     m.req->complete(corrupt_data(m.what + ": " + why));
-    fail(corrupt_data(name_ + ": " + why));
-    return;
+    m.req.reset();
+    m.discard = true;  // as in on_header: the connection stays; the bytes are dropped
   }
   try_complete(key);
 }

@@ -16,9 +16,10 @@
 // no irecv has claimed yet. Messages match by (tag, per-tag sequence number), so chunks of one
 // message may arrive on any stream in any order.
 //
-// Failure: the first error (EOF, reset, bad header, length mismatch, abort) latches in
-// failure_; every outstanding and later request fails with it, and the sockets are shut down so
-// the remote side fails too.
+// Failure: the first error (EOF, reset, bad header, abort) latches in failure_; every
+// outstanding and later request fails with it, and the sockets are shut down so the remote side
+// fails too. A message whose length differs from its irecv's fails only that irecv: its bytes
+// are read and dropped, and the connection carries on.
 
 #include <deque>
 #include <map>
@@ -79,8 +80,10 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     uint64_t msg_len = 0;
     uint64_t received = 0;
     std::map<uint64_t, uint64_t> claimed;  // [offset, end) of every chunk whose header came
-    std::vector<uint8_t> buffer;        // unexpected data, until claimed
+    std::unique_ptr<uint8_t[]> buffer;  // unexpected data, until claimed (not zero-filled:
+                                        // the chunks cover it before it completes)
     bool unexpected = false;            // arrived before its irecv (buffered, charged)
+    bool discard = false;               // its irecv failed on the length: drop it when read
   };
   struct Stream {
     int index = 0;
@@ -129,6 +132,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::map<uint64_t, uint64_t> recv_post_seq_;  // tag -> next seq an irecv claims
   std::map<MsgKey, std::shared_ptr<InMsg>> in_msgs_;
   uint64_t unexpected_bytes_ = 0;
+  uint8_t sink_[64 << 10];  // where discarded payload is read to
   Status failure_;
   bool shut_down_ = false;
   bool closing_ = false;
