@@ -151,7 +151,10 @@ inline int rounds(Collective c, const Shape& sh, int P) {
 
 // The link every rank's bytes cross:
 //  - kPerPeer: lowcomm's emulator (--wan), one paced link per (sender, receiver) pair, so the
-//    busiest pair's bytes set the time: bytes * 8 / bw + rounds * one-way delay;
+//    busiest pair's bytes set the time. Two lower bounds, the larger one is the limit: its last
+//    byte arrives one one-way delay after it was serialised (bytes * 8 / bw + delay), and the
+//    rounds on the critical path each take a delay (rounds * delay). Not their sum: pipelined
+//    segments send the second round's bytes while the first round's are still on the wire;
 //  - kAccess: a tbf-shaped access link per rank (--netns), each way; the busiest rank's bytes
 //    set the time (no delay on these kernels).
 struct LinkModel {
@@ -162,7 +165,9 @@ struct LinkModel {
   double limit_seconds(const Traffic& t, int nrounds) const {
     if (kind == kNone || bits_per_second <= 0) return 0;
     double bytes = static_cast<double>(kind == kPerPeer ? t.max_peer_bytes : t.max_rank_bytes);
-    return bytes * 8 / bits_per_second + nrounds * one_way_delay_s;
+    double serialised = bytes * 8 / bits_per_second;
+    if (kind == kAccess) return serialised;  // no delay on these links
+    return std::max(serialised + one_way_delay_s, nrounds * one_way_delay_s);
   }
   std::string describe(const std::string& wan, const std::string& netns) const {
     char buf[256];

@@ -373,7 +373,7 @@ int run_rank(const Options& o, int rank, int P) {
                 o.sockbuf < 0 ? "kernel autotuning" : o.sockbuf > 0 ? std::to_string(o.sockbuf).c_str() : "default");
     std::printf("# link: %s\n", link.describe(o.wan, ns ? o.netns + "0.." + o.netns + std::to_string(P - 1) + " " + ns->rate : "").c_str());
     std::printf("# time: slowest rank, median of the timed calls; algbw/busbw in Gbit/s; wire: payload bytes\n"
-                "# sent per rank per call; limit: wire time at the link rate + latency of the rounds; eff = limit/time\n");
+                "# sent per rank per call; limit: lower bound, max(wire time + one-way delay, rounds x delay); eff = limit/time\n");
   }
 
   InputGen gen{o.seed};

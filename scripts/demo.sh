@@ -35,4 +35,5 @@ awk -F, 'NR == 1 { next }
 echo "time: slowest rank, median of $ITERS calls; rel_err: relative L2 error of the last call against the fp64"
 echo "sum (with error feedback a single call's output carries the residual of the call before, so its"
 echo "error is not smaller; feedback bounds the error of the sum over calls); limit: the busiest link's"
-echo "bytes at the link rate plus two one-way delays; eff = limit/time."
+echo "bytes at the link rate plus one one-way delay, or two one-way delays if more (the lower bounds"
+echo "for a pipelined all-reduce); eff = limit/time."
