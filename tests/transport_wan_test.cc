@@ -199,6 +199,11 @@ TEST(TransportPathModel, ParseBufferBytes) {
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("LOWCOMM_SOCKET_BUFFER"), std::string::npos);
   unsetenv("LOWCOMM_SOCKET_BUFFER");
+  setenv("LOWCOMM_UNEXPECTED_LIMIT", "4G", 1);
+  EXPECT_EQ(PeerConfig::from_env(0, "s")->max_unexpected_bytes, uint64_t{4} << 30);
+  setenv("LOWCOMM_UNEXPECTED_LIMIT", "4T", 1);
+  EXPECT_FALSE(PeerConfig::from_env(0, "s").is_ok());
+  unsetenv("LOWCOMM_UNEXPECTED_LIMIT");
   setenv("LOWCOMM_STREAMS", "3", 1);
   EXPECT_FALSE(PeerConfig::from_env(0, "s")->adapt_streams);
   unsetenv("LOWCOMM_STREAMS");

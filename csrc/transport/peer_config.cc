@@ -6,7 +6,7 @@
 
 namespace lowcomm::transport {
 
-Result<int> parse_buffer_bytes(std::string_view text) {
+Result<uint64_t> parse_byte_size(std::string_view text, uint64_t max) {
   std::string t(text);
   char* end = nullptr;
   errno = 0;
@@ -19,8 +19,14 @@ Result<int> parse_buffer_bytes(std::string_view text) {
   else if (suffix == "M" || suffix == "m") scale = 1ull << 20;
   else if (suffix == "G" || suffix == "g") scale = 1ull << 30;
   else if (!suffix.empty()) return invalid_argument("unknown suffix '" + std::string(suffix) + "' (K, M or G)");
-  if (n > (1ull << 30) / scale) return invalid_argument("more than 1 GiB per socket buffer");
-  return static_cast<int>(n * scale);
+  if (n > max / scale) return invalid_argument("more than " + std::to_string(max >> 20) + " MiB");
+  return static_cast<uint64_t>(n * scale);
+}
+
+Result<int> parse_buffer_bytes(std::string_view text) {
+  auto n = parse_byte_size(text, uint64_t{1} << 30);
+  if (!n) return n.status();
+  return static_cast<int>(*n);
 }
 
 Result<PeerConfig> PeerConfig::from_env(int local_rank, std::string secret) {
@@ -41,6 +47,11 @@ Result<PeerConfig> PeerConfig::from_env(int local_rank, std::string secret) {
     auto bytes = parse_buffer_bytes(env);
     if (!bytes) return invalid_argument("LOWCOMM_SOCKET_BUFFER='" + std::string(env) + "': " + bytes.status().message());
     c.socket_buffer_bytes = *bytes;
+  }
+  if (const char* env = std::getenv("LOWCOMM_UNEXPECTED_LIMIT")) {
+    auto bytes = parse_byte_size(env, uint64_t{1} << 40);
+    if (!bytes) return invalid_argument("LOWCOMM_UNEXPECTED_LIMIT='" + std::string(env) + "': " + bytes.status().message());
+    c.max_unexpected_bytes = *bytes;
   }
   auto wan = wan_from_env();
   if (!wan) return wan.status();

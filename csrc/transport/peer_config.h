@@ -22,17 +22,22 @@ struct PeerConfig {
   uint32_t chunk_bytes = 512 << 10;    // striping unit; also the pacing unit
   WanLink wan;                    // shaping of this side's sends to the peer
   double handshake_timeout_s = 10.0;   // a half-open or silent connection is dropped after this
-  uint64_t max_unexpected_bytes = 1ull << 30;  // buffered messages nobody has posted yet
+  // Buffered messages nobody has posted a receive for yet, per peer (LOWCOMM_UNEXPECTED_LIMIT):
+  // eager sends to a receiver that lags behind; beyond it the peer fails with a clear error.
+  uint64_t max_unexpected_bytes = 1ull << 30;
 
   // streams from LOWCOMM_STREAMS (which also turns adapt_streams off), socket_buffer_bytes from
-  // LOWCOMM_SOCKET_BUFFER (bytes, K/M/G suffixes of 1024, 0 = kernel autotuning) and wan from
-  // LOWCOMM_WAN; other fields default. The error names the bad variable.
+  // LOWCOMM_SOCKET_BUFFER (bytes, K/M/G suffixes of 1024, 0 = kernel autotuning),
+  // max_unexpected_bytes from LOWCOMM_UNEXPECTED_LIMIT and wan from LOWCOMM_WAN; other fields
+  // default. The error names the bad variable.
   static Result<PeerConfig> from_env(int local_rank, std::string secret);
 };
 
 inline constexpr int kMaxStreams = 64;
 
-// "33554432", "32M", "512K", "0": a socket buffer size in bytes (suffixes are powers of 1024).
+// "33554432", "32M", "512K", "0": a byte count (suffixes are powers of 1024), at most `max`.
+Result<uint64_t> parse_byte_size(std::string_view text, uint64_t max);
+// A socket buffer size: parse_byte_size up to 1 GiB.
 Result<int> parse_buffer_bytes(std::string_view text);
 
 }  // namespace lowcomm::transport
