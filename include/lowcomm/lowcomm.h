@@ -73,9 +73,9 @@ lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* uniqu
 lowcommResult_t lowcommUniqueIdToString(const lowcommUniqueId* uniqueId, char* buf, size_t len);
 lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommUniqueId* uniqueId);
 
-/* Options from the environment: LOWCOMM_STREAMS, LOWCOMM_WAN, LOWCOMM_TIMEOUT_S,
- * LOWCOMM_SOCKET_IFNAME, LOWCOMM_CODEC (all-reduce's codec when the call passes NULL;
- * unset: uncompressed). */
+/* Options from the environment: LOWCOMM_STREAMS, LOWCOMM_SOCKET_BUFFER, LOWCOMM_WAN,
+ * LOWCOMM_TIMEOUT_S, LOWCOMM_SOCKET_IFNAME, LOWCOMM_UNEXPECTED_LIMIT, LOWCOMM_CODEC
+ * (all-reduce's codec when the call passes NULL; unset: uncompressed). */
 lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId, int rank);
 /* Finishes queued operations, then closes (waiting for the peers to do the same). */
 lowcommResult_t lowcommCommDestroy(lowcommComm_t comm);
