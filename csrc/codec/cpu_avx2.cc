@@ -444,13 +444,14 @@ template <DType D, DType W, CodecOp Op>
 void passthrough_units(const CodecJob& job, uint64_t begin, uint64_t end) {
   void* wire = job.payload;
   constexpr uint64_t kElemBytes = D == DType::kFloat32 ? 4 : 2;
-  const char* prefetch = static_cast<const char*>(Op == CodecOp::kDecodeDelta || Op == CodecOp::kEncodeDelta
-                                                      ? job.state
-                                                      : job.out) + kPrefetchBytes;
+  // The buffer read and written in place (decode-accumulate: out; delta ops: state); the other
+  // ops have none, and their null `out` must not even be offset.
+  [[maybe_unused]] const char* inplace =
+      static_cast<const char*>(Op == CodecOp::kDecodeAccumulate ? job.out : job.state);
   for (uint64_t i = begin; i < end; i += 8) {
     if constexpr (Op == CodecOp::kDecodeAccumulate || Op == CodecOp::kDecodeDelta ||
                   Op == CodecOp::kEncodeDelta) {
-      if (i * kElemBytes % 64 == 0) _mm_prefetch(prefetch + i * kElemBytes, _MM_HINT_T0);
+      if (i * kElemBytes % 64 == 0) _mm_prefetch(inplace + kPrefetchBytes + i * kElemBytes, _MM_HINT_T0);
     }
     if constexpr (Op == CodecOp::kEncode) {
       store8<W>(wire, i, load8<D>(job.x, i));
