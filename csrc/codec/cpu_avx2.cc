@@ -66,6 +66,11 @@ inline __m256 abs8(__m256 v) {
   return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
 }
 
+// All ones where v is finite (|v| <= FLT_MAX; false for NaN and infinities).
+inline __m256 finite_mask8(__m256 v) {
+  return _mm256_cmp_ps(abs8(v), _mm256_set1_ps(qm::kFltMax), _CMP_LE_OQ);
+}
+
 // ---- the encode source: y = x, x + r, or a - m ----
 
 template <DType D, CodecOp Op>
@@ -387,7 +392,6 @@ void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
   const __m256i offset = _mm256_set1_epi32(1 << (bits - 1));
   const __m256 unit_step = _mm256_set1_ps(qm::pow2i(1 - bits));
   const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(qm::kCanonicalNanF32)));
-  const __m256 flt_max = _mm256_set1_ps(qm::kFltMax);
   const float* scales = job.scales();
   const uint8_t* packed = job.packed();
   const uint64_t cols = job.spec.cols;
@@ -409,7 +413,7 @@ void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
     } else {
       scale = _mm256_set1_ps(scales[i >> block_shift]);
     }
-    __m256 finite = _mm256_cmp_ps(abs8(scale), flt_max, _CMP_LE_OQ);
+    __m256 finite = finite_mask8(scale);
     __m256i code = unpack8(packed, i / 8, bits);
     __m256 dec;
     if (bits == 1) {
@@ -435,10 +439,6 @@ void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
 // The same element rule as the portable path (cpu_scalar.cc passthrough_range): stores round to
 // nearest even and write the canonical NaN; state resets to 0 where the wire value is not
 // finite.
-
-inline __m256 finite_mask8(__m256 v) {
-  return _mm256_cmp_ps(abs8(v), _mm256_set1_ps(qm::kFltMax), _CMP_LE_OQ);
-}
 
 template <DType D, DType W, CodecOp Op>
 void passthrough_units(const CodecJob& job, uint64_t begin, uint64_t end) {

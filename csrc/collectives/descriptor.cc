@@ -1,5 +1,6 @@
 #include "collectives/descriptor.h"
 
+#include "core/fnv1a.h"
 #include "transport/little_endian.h"
 
 namespace lowcomm::collectives {
@@ -8,12 +9,6 @@ namespace {
 using namespace transport;  // NOLINT: the little-endian helpers
 
 constexpr uint32_t kDescriptorMagic = 0x3144434Cu;  // "LCD1"
-
-uint32_t fnv1a32(const uint8_t* p, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
-  return h;
-}
 
 bool valid_dtype(uint8_t v) { return v >= 1 && v <= 3; }
 

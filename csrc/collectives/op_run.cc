@@ -157,10 +157,4 @@ Status OpRun::send_descriptor(int peer, uint64_t tag) {
   return Status::ok();
 }
 
-Status OpRun::expect_descriptor(int peer, uint64_t tag, const OpDescriptor& expected) {
-  uint8_t* in = scratch(kDescriptorBytes);
-  LOWCOMM_CHECK(wait(irecv(peer, tag, in, kDescriptorBytes)));
-  return check_descriptor(peer, in, expected);
-}
-
 }  // namespace lowcomm::collectives

@@ -67,9 +67,8 @@ class OpRun {
   // The transport tag of this operation's payload on `channel` (tags::payload): operations of
   // another shape never match our receives.
   uint64_t payload_tag(uint64_t channel) const;
-  // Point-to-point: the sender's descriptor to `peer` / the receiver's check of it.
+  // Point-to-point: the sender's descriptor to `peer`.
   Status send_descriptor(int peer, uint64_t tag);
-  Status expect_descriptor(int peer, uint64_t tag, const OpDescriptor& expected);
   // Decodes the descriptor `peer` sent (kDescriptorBytes at `bytes`) and checks it is `expected`.
   Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
 

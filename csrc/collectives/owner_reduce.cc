@@ -115,6 +115,9 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
     }
   }
 
+  const uint64_t reduce_tag = run.payload_tag(tags::kReduce);
+  const uint64_t gather_tag = run.payload_tag(tags::kGather);
+
   // Receives first, so arriving data lands in place instead of being buffered.
   std::vector<std::vector<uint8_t*>> contrib(P);  // [rank][segment] codes of my chunk
   std::vector<std::vector<transport::Request>> contrib_req(P);
@@ -124,7 +127,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       uint8_t* b = run.scratch(plan.bytes(s.count));
       contrib[r].push_back(b);
       contrib_req[r].push_back(
-          run.irecv(r, run.payload_tag(tags::kReduce), b, plan.bytes(s.count)));
+          run.irecv(r, reduce_tag, b, plan.bytes(s.count)));
     }
   }
   std::vector<std::vector<uint8_t*>> results(P);  // [owner][segment] codes of owner's chunk
@@ -136,7 +139,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
         uint8_t* b = plan.plain ? out + s.begin * plan.es : run.scratch(plan.bytes(s.count));
         results[j].push_back(b);
         result_req[j].push_back(
-            run.irecv(j, run.payload_tag(tags::kGather), b, plan.bytes(s.count)));
+            run.irecv(j, gather_tag, b, plan.bytes(s.count)));
       }
     }
   }
@@ -167,7 +170,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       if (j == me) {
         own_codes[k] = codes;
       } else {
-        run.isend(j, run.payload_tag(tags::kReduce), codes, plan.bytes(s.count));
+        run.isend(j, reduce_tag, codes, plan.bytes(s.count));
       }
     }
   }
@@ -242,7 +245,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       res = b;
     }
     for (int d = 1; d < P; ++d)
-      run.isend((me + d) % P, run.payload_tag(tags::kGather), res, plan.bytes(s.count));
+      run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count));
     // The owner decodes the very bytes it sent, like everyone else.
     if (!plan.plain) LOWCOMM_CHECK(decode(plan.wire, res, plan.bytes(s.count), s.count, a.dtype, dst, cpu));
   }

@@ -15,6 +15,7 @@
 #include "collectives/root_socket.h"
 #include "core/sys_check.h"
 #include "lowcomm/communicator.h"
+#include "core/fnv1a.h"
 #include "transport/little_endian.h"
 #include "transport/socket_address.h"
 #include "transport/socket_options.h"
@@ -34,12 +35,6 @@ constexpr size_t kMaxAddressBytes = 80;
 constexpr size_t kChecksumOffset = UniqueId::kOpaqueBytes - 4;
 static_assert(kAddressOffset + kMaxAddressBytes + 4 == kChecksumOffset);
 constexpr const char* kTextPrefix = "lowcomm1:";
-
-uint32_t fnv1a32(const uint8_t* p, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
-  return h;
-}
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';

@@ -1,17 +1,9 @@
 #include "transport/chunk_header.h"
 
+#include "core/fnv1a.h"
 #include "transport/little_endian.h"
 
 namespace lowcomm::transport {
-namespace {
-
-uint32_t fnv1a32(const uint8_t* p, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
-  return h;
-}
-
-}  // namespace
 
 void write_chunk_header(const ChunkHeader& h, uint8_t out[kChunkHeaderBytes]) {
   store_le32(out, kChunkMagic);

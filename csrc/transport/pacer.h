@@ -47,7 +47,6 @@ class Pacer {
 
   bool shaped() const { return link_.shaped(); }
   const WanLink& link() const { return link_; }
-  uint64_t window_bytes() const { return window_; }
   // Where and when a chunk of `bytes` submitted at `now` becomes deliverable.
   Slot submit(uint64_t bytes, Clock::time_point now);
   // When the link finishes serialising everything submitted so far.

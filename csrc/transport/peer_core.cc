@@ -262,17 +262,7 @@ Status PeerCore::on_header(Stream& s) {
   }
   InMsg& m = *slot;
   if (!m.has_header) {
-    if (m.req && m.posted_len != h->msg_len) {
-      // The application's error, not the stream's: fail that receive, drop the message's bytes
-      // as they come, and keep the connection (the layers above still talk over it, e.g. to
-      // tell the sender why).
-      std::string why = "length mismatch: irecv posted " + std::to_string(m.posted_len) +
-                        " bytes but the message on tag " + std::to_string(h->tag) + " has " +
-                        std::to_string(h->msg_len) + " bytes";
-      m.req->complete(corrupt_data(m.what + ": " + why));
-      m.req.reset();
-      m.discard = true;
-    }
+    if (m.req && m.posted_len != h->msg_len) reject_length(m, h->tag, h->msg_len);
     if (!m.req && !m.discard) {
       // Nobody posted yet: buffer it, within the peer's allowance for unexpected data. Each
       // message is charged its bookkeeping too, so empty ones cannot pile up without bound.
@@ -283,8 +273,7 @@ Status PeerCore::on_header(Stream& s) {
                           " bytes on tag " + std::to_string(h->tag) +
                           " exceeds the unexpected-message allowance (post the irecv earlier)");
       unexpected_bytes_ += charge;
-      m.buffer.reset(new uint8_t[h->msg_len]);
-      m.unexpected = true;
+      m.buffer.reset(new uint8_t[h->msg_len]);  // non-null even for 0 bytes: marks it unexpected
     }
     m.has_header = true;
     m.msg_len = h->msg_len;
@@ -305,7 +294,7 @@ Status PeerCore::on_header(Stream& s) {
   } else if (m.msg_len > 0) {
     return corrupt_data(stream_name(s) + ": empty chunk in a non-empty message on tag " + std::to_string(h->tag));
   }
-  uint8_t* base = m.unexpected ? m.buffer.get() : m.discard ? nullptr : m.user;
+  uint8_t* base = m.buffer ? m.buffer.get() : m.discard ? nullptr : m.user;
   s.cur = slot;
   s.cur_key = key;
   s.cur_chunk_len = h->chunk_len;
@@ -326,12 +315,12 @@ void PeerCore::try_complete(const MsgKey& key) {
   if (it == in_msgs_.end()) return;
   InMsg& m = *it->second;
   if (m.discard && m.has_header && m.received == m.msg_len) {  // dropped, all of it read
-    if (m.unexpected) unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
+    if (m.buffer) unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
     in_msgs_.erase(it);
     return;
   }
   if (!m.req || !m.has_header || m.received != m.msg_len) return;
-  if (m.unexpected) {
+  if (m.buffer) {
     if (m.msg_len) std::memcpy(m.user, m.buffer.get(), m.msg_len);
     unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
   }
@@ -355,15 +344,19 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<
   m.what = std::move(what);
   m.user = data;
   m.posted_len = len;
-  if (m.has_header && m.msg_len != len) {
-    std::string why = "length mismatch: irecv posted " + std::to_string(len) +
-                      " bytes but the message on tag " + std::to_string(tag) + " has " +
-                      std::to_string(m.msg_len) + " bytes";
-    m.req->complete(corrupt_data(m.what + ": " + why));
-    m.req.reset();
-    m.discard = true;  // as in on_header: the connection stays; the bytes are dropped
-  }
+  if (m.has_header && m.msg_len != len) reject_length(m, tag, m.msg_len);
   try_complete(key);
+}
+
+void PeerCore::reject_length(InMsg& m, uint64_t tag, uint64_t msg_len) {
+  // The application's error, not the stream's: fail that receive, drop the message's bytes as
+  // they come, and keep the connection (the layers above still talk over it, e.g. to tell the
+  // sender why).
+  m.req->complete(corrupt_data(m.what + ": length mismatch: irecv posted " + std::to_string(m.posted_len) +
+                               " bytes but the message on tag " + std::to_string(tag) + " has " +
+                               std::to_string(msg_len) + " bytes"));
+  m.req.reset();
+  m.discard = true;
 }
 
 void PeerCore::fail(Status why) {

@@ -80,9 +80,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     uint64_t msg_len = 0;
     uint64_t received = 0;
     std::map<uint64_t, uint64_t> claimed;  // [offset, end) of every chunk whose header came
-    std::unique_ptr<uint8_t[]> buffer;  // unexpected data, until claimed (not zero-filled:
-                                        // the chunks cover it before it completes)
-    bool unexpected = false;            // arrived before its irecv (buffered, charged)
+    // Set iff the message arrived before its irecv (buffered, charged to the allowance) until
+    // it completes; not zero-filled: the chunks cover it first.
+    std::unique_ptr<uint8_t[]> buffer;
     bool discard = false;               // its irecv failed on the length: drop it when read
   };
   struct Stream {
@@ -110,6 +110,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   Status on_header(Stream& s);
   void finish_payload(Stream& s);
   void try_complete(const MsgKey& key);
+  // m's posted receive disagrees with its message's length: fail the receive, drop the message.
+  void reject_length(InMsg& m, uint64_t tag, uint64_t msg_len);
   void enqueue(OutChunk chunk);
   void release_paced();
   void update_write_interest(Stream& s);

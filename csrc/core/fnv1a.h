@@ -1,0 +1,17 @@
+#pragma once
+// FNV-1a, 32 bits: the checksum of small fixed-size control records (chunk headers, operation
+// descriptors, unique ids) -- catches corruption and confusion, not an attacker (the streams
+// are authenticated). Bulk payload uses XXH3 (wire/frame.h).
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lowcomm {
+
+inline uint32_t fnv1a32(const uint8_t* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+}  // namespace lowcomm
