@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/fnv1a.h"
 #include "transport/little_endian.h"
 
 namespace lowcomm::collectives {
@@ -14,12 +15,6 @@ using transport::store_le64;
 
 constexpr uint32_t kStoreMagic = 0x4645434Cu;  // "LCEF"
 constexpr uint32_t kStoreVersion = 1;
-
-uint64_t fnv1a64(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 void put32(std::vector<uint8_t>& out, uint32_t v) {
   size_t at = out.size();

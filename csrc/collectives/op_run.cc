@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "collectives/tags.h"
+#include "core/fnv1a.h"
 
 namespace lowcomm::collectives {
 namespace {
@@ -18,8 +19,7 @@ uint64_t shape_hash(const OpDescriptor& desc) {
   OpDescriptor d = desc;
   d.seq = 0;
   auto bytes = d.encode();
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < 60; ++i) h = (h ^ bytes[i]) * 1099511628211ull;  // not the checksum
+  uint64_t h = fnv1a64(bytes.data(), 60);  // not the checksum
   return h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48);
 }
 

@@ -33,6 +33,7 @@
 // Step 1 updates the error-feedback residual before the check, as any failure after step 1
 // would leave it; a mismatch fails the communicator anyway.
 
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/algorithms.h"
@@ -208,9 +209,11 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
   // Step 2: reduce my chunk, segment by segment, as contributions arrive.
   const CodecSpec dtype_out = passthrough(a.dtype);
   const uint64_t owner_seed = rounding_seed(a.seed, a.step, me, 2);
+  uint64_t max_seg = 0;
+  for (const Range& s : my_segs) max_seg = std::max(max_seg, s.count);
+  auto* acc = reinterpret_cast<float*>(run.scratch(max_seg * sizeof(float)));  // one, reused
   for (size_t k = 0; k < my_segs.size(); ++k) {
     const Range s = my_segs[k];
-    auto* acc = reinterpret_cast<float*>(run.scratch(s.count * sizeof(float)));
     std::memset(acc, 0, s.count * sizeof(float));
     for (int r = 0; r < P; ++r) {
       const uint8_t* codes = r == me ? own_codes[k] : contrib[r][k];
