@@ -133,6 +133,23 @@ TEST(TransportFailure, ConnectWaitsForAListenerThatIsNotAcceptingYet) {
   EXPECT_EQ(y, x);
 }
 
+TEST(TransportFailure, ConnectRetriesARefusedAddressUntilAListenerComes) {
+  // Nobody listens at first (refused), then a listener opens on that address.
+  auto engine_a = *ProgressEngine::create("lc-test-a");
+  auto engine_b = *ProgressEngine::create("lc-test-b");
+  SocketAddress addr = std::move(Listener::create(engine_a, test_config(0), loopback())).value()->address();
+  auto connected = std::async(std::launch::async, [&] {
+    return connect_peer(engine_b, addr, test_config(1), Deadline::after_seconds(15));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto l = Listener::create(engine_a, test_config(0), addr);
+  ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+  auto a = (*l)->accept(Deadline::after_seconds(10));
+  auto b = connected.get();
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+}
+
 TEST(TransportFailure, NonBlockingConnectAndAcceptByTest) {
   auto engine_a = *ProgressEngine::create("lc-test-a");
   auto engine_b = *ProgressEngine::create("lc-test-b");

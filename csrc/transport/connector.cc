@@ -98,10 +98,9 @@ Result<std::unique_ptr<Peer>> connect_peer(std::shared_ptr<ProgressEngine> engin
     while (true) {
       auto r = (*op)->test();
       if (!r) {
-        // Retry while nobody answers: the listener may not be up yet, or its socket exists
-        // (opened with the id) but nobody accepts on it yet.
-        bool refused = r.status().message().find("Connection refused") != std::string::npos;
-        if (!(refused || (*op)->server_silent()) || deadline.expired()) return r.status();
+        // Retry while nobody answers (a refused connect included): the listener may not be up
+        // yet, or its socket exists (opened with the id) but nobody accepts on it yet.
+        if (!(*op)->server_silent() || deadline.expired()) return r.status();
         break;
       }
       if (*r) return (*op)->take_peer();

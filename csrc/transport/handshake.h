@@ -79,9 +79,9 @@ class StreamHandshake {
   // After done(): the client's hello (server side) and the server's rank (client side).
   const HelloInfo& hello() const { return hello_; }
   uint32_t server_rank() const { return server_rank_; }
-  // Client, after a failure: the server never said a word (the connect, the hello or the wait
-  // for the challenge failed by timeout or reset before any challenge byte arrived; a clean
-  // close after our hello is a rejection, not silence).
+  // Client, after a failure: the server never said a word (the connect was refused, or the
+  // connect, the hello or the wait for the challenge failed by timeout or reset before any
+  // challenge byte arrived; a clean close after our hello is a rejection, not silence).
   // Then nobody is serving the port yet -- e.g. a root that opened its socket when it made the
   // id but has not reached init -- and the connect may be retried; an authentication failure
   // is never retried.
