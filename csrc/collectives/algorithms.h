@@ -10,6 +10,11 @@
 
 namespace lowcomm::collectives {
 
+// No codec, or a passthrough in the tensor's own dtype: the plain (uncompressed) algorithm.
+inline bool plain_codec(const std::optional<CodecSpec>& codec, DType dtype) {
+  return !codec || (!codec->quantized() && codec->wire_dtype == dtype);
+}
+
 struct ReduceArgs {
   const void* send = nullptr;
   void* recv = nullptr;

@@ -16,6 +16,7 @@ namespace lowcomm {
 namespace {
 
 using collectives::OpDescriptor;
+using collectives::OpKind;
 using collectives::OpRun;
 
 constexpr uint32_t kControlMagic = 0x3158434Cu;  // "LCX1"
@@ -149,13 +150,12 @@ Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   return enqueue_locked(std::move(op));
 }
 
-Work CommImpl::submit_p2p(OpDescriptor desc, int peer, bool is_send, Body body) {
+Work CommImpl::submit_p2p(OpDescriptor desc, int peer, Body body) {
+  const bool is_send = desc.kind == OpKind::kSend;
   Op op;
   desc.nranks = static_cast<uint32_t>(nranks_);
   op.peers = {peer};
   op.body = std::move(body);
-  op.p2p = true;
-  op.is_send = is_send;
   std::lock_guard<std::mutex> lock(mu_);
   desc.seq = p2p_seq_[{peer, desc.tag, is_send}]++;
   op.p2p_index = is_send ? p2p_sent_[static_cast<size_t>(peer)]++ : p2p_received_[static_cast<size_t>(peer)]++;
@@ -268,10 +268,11 @@ CommImpl::Departure CommImpl::parse_departure(const uint8_t* m) {
 bool CommImpl::needs_departed(int r, const Departure& d) const {
   const Op* op = current_;
   if (!op) return true;
-  if (!op->p2p) return op->desc.seq >= d.collectives;
+  const bool p2p = op->desc.kind == OpKind::kSend || op->desc.kind == OpKind::kRecv;
+  if (!p2p) return op->desc.seq >= d.collectives;
   if (op->peers.empty() || op->peers[0] != r) return false;
   // Counted over all tags: a message on another tag keeps this one waiting, to the deadline.
-  return op->is_send ? op->p2p_index >= d.received_from_us : op->p2p_index >= d.sent_to_us;
+  return op->desc.kind == OpKind::kSend ? op->p2p_index >= d.received_from_us : op->p2p_index >= d.sent_to_us;
 }
 
 void CommImpl::send_control(uint32_t type, const std::string& text, std::chrono::milliseconds wait) {

@@ -60,9 +60,9 @@ class CommImpl {
 
   // Queues a collective (desc.seq assigned here) over every peer.
   Work submit_collective(collectives::OpDescriptor desc, Body body);
-  // Queues a point-to-point operation with `peer`; desc.seq is the per (peer, tag, direction)
-  // message number.
-  Work submit_p2p(collectives::OpDescriptor desc, int peer, bool is_send, Body body);
+  // Queues a point-to-point operation (desc.kind kSend or kRecv) with `peer`; desc.seq is the
+  // per (peer, tag, direction) message number.
+  Work submit_p2p(collectives::OpDescriptor desc, int peer, Body body);
   // Queues a local operation (EF save/restore) ordered with the others; never fails the group.
   Work submit_local(std::function<Status()> fn);
 
@@ -85,8 +85,6 @@ class CommImpl {
     Body body;
     std::function<Status()> local;
     std::shared_ptr<WorkState> work;
-    bool p2p = false;
-    bool is_send = false;
     uint64_t p2p_index = 0;  // point-to-point ops with this peer in this direction before it
   };
   // What a goodbye says: the departed rank's totals, to this rank.

@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "collectives/arg_checks.h"
 #include "collectives/partition.h"
 #include "collectives/tags.h"
 
@@ -35,18 +36,11 @@ namespace {
 
 constexpr uint64_t kDirectBroadcastBytes = 64 << 10;
 
-Status check_buffers(const void* a, const void* b, uint64_t bytes) {
-  if (bytes > 0 && (!a || !b)) return invalid_argument("null buffer with a non-zero count");
-  return Status::ok();
-}
-
 }  // namespace
 
 Status all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype) {
+  LOWCOMM_CHECK(check_all_gather(send, recv, count, dtype, run.size()));
   const uint64_t bytes = count * dtype_size(dtype);
-  if (count > (uint64_t{1} << 56) / static_cast<uint64_t>(run.size()))
-    return invalid_argument("element count too large");
-  LOWCOMM_CHECK(check_buffers(send, recv, bytes));
   LOWCOMM_CHECK(run.post_descriptors());
   auto* out = static_cast<uint8_t*>(recv);
   const int me = run.rank();
@@ -59,14 +53,10 @@ Status all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DTyp
 }
 
 Status broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root) {
-  if (root < 0 || root >= run.size())
-    return invalid_argument("broadcast root " + std::to_string(root) + " is outside [0, " +
-                            std::to_string(run.size()) + ")");
-  if (count > (uint64_t{1} << 56)) return invalid_argument("element count too large");
+  LOWCOMM_CHECK(check_broadcast(send, recv, count, dtype, root, run.rank(), run.size()));
   const uint64_t es = dtype_size(dtype);
   const uint64_t bytes = count * es;
   const int me = run.rank(), P = run.size();
-  LOWCOMM_CHECK(check_buffers(me == root ? send : recv, recv, bytes));
   LOWCOMM_CHECK(run.post_descriptors());
   auto* out = static_cast<uint8_t*>(recv);
   if (me == root && send != recv && bytes) std::memmove(out, send, bytes);

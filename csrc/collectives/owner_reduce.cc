@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "collectives/arg_checks.h"
 #include "collectives/partition.h"
 #include "collectives/tags.h"
 
@@ -72,22 +73,11 @@ struct Plan {
   uint64_t bytes(uint64_t count) const { return encoded_size(wire, count); }
 };
 
-Status validate(const ReduceArgs& a) {
-  if (a.n > 0 && (!a.send || !a.recv)) return invalid_argument("null buffer with a non-zero count");
-  if (a.codec) {
-    LOWCOMM_CHECK(validate_spec(*a.codec));
-    LOWCOMM_CHECK(check_count(*a.codec, a.n));
-  }
-  if (a.n > (uint64_t{1} << 56)) return invalid_argument("element count too large");
-  if (!a.codec && !a.ef_key.empty()) return invalid_argument("error feedback needs a quantizing codec");
-  return Status::ok();
-}
-
 Plan make_plan(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks) {
   Plan p;
   p.es = dtype_size(a.dtype);
   p.wire = a.codec ? *a.codec : passthrough(a.dtype);
-  p.plain = !a.codec || (!a.codec->quantized() && a.codec->wire_dtype == a.dtype);
+  p.plain = plain_codec(a.codec, a.dtype);
   uint64_t seg = run.desc().tag;  // reduce_segment_elems, agreed through the descriptor
   for (const Range& c : chunks) p.segs.push_back(split_segments(c, seg));
   return p;
@@ -266,16 +256,16 @@ uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype, const std::op
 }
 
 Status all_reduce(OpRun& run, const ReduceArgs& a) {
-  LOWCOMM_CHECK(validate(a));
+  LOWCOMM_CHECK(check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.ef_key));
   LOWCOMM_CHECK(run.post_descriptors());
   return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)), true);
 }
 
 Status reduce_scatter(OpRun& run, const ReduceArgs& a) {
-  LOWCOMM_CHECK(validate(a));
+  const uint64_t rc = a.n / static_cast<uint64_t>(run.size());
+  LOWCOMM_CHECK(check_reduce_scatter(a.send, a.recv, rc, a.dtype, a.op, run.size()));
   if (a.codec) return unsupported("reduce_scatter with a codec is not implemented; use all_reduce");
   LOWCOMM_CHECK(run.post_descriptors());
-  const uint64_t rc = a.n / static_cast<uint64_t>(run.size());
   std::vector<Range> chunks;
   for (int j = 0; j < run.size(); ++j) chunks.push_back({rc * static_cast<uint64_t>(j), rc});
   return owner_reduce(run, a, chunks, false);

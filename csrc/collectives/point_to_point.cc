@@ -17,32 +17,19 @@
 // is only that.
 
 #include "collectives/algorithms.h"
+#include "collectives/arg_checks.h"
 #include "collectives/tags.h"
 
 namespace lowcomm::collectives {
-namespace {
-
-Status check_peer(const OpRun& run, int peer, uint64_t tag, const void* buf, uint64_t count) {
-  if (peer < 0 || peer >= run.size() || peer == run.rank())
-    return invalid_argument("peer " + std::to_string(peer) + " is not another rank of [0, " +
-                            std::to_string(run.size()) + ")");
-  if (tag > tags::kMaxUserTag) return invalid_argument("tag must be below 2^60");
-  if (count > 0 && !buf) return invalid_argument("null buffer with a non-zero count");
-  if (count > (uint64_t{1} << 56)) return invalid_argument("element count too large");
-  return Status::ok();
-}
-
-}  // namespace
-
 Status send(OpRun& run, const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
-  LOWCOMM_CHECK(check_peer(run, peer, tag, buf, count));
+  LOWCOMM_CHECK(check_p2p("send", buf, count, dtype, peer, tag, run.rank(), run.size()));
   LOWCOMM_CHECK(run.send_descriptor(peer, tags::p2p_descriptor(tag)));
   run.isend(peer, tags::p2p_data(tag), buf, count * dtype_size(dtype));
   return Status::ok();
 }
 
 Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
-  LOWCOMM_CHECK(check_peer(run, peer, tag, buf, count));
+  LOWCOMM_CHECK(check_p2p("recv", buf, count, dtype, peer, tag, run.rank(), run.size()));
   OpDescriptor expected = run.desc();
   expected.kind = OpKind::kSend;
   expected.root = peer;

@@ -1,0 +1,112 @@
+#include "collectives/arg_checks.h"
+
+#include <string>
+
+#include "collectives/algorithms.h"
+#include "collectives/tags.h"
+
+namespace lowcomm::collectives {
+
+Status check_dtype(const char* what, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kBFloat16:
+    case DType::kFloat16: return Status::ok();
+  }
+  return invalid_argument(std::string(what) + ": unknown dtype " +
+                          std::to_string(static_cast<int>(dtype)));
+}
+
+Status check_op(const char* what, ReduceOp op) {
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) return Status::ok();
+  return invalid_argument(std::string(what) + ": unknown reduction " +
+                          std::to_string(static_cast<int>(op)));
+}
+
+// count elements, each standing for `per` elements of the whole operation (the rank count for
+// reduce_scatter and all_gather): divides instead of multiplying, which could wrap.
+Status check_elements(const char* what, uint64_t count, uint64_t per) {
+  if (count <= kMaxElements / per) return Status::ok();
+  return invalid_argument(std::string(what) + ": element count " + std::to_string(count) +
+                          (per > 1 ? " times " + std::to_string(per) + " ranks" : std::string()) +
+                          " is above the limit of 2^56");
+}
+
+Status check_buffer(const char* what, const char* name, const void* buf, uint64_t count) {
+  if (buf || count == 0) return Status::ok();
+  return invalid_argument(std::string(what) + ": " + name + " buffer is null with a count of " +
+                          std::to_string(count));
+}
+
+Status check_peer(const char* what, int peer, int rank, int size) {
+  if (peer >= 0 && peer < size && peer != rank) return Status::ok();
+  return invalid_argument(std::string(what) + ": peer " + std::to_string(peer) +
+                          " is not another rank of [0, " + std::to_string(size) + ") (this is rank " +
+                          std::to_string(rank) + ")");
+}
+
+Status check_p2p(const char* what, const void* buf, uint64_t count, DType dtype, int peer,
+                 uint64_t tag, int rank, int size) {
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  LOWCOMM_CHECK(check_peer(what, peer, rank, size));
+  if (tag > tags::kMaxUserTag)
+    return invalid_argument(std::string(what) + ": tag " + std::to_string(tag) + " is not below 2^60");
+  LOWCOMM_CHECK(check_buffer(what, "the", buf, count));
+  return check_elements(what, count);
+}
+
+// `codec` is the one the call resolves to (its own or CommOptions::codec), before an
+// uncompressed spec in the tensor's dtype is dropped. Validated before anything divides by its
+// block size.
+Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
+                        const std::optional<CodecSpec>& codec, const std::string& ef_key) {
+  const char* what = "all_reduce";
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  LOWCOMM_CHECK(check_op(what, op));
+  LOWCOMM_CHECK(check_elements(what, count));
+  LOWCOMM_CHECK(check_buffer(what, "send", send, count));
+  LOWCOMM_CHECK(check_buffer(what, "recv", recv, count));
+  if (codec) {
+    if (Status s = validate_spec(*codec); !s)
+      return invalid_argument(std::string(what) + ": invalid codec: " + s.message());
+    if (Status s = check_count(*codec, count); !s)
+      return invalid_argument(std::string(what) + ": codec " + to_string(*codec) + ": " + s.message());
+  }
+  if (plain_codec(codec, dtype) && !ef_key.empty())
+    return invalid_argument(std::string(what) + ": error feedback (ef_key '" + ef_key +
+                            "') needs a codec that loses precision; this all_reduce is uncompressed");
+  return Status::ok();
+}
+
+// recv_count * size elements in `send`: checked without multiplying, which could wrap.
+Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op,
+                            int size) {
+  const char* what = "reduce_scatter";
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  LOWCOMM_CHECK(check_op(what, op));
+  LOWCOMM_CHECK(check_elements(what, recv_count, static_cast<uint64_t>(size)));
+  LOWCOMM_CHECK(check_buffer(what, "send", send, recv_count));
+  return check_buffer(what, "recv", recv, recv_count);
+}
+
+Status check_all_gather(const void* send, void* recv, uint64_t send_count, DType dtype, int size) {
+  const char* what = "all_gather";
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  LOWCOMM_CHECK(check_elements(what, send_count, static_cast<uint64_t>(size)));
+  LOWCOMM_CHECK(check_buffer(what, "send", send, send_count));
+  return check_buffer(what, "recv", recv, send_count);
+}
+
+Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root, int rank,
+                       int size) {
+  const char* what = "broadcast";
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  if (root < 0 || root >= size)
+    return invalid_argument(std::string(what) + ": root " + std::to_string(root) + " is outside [0, " +
+                            std::to_string(size) + ")");
+  LOWCOMM_CHECK(check_elements(what, count));
+  if (rank == root) LOWCOMM_CHECK(check_buffer(what, "send", send, count));  // others ignore send
+  return check_buffer(what, "recv", recv, count);
+}
+
+}  // namespace lowcomm::collectives
