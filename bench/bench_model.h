@@ -27,10 +27,14 @@ inline std::optional<Collective> parse_collective(const std::string& s) {
 
 inline const char* collective_name(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "allreduce";
-    case Collective::kAllGather: return "allgather";
-    case Collective::kReduceScatter: return "reducescatter";
-    case Collective::kBroadcast: return "broadcast";
+    case Collective::kAllReduce:
+      return "allreduce";
+    case Collective::kAllGather:
+      return "allgather";
+    case Collective::kReduceScatter:
+      return "reducescatter";
+    case Collective::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -48,7 +52,8 @@ inline Shape shape(Collective c, uint64_t bytes, int P) {
   uint64_t n = bytes / 4;
   switch (c) {
     case Collective::kAllReduce:
-    case Collective::kBroadcast: return {n, n, n};
+    case Collective::kBroadcast:
+      return {n, n, n};
     case Collective::kAllGather: {
       uint64_t per = n / p;
       return {per * p, per, per * p};
@@ -64,10 +69,13 @@ inline Shape shape(Collective c, uint64_t bytes, int P) {
 inline double bus_factor(Collective c, int P) {
   double p = P;
   switch (c) {
-    case Collective::kAllReduce: return 2 * (p - 1) / p;
+    case Collective::kAllReduce:
+      return 2 * (p - 1) / p;
     case Collective::kAllGather:
-    case Collective::kReduceScatter: return (p - 1) / p;
-    case Collective::kBroadcast: return 1;
+    case Collective::kReduceScatter:
+      return (p - 1) / p;
+    case Collective::kBroadcast:
+      return 1;
   }
   return 1;
 }
@@ -78,14 +86,16 @@ struct Traffic {
   uint64_t total_bytes = 0;     // all ranks together per call
 };
 
-inline uint64_t encoded_chunk(const std::optional<CodecSpec>& spec, collectives::Range chunk, uint64_t seg) {
+inline uint64_t encoded_chunk(const std::optional<CodecSpec>& spec, collectives::Range chunk,
+                              uint64_t seg) {
   if (!spec) return chunk.count * 4;
   uint64_t b = 0;
   for (const auto& s : collectives::split_segments(chunk, seg)) b += encoded_size(*spec, s.count);
   return b;
 }
 
-inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional<CodecSpec>& spec, uint64_t segment_bytes) {
+inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional<CodecSpec>& spec,
+                       uint64_t segment_bytes) {
   Traffic t;
   const uint64_t p = static_cast<uint64_t>(P);
   switch (c) {
@@ -141,10 +151,13 @@ inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional
 // One-way hops on the critical path (latency term of the link limit).
 inline int rounds(Collective c, const Shape& sh, int P) {
   switch (c) {
-    case Collective::kAllReduce: return 2;
+    case Collective::kAllReduce:
+      return 2;
     case Collective::kAllGather:
-    case Collective::kReduceScatter: return 1;
-    case Collective::kBroadcast: return (P == 2 || sh.total_elems * 4 < (64u << 10)) ? 1 : 2;
+    case Collective::kReduceScatter:
+      return 1;
+    case Collective::kBroadcast:
+      return (P == 2 || sh.total_elems * 4 < (64u << 10)) ? 1 : 2;
   }
   return 1;
 }
@@ -172,12 +185,13 @@ struct LinkModel {
   std::string describe(const std::string& wan, const std::string& netns) const {
     char buf[256];
     if (kind == kPerPeer)
-      std::snprintf(buf, sizeof buf, "lowcomm emulator '%s' (%.3g Gbit/s per peer link, one-way %.1f ms)%s%s",
-                    wan.c_str(), bits_per_second / 1e9, one_way_delay_s * 1e3, netns.empty() ? "" : " inside ",
-                    netns.c_str());
+      std::snprintf(buf, sizeof buf,
+                    "lowcomm emulator '%s' (%.3g Gbit/s per peer link, one-way %.1f ms)%s%s",
+                    wan.c_str(), bits_per_second / 1e9, one_way_delay_s * 1e3,
+                    netns.empty() ? "" : " inside ", netns.c_str());
     else if (kind == kAccess)
-      std::snprintf(buf, sizeof buf, "tbf-shaped namespaces %s (%.3g Gbit/s per rank, each way)", netns.c_str(),
-                    bits_per_second / 1e9);
+      std::snprintf(buf, sizeof buf, "tbf-shaped namespaces %s (%.3g Gbit/s per rank, each way)",
+                    netns.c_str(), bits_per_second / 1e9);
     else
       std::snprintf(buf, sizeof buf, "unshaped (loopback); no link limit");
     return buf;

@@ -84,12 +84,18 @@ double memcpy_gbps(uint64_t bytes) {
 enum class Op { kEncode, kEncodeFeedback, kEncodeDelta, kDecode, kDecodeAccumulate, kDecodeDelta };
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kEncode: return "encode";
-    case Op::kEncodeFeedback: return "encode_ef";
-    case Op::kEncodeDelta: return "encode_delta";
-    case Op::kDecode: return "decode";
-    case Op::kDecodeAccumulate: return "decode_acc";
-    case Op::kDecodeDelta: return "decode_delta";
+    case Op::kEncode:
+      return "encode";
+    case Op::kEncodeFeedback:
+      return "encode_ef";
+    case Op::kEncodeDelta:
+      return "encode_delta";
+    case Op::kDecode:
+      return "decode";
+    case Op::kDecodeAccumulate:
+      return "decode_acc";
+    case Op::kDecodeDelta:
+      return "decode_delta";
   }
   return "?";
 }
@@ -113,14 +119,25 @@ void run(benchmark::State& state, Op op, const CodecSpec& spec, DType dtype, uin
     Status s;
     RoundingKey key{7, 0};
     switch (op) {
-      case Op::kEncode: s = encode(spec, dtype, x.data(), n, codes.data(), cb, key, opts); break;
-      case Op::kEncodeFeedback:
-        s = encode_error_feedback(spec, dtype, x.data(), residual.data(), n, codes.data(), cb, key, opts);
+      case Op::kEncode:
+        s = encode(spec, dtype, x.data(), n, codes.data(), cb, key, opts);
         break;
-      case Op::kEncodeDelta: s = encode_delta(spec, dtype, x.data(), m.data(), n, codes.data(), cb, key, opts); break;
-      case Op::kDecode: s = decode(spec, codes.data(), cb, n, dtype, out.data(), opts); break;
-      case Op::kDecodeAccumulate: s = decode_accumulate(spec, codes.data(), cb, n, dtype, out.data(), opts); break;
-      case Op::kDecodeDelta: s = decode_delta(spec, codes.data(), cb, n, dtype, m.data(), out.data(), opts); break;
+      case Op::kEncodeFeedback:
+        s = encode_error_feedback(spec, dtype, x.data(), residual.data(), n, codes.data(), cb, key,
+                                  opts);
+        break;
+      case Op::kEncodeDelta:
+        s = encode_delta(spec, dtype, x.data(), m.data(), n, codes.data(), cb, key, opts);
+        break;
+      case Op::kDecode:
+        s = decode(spec, codes.data(), cb, n, dtype, out.data(), opts);
+        break;
+      case Op::kDecodeAccumulate:
+        s = decode_accumulate(spec, codes.data(), cb, n, dtype, out.data(), opts);
+        break;
+      case Op::kDecodeDelta:
+        s = decode_delta(spec, codes.data(), cb, n, dtype, m.data(), out.data(), opts);
+        break;
     }
     if (!s.is_ok()) {
       state.SkipWithError(s.to_string().c_str());
@@ -129,9 +146,11 @@ void run(benchmark::State& state, Op op, const CodecSpec& spec, DType dtype, uin
     benchmark::DoNotOptimize(codes.data());
     benchmark::ClobberMemory();
   }
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
-  const double gbps = static_cast<double>(bytes) * static_cast<double>(state.iterations()) / elapsed / 1e9;
+  const double gbps =
+      static_cast<double>(bytes) * static_cast<double>(state.iterations()) / elapsed / 1e9;
   const double mc = memcpy_gbps(bytes);
   state.counters["GBps"] = gbps;
   state.counters["memcpy_GBps"] = mc;
@@ -150,7 +169,9 @@ void memcpy_bench(benchmark::State& state, uint64_t bytes) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
-std::string size_name(uint64_t bytes) { return std::to_string(bytes >> 20) + "MiB"; }
+std::string size_name(uint64_t bytes) {
+  return std::to_string(bytes >> 20) + "MiB";
+}
 
 int register_all() {
   const uint64_t sizes[] = {uint64_t{1} << 20, uint64_t{16} << 20, uint64_t{256} << 20};
@@ -160,7 +181,7 @@ int register_all() {
         ->UseRealTime();
   }
   const char* codecs[] = {"q1", "q2", "q3", "q4", "q8", "minmax4", "bf16", "fp32"};
-  const Op ops[] = {Op::kEncode, Op::kEncodeFeedback, Op::kEncodeDelta,
+  const Op ops[] = {Op::kEncode, Op::kEncodeFeedback,   Op::kEncodeDelta,
                     Op::kDecode, Op::kDecodeAccumulate, Op::kDecodeDelta};
   for (Op op : ops) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
@@ -172,8 +193,8 @@ int register_all() {
           auto spec = parse_codec_spec(sr ? text + ":sr" : text);
           if (!spec.is_ok()) continue;
           for (uint64_t bytes : sizes) {
-            std::string name = std::string("cpu/") + op_name(op) + "/" + dtype_name(dtype) + "/" + c +
-                               (sr ? "/sr/" : "/rn/") + size_name(bytes);
+            std::string name = std::string("cpu/") + op_name(op) + "/" + dtype_name(dtype) + "/" +
+                               c + (sr ? "/sr/" : "/rn/") + size_name(bytes);
             benchmark::RegisterBenchmark(name.c_str(), run, op, *spec, dtype, bytes, 1)
                 ->Unit(benchmark::kMillisecond)
                 ->UseRealTime();
@@ -186,7 +207,8 @@ int register_all() {
   auto q4 = parse_codec_spec("q4");
   for (Op op : {Op::kEncode, Op::kDecodeAccumulate}) {
     std::string name = std::string("cpu_pool/") + op_name(op) + "/fp32/q4/rn/256MiB";
-    benchmark::RegisterBenchmark(name.c_str(), run, op, *q4, DType::kFloat32, uint64_t{256} << 20, 0)
+    benchmark::RegisterBenchmark(name.c_str(), run, op, *q4, DType::kFloat32, uint64_t{256} << 20,
+                                 0)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }

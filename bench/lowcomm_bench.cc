@@ -88,10 +88,14 @@ uint64_t parse_bytes(const std::string& s) {
   double v = std::strtod(s.c_str(), &end);
   uint64_t mul = 1;
   std::string suf(end);
-  if (suf == "K" || suf == "k") mul = 1ull << 10;
-  else if (suf == "M" || suf == "m") mul = 1ull << 20;
-  else if (suf == "G" || suf == "g") mul = 1ull << 30;
-  else if (!suf.empty()) die("bad size '" + s + "' (bytes, optional K/M/G suffix)");
+  if (suf == "K" || suf == "k")
+    mul = 1ull << 10;
+  else if (suf == "M" || suf == "m")
+    mul = 1ull << 20;
+  else if (suf == "G" || suf == "g")
+    mul = 1ull << 30;
+  else if (!suf.empty())
+    die("bad size '" + s + "' (bytes, optional K/M/G suffix)");
   if (!(v > 0)) die("bad size '" + s + "'");
   return static_cast<uint64_t>(v * static_cast<double>(mul));
 }
@@ -120,13 +124,16 @@ void usage() {
       "      --netns PREFIX       rank k runs in namespace PREFIX<k> (scripts/wan_netns.sh up P)\n"
       "  -w, --warmup N           untimed calls per size (default 1)\n"
       "  -i, --iters N            timed calls per size (default 5)\n"
-      "      --streams N          TCP streams per peer, all striped (default: LOWCOMM_STREAMS, else 4\n"
+      "      --streams N          TCP streams per peer, all striped (default: LOWCOMM_STREAMS, "
+      "else 4\n"
       "                           opened and as many striped as the path needs)\n"
-      "      --sockbuf BYTES|auto socket buffer per stream (32M default; auto: the kernel's autotuning,\n"
+      "      --sockbuf BYTES|auto socket buffer per stream (32M default; auto: the kernel's "
+      "autotuning,\n"
       "                           i.e. a default TCP socket)\n"
       "      --csv FILE           write every row as CSV\n"
       "      --plot FILE.png      plot time against size per codec (python3-matplotlib)\n"
-      "      --baseline mpi|gloo  also run scripts/baselines/{mpi,gloo}_allreduce.sh over the same\n"
+      "      --baseline mpi|gloo  also run scripts/baselines/{mpi,gloo}_allreduce.sh over the "
+      "same\n"
       "                           namespaces and sizes, and print the speedups\n"
       "      --id-file FILE       where rank 0 writes the UniqueId (mpirun; default in /tmp)\n"
       "      --seed S             input seed (default 1)\n"
@@ -145,24 +152,40 @@ Options parse_args(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "-h" || a == "--help") { usage(); std::exit(0); }
-    else if (a == "-b" || a == "--minbytes") o.min_bytes = parse_bytes(need(i));
-    else if (a == "-e" || a == "--maxbytes") { o.max_bytes = parse_bytes(need(i)); have_max = true; }
-    else if (a == "-f" || a == "--stepfactor") o.factor = std::stoull(need(i));
+    if (a == "-h" || a == "--help") {
+      usage();
+      std::exit(0);
+    } else if (a == "-b" || a == "--minbytes")
+      o.min_bytes = parse_bytes(need(i));
+    else if (a == "-e" || a == "--maxbytes") {
+      o.max_bytes = parse_bytes(need(i));
+      have_max = true;
+    } else if (a == "-f" || a == "--stepfactor")
+      o.factor = std::stoull(need(i));
     else if (a == "-c" || a == "--collective") {
       auto c = bench::parse_collective(need(i));
       if (!c) die("unknown collective (allreduce, allgather, reducescatter, broadcast)");
       o.collective = *c;
-    } else if (a == "--codec") o.codecs = split(need(i), ',');
-    else if (a == "--ef") o.ef = true;
-    else if (a == "-n" || a == "--ranks") o.ranks = std::stoi(need(i));
-    else if (a == "--rank") o.rank = std::stoi(need(i));
-    else if (a == "--nranks") o.nranks = std::stoi(need(i));
-    else if (a == "--wan") o.wan = need(i);
-    else if (a == "--netns") o.netns = need(i);
-    else if (a == "-w" || a == "--warmup") o.warmup = std::stoi(need(i));
-    else if (a == "-i" || a == "--iters") o.iters = std::stoi(need(i));
-    else if (a == "--streams") o.streams = std::stoi(need(i));
+    } else if (a == "--codec")
+      o.codecs = split(need(i), ',');
+    else if (a == "--ef")
+      o.ef = true;
+    else if (a == "-n" || a == "--ranks")
+      o.ranks = std::stoi(need(i));
+    else if (a == "--rank")
+      o.rank = std::stoi(need(i));
+    else if (a == "--nranks")
+      o.nranks = std::stoi(need(i));
+    else if (a == "--wan")
+      o.wan = need(i);
+    else if (a == "--netns")
+      o.netns = need(i);
+    else if (a == "-w" || a == "--warmup")
+      o.warmup = std::stoi(need(i));
+    else if (a == "-i" || a == "--iters")
+      o.iters = std::stoi(need(i));
+    else if (a == "--streams")
+      o.streams = std::stoi(need(i));
     else if (a == "--sockbuf") {
       std::string v = need(i);
       if (v == "auto") {
@@ -172,15 +195,22 @@ Options parse_args(int argc, char** argv) {
         if (!b || *b == 0) die("--sockbuf: expected a byte count such as 32M, or auto");
         o.sockbuf = *b;
       }
-    }
-    else if (a == "--csv") o.csv = need(i);
-    else if (a == "--plot") o.plot = need(i);
-    else if (a == "--baseline") o.baseline = need(i);
-    else if (a == "--id-file") o.id_file = need(i);
-    else if (a == "--seed") o.seed = std::stoull(need(i));
-    else if (a == "--timeout") o.timeout_s = std::stoi(need(i));
-    else if (a == "--check") o.check = true;
-    else die("unknown argument '" + a + "' (see --help)");
+    } else if (a == "--csv")
+      o.csv = need(i);
+    else if (a == "--plot")
+      o.plot = need(i);
+    else if (a == "--baseline")
+      o.baseline = need(i);
+    else if (a == "--id-file")
+      o.id_file = need(i);
+    else if (a == "--seed")
+      o.seed = std::stoull(need(i));
+    else if (a == "--timeout")
+      o.timeout_s = std::stoi(need(i));
+    else if (a == "--check")
+      o.check = true;
+    else
+      die("unknown argument '" + a + "' (see --help)");
   }
   if (!have_max) o.max_bytes = std::max(o.max_bytes, o.min_bytes);
   if (o.max_bytes < o.min_bytes) die("-e is smaller than -b");
@@ -191,10 +221,13 @@ Options parse_args(int argc, char** argv) {
     auto spec = parse_codec_spec(c);
     if (!spec) die("--codec " + c + ": " + spec.status().message());
     if (c != "none" && o.collective != Collective::kAllReduce)
-      die("codecs apply to allreduce only (" + std::string(bench::collective_name(o.collective)) + " is uncompressed)");
+      die("codecs apply to allreduce only (" + std::string(bench::collective_name(o.collective)) +
+          " is uncompressed)");
   }
-  if (!o.baseline.empty() && o.baseline != "mpi" && o.baseline != "gloo") die("--baseline must be mpi or gloo");
-  if (!o.baseline.empty() && o.collective != Collective::kAllReduce) die("--baseline compares all-reduce only");
+  if (!o.baseline.empty() && o.baseline != "mpi" && o.baseline != "gloo")
+    die("--baseline must be mpi or gloo");
+  if (!o.baseline.empty() && o.collective != Collective::kAllReduce)
+    die("--baseline compares all-reduce only");
   if (!o.wan.empty()) {
     auto w = transport::parse_wan(o.wan);
     if (!w) die("--wan: " + w.status().message());
@@ -213,15 +246,20 @@ struct NetnsInfo {
 NetnsInfo read_netns(const std::string& prefix) {
   NetnsInfo info;
   std::ifstream f("/run/lowcomm-wan/" + prefix + ".conf");
-  if (!f) die("no /run/lowcomm-wan/" + prefix + ".conf: run scripts/wan_netns.sh up P --prefix " + prefix + " first");
+  if (!f)
+    die("no /run/lowcomm-wan/" + prefix + ".conf: run scripts/wan_netns.sh up P --prefix " +
+        prefix + " first");
   std::string line;
   while (std::getline(f, line)) {
     auto eq = line.find('=');
     if (eq == std::string::npos) continue;
     std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-    if (k == "SUBNET") info.subnet = v;
-    else if (k == "RATE_BITS") info.rate_bits = std::strtod(v.c_str(), nullptr);
-    else if (k == "RATE") info.rate = v;
+    if (k == "SUBNET")
+      info.subnet = v;
+    else if (k == "RATE_BITS")
+      info.rate_bits = std::strtod(v.c_str(), nullptr);
+    else if (k == "RATE")
+      info.rate = v;
   }
   return info;
 }
@@ -243,7 +281,8 @@ struct InputGen {
     uint64_t base = mix64(seed * 0x100000001b3ull + static_cast<uint64_t>(rank) + 1);
     uint64_t h = mix64(base ^ i);
     uint64_t hb = mix64(seed ^ ((i >> 16) * 0x9e3779b97f4a7c15ull));  // scale: same on all ranks
-    float scale = std::pow(10.0f, -4.0f + 2.0f * static_cast<float>(hb >> 40) / static_cast<float>(1 << 24));
+    float scale =
+        std::pow(10.0f, -4.0f + 2.0f * static_cast<float>(hb >> 40) / static_cast<float>(1 << 24));
     float u1 = static_cast<float>(h >> 40) / static_cast<float>(1 << 24);
     float u2 = static_cast<float>((h >> 16) & 0xffffff) / static_cast<float>(1 << 24);
     return (u1 + u2 - 1.0f) * scale;
@@ -257,7 +296,8 @@ struct InputGen {
       if ((i >> 16) != block) {
         block = i >> 16;
         uint64_t hb = mix64(seed ^ (block * 0x9e3779b97f4a7c15ull));
-        scale = std::pow(10.0f, -4.0f + 2.0f * static_cast<float>(hb >> 40) / static_cast<float>(1 << 24));
+        scale = std::pow(10.0f,
+                         -4.0f + 2.0f * static_cast<float>(hb >> 40) / static_cast<float>(1 << 24));
       }
       uint64_t h = mix64(base ^ i);
       float u1 = static_cast<float>(h >> 40) / static_cast<float>(1 << 24);
@@ -270,14 +310,17 @@ struct InputGen {
 double cpu_seconds() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
-  auto tv = [](const timeval& t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  auto tv = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
   return tv(ru.ru_utime) + tv(ru.ru_stime);
 }
 
 // ---- one rank ----
 
 std::string job_token() {
-  for (const char* k : {"OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "LOWCOMM_BENCH_TOKEN"})
+  for (const char* k : {"OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                        "LOWCOMM_BENCH_TOKEN"})
     if (const char* v = std::getenv(k)) return v;
   return "none";
 }
@@ -363,17 +406,29 @@ int run_rank(const Options& o, int rank, int P) {
   if (rank == 0 && !o.csv.empty()) {
     csv = std::fopen(o.csv.c_str(), "w");
     if (!csv) die("cannot write " + o.csv);
-    std::fprintf(csv, "library,collective,codec,ef,ranks,bytes,time_s,algbw_gbit_s,busbw_gbit_s,"
-                      "wire_bytes_per_rank,compression_ratio,rel_err,limit_s,efficiency,cpu_ns_per_byte,link\n");
+    std::fprintf(
+        csv,
+        "library,collective,codec,ef,ranks,bytes,time_s,algbw_gbit_s,busbw_gbit_s,"
+        "wire_bytes_per_rank,compression_ratio,rel_err,limit_s,efficiency,cpu_ns_per_byte,link\n");
   }
   if (rank == 0) {
-    std::printf("# lowcomm-bench: %s, %d ranks, fp32 sum, warm-up %d, iterations %d, streams %s, socket buffers %s\n",
-                bench::collective_name(o.collective), P, o.warmup, o.iters,
-                o.streams ? std::to_string(o.streams).c_str() : "default (adaptive)",
-                o.sockbuf < 0 ? "kernel autotuning" : o.sockbuf > 0 ? std::to_string(o.sockbuf).c_str() : "default");
-    std::printf("# link: %s\n", link.describe(o.wan, ns ? o.netns + "0.." + o.netns + std::to_string(P - 1) + " " + ns->rate : "").c_str());
-    std::printf("# time: slowest rank, median of the timed calls; algbw/busbw in Gbit/s; wire: payload bytes\n"
-                "# sent per rank per call; limit: lower bound, max(wire time + one-way delay, rounds x delay); eff = limit/time\n");
+    std::printf(
+        "# lowcomm-bench: %s, %d ranks, fp32 sum, warm-up %d, iterations %d, streams %s, socket "
+        "buffers %s\n",
+        bench::collective_name(o.collective), P, o.warmup, o.iters,
+        o.streams ? std::to_string(o.streams).c_str() : "default (adaptive)",
+        o.sockbuf < 0   ? "kernel autotuning"
+        : o.sockbuf > 0 ? std::to_string(o.sockbuf).c_str()
+                        : "default");
+    std::printf("# link: %s\n", link.describe(o.wan, ns ? o.netns + "0.." + o.netns +
+                                                              std::to_string(P - 1) + " " + ns->rate
+                                                        : "")
+                                    .c_str());
+    std::printf(
+        "# time: slowest rank, median of the timed calls; algbw/busbw in Gbit/s; wire: payload "
+        "bytes\n"
+        "# sent per rank per call; limit: lower bound, max(wire time + one-way delay, rounds x "
+        "delay); eff = limit/time\n");
   }
 
   InputGen gen{o.seed};
@@ -383,9 +438,11 @@ int run_rank(const Options& o, int rank, int P) {
     std::optional<CodecSpec> spec;
     if (codec_text != "none") spec = *parse_codec_spec(codec_text);
     if (rank == 0) {
-      std::printf("#\n# codec %s%s\n", codec_text.c_str(), o.ef && spec && spec->quantized() ? " + error feedback" : "");
-      std::printf("#%13s %12s %10s %9s %9s %13s %7s %10s %9s %6s %8s\n", "bytes", "count", "time(s)",
-                  "algbw", "busbw", "wire/rank(B)", "ratio", "rel_err", "limit(s)", "eff", "cpu ns/B");
+      std::printf("#\n# codec %s%s\n", codec_text.c_str(),
+                  o.ef && spec && spec->quantized() ? " + error feedback" : "");
+      std::printf("#%13s %12s %10s %9s %9s %13s %7s %10s %9s %6s %8s\n", "bytes", "count",
+                  "time(s)", "algbw", "busbw", "wire/rank(B)", "ratio", "rel_err", "limit(s)",
+                  "eff", "cpu ns/B");
     }
     for (uint64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
       bench::Shape sh = bench::shape(o.collective, size, P);
@@ -404,15 +461,18 @@ int run_rank(const Options& o, int rank, int P) {
       }
       AllReduceOptions ar;
       ar.codec = spec;
-      if (o.ef && spec && spec->quantized()) ar.ef_key = "bench:" + codec_text + ":" + std::to_string(size);
+      if (o.ef && spec && spec->quantized())
+        ar.ef_key = "bench:" + codec_text + ":" + std::to_string(size);
       auto launch = [&]() -> Work {
         switch (o.collective) {
           case Collective::kAllReduce:
-            return comm->all_reduce(send.data(), recv.data(), sh.send_elems, DType::kFloat32, ReduceOp::kSum, ar);
+            return comm->all_reduce(send.data(), recv.data(), sh.send_elems, DType::kFloat32,
+                                    ReduceOp::kSum, ar);
           case Collective::kAllGather:
             return comm->all_gather(send.data(), recv.data(), sh.send_elems, DType::kFloat32);
           case Collective::kReduceScatter:
-            return comm->reduce_scatter(send.data(), recv.data(), sh.recv_elems, DType::kFloat32, ReduceOp::kSum);
+            return comm->reduce_scatter(send.data(), recv.data(), sh.recv_elems, DType::kFloat32,
+                                        ReduceOp::kSum);
           case Collective::kBroadcast:
             return comm->broadcast(send.data(), recv.data(), sh.send_elems, DType::kFloat32, 0);
         }
@@ -433,15 +493,19 @@ int run_rank(const Options& o, int rank, int P) {
       std::vector<float> all(per * static_cast<uint64_t>(P));
       std::vector<float> mine_f(per);
       std::memcpy(mine_f.data(), mine.data(), mine.size() * sizeof(double));
-      check(comm->all_gather(mine_f.data(), all.data(), per, DType::kFloat32).wait(), "gathering results");
+      check(comm->all_gather(mine_f.data(), all.data(), per, DType::kFloat32).wait(),
+            "gathering results");
 
       if (rank == 0) {
         std::vector<double> per_iter(static_cast<size_t>(o.iters), 0.0);
         double cpu = 0;
         for (int r = 0; r < P; ++r) {
           std::vector<double> d(mine.size());
-          std::memcpy(d.data(), all.data() + per * static_cast<uint64_t>(r), d.size() * sizeof(double));
-          for (int it = 0; it < o.iters; ++it) per_iter[static_cast<size_t>(it)] = std::max(per_iter[static_cast<size_t>(it)], d[static_cast<size_t>(it)]);
+          std::memcpy(d.data(), all.data() + per * static_cast<uint64_t>(r),
+                      d.size() * sizeof(double));
+          for (int it = 0; it < o.iters; ++it)
+            per_iter[static_cast<size_t>(it)] =
+                std::max(per_iter[static_cast<size_t>(it)], d[static_cast<size_t>(it)]);
           cpu += d.back();
         }
         std::sort(per_iter.begin(), per_iter.end());
@@ -457,7 +521,8 @@ int run_rank(const Options& o, int rank, int P) {
         row.algbw = static_cast<double>(row.bytes) * 8 / t / 1e9;
         row.busbw = row.algbw * bench::bus_factor(o.collective, P);
         row.wire = tr.max_rank_bytes;
-        row.ratio = static_cast<double>(plain.max_rank_bytes) / static_cast<double>(std::max<uint64_t>(tr.max_rank_bytes, 1));
+        row.ratio = static_cast<double>(plain.max_rank_bytes) /
+                    static_cast<double>(std::max<uint64_t>(tr.max_rank_bytes, 1));
         row.limit_s = link.limit_seconds(tr, bench::rounds(o.collective, sh, P));
         double sent = static_cast<double>(tr.total_bytes) * o.iters;
         row.cpu_ns_per_byte = sent > 0 ? cpu / sent * 1e9 : 0;
@@ -474,7 +539,8 @@ int run_rank(const Options& o, int rank, int P) {
         for (uint64_t off = 0; off < out_n; off += chunk) {
           uint64_t n = std::min(chunk, out_n - off);
           std::fill(ref.begin(), ref.begin() + static_cast<long>(n), 0.0);
-          if (o.collective == Collective::kAllReduce || o.collective == Collective::kReduceScatter) {
+          if (o.collective == Collective::kAllReduce ||
+              o.collective == Collective::kReduceScatter) {
             for (int r = 0; r < P; ++r) {
               gen.fill(r, out_begin + off, n, tmp.data());
               for (uint64_t k = 0; k < n; ++k) ref[k] += tmp[k];
@@ -497,7 +563,8 @@ int run_rank(const Options& o, int rank, int P) {
         }
         row.rel_err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
         if (o.check && !(row.rel_err <= bench::error_bound(spec))) {
-          std::fprintf(stderr, "lowcomm-bench: %s %llu B: relative error %.3g above the bound %.3g\n",
+          std::fprintf(stderr,
+                       "lowcomm-bench: %s %llu B: relative error %.3g above the bound %.3g\n",
                        codec_text.c_str(), static_cast<unsigned long long>(row.bytes), row.rel_err,
                        bench::error_bound(spec));
           bad = 1;
@@ -509,17 +576,21 @@ int run_rank(const Options& o, int rank, int P) {
           std::snprintf(eff, sizeof eff, "%.2f", row.limit_s / row.time_s);
         }
         std::printf(" %13llu %12llu %10.4f %9.3f %9.3f %13llu %7.2f %10.3e %9s %6s %8.2f\n",
-                    static_cast<unsigned long long>(row.bytes), static_cast<unsigned long long>(sh.total_elems),
-                    row.time_s, row.algbw, row.busbw, static_cast<unsigned long long>(row.wire), row.ratio,
-                    row.rel_err, limit, eff, row.cpu_ns_per_byte);
+                    static_cast<unsigned long long>(row.bytes),
+                    static_cast<unsigned long long>(sh.total_elems), row.time_s, row.algbw,
+                    row.busbw, static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err,
+                    limit, eff, row.cpu_ns_per_byte);
         std::fflush(stdout);
         if (csv) {
-          std::fprintf(csv, "lowcomm,%s,%s,%d,%d,%llu,%.6f,%.4f,%.4f,%llu,%.4f,%.4e,%.6f,%.4f,%.3f,%s\n",
-                       bench::collective_name(o.collective), codec_text.c_str(), ar.ef_key.empty() ? 0 : 1, P,
-                       static_cast<unsigned long long>(row.bytes), row.time_s, row.algbw, row.busbw,
-                       static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err, row.limit_s,
-                       row.limit_s > 0 ? row.limit_s / row.time_s : 0.0, row.cpu_ns_per_byte,
-                       link.kind == bench::LinkModel::kPerPeer ? "wan" : link.kind == bench::LinkModel::kAccess ? "netns" : "none");
+          std::fprintf(
+              csv, "lowcomm,%s,%s,%d,%d,%llu,%.6f,%.4f,%.4f,%llu,%.4f,%.4e,%.6f,%.4f,%.3f,%s\n",
+              bench::collective_name(o.collective), codec_text.c_str(), ar.ef_key.empty() ? 0 : 1,
+              P, static_cast<unsigned long long>(row.bytes), row.time_s, row.algbw, row.busbw,
+              static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err, row.limit_s,
+              row.limit_s > 0 ? row.limit_s / row.time_s : 0.0, row.cpu_ns_per_byte,
+              link.kind == bench::LinkModel::kPerPeer  ? "wan"
+              : link.kind == bench::LinkModel::kAccess ? "netns"
+                                                       : "none");
           std::fflush(csv);
         }
       }
@@ -528,8 +599,10 @@ int run_rank(const Options& o, int rank, int P) {
   }
   if (rank == 0) {
     double nspb = bytes_total > 0 ? cpu_total / bytes_total * 1e9 : 0;
-    std::printf("#\n# CPU: %.2f ns (user+sys, all ranks' threads) per payload byte sent; a rank sending at "
-                "1 Gbit/s would use %.1f%% of one core\n", nspb, nspb * 0.125e9 / 1e9 * 100);
+    std::printf(
+        "#\n# CPU: %.2f ns (user+sys, all ranks' threads) per payload byte sent; a rank sending at "
+        "1 Gbit/s would use %.1f%% of one core\n",
+        nspb, nspb * 0.125e9 / 1e9 * 100);
     if (csv) std::fclose(csv);
   }
   comm.reset();
@@ -550,7 +623,8 @@ int launch_ranks(const Options& o, int argc, char** argv) {
   ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (len <= 0) die("cannot find /proc/self/exe");
   exe[len] = '\0';
-  std::string token = std::to_string(::getpid()) + "-" + std::to_string(Clock::now().time_since_epoch().count());
+  std::string token =
+      std::to_string(::getpid()) + "-" + std::to_string(Clock::now().time_since_epoch().count());
   ::setenv("LOWCOMM_BENCH_TOKEN", token.c_str(), 1);
   std::string id_file = o.id_file.empty() ? "/tmp/lowcomm-bench-" + token + ".id" : o.id_file;
   std::remove(id_file.c_str());
@@ -562,7 +636,10 @@ int launch_ranks(const Options& o, int argc, char** argv) {
     args.push_back(exe);
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
-      if (a == "--plot" || a == "--baseline" || a == "--id-file" || a == "-n" || a == "--ranks") { ++i; continue; }
+      if (a == "--plot" || a == "--baseline" || a == "--id-file" || a == "-n" || a == "--ranks") {
+        ++i;
+        continue;
+      }
       args.push_back(a);
     }
     for (const std::string& s : {std::string("--rank"), std::to_string(r), std::string("--nranks"),
@@ -625,16 +702,19 @@ std::vector<CsvRow> read_lowcomm_csv(const std::string& path) {
 }
 
 int run_baseline(const Options& o, const std::string& csv) {
-  std::string script = std::string(LOWCOMM_SOURCE_DIR) + "/scripts/baselines/" + o.baseline + "_allreduce.sh";
+  std::string script =
+      std::string(LOWCOMM_SOURCE_DIR) + "/scripts/baselines/" + o.baseline + "_allreduce.sh";
   auto fmt = [](uint64_t b) { return std::to_string(b); };
   std::string cmd = "'" + script + "' --ranks " + std::to_string(o.ranks) + " --prefix " +
-                    (o.netns.empty() ? std::string("lc") : o.netns) + " -b " + fmt(o.min_bytes) + " -e " +
-                    fmt(o.max_bytes) + " -f " + std::to_string(o.factor) + " -w " + std::to_string(o.warmup) +
-                    " -n " + std::to_string(o.iters);
+                    (o.netns.empty() ? std::string("lc") : o.netns) + " -b " + fmt(o.min_bytes) +
+                    " -e " + fmt(o.max_bytes) + " -f " + std::to_string(o.factor) + " -w " +
+                    std::to_string(o.warmup) + " -n " + std::to_string(o.iters);
   std::printf("#\n# baseline: %s\n", cmd.c_str());
   if (o.netns.empty())
-    std::printf("# note: lowcomm ran %s, the baseline runs over tbf-shaped namespaces: not the same links\n",
-                o.wan.empty() ? "unshaped" : "over its own emulator");
+    std::printf(
+        "# note: lowcomm ran %s, the baseline runs over tbf-shaped namespaces: not the same "
+        "links\n",
+        o.wan.empty() ? "unshaped" : "over its own emulator");
   std::fflush(stdout);
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) die("cannot run " + script);
@@ -655,23 +735,26 @@ int run_baseline(const Options& o, const std::string& csv) {
   }
   int st = ::pclose(p);
   if (st != 0 || base.empty()) {
-    std::fprintf(stderr, "lowcomm-bench: the %s baseline failed (status %d)\n", o.baseline.c_str(), st);
+    std::fprintf(stderr, "lowcomm-bench: the %s baseline failed (status %d)\n", o.baseline.c_str(),
+                 st);
     return 2;
   }
-  std::printf("#\n# speedup of lowcomm over %s (baseline time: its slowest rank's mean; lowcomm: median)\n", lib.c_str());
+  std::printf(
+      "#\n# speedup of lowcomm over %s (baseline time: its slowest rank's mean; lowcomm: median)\n",
+      lib.c_str());
   std::printf("#%13s %-14s %10s %10s %8s\n", "bytes", "codec", "lowcomm(s)", "base(s)", "speedup");
   for (const auto& r : read_lowcomm_csv(csv)) {
     auto it = base.find(r.bytes);
     if (it == base.end()) continue;
-    std::printf(" %13llu %-14s %10.4f %10.4f %7.2fx\n", static_cast<unsigned long long>(r.bytes), r.codec.c_str(),
-                r.time_s, it->second, it->second / r.time_s);
+    std::printf(" %13llu %-14s %10.4f %10.4f %7.2fx\n", static_cast<unsigned long long>(r.bytes),
+                r.codec.c_str(), r.time_s, it->second, it->second / r.time_s);
   }
   return 0;
 }
 
 int run_plot(const Options& o, const std::string& csv) {
-  std::string cmd = "/usr/bin/python3 '" + std::string(LOWCOMM_SOURCE_DIR) + "/bench/plot_bench.py' '" + csv +
-                    "' '" + o.plot + "'";
+  std::string cmd = "/usr/bin/python3 '" + std::string(LOWCOMM_SOURCE_DIR) +
+                    "/bench/plot_bench.py' '" + csv + "' '" + o.plot + "'";
   int st = std::system(cmd.c_str());
   if (st != 0) std::fprintf(stderr, "lowcomm-bench: plotting failed (%s)\n", cmd.c_str());
   return st == 0 ? 0 : 2;

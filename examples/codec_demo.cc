@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(n), static_cast<double>(n) * 4 / (1 << 20), threads);
   std::printf("%-16s %10s %8s %12s %12s %14s\n", "codec", "bits/elem", "ratio", "rel L2 err",
               "encode GB/s", "dec+acc GB/s");
-  const char* specs[] = {"none", "bf16", "fp16", "q8", "minmax8", "q4", "q4:sr", "minmax4",
-                         "q4:block=32", "q3", "q2", "q2:block=64", "minmax2", "q1"};
+  const char* specs[] = {"none",    "bf16",        "fp16", "q8", "minmax8",     "q4",      "q4:sr",
+                         "minmax4", "q4:block=32", "q3",   "q2", "q2:block=64", "minmax2", "q1"};
   lowcomm::CpuOptions opts{threads, true};
   std::vector<float> out(n);
   for (const char* text : specs) {
@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
     std::printf("%-16s %10.3f %8.2f %12.3e %12.2f %14.2f\n", text, bits, 32.0 / bits,
                 std::sqrt(err) / ref_norm, gb / enc_s, gb / dec_s);
   }
-  std::printf("bits/elem counts scales and the %zu-byte frame header; throughput is GB/s of fp32 input.\n",
-              lowcomm::wire::kFrameHeaderBytes);
+  std::printf(
+      "bits/elem counts scales and the %zu-byte frame header; throughput is GB/s of fp32 input.\n",
+      lowcomm::wire::kFrameHeaderBytes);
   return 0;
 }

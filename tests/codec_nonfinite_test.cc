@@ -214,7 +214,8 @@ TEST(CodecNonFinite, DeltaOutputMustNotAliasTheCache) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("alias"), std::string::npos) << st.message();
   ASSERT_TRUE(
-      decode_delta(s, codes.data(), codes.size(), n, DType::kFloat32, m_recv.data(), nullptr).is_ok());
+      decode_delta(s, codes.data(), codes.size(), n, DType::kFloat32, m_recv.data(), nullptr)
+          .is_ok());
   EXPECT_TRUE(m_send == m_recv);
 }
 

@@ -72,11 +72,19 @@ void check_case(const Case& c, bool specials) {
       ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, ca.data(), bytes, key, simd).is_ok());
       ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, cb.data(), bytes, key, plain).is_ok());
     } else if (op == 1) {
-      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), ra.data(), c.n, ca.data(), bytes, key, simd).is_ok());
-      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), rb.data(), c.n, cb.data(), bytes, key, plain).is_ok());
+      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), ra.data(), c.n, ca.data(), bytes,
+                                        key, simd)
+                      .is_ok());
+      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), rb.data(), c.n, cb.data(), bytes,
+                                        key, plain)
+                      .is_ok());
     } else {
-      ASSERT_TRUE(encode_delta(*spec, c.dtype, x.data(), ma.data(), c.n, ca.data(), bytes, key, simd).is_ok());
-      ASSERT_TRUE(encode_delta(*spec, c.dtype, x.data(), mb.data(), c.n, cb.data(), bytes, key, plain).is_ok());
+      ASSERT_TRUE(
+          encode_delta(*spec, c.dtype, x.data(), ma.data(), c.n, ca.data(), bytes, key, simd)
+              .is_ok());
+      ASSERT_TRUE(
+          encode_delta(*spec, c.dtype, x.data(), mb.data(), c.n, cb.data(), bytes, key, plain)
+              .is_ok());
     }
     ASSERT_EQ(ca, cb);
     ASSERT_EQ(ra, rb);
@@ -93,17 +101,35 @@ void check_case(const Case& c, bool specials) {
     ASSERT_EQ(oa, ob);
     auto da = m0, db = m0;
     oa.assign(oa.size(), 0), ob.assign(ob.size(), 0);
-    ASSERT_TRUE(decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, da.data(), oa.data(), simd).is_ok());
-    ASSERT_TRUE(decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, db.data(), ob.data(), plain).is_ok());
+    ASSERT_TRUE(
+        decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, da.data(), oa.data(), simd).is_ok());
+    ASSERT_TRUE(
+        decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, db.data(), ob.data(), plain).is_ok());
     ASSERT_EQ(da, db);
     ASSERT_EQ(oa, ob);
   }
 }
 
 TEST(CodecSimd, MatchesPortablePathBitForBit) {
-  const char* specs[] = {"q1", "q2", "q3", "q4", "q8", "q4:sr", "q2:block=32:sr", "q3:block=64",
-                         "q8:block=4096", "q1:block=32", "q4:block=256:sr", "q4:col=64",
-                         "q2:col=24", "q4:col=20", "minmax4", "bf16", "fp16", "fp32", "none"};
+  const char* specs[] = {"q1",
+                         "q2",
+                         "q3",
+                         "q4",
+                         "q8",
+                         "q4:sr",
+                         "q2:block=32:sr",
+                         "q3:block=64",
+                         "q8:block=4096",
+                         "q1:block=32",
+                         "q4:block=256:sr",
+                         "q4:col=64",
+                         "q2:col=24",
+                         "q4:col=20",
+                         "minmax4",
+                         "bf16",
+                         "fp16",
+                         "fp32",
+                         "none"};
   const uint64_t sizes[] = {0, 1, 7, 8, 31, 32, 127, 128, 129, 1000, 4096 + 40, 65536 + 200};
   for (const char* s : specs) {
     for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
@@ -126,8 +152,10 @@ TEST(CodecSimd, ThreadCountDoesNotChangeBytes) {
   auto x = make_tensor(DType::kFloat32, n, 9, true);
   const uint64_t bytes = encoded_size(*spec, n);
   std::vector<uint8_t> a(bytes), b(bytes);
-  ASSERT_TRUE(encode(*spec, DType::kFloat32, x.data(), n, a.data(), bytes, {5, 0}, {1, true}).is_ok());
-  ASSERT_TRUE(encode(*spec, DType::kFloat32, x.data(), n, b.data(), bytes, {5, 0}, {0, true}).is_ok());
+  ASSERT_TRUE(
+      encode(*spec, DType::kFloat32, x.data(), n, a.data(), bytes, {5, 0}, {1, true}).is_ok());
+  ASSERT_TRUE(
+      encode(*spec, DType::kFloat32, x.data(), n, b.data(), bytes, {5, 0}, {0, true}).is_ok());
   EXPECT_EQ(a, b);
 }
 

@@ -152,8 +152,7 @@ TEST(CodecDelta, CachesStayBitIdentical) {
         ASSERT_TRUE(decode_delta(s, codes.data(), codes.size(), n, dtype, m_recv.data(), out.data())
                         .is_ok());
         ASSERT_TRUE(
-            decode_delta(s, codes.data(), codes.size(), n, dtype, m_alias.data(), nullptr)
-                .is_ok());
+            decode_delta(s, codes.data(), codes.size(), n, dtype, m_alias.data(), nullptr).is_ok());
         ASSERT_TRUE(m_send == m_recv) << "step " << t << ": receiver cache diverged";
         ASSERT_TRUE(m_send == m_alias) << "step " << t << ": output-less receiver diverged";
         ASSERT_TRUE(out == m_recv) << "step " << t << ": output is not the cache";

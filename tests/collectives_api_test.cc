@@ -13,7 +13,9 @@
 namespace lowcomm::testing {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 CommOptions short_timeout() {
   CommOptions o = test_options();
@@ -27,16 +29,17 @@ std::string expect_refused(const Communicator& comm, const Work& w, const std::s
   RANK_CHECK(w.test(), "not refused at once (queued): expected '" + part + "'");
   RANK_CHECK(w.refused(), "completed, but not marked refused: " + w.status().to_string());
   Status s = w.status();
-  RANK_CHECK(s.code() == StatusCode::kInvalidArgument, "expected '" + part + "', got " + s.to_string());
+  RANK_CHECK(s.code() == StatusCode::kInvalidArgument,
+             "expected '" + part + "', got " + s.to_string());
   RANK_CHECK(contains(s.message(), part), "'" + part + "' missing from: " + s.message());
   RANK_CHECK(comm.status().is_ok(), "the communicator failed: " + comm.status().to_string());
   return "ok";
 }
 
-#define RANK_REFUSED(comm, work, part)                          \
-  do {                                                          \
+#define RANK_REFUSED(comm, work, part)                           \
+  do {                                                           \
     std::string refused_ = expect_refused((comm), (work), part); \
-    if (refused_ != "ok") return #work ": " + refused_;         \
+    if (refused_ != "ok") return #work ": " + refused_;          \
   } while (0)
 
 // Rank 0 alone makes every kind of rank-local mistake; then both ranks run collectives and
@@ -74,24 +77,30 @@ TEST(CollectivesArguments, RefusedAtOnceAndTheGroupStaysUsable) {
       RANK_REFUSED(comm, comm.all_reduce(nullptr, y.data(), 64, f32, sum), "send buffer is null");
       RANK_REFUSED(comm, comm.all_reduce(x.data(), nullptr, 64, f32, sum), "recv buffer is null");
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), too_many, f32, sum), "2^56");
-      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, static_cast<ReduceOp>(7)), "reduction");
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, static_cast<ReduceOp>(7)),
+                   "reduction");
       AllReduceOptions block0;
-      block0.codec = CodecSpec{.kind = CodecKind::kAbsmax, .bits = 4, .grouping = Grouping::kBlock, .block = 0};
-      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, block0), "invalid codec");
+      block0.codec = CodecSpec{
+          .kind = CodecKind::kAbsmax, .bits = 4, .grouping = Grouping::kBlock, .block = 0};
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, block0),
+                   "invalid codec");
       AllReduceOptions bits5;
       bits5.codec = CodecSpec{.kind = CodecKind::kAbsmax, .bits = 5, .grouping = Grouping::kBlock};
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, bits5), "not 5");
       AllReduceOptions col5;
       col5.codec = *parse_codec_spec("q4:col=5");
-      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, col5), "multiple of col=5");
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, col5),
+                   "multiple of col=5");
       AllReduceOptions ef;
       ef.ef_key = "grads";
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, ef), "error feedback");
       ef.codec = *parse_codec_spec("none");
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, ef), "error feedback");
       // Reduce-scatter: recv_count * 2 wraps to 2; checked before multiplying.
-      RANK_REFUSED(comm, comm.reduce_scatter(x.data(), y.data(), (uint64_t{1} << 63) + 1, f32, sum), "2^56");
-      RANK_REFUSED(comm, comm.reduce_scatter(nullptr, y.data(), 4, f32, sum), "send buffer is null");
+      RANK_REFUSED(comm, comm.reduce_scatter(x.data(), y.data(), (uint64_t{1} << 63) + 1, f32, sum),
+                   "2^56");
+      RANK_REFUSED(comm, comm.reduce_scatter(nullptr, y.data(), 4, f32, sum),
+                   "send buffer is null");
       // All-gather: send_count * size() must fit, buffers.
       RANK_REFUSED(comm, comm.all_gather(x.data(), y.data(), (uint64_t{1} << 55) + 1, f32), "2^56");
       RANK_REFUSED(comm, comm.all_gather(x.data(), nullptr, 4, f32), "recv buffer is null");
@@ -103,14 +112,16 @@ TEST(CollectivesArguments, RefusedAtOnceAndTheGroupStaysUsable) {
     AllReduceOptions q8;
     q8.codec = *parse_codec_spec("q8");
     RANK_OK(comm.all_reduce(x.data(), y.data(), x.size(), f32, sum, q8).wait());
-    for (float v : y) RANK_CHECK(std::fabs(v - 3.0f) < 0.05f, "q8 all_reduce gave " + std::to_string(v));
+    for (float v : y)
+      RANK_CHECK(std::fabs(v - 3.0f) < 0.05f, "q8 all_reduce gave " + std::to_string(v));
     std::vector<float> msg(16, 0.0f);
     if (rank == 0) {
       for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<float>(i);
       RANK_OK(comm.send(msg.data(), msg.size(), f32, 1).wait());
     } else {
       RANK_OK(comm.recv(msg.data(), msg.size(), f32, 0).wait());
-      for (size_t i = 0; i < msg.size(); ++i) RANK_CHECK(msg[i] == static_cast<float>(i), "p2p payload");
+      for (size_t i = 0; i < msg.size(); ++i)
+        RANK_CHECK(msg[i] == static_cast<float>(i), "p2p payload");
     }
     std::vector<float> b(8, static_cast<float>(10 * (rank + 1)));
     RANK_OK(comm.broadcast(rank == 1 ? b.data() : nullptr, b.data(), b.size(), f32, 1).wait());
@@ -132,7 +143,8 @@ std::string c_init(int rank, const UniqueId& id, lowcommComm_t* comm) {
   lowcommUniqueId cid;
   auto bytes = id.to_bytes();
   std::memcpy(cid.internal, bytes.data(), bytes.size());
-  RANK_CHECK(lowcommCommInitRank(comm, 2, cid, rank) == lowcommSuccess, lowcommGetLastError(nullptr));
+  RANK_CHECK(lowcommCommInitRank(comm, 2, cid, rank) == lowcommSuccess,
+             lowcommGetLastError(nullptr));
   return "ok";
 }
 
@@ -150,27 +162,39 @@ TEST(CollectivesCApi, InvalidArgumentsReturnAtOnceWithoutARequest) {
         const char* part;
       };
       std::vector<Case> cases = {
-          {"send to rank 2", [&](lowcommRequest_t* r) { return lowcommSend(x.data(), 4, lowcommFloat32, 2, comm, r); },
+          {"send to rank 2",
+           [&](lowcommRequest_t* r) {
+             return lowcommSend(x.data(), 4, lowcommFloat32, 2, comm, r);
+           },
            "peer 2"},
-          {"recv from self", [&](lowcommRequest_t* r) { return lowcommRecv(y.data(), 4, lowcommFloat32, 0, comm, r); },
+          {"recv from self",
+           [&](lowcommRequest_t* r) {
+             return lowcommRecv(y.data(), 4, lowcommFloat32, 0, comm, r);
+           },
            "peer 0"},
-          {"send NULL", [&](lowcommRequest_t* r) { return lowcommSend(nullptr, 4, lowcommFloat32, 1, comm, r); },
+          {"send NULL",
+           [&](lowcommRequest_t* r) { return lowcommSend(nullptr, 4, lowcommFloat32, 1, comm, r); },
            "null"},
           {"broadcast root 5",
-           [&](lowcommRequest_t* r) { return lowcommBroadcast(x.data(), y.data(), 4, lowcommFloat32, 5, comm, r); },
+           [&](lowcommRequest_t* r) {
+             return lowcommBroadcast(x.data(), y.data(), 4, lowcommFloat32, 5, comm, r);
+           },
            "root 5"},
           {"reduce_scatter overflow",
            [&](lowcommRequest_t* r) {
-             return lowcommReduceScatter(x.data(), y.data(), (size_t{1} << 63) + 1, lowcommFloat32, lowcommSum,
-                                         comm, r);
+             return lowcommReduceScatter(x.data(), y.data(), (size_t{1} << 63) + 1, lowcommFloat32,
+                                         lowcommSum, comm, r);
            },
            "2^56"},
           {"all_gather NULL",
-           [&](lowcommRequest_t* r) { return lowcommAllGather(x.data(), nullptr, 4, lowcommFloat32, comm, r); },
+           [&](lowcommRequest_t* r) {
+             return lowcommAllGather(x.data(), nullptr, 4, lowcommFloat32, comm, r);
+           },
            "null"},
           {"all_reduce q4:col=5",
            [&](lowcommRequest_t* r) {
-             return lowcommAllReduce(x.data(), y.data(), 64, lowcommFloat32, lowcommSum, "q4:col=5", comm, r);
+             return lowcommAllReduce(x.data(), y.data(), 64, lowcommFloat32, lowcommSum, "q4:col=5",
+                                     comm, r);
            },
            "col=5"},
       };
@@ -184,20 +208,22 @@ TEST(CollectivesCApi, InvalidArgumentsReturnAtOnceWithoutARequest) {
           RANK_CHECK(contains(lowcommGetLastError(comm), c.part),
                      tag + ": '" + c.part + "' missing from: " + lowcommGetLastError(comm));
           lowcommResult_t async_error = lowcommInternalError;
-          RANK_CHECK(lowcommCommGetAsyncError(comm, &async_error) == lowcommSuccess && async_error == lowcommSuccess,
+          RANK_CHECK(lowcommCommGetAsyncError(comm, &async_error) == lowcommSuccess &&
+                         async_error == lowcommSuccess,
                      tag + ": the communicator failed: " + lowcommGetLastError(comm));
         }
       }
     }
     lowcommRequest_t req = nullptr;
-    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, nullptr, comm, &req) ==
-                   lowcommSuccess,
+    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, nullptr,
+                                comm, &req) == lowcommSuccess,
                lowcommGetLastError(comm));
     RANK_CHECK(lowcommWait(req) == lowcommSuccess, lowcommGetLastError(comm));
     for (float v : y) RANK_CHECK(v == 3.0f, "all_reduce gave " + std::to_string(v));
     std::vector<float> msg(16, static_cast<float>(rank == 0 ? 7 : 0));
-    lowcommResult_t r = rank == 0 ? lowcommSend(msg.data(), msg.size(), lowcommFloat32, 1, comm, nullptr)
-                                  : lowcommRecv(msg.data(), msg.size(), lowcommFloat32, 0, comm, nullptr);
+    lowcommResult_t r = rank == 0
+                            ? lowcommSend(msg.data(), msg.size(), lowcommFloat32, 1, comm, nullptr)
+                            : lowcommRecv(msg.data(), msg.size(), lowcommFloat32, 0, comm, nullptr);
     RANK_CHECK(r == lowcommSuccess, lowcommGetLastError(comm));
     for (float v : msg) RANK_CHECK(v == 7.0f, "p2p payload " + std::to_string(v));
     RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
@@ -263,13 +289,15 @@ TEST(CollectivesCApi, WaitAndTestAfterDestroyReportTheFailure) {
     lowcommResult_t r = lowcommWait(ra);
     RANK_CHECK(r != lowcommSuccess, "a receive from an aborted rank succeeded");
     RANK_CHECK(contains(lowcommGetLastError(nullptr), "rank 1"),
-               std::string("wait: ") + lowcommGetErrorString(r) + ": '" + lowcommGetLastError(nullptr) + "'");
+               std::string("wait: ") + lowcommGetErrorString(r) + ": '" +
+                   lowcommGetLastError(nullptr) + "'");
     int done = 0;
     r = lowcommTest(rb, &done);
     RANK_CHECK(done == 1, "a request was still pending after destroy");
     RANK_CHECK(r != lowcommSuccess, "the second receive succeeded");
     RANK_CHECK(contains(lowcommGetLastError(nullptr), "failed"),
-               std::string("test: ") + lowcommGetErrorString(r) + ": '" + lowcommGetLastError(nullptr) + "'");
+               std::string("test: ") + lowcommGetErrorString(r) + ": '" +
+                   lowcommGetLastError(nullptr) + "'");
     return "ok";
   }));
 }

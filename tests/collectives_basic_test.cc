@@ -74,7 +74,8 @@ std::string every_collective(int rank, const UniqueId& id, int P) {
   const uint64_t rc = 7001;
   Tensor rs_in = make_input(DType::kFloat32, rc * P, 30, rank);
   Tensor rs_out(DType::kFloat32, rc);
-  RANK_OK(comm.reduce_scatter(rs_in.data(), rs_out.data(), rc, DType::kFloat32, ReduceOp::kSum).wait());
+  RANK_OK(
+      comm.reduce_scatter(rs_in.data(), rs_out.data(), rc, DType::kFloat32, ReduceOp::kSum).wait());
   for (uint64_t i = 0; i < rc; ++i) {
     double ref = 0;
     for (int r = 0; r < P; ++r) ref += input_value(30, r, rank * rc + i);
@@ -91,9 +92,12 @@ std::string every_collective(int rank, const UniqueId& id, int P) {
       RANK_CHECK(g_out.get(r * gc + i) == input_value(40, r, i), "all_gather");
   Tensor g_inplace(DType::kFloat32, gc * P);
   for (uint64_t i = 0; i < gc; ++i) g_inplace.set(rank * gc + i, input_value(41, rank, i));
-  RANK_OK(comm.all_gather(g_inplace.bytes.data() + rank * gc * 4, g_inplace.data(), gc, DType::kFloat32).wait());
+  RANK_OK(
+      comm.all_gather(g_inplace.bytes.data() + rank * gc * 4, g_inplace.data(), gc, DType::kFloat32)
+          .wait());
   for (int r = 0; r < P; ++r)
-    for (uint64_t i = 0; i < gc; ++i) RANK_CHECK(g_inplace.get(r * gc + i) == input_value(41, r, i), "all_gather in place");
+    for (uint64_t i = 0; i < gc; ++i)
+      RANK_CHECK(g_inplace.get(r * gc + i) == input_value(41, r, i), "all_gather in place");
 
   // broadcast: small (direct) and large (scatter + relay), root P-1.
   for (uint64_t bc : {uint64_t{100}, uint64_t{300007}}) {
@@ -101,12 +105,14 @@ std::string every_collective(int rank, const UniqueId& id, int P) {
     Tensor b_in = make_input(DType::kFloat32, bc, 50, rank);
     Tensor b_out(DType::kFloat32, bc);
     RANK_OK(comm.broadcast(b_in.data(), b_out.data(), bc, DType::kFloat32, root).wait());
-    for (uint64_t i = 0; i < bc; ++i) RANK_CHECK(b_out.get(i) == input_value(50, root, i), "broadcast");
+    for (uint64_t i = 0; i < bc; ++i)
+      RANK_CHECK(b_out.get(i) == input_value(50, root, i), "broadcast");
   }
 
   // send/recv around a ring, two tags, posted in opposite orders on the two sides.
   const uint64_t sc = 12345;
-  Tensor s0 = make_input(DType::kFloat32, sc, 60, rank), s1 = make_input(DType::kFloat32, sc, 61, rank);
+  Tensor s0 = make_input(DType::kFloat32, sc, 60, rank),
+         s1 = make_input(DType::kFloat32, sc, 61, rank);
   Tensor r0(DType::kFloat32, sc), r1(DType::kFloat32, sc);
   int next = (rank + 1) % P, prev = (rank + P - 1) % P;
   Work w0 = comm.send(s0.data(), sc, DType::kFloat32, next, 5);
@@ -126,7 +132,8 @@ class CollectivesEvery : public ::testing::TestWithParam<int> {};
 
 TEST_P(CollectivesEvery, MatchFp64References) {
   int P = GetParam();
-  expect_all_ok(run_ranks(P, [P](int rank, const UniqueId& id) { return every_collective(rank, id, P); }));
+  expect_all_ok(
+      run_ranks(P, [P](int rank, const UniqueId& id) { return every_collective(rank, id, P); }));
 }
 
 // CUDA buffers are refused at once with a clear error, and the group stays usable.
@@ -137,7 +144,9 @@ TEST(CollectivesMemory, CudaBuffersRefusedWithoutBreakingTheGroup) {
     std::vector<float> x(64, 1.0f);
     AllReduceOptions cuda;
     cuda.memory = MemoryKind::kCuda;
-    Status s = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, cuda).wait();
+    Status s = (*comm)
+                   ->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, cuda)
+                   .wait();
     if (s.code() != StatusCode::kUnsupported) return "cuda all_reduce gave " + s.to_string();
     if (s.message().find("CUDA") == std::string::npos) return "unclear message: " + s.message();
     s = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
@@ -148,7 +157,9 @@ TEST(CollectivesMemory, CudaBuffersRefusedWithoutBreakingTheGroup) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesEvery, ::testing::Values(2, 3, 4, 8),
-                         [](const ::testing::TestParamInfo<int>& p) { return "P" + std::to_string(p.param); });
+                         [](const ::testing::TestParamInfo<int>& p) {
+                           return "P" + std::to_string(p.param);
+                         });
 
 }  // namespace
 }  // namespace lowcomm::testing

@@ -74,7 +74,8 @@ std::string compressed_rank(int rank, const UniqueId& id, const Case& c) {
       double err = std::fabs(got - want);
       worst = std::max(worst, err / bound);
       RANK_CHECK(err <= bound, "element " + std::to_string(i) + ": got " + std::to_string(got) +
-                                   ", fp64 " + std::to_string(want) + ", bound " + std::to_string(bound));
+                                   ", fp64 " + std::to_string(want) + ", bound " +
+                                   std::to_string(bound));
     }
   }
   // Stochastic rounding is reproducible: the same step and seed give the same bits.
@@ -88,23 +89,28 @@ std::string compressed_rank(int rank, const UniqueId& id, const Case& c) {
   return "ok " + std::to_string(fnv64(y.bytes)) + " worst/bound " + std::to_string(worst);
 }
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.P << " ranks, " << c.codec << ", " << dtype_name(c.dtype); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.P << " ranks, " << c.codec << ", " << dtype_name(c.dtype);
+}
 
 class CollectivesCompressed : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CollectivesCompressed, WithinTwoQuantizationsAndIdenticalOnEveryRank) {
   Case c = GetParam();
-  auto res = run_ranks(c.P, [c](int rank, const UniqueId& id) { return compressed_rank(rank, id, c); });
+  auto res =
+      run_ranks(c.P, [c](int rank, const UniqueId& id) { return compressed_rank(rank, id, c); });
   expect_all_ok(res);
   std::set<std::string> hashes;
   for (auto& r : res) hashes.insert(r.text.substr(0, r.text.find(" worst")));
-  EXPECT_EQ(hashes.size(), 1u) << "ranks ended with different bits: " << res[0].text << " vs " << res[1].text;
+  EXPECT_EQ(hashes.size(), 1u) << "ranks ended with different bits: " << res[0].text << " vs "
+                               << res[1].text;
 }
 
 std::vector<Case> cases() {
   std::vector<Case> v;
   for (int P : {2, 3, 4, 8})
-    for (const char* codec : {"q8", "q4", "q2:sr", "minmax4"}) v.push_back({P, codec, DType::kFloat32});
+    for (const char* codec : {"q8", "q4", "q2:sr", "minmax4"})
+      v.push_back({P, codec, DType::kFloat32});
   v.push_back({3, "q4", DType::kBFloat16});
   v.push_back({4, "q8:block=64", DType::kBFloat16});
   return v;
@@ -112,8 +118,8 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Codecs, CollectivesCompressed, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& p) {
-                           std::string name = "P" + std::to_string(p.param.P) + "_" + p.param.codec + "_" +
-                                              dtype_name(p.param.dtype);
+                           std::string name = "P" + std::to_string(p.param.P) + "_" +
+                                              p.param.codec + "_" + dtype_name(p.param.dtype);
                            for (char& ch : name)
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return name;
@@ -137,7 +143,8 @@ std::string ef_rank(int rank, const UniqueId& id) {
   for (int t = 0; t < steps; ++t) {
     RANK_OK((*comm)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, ef).wait());
     for (uint64_t i = 0; i < n; ++i) with_ef[i] += y.get(i);
-    RANK_OK((*comm)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, plain).wait());
+    RANK_OK(
+        (*comm)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, plain).wait());
     for (uint64_t i = 0; i < n; ++i) without[i] += y.get(i);
     for (uint64_t i = 0; i < n; ++i)
       for (int r = 0; r < P; ++r) truth[i] += input_value(9, r, i);
@@ -146,7 +153,8 @@ std::string ef_rank(int rank, const UniqueId& id) {
   for (uint64_t i = 0; i < n; ++i) {
     e_ef = std::max(e_ef, std::fabs(with_ef[i] - truth[i]));
     e_plain = std::max(e_plain, std::fabs(without[i] - truth[i]));
-    for (int r = 0; r < P; ++r) amax = std::max(amax, std::fabs(static_cast<double>(input_value(9, r, i))));
+    for (int r = 0; r < P; ++r)
+      amax = std::max(amax, std::fabs(static_cast<double>(input_value(9, r, i))));
   }
   // One q2 step of a rank's input is at most amax / 2; of the sum at most P amax / 2. The EF error
   // stays at the level of the residuals (a few steps), not 20 steps' worth.
@@ -164,10 +172,13 @@ std::string ef_rank(int rank, const UniqueId& id) {
   RANK_CHECK(*again == *saved, "restore did not reproduce the state");
   std::vector<uint8_t> bad = *saved;
   bad[bad.size() / 2] ^= 1;
-  RANK_CHECK(!(*comm)->restore_error_feedback(bad.data(), bad.size()).is_ok(), "damaged state accepted");
+  RANK_CHECK(!(*comm)->restore_error_feedback(bad.data(), bad.size()).is_ok(),
+             "damaged state accepted");
   // A different tensor under the same key is refused, not silently reset.
   Tensor small(DType::kFloat32, 100);
-  Status s = (*comm)->all_reduce(small.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum, ef).wait();
+  Status s = (*comm)
+                 ->all_reduce(small.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum, ef)
+                 .wait();
   RANK_CHECK(s.code() == StatusCode::kInvalidArgument, s.to_string());
   return "ok ef " + std::to_string(e_ef) + " plain " + std::to_string(e_plain);
 }

@@ -19,7 +19,9 @@ CommOptions short_timeout(int ms) {
   return o;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // Every rank must fail within `max_s` with `code` and every listed fragment in its message.
 std::string expect_failure(const Status& s, StatusCode code, std::vector<std::string> parts,
@@ -27,7 +29,8 @@ std::string expect_failure(const Status& s, StatusCode code, std::vector<std::st
   double took = std::chrono::duration<double>(Clock::now() - t0).count();
   RANK_CHECK(!s.is_ok(), "the operation succeeded");
   RANK_CHECK(s.code() == code, "code: " + s.to_string());
-  for (auto& p : parts) RANK_CHECK(contains(s.message(), p), "'" + p + "' missing from: " + s.message());
+  for (auto& p : parts)
+    RANK_CHECK(contains(s.message(), p), "'" + p + "' missing from: " + s.message());
   RANK_CHECK(took < max_s, "took " + std::to_string(took) + " s: " + s.message());
   return "ok " + s.message();
 }
@@ -41,8 +44,9 @@ TEST(CollectivesMismatch, DifferentCountFailsOnEveryRankNamingThePeer) {
     auto t0 = Clock::now();
     Status s = (*c)->all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum).wait();
     std::string peer = rank == 2 ? "rank 0" : "rank 2";
-    return expect_failure(s, StatusCode::kInvalidArgument,
-                          {"mismatched operations", peer, "count 1001", "count 1000", "all_reduce #0"}, t0, 5);
+    return expect_failure(
+        s, StatusCode::kInvalidArgument,
+        {"mismatched operations", peer, "count 1001", "count 1000", "all_reduce #0"}, t0, 5);
   });
   expect_all_ok(res);
 }
@@ -55,7 +59,8 @@ TEST(CollectivesMismatch, DifferentCodecFails) {
     AllReduceOptions o;
     o.codec = *parse_codec_spec(rank == 0 ? "q4" : "q8");
     auto t0 = Clock::now();
-    Status s = (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o).wait();
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o).wait();
     return expect_failure(s, StatusCode::kInvalidArgument,
                           {"codec q4", "codec q8", rank == 0 ? "rank 1" : "rank 0"}, t0, 5);
   });
@@ -68,10 +73,12 @@ TEST(CollectivesMismatch, AllReduceAgainstAllGatherFails) {
     RANK_OK(c.status());
     std::vector<float> x(2048, 1.0f);
     auto t0 = Clock::now();
-    Status s = rank == 0
-                   ? (*c)->all_reduce(x.data(), x.data(), 2048, DType::kFloat32, ReduceOp::kSum).wait()
-                   : (*c)->all_gather(x.data(), x.data(), 1024, DType::kFloat32).wait();
-    std::string r = expect_failure(s, StatusCode::kInvalidArgument, {"all_reduce #0", "all_gather #0"}, t0, 5);
+    Status s =
+        rank == 0
+            ? (*c)->all_reduce(x.data(), x.data(), 2048, DType::kFloat32, ReduceOp::kSum).wait()
+            : (*c)->all_gather(x.data(), x.data(), 1024, DType::kFloat32).wait();
+    std::string r =
+        expect_failure(s, StatusCode::kInvalidArgument, {"all_reduce #0", "all_gather #0"}, t0, 5);
     if (r.rfind("ok", 0) != 0) return r;
     // The failure sticks: the next operation fails at once with the first cause.
     Status later = (*c)->barrier().wait();
@@ -238,9 +245,10 @@ TEST(CollectivesFailure, RankThatLeftWithoutTakingPartFailsTheCollective) {
     RANK_OK((*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
     if (rank == 2) return "ok";  // destroys its communicator: one collective run, not two
     auto t0 = Clock::now();
-    Status s = (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
-    return expect_failure(s, StatusCode::kRemoteError, {"rank 2 has left without taking part", "all_reduce #1"},
-                          t0, 5);
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    return expect_failure(s, StatusCode::kRemoteError,
+                          {"rank 2 has left without taking part", "all_reduce #1"}, t0, 5);
   });
   expect_all_ok(res);
 }
@@ -262,7 +270,8 @@ TEST(CollectivesFailure, GoodbyeCountsPointToPointMessages) {
     RANK_CHECK(y == x, "received data differs");
     auto t0 = Clock::now();
     Status s = (*c)->recv(y.data(), y.size(), DType::kFloat32, 0, 7).wait();
-    return expect_failure(s, StatusCode::kRemoteError, {"rank 0 has left without taking part"}, t0, 3);
+    return expect_failure(s, StatusCode::kRemoteError, {"rank 0 has left without taking part"}, t0,
+                          3);
   });
   expect_all_ok(res);
 }
@@ -314,8 +323,8 @@ TEST(CollectivesMismatch, PointToPointOfAnotherLengthFailsNamingBoth) {
     Status s = (*c)->recv(x.data(), 500, DType::kFloat32, 0, 3).wait();
     RANK_CHECK(!s.is_ok(), "the mismatched recv succeeded");
     RANK_CHECK(contains(s.message(), "mismatched operations") ||
-                   (contains(s.message(), "length mismatch") && contains(s.message(), "2000 bytes") &&
-                    contains(s.message(), "4000 bytes")),
+                   (contains(s.message(), "length mismatch") &&
+                    contains(s.message(), "2000 bytes") && contains(s.message(), "4000 bytes")),
                "unclear error: " + s.to_string());
     return "ok";
   });
@@ -329,8 +338,11 @@ TEST(CollectivesFailure, ExpiredDeadlineGivesTimeoutAndThePeerLearnsWhy) {
     std::vector<float> x(1000, 1.0f);
     if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     auto t0 = Clock::now();
-    Status s = (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
-    if (rank == 0) return expect_failure(s, StatusCode::kTimeout, {"deadline passed", "rank 1", "all_reduce #0"}, t0, 3);
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    if (rank == 0)
+      return expect_failure(s, StatusCode::kTimeout, {"deadline passed", "rank 1", "all_reduce #0"},
+                            t0, 3);
     return expect_failure(s, StatusCode::kRemoteError, {"rank 0 failed", "deadline passed"}, t0, 2);
   });
   expect_all_ok(res);
@@ -346,21 +358,24 @@ TEST(CollectivesCApi, AllReduceWithACodecAndErrorStrings) {
     lowcommUniqueId back;
     RANK_CHECK(lowcommUniqueIdFromString(text, &back) == lowcommSuccess, "from string");
     lowcommComm_t comm = nullptr;
-    RANK_CHECK(lowcommCommInitRank(&comm, 2, back, rank) == lowcommSuccess, lowcommGetLastError(nullptr));
+    RANK_CHECK(lowcommCommInitRank(&comm, 2, back, rank) == lowcommSuccess,
+               lowcommGetLastError(nullptr));
     int count = 0, me = -1;
     RANK_CHECK(lowcommCommCount(comm, &count) == lowcommSuccess && count == 2, "count");
     RANK_CHECK(lowcommCommUserRank(comm, &me) == lowcommSuccess && me == rank, "rank");
     std::vector<float> x(10000, static_cast<float>(rank + 1)), y(10000);
     lowcommRequest_t req = nullptr;
-    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, "q8", comm, &req) ==
-                   lowcommSuccess, lowcommGetLastError(comm));
+    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, "q8",
+                                comm, &req) == lowcommSuccess,
+               lowcommGetLastError(comm));
     int done = 0;
     lowcommResult_t r = lowcommSuccess;
     while (!done) r = lowcommTest(req, &done);
     RANK_CHECK(r == lowcommSuccess, lowcommGetLastError(comm));
     for (float v : y) RANK_CHECK(std::fabs(v - 3.0f) < 0.05f, std::to_string(v));
-    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, "q5", comm, nullptr) ==
-                   lowcommInvalidArgument, "a bad codec spec was accepted");
+    RANK_CHECK(lowcommAllReduce(x.data(), y.data(), x.size(), lowcommFloat32, lowcommSum, "q5",
+                                comm, nullptr) == lowcommInvalidArgument,
+               "a bad codec spec was accepted");
     RANK_CHECK(contains(lowcommGetLastError(comm), "q5"), lowcommGetLastError(comm));
     RANK_CHECK(lowcommBarrier(comm, nullptr) == lowcommSuccess, lowcommGetLastError(comm));
     RANK_CHECK(std::string(lowcommGetErrorString(lowcommTimeout)).size() > 0, "error string");

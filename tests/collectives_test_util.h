@@ -32,7 +32,8 @@ struct RankResult {
 };
 
 inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
 }
 
 using RankFn = std::function<std::string(int rank, const UniqueId& id)>;
@@ -90,7 +91,8 @@ inline std::vector<RankResult> run_ranks(int nranks, const RankFn& fn, double ti
     if (fds[r] >= 0) {
       ::kill(pids[r], SIGKILL);
       ::close(fds[r]);
-      out[r].text += " [killed by the harness: no result within " + std::to_string(timeout_s) + " s]";
+      out[r].text +=
+          " [killed by the harness: no result within " + std::to_string(timeout_s) + " s]";
     }
     int st = 0;
     ::waitpid(pids[r], &st, 0);
@@ -101,7 +103,8 @@ inline std::vector<RankResult> run_ranks(int nranks, const RankFn& fn, double ti
 
 inline void expect_all_ok(const std::vector<RankResult>& res) {
   for (size_t r = 0; r < res.size(); ++r)
-    EXPECT_TRUE(res[r].ok()) << "rank " << r << " (exit " << res[r].exit_code << "): " << res[r].text;
+    EXPECT_TRUE(res[r].ok()) << "rank " << r << " (exit " << res[r].exit_code
+                             << "): " << res[r].text;
 }
 
 // Options for test ranks: small socket buffers and two streams keep 8 processes light.
@@ -179,12 +182,12 @@ inline uint64_t fnv64(const std::vector<uint8_t>& b) {
 
 }  // namespace lowcomm::testing
 
-#define RANK_CHECK(cond, msg)                                                       \
-  do {                                                                              \
-    if (!(cond)) return std::string("check failed: " #cond ": ") + (msg);           \
+#define RANK_CHECK(cond, msg)                                             \
+  do {                                                                    \
+    if (!(cond)) return std::string("check failed: " #cond ": ") + (msg); \
   } while (0)
-#define RANK_OK(expr)                                                               \
-  do {                                                                              \
-    ::lowcomm::Status rank_ok_s_ = (expr);                                          \
+#define RANK_OK(expr)                                                                 \
+  do {                                                                                \
+    ::lowcomm::Status rank_ok_s_ = (expr);                                            \
     if (!rank_ok_s_.is_ok()) return std::string(#expr ": ") + rank_ok_s_.to_string(); \
   } while (0)

@@ -17,7 +17,9 @@ using testing::loopback;
 using testing::test_config;
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 TEST(TransportFailure, PeerClosingMidTransferFailsOutstandingRequestsQuickly) {
   auto cfg_b = test_config(1);
@@ -103,9 +105,11 @@ TEST(TransportFailure, AcceptAndConnectHonourDeadlines) {
   SocketAddress dead = l->address();
   l.reset();  // nobody listens there any more
   t0 = Clock::now();
-  auto c = connect_peer(engine, dead, test_config(1), Deadline::after(std::chrono::milliseconds(300)));
+  auto c =
+      connect_peer(engine, dead, test_config(1), Deadline::after(std::chrono::milliseconds(300)));
   EXPECT_FALSE(c.is_ok());
-  EXPECT_NE(c.status().message().find(dead.to_string()), std::string::npos) << c.status().to_string();
+  EXPECT_NE(c.status().message().find(dead.to_string()), std::string::npos)
+      << c.status().to_string();
   EXPECT_LT(since(t0), 2.0);
 }
 
@@ -137,7 +141,8 @@ TEST(TransportFailure, ConnectRetriesARefusedAddressUntilAListenerComes) {
   // Nobody listens at first (refused), then a listener opens on that address.
   auto engine_a = *ProgressEngine::create("lc-test-a");
   auto engine_b = *ProgressEngine::create("lc-test-b");
-  SocketAddress addr = std::move(Listener::create(engine_a, test_config(0), loopback())).value()->address();
+  SocketAddress addr =
+      std::move(Listener::create(engine_a, test_config(0), loopback())).value()->address();
   auto connected = std::async(std::launch::async, [&] {
     return connect_peer(engine_b, addr, test_config(1), Deadline::after_seconds(15));
   });
@@ -154,7 +159,8 @@ TEST(TransportFailure, NonBlockingConnectAndAcceptByTest) {
   auto engine_a = *ProgressEngine::create("lc-test-a");
   auto engine_b = *ProgressEngine::create("lc-test-b");
   auto l = std::move(Listener::create(engine_a, test_config(0), loopback())).value();
-  auto op = std::move(ConnectOp::start(engine_b, l->address(), test_config(1, "test-secret", 2))).value();
+  auto op =
+      std::move(ConnectOp::start(engine_b, l->address(), test_config(1, "test-secret", 2))).value();
   AcceptOp acc = l->start_accept();
   bool connected = false, accepted = false;
   auto deadline = Deadline::after_seconds(5);

@@ -53,12 +53,15 @@ struct Fixture {
 TEST(TransportSecurity, WrongSecretRejectedThenRightOneAccepted) {
   Fixture f;
   auto addr = f.listener->address();
-  auto accepted = std::async(std::launch::async, [&] { return f.listener->accept(Deadline::after_seconds(10)); });
-  auto bad = connect_peer(f.client_engine, addr, test_config(1, "wrong secret"), Deadline::after_seconds(5));
+  auto accepted = std::async(std::launch::async,
+                             [&] { return f.listener->accept(Deadline::after_seconds(10)); });
+  auto bad = connect_peer(f.client_engine, addr, test_config(1, "wrong secret"),
+                          Deadline::after_seconds(5));
   ASSERT_FALSE(bad.is_ok());
   EXPECT_NE(bad.status().message().find("failed authentication"), std::string::npos)
       << bad.status().to_string();
-  auto good = connect_peer(f.client_engine, addr, test_config(1, "right secret"), Deadline::after_seconds(5));
+  auto good = connect_peer(f.client_engine, addr, test_config(1, "right secret"),
+                           Deadline::after_seconds(5));
   ASSERT_TRUE(good.is_ok()) << good.status().to_string();
   auto peer = accepted.get();
   ASSERT_TRUE(peer.is_ok()) << peer.status().to_string();
@@ -85,7 +88,8 @@ TEST(TransportSecurity, ServerRejectsAClientThatCannotProveTheSecret) {
   store_le32(hello + 12, 7);
   store_le64(hello + 16, 1234);
   ASSERT_EQ(::send(fd.get(), hello, sizeof(hello), MSG_NOSIGNAL), static_cast<long>(sizeof(hello)));
-  auto peer = std::async(std::launch::async, [&] { return f.listener->accept(Deadline::after_seconds(2)); });
+  auto peer = std::async(std::launch::async,
+                         [&] { return f.listener->accept(Deadline::after_seconds(2)); });
   uint8_t challenge[kChallengeBytes];
   size_t got = 0;
   while (got < sizeof(challenge)) {
@@ -94,7 +98,8 @@ TEST(TransportSecurity, ServerRejectsAClientThatCannotProveTheSecret) {
     got += static_cast<size_t>(n);
   }
   uint8_t forged[kProofBytes] = {};
-  ASSERT_EQ(::send(fd.get(), forged, sizeof(forged), MSG_NOSIGNAL), static_cast<long>(sizeof(forged)));
+  ASSERT_EQ(::send(fd.get(), forged, sizeof(forged), MSG_NOSIGNAL),
+            static_cast<long>(sizeof(forged)));
   EXPECT_TRUE(closed_by_server(fd.get(), 2000));
   auto p = peer.get();
   EXPECT_EQ(p.status().code(), StatusCode::kTimeout);  // no peer surfaced
@@ -108,8 +113,10 @@ TEST(TransportSecurity, GarbageClientDroppedWhileLegitimatePeerConnects) {
   auto junk = random_bytes(4096, 77);
   ASSERT_EQ(::send(garbage.get(), junk.data(), junk.size(), MSG_NOSIGNAL), 4096);
   UniqueFd silent = raw_connect(addr);  // connects and says nothing
-  auto accepted = std::async(std::launch::async, [&] { return f.listener->accept(Deadline::after_seconds(10)); });
-  auto good = connect_peer(f.client_engine, addr, test_config(1, "right secret"), Deadline::after_seconds(5));
+  auto accepted = std::async(std::launch::async,
+                             [&] { return f.listener->accept(Deadline::after_seconds(10)); });
+  auto good = connect_peer(f.client_engine, addr, test_config(1, "right secret"),
+                           Deadline::after_seconds(5));
   ASSERT_TRUE(good.is_ok()) << good.status().to_string();
   auto peer = accepted.get();
   ASSERT_TRUE(peer.is_ok()) << peer.status().to_string();
@@ -133,7 +140,8 @@ struct HandDrivenPeer {
     auto engine = *ProgressEngine::create("lc-test-srv");
     auto listener = std::move(Listener::create(engine, server_cfg, loopback())).value();
     auto addr = listener->address();
-    auto accepted = std::async(std::launch::async, [&] { return listener->accept(Deadline::after_seconds(10)); });
+    auto accepted = std::async(std::launch::async,
+                               [&] { return listener->accept(Deadline::after_seconds(10)); });
     auto sock = make_tcp_socket(addr);
     EXPECT_TRUE(sock.is_ok());
     (void)::connect(sock->get(), addr.sockaddr_ptr(), addr.length());
@@ -141,8 +149,8 @@ struct HandDrivenPeer {
     hello.rank = 1;
     hello.streams = 1;
     hello.connection_id = 42;
-    auto h = StreamHandshake::client(std::move(sock).value(), addr.to_string(), server_cfg.secret, hello,
-                                     Deadline::after_seconds(5));
+    auto h = StreamHandshake::client(std::move(sock).value(), addr.to_string(), server_cfg.secret,
+                                     hello, Deadline::after_seconds(5));
     while (!h.done()) {
       Status st = h.advance();
       EXPECT_TRUE(st.is_ok()) << st.to_string();

@@ -19,13 +19,15 @@ inline PeerConfig test_config(int rank, std::string secret = "test-secret", int 
   c.local_rank = rank;
   c.secret = std::move(secret);
   c.streams = streams;
-  c.adapt_streams = false;  // exercise striping over every stream, even on loopback
+  c.adapt_streams = false;          // exercise striping over every stream, even on loopback
   c.socket_buffer_bytes = 4 << 20;  // keep kernel memory modest across many test pairs
   c.handshake_timeout_s = 5.0;
   return c;
 }
 
-inline SocketAddress loopback() { return *SocketAddress::parse("127.0.0.1:0"); }
+inline SocketAddress loopback() {
+  return *SocketAddress::parse("127.0.0.1:0");
+}
 
 struct PeerPair {
   std::shared_ptr<ProgressEngine> engine_a, engine_b;
@@ -56,7 +58,9 @@ inline PeerPair connect_pair(const PeerConfig& accept_cfg, const PeerConfig& con
   return p;
 }
 
-inline PeerPair connect_pair() { return connect_pair(test_config(0), test_config(1)); }
+inline PeerPair connect_pair() {
+  return connect_pair(test_config(0), test_config(1));
+}
 
 inline std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);

@@ -19,7 +19,9 @@ namespace {
 using Clock = Pacer::Clock;
 using std::chrono::duration;
 
-double secs(Clock::duration d) { return duration<double>(d).count(); }
+double secs(Clock::duration d) {
+  return duration<double>(d).count();
+}
 
 TEST(TransportParseWan, FullSpec) {
   auto w = parse_wan("bw=1gbit,rtt=80ms,jitter=2ms");
@@ -46,9 +48,9 @@ TEST(TransportParseWan, UnitsAndOrder) {
 }
 
 TEST(TransportParseWan, Errors) {
-  for (const char* bad : {"bw=1gbyte", "bw=fast", "rtt=80", "rtt=80min", "bw=1gbit,,rtt=1ms",
-                          "speed=1gbit", "bw=1gbit,bw=2gbit", "rtt=1ms,delay=1ms", "bw",
-                          "bw=-1gbit", "jitter=nanms"}) {
+  for (const char* bad :
+       {"bw=1gbyte", "bw=fast", "rtt=80", "rtt=80min", "bw=1gbit,,rtt=1ms", "speed=1gbit",
+        "bw=1gbit,bw=2gbit", "rtt=1ms,delay=1ms", "bw", "bw=-1gbit", "jitter=nanms"}) {
     auto w = parse_wan(bad);
     EXPECT_FALSE(w.is_ok()) << bad;
     EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument) << bad;
@@ -81,7 +83,9 @@ TEST(TransportPacer, SixtyFourMiBOverSlowLongLink) {
 TEST(TransportPacer, DepartsWhenLinkFreesAndIdlesBetween) {
   Pacer p(*parse_wan("bw=8mbit,delay=10ms"));  // 1 byte per microsecond
   Clock::time_point t0{};
-  auto us = [](double x) { return std::chrono::duration_cast<Clock::duration>(duration<double, std::micro>(x)); };
+  auto us = [](double x) {
+    return std::chrono::duration_cast<Clock::duration>(duration<double, std::micro>(x));
+  };
   // 1000 B at t0: on the link until 1 ms, delivered at 11 ms.
   EXPECT_NEAR(secs(p.submit(1000, t0).deliver - t0), 0.011, 1e-9);
   // Submitted at 0.5 ms while the link is busy: departs at 1 ms, free at 2 ms, delivered 12 ms.
@@ -134,7 +138,8 @@ TEST(TransportPacer, OneWindowLimitedStreamMovesWindowPerRtt) {
   const uint64_t total = 64ull << 20;
   const double round = 0.1 + 8.0 * (512 << 10) / 1e9;  // a chunk's departure to its ack
   const double rounds = static_cast<double>(total) / (2u << 20);
-  EXPECT_NEAR(paced_seconds(one, total), (rounds - 1) * round + 8.0 * (2u << 20) / 1e9 + 0.05, 1e-3);
+  EXPECT_NEAR(paced_seconds(one, total), (rounds - 1) * round + 8.0 * (2u << 20) / 1e9 + 0.05,
+              1e-3);
   // Four streams with 32 MiB windows hold 128 MiB in flight, more than the 12.5 MB the path
   // holds: link-limited, like an unwindowed link.
   Pacer four(link, 1, 4, 32u << 20);

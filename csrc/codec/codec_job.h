@@ -26,9 +26,9 @@ struct CodecJob {
   CodecSpec spec;
   DType dtype = DType::kFloat32;
   uint64_t n = 0;
-  const void* x = nullptr;  // encode input (x, or a for delta)
-  void* state = nullptr;    // fp32 residual (feedback) or cache m in dtype (delta)
-  void* out = nullptr;      // decode output (decode_delta: may be null)
+  const void* x = nullptr;     // encode input (x, or a for delta)
+  void* state = nullptr;       // fp32 residual (feedback) or cache m in dtype (delta)
+  void* out = nullptr;         // decode output (decode_delta: may be null)
   uint8_t* payload = nullptr;  // scales, then packed codes (const for decodes)
   RoundingKey key;
 

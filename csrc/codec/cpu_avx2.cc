@@ -25,7 +25,8 @@ __m256 load8(const void* base, uint64_t i) {
   if constexpr (D == DType::kFloat32) {
     return _mm256_loadu_ps(static_cast<const float*>(base) + i);
   } else {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
     if constexpr (D == DType::kBFloat16) {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     } else {
@@ -45,7 +46,8 @@ void store8(void* base, uint64_t i, __m256 v) {
     _mm256_storeu_ps(static_cast<float*>(base) + i, canonical8(v));
   } else {
     __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(isnan), _mm256_extracti128_si256(isnan, 1));
+    __m128i nan16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(isnan), _mm256_extracti128_si256(isnan, 1));
     __m128i h;
     if constexpr (D == DType::kBFloat16) {
       __m256i u = _mm256_castps_si256(v);
@@ -99,8 +101,8 @@ float tree_sum8(float* t, uint32_t g) {
   }
   __m256 v = _mm256_loadu_ps(t);
   __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // stride 4
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                          // stride 2
-  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));                                      // stride 1
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                         // stride 2
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));                                     // stride 1
   return _mm_cvtss_f32(a);
 }
 
@@ -108,8 +110,8 @@ float tree_sum8(float* t, uint32_t g) {
 
 // 32x32 -> 64-bit products of each lane of x with m: the low and high halves, lane by lane.
 inline void mulhilo8(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
-  const __m256i even = _mm256_mul_epu32(x, m);                         // lanes 0, 2, 4, 6
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);   // lanes 1, 3, 5, 7
+  const __m256i even = _mm256_mul_epu32(x, m);                        // lanes 0, 2, 4, 6
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);  // lanes 1, 3, 5, 7
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
   hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
 }
@@ -170,7 +172,8 @@ void philox8xN(uint64_t c, uint64_t seed, uint32_t* words) {
 
 // Random words of elements start .. start+g-1 (random_word in group_math.h): returns a pointer
 // to element start's word inside `buf`, which holds at least g + 64 words.
-const uint32_t* group_random_words(const RoundingKey& key, uint64_t start, uint32_t g, uint32_t* buf) {
+const uint32_t* group_random_words(const RoundingKey& key, uint64_t start, uint32_t g,
+                                   uint32_t* buf) {
   const uint64_t idx = key.offset + start;
   const uint64_t c = idx >> 2;
   const uint64_t counters = (g + 3 + 4) / 4;  // covers a start that is not a multiple of 4
@@ -204,7 +207,8 @@ const uint32_t* group_random_words(const RoundingKey& key, uint64_t start, uint3
     return;
   }
   // bits 2 or 3: four codes per 32-bit lane.
-  __m256i w = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(static_cast<short>(bits == 2 ? 0x0401 : 0x0801)));
+  __m256i w = _mm256_maddubs_epi16(
+      bytes, _mm256_set1_epi16(static_cast<short>(bits == 2 ? 0x0401 : 0x0801)));
   w = _mm256_madd_epi16(w, _mm256_set1_epi32(bits == 2 ? 0x00100001 : 0x00400001));
   alignas(32) uint32_t quad[8];  // quad[q] = codes 4q..4q+3 packed in 4*bits bits
   _mm256_store_si256(reinterpret_cast<__m256i*>(quad), w);
@@ -259,7 +263,8 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint3
     amax1 = _mm256_max_ps(amax1, a1);
   }
   const __m256 amax = _mm256_max_ps(amax0, amax1);
-  if (_mm256_movemask_ps(_mm256_and_ps(finite0, finite1)) != 0xFF) {  // non-finite group: NaN scale, zero codes, reset state
+  if (_mm256_movemask_ps(_mm256_and_ps(finite0, finite1)) !=
+      0xFF) {  // non-finite group: NaN scale, zero codes, reset state
     job.scales()[group] = qm::bits_f32(qm::kCanonicalNanF32);
     std::memset(packed, 0, g / 8 * bits);
     if constexpr (Op == CodecOp::kEncodeFeedback) {
@@ -324,7 +329,8 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint3
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rnd_words + (i - start))), 8);
         __m256 uni = _mm256_mul_ps(_mm256_cvtepi32_ps(r), _mm256_set1_ps(5.9604644775390625e-08f));
         __m256 f = _mm256_floor_ps(s);
-        __m256 up = _mm256_and_ps(_mm256_cmp_ps(uni, _mm256_sub_ps(s, f), _CMP_LT_OQ), _mm256_set1_ps(1.0f));
+        __m256 up = _mm256_and_ps(_mm256_cmp_ps(uni, _mm256_sub_ps(s, f), _CMP_LT_OQ),
+                                  _mm256_set1_ps(1.0f));
         q = _mm256_add_ps(f, up);
       } else {
         q = _mm256_round_ps(s, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -348,8 +354,8 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint3
 
 template <DType D, CodecOp Op>
 void encode_blocks(const CodecJob& job, uint64_t begin, uint64_t end) {
-  alignas(32) float y[kMaxBlock];  // the group's values, staged for the second pass
-  alignas(32) float t[kMaxBlock];  // q1: scratch for the tree sum
+  alignas(32) float y[kMaxBlock];            // the group's values, staged for the second pass
+  alignas(32) float t[kMaxBlock];            // q1: scratch for the tree sum
   alignas(32) uint32_t rnd[kMaxBlock + 64];  // stochastic rounding: the group's random words
   for (uint64_t start = begin; start < end; start += job.spec.block) {
     encode_group<D, Op>(job, start, y, t, rnd);
@@ -365,7 +371,9 @@ inline __m256i unpack8(const uint8_t* packed, uint64_t unit, int bits) {
   }
   uint32_t w;  // fixed-size loads: a runtime-sized memcpy would be a library call per unit
   switch (bits) {
-    case 1: w = p[0]; break;
+    case 1:
+      w = p[0];
+      break;
     case 2: {
       uint16_t h;
       std::memcpy(&h, p, 2);
@@ -378,9 +386,11 @@ inline __m256i unpack8(const uint8_t* packed, uint64_t unit, int bits) {
       w = h | static_cast<uint32_t>(p[2]) << 16;
       break;
     }
-    default: std::memcpy(&w, p, 4);
+    default:
+      std::memcpy(&w, p, 4);
   }
-  const __m256i shifts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
+  const __m256i shifts =
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
   return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
                           _mm256_set1_epi32((1 << bits) - 1));
 }
@@ -399,7 +409,8 @@ void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
   void* out = job.out;
   void* state = job.state;
   constexpr uint64_t kElemBytes = D == DType::kFloat32 ? 4 : 2;
-  const char* prefetch = static_cast<const char*>(Op == CodecOp::kDecodeDelta ? state : out) + kPrefetchBytes;
+  const char* prefetch =
+      static_cast<const char*>(Op == CodecOp::kDecodeDelta ? state : out) + kPrefetchBytes;
   uint64_t col = column ? begin % cols : 0;  // advanced by 8 per unit: no division in the loop
   for (uint64_t i = begin; i < end; i += 8) {
     if constexpr (Op != CodecOp::kDecode) {
@@ -451,7 +462,8 @@ void passthrough_units(const CodecJob& job, uint64_t begin, uint64_t end) {
   for (uint64_t i = begin; i < end; i += 8) {
     if constexpr (Op == CodecOp::kDecodeAccumulate || Op == CodecOp::kDecodeDelta ||
                   Op == CodecOp::kEncodeDelta) {
-      if (i * kElemBytes % 64 == 0) _mm_prefetch(inplace + kPrefetchBytes + i * kElemBytes, _MM_HINT_T0);
+      if (i * kElemBytes % 64 == 0)
+        _mm_prefetch(inplace + kPrefetchBytes + i * kElemBytes, _MM_HINT_T0);
     }
     if constexpr (Op == CodecOp::kEncode) {
       store8<W>(wire, i, load8<D>(job.x, i));
@@ -482,19 +494,26 @@ void passthrough_units(const CodecJob& job, uint64_t begin, uint64_t end) {
 template <DType D, DType W>
 void passthrough_dispatch(const CodecJob& job, uint64_t begin, uint64_t end) {
   switch (job.op) {
-    case CodecOp::kEncode: return passthrough_units<D, W, CodecOp::kEncode>(job, begin, end);
-    case CodecOp::kEncodeFeedback: return passthrough_units<D, W, CodecOp::kEncodeFeedback>(job, begin, end);
-    case CodecOp::kEncodeDelta: return passthrough_units<D, W, CodecOp::kEncodeDelta>(job, begin, end);
-    case CodecOp::kDecode: return passthrough_units<D, W, CodecOp::kDecode>(job, begin, end);
-    case CodecOp::kDecodeAccumulate: return passthrough_units<D, W, CodecOp::kDecodeAccumulate>(job, begin, end);
-    default: return passthrough_units<D, W, CodecOp::kDecodeDelta>(job, begin, end);
+    case CodecOp::kEncode:
+      return passthrough_units<D, W, CodecOp::kEncode>(job, begin, end);
+    case CodecOp::kEncodeFeedback:
+      return passthrough_units<D, W, CodecOp::kEncodeFeedback>(job, begin, end);
+    case CodecOp::kEncodeDelta:
+      return passthrough_units<D, W, CodecOp::kEncodeDelta>(job, begin, end);
+    case CodecOp::kDecode:
+      return passthrough_units<D, W, CodecOp::kDecode>(job, begin, end);
+    case CodecOp::kDecodeAccumulate:
+      return passthrough_units<D, W, CodecOp::kDecodeAccumulate>(job, begin, end);
+    default:
+      return passthrough_units<D, W, CodecOp::kDecodeDelta>(job, begin, end);
   }
 }
 
 bool passthrough_range(const CodecJob& job, uint64_t begin, uint64_t end) {
   const uint64_t vec_end = begin + (end - begin) / 8 * 8;
   with_dtype(job.dtype, [&]<DType D>() {
-    with_dtype(job.spec.wire_dtype, [&]<DType W>() { passthrough_dispatch<D, W>(job, begin, vec_end); });
+    with_dtype(job.spec.wire_dtype,
+               [&]<DType W>() { passthrough_dispatch<D, W>(job, begin, vec_end); });
   });
   if (vec_end < end) scalar_range(job, vec_end, end);
   return true;

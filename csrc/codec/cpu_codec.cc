@@ -27,7 +27,8 @@ void run_job(const CodecJob& job, const CpuOptions& opts) {
   ThreadPool& pool = ThreadPool::global();
   if (is_encode(job.op) && job.spec.grouping == Grouping::kColumn) {
     uint64_t cols = job.spec.cols;
-    uint64_t col_chunk = std::max<uint64_t>(64, kTaskElements / std::max<uint64_t>(1, job.n / cols));
+    uint64_t col_chunk =
+        std::max<uint64_t>(64, kTaskElements / std::max<uint64_t>(1, job.n / cols));
     uint64_t col_tasks = (cols + col_chunk - 1) / col_chunk;
     pool.parallel_for(col_tasks, opts.threads, [&](uint64_t t) {
       cpu::scalar_column_scales(job, t * col_chunk, std::min(cols, (t + 1) * col_chunk));
@@ -51,44 +52,65 @@ Status run_checked(CodecJob& job, const void* data, uint64_t codes_bytes, const 
 
 Status encode(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,
               uint64_t codes_bytes, RoundingKey key, CpuOptions opts) {
-  CodecJob job{CodecOp::kEncode, spec, dtype, n, x, nullptr, nullptr,
-               static_cast<uint8_t*>(codes), key};
+  CodecJob job{
+      CodecOp::kEncode, spec, dtype, n, x, nullptr, nullptr, static_cast<uint8_t*>(codes), key};
   return run_checked(job, x, codes_bytes, opts);
 }
 
 Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
               DType dtype, void* out, CpuOptions opts) {
-  CodecJob job{CodecOp::kDecode, spec, dtype, n, nullptr, nullptr, out,
-               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)), {}};
+  CodecJob job{CodecOp::kDecode,
+               spec,
+               dtype,
+               n,
+               nullptr,
+               nullptr,
+               out,
+               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)),
+               {}};
   return run_checked(job, out, codes_bytes, opts);
 }
 
-Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
-                         uint64_t n, DType dtype, void* out, CpuOptions opts) {
-  CodecJob job{CodecOp::kDecodeAccumulate, spec, dtype, n, nullptr, nullptr, out,
-               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)), {}};
+Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+                         DType dtype, void* out, CpuOptions opts) {
+  CodecJob job{CodecOp::kDecodeAccumulate,
+               spec,
+               dtype,
+               n,
+               nullptr,
+               nullptr,
+               out,
+               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)),
+               {}};
   return run_checked(job, out, codes_bytes, opts);
 }
 
 Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, float* residual,
                              uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key,
                              CpuOptions opts) {
-  CodecJob job{CodecOp::kEncodeFeedback, spec, dtype, n, x, residual, nullptr,
+  CodecJob job{CodecOp::kEncodeFeedback,     spec, dtype, n, x, residual, nullptr,
                static_cast<uint8_t*>(codes), key};
   return run_checked(job, x, codes_bytes, opts);
 }
 
 Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
                     void* codes, uint64_t codes_bytes, RoundingKey key, CpuOptions opts) {
-  CodecJob job{CodecOp::kEncodeDelta, spec, dtype, n, a, m, nullptr,
+  CodecJob job{CodecOp::kEncodeDelta,        spec, dtype, n, a, m, nullptr,
                static_cast<uint8_t*>(codes), key};
   return run_checked(job, a, codes_bytes, opts);
 }
 
 Status decode_delta(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                     DType dtype, void* m, void* out, CpuOptions opts) {
-  CodecJob job{CodecOp::kDecodeDelta, spec, dtype, n, nullptr, m, out,
-               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)), {}};
+  CodecJob job{CodecOp::kDecodeDelta,
+               spec,
+               dtype,
+               n,
+               nullptr,
+               m,
+               out,
+               const_cast<uint8_t*>(static_cast<const uint8_t*>(codes)),
+               {}};
   return run_checked(job, m, codes_bytes, opts);
 }
 

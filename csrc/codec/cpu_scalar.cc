@@ -20,9 +20,12 @@ template <DType D>
 float source_value(const CodecJob& job, uint64_t i) {
   using IO = ElementIO<D>;
   switch (job.op) {
-    case CodecOp::kEncodeFeedback: return add(IO::load(job.x, i), static_cast<float*>(job.state)[i]);
-    case CodecOp::kEncodeDelta: return sub(IO::load(job.x, i), IO::load(job.state, i));
-    default: return IO::load(job.x, i);
+    case CodecOp::kEncodeFeedback:
+      return add(IO::load(job.x, i), static_cast<float*>(job.state)[i]);
+    case CodecOp::kEncodeDelta:
+      return sub(IO::load(job.x, i), IO::load(job.state, i));
+    default:
+      return IO::load(job.x, i);
   }
 }
 
@@ -89,7 +92,8 @@ struct GroupEncoder {
   qm::AbsmaxParams ap{};
 
   GroupEncoder(const CodecJob& j, uint64_t g) : job(&j), dec(group_decode(j, g)) {
-    if (j.spec.kind == CodecKind::kAbsmax && dec.finite) ap = qm::absmax_params(dec.scale, j.spec.bits);
+    if (j.spec.kind == CodecKind::kAbsmax && dec.finite)
+      ap = qm::absmax_params(dec.scale, j.spec.bits);
   }
 
   uint32_t code(float y, uint64_t i) const {
@@ -121,7 +125,8 @@ void encode_units(const CodecJob& job, uint64_t begin, uint64_t end, const float
       }
       float y = y_block ? y_block[i - y_base] : source_value<D>(job, i);
       codes[j] = enc->code(y, i);
-      if (job.op != CodecOp::kEncode) update_state<D>(job, i, y, decode_value(job, enc->dec, codes[j]), enc->dec.finite);
+      if (job.op != CodecOp::kEncode)
+        update_state<D>(job, i, y, decode_value(job, enc->dec, codes[j]), enc->dec.finite);
     }
     write_unit(job.packed(), unit, bits, codes);
   }
@@ -133,18 +138,27 @@ void passthrough_range(const CodecJob& job, uint64_t begin, uint64_t end) {
   DType wire = job.spec.wire_dtype;
   auto wire_value = [&](uint64_t i) {
     switch (wire) {
-      case DType::kBFloat16: return ElementIO<DType::kBFloat16>::load(job.payload, i);
-      case DType::kFloat16: return ElementIO<DType::kFloat16>::load(job.payload, i);
-      default: return ElementIO<DType::kFloat32>::load(job.payload, i);
+      case DType::kBFloat16:
+        return ElementIO<DType::kBFloat16>::load(job.payload, i);
+      case DType::kFloat16:
+        return ElementIO<DType::kFloat16>::load(job.payload, i);
+      default:
+        return ElementIO<DType::kFloat32>::load(job.payload, i);
     }
   };
   for (uint64_t i = begin; i < end; ++i) {
     if (is_encode(job.op)) {
       float y = source_value<D>(job, i);
       switch (wire) {
-        case DType::kBFloat16: ElementIO<DType::kBFloat16>::store(job.payload, i, y); break;
-        case DType::kFloat16: ElementIO<DType::kFloat16>::store(job.payload, i, y); break;
-        default: ElementIO<DType::kFloat32>::store(job.payload, i, y); break;
+        case DType::kBFloat16:
+          ElementIO<DType::kBFloat16>::store(job.payload, i, y);
+          break;
+        case DType::kFloat16:
+          ElementIO<DType::kFloat16>::store(job.payload, i, y);
+          break;
+        default:
+          ElementIO<DType::kFloat32>::store(job.payload, i, y);
+          break;
       }
       float dec = wire_value(i);
       update_state<D>(job, i, y, dec, qm::is_finite(dec));
@@ -152,8 +166,12 @@ void passthrough_range(const CodecJob& job, uint64_t begin, uint64_t end) {
     }
     float dec = wire_value(i);
     switch (job.op) {
-      case CodecOp::kDecode: IO::store(job.out, i, dec); break;
-      case CodecOp::kDecodeAccumulate: IO::store(job.out, i, add(IO::load(job.out, i), dec)); break;
+      case CodecOp::kDecode:
+        IO::store(job.out, i, dec);
+        break;
+      case CodecOp::kDecodeAccumulate:
+        IO::store(job.out, i, add(IO::load(job.out, i), dec));
+        break;
       default: {  // kDecodeDelta
         bool finite = qm::is_finite(dec);
         IO::store(job.state, i, finite ? add(IO::load(job.state, i), dec) : 0.0f);
@@ -181,8 +199,12 @@ void decode_range(const CodecJob& job, uint64_t begin, uint64_t end) {
       }
       float dec = decode_value(job, gd, qm::unit_code(w, j, bits));
       switch (job.op) {
-        case CodecOp::kDecode: IO::store(job.out, i, dec); break;
-        case CodecOp::kDecodeAccumulate: IO::store(job.out, i, add(IO::load(job.out, i), dec)); break;
+        case CodecOp::kDecode:
+          IO::store(job.out, i, dec);
+          break;
+        case CodecOp::kDecodeAccumulate:
+          IO::store(job.out, i, add(IO::load(job.out, i), dec));
+          break;
         default:  // kDecodeDelta
           IO::store(job.state, i, gd.finite ? add(IO::load(job.state, i), dec) : 0.0f);
           if (job.out) IO::store(job.out, i, gd.finite ? IO::load(job.state, i) : dec);

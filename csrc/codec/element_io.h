@@ -42,9 +42,15 @@ struct ElementIO<DType::kFloat16> {
 template <typename Fn>
 void with_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kFloat32: fn.template operator()<DType::kFloat32>(); break;
-    case DType::kBFloat16: fn.template operator()<DType::kBFloat16>(); break;
-    case DType::kFloat16: fn.template operator()<DType::kFloat16>(); break;
+    case DType::kFloat32:
+      fn.template operator()<DType::kFloat32>();
+      break;
+    case DType::kBFloat16:
+      fn.template operator()<DType::kBFloat16>();
+      break;
+    case DType::kFloat16:
+      fn.template operator()<DType::kFloat16>();
+      break;
   }
 }
 

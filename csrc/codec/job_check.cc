@@ -5,27 +5,33 @@
 namespace lowcomm {
 namespace {
 
-bool misaligned(const void* p, size_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; }
+bool misaligned(const void* p, size_t align) {
+  return reinterpret_cast<uintptr_t>(p) % align != 0;
+}
 
 // What a particular operation needs beyond the common checks.
 Status check_op_buffers(const CodecJob& job) {
   switch (job.op) {
     case CodecOp::kEncodeFeedback:
-      if (job.n > 0 && job.state == nullptr) return invalid_argument("error feedback needs a residual buffer");
+      if (job.n > 0 && job.state == nullptr)
+        return invalid_argument("error feedback needs a residual buffer");
       // The residual is fp32 whatever the tensor's dtype (and a GPU faults on misalignment).
       if (misaligned(job.state, alignof(float))) {
         return invalid_argument("the error-feedback residual (fp32) must be 4-byte aligned");
       }
       break;
     case CodecOp::kEncodeDelta:
-      if (job.n > 0 && job.state == nullptr) return invalid_argument("delta encode needs the activation cache m");
+      if (job.n > 0 && job.state == nullptr)
+        return invalid_argument("delta encode needs the activation cache m");
       break;
     case CodecOp::kDecodeDelta:
       if (job.n > 0 && job.out != nullptr && job.out == job.state) {
-        return invalid_argument("decode_delta: out must not alias the cache m (pass null for no output)");
+        return invalid_argument(
+            "decode_delta: out must not alias the cache m (pass null for no output)");
       }
       break;
-    default: break;
+    default:
+      break;
   }
   return Status::ok();
 }
@@ -36,7 +42,8 @@ Status check_codec_job(const CodecJob& job, const void* data, uint64_t codes_byt
   LOWCOMM_CHECK(check_op_buffers(job));
   LOWCOMM_CHECK(validate_spec(job.spec));
   LOWCOMM_CHECK(check_count(job.spec, job.n));
-  if (job.dtype != DType::kFloat32 && job.dtype != DType::kBFloat16 && job.dtype != DType::kFloat16) {
+  if (job.dtype != DType::kFloat32 && job.dtype != DType::kBFloat16 &&
+      job.dtype != DType::kFloat16) {
     return invalid_argument("unknown dtype value " + std::to_string(static_cast<int>(job.dtype)));
   }
   uint64_t need = encoded_size(job.spec, job.n);
@@ -52,12 +59,15 @@ Status check_codec_job(const CodecJob& job, const void* data, uint64_t codes_byt
   // tensors are accessed as their element type.
   const size_t payload_align = job.spec.quantized() ? 4 : dtype_size(job.spec.wire_dtype);
   if (misaligned(job.payload, payload_align)) {
-    return invalid_argument("codes buffer must be " + std::to_string(payload_align) + "-byte aligned");
+    return invalid_argument("codes buffer must be " + std::to_string(payload_align) +
+                            "-byte aligned");
   }
-  for (const void* p : {job.x, static_cast<const void*>(job.state), static_cast<const void*>(job.out)}) {
+  for (const void* p :
+       {job.x, static_cast<const void*>(job.state), static_cast<const void*>(job.out)}) {
     if (misaligned(p, dtype_size(job.dtype))) {
-      return invalid_argument(std::string("tensor buffers must be aligned to their element size (") +
-                              dtype_name(job.dtype) + ")");
+      return invalid_argument(
+          std::string("tensor buffers must be aligned to their element size (") +
+          dtype_name(job.dtype) + ")");
     }
   }
   return Status::ok();

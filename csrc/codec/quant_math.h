@@ -44,43 +44,101 @@ LC_HD float bits_f32(uint32_t u) {
 #endif
 }
 
-LC_HD bool is_nan(float f) { return (f32_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
-LC_HD bool is_finite(float f) { return (f32_bits(f) & 0x7FFFFFFFu) < 0x7F800000u; }
-LC_HD float canonical(float f) { return is_nan(f) ? bits_f32(kCanonicalNanF32) : f; }
-LC_HD float abs_f(float f) { return bits_f32(f32_bits(f) & 0x7FFFFFFFu); }
+LC_HD bool is_nan(float f) {
+  return (f32_bits(f) & 0x7FFFFFFFu) > 0x7F800000u;
+}
+LC_HD bool is_finite(float f) {
+  return (f32_bits(f) & 0x7FFFFFFFu) < 0x7F800000u;
+}
+LC_HD float canonical(float f) {
+  return is_nan(f) ? bits_f32(kCanonicalNanF32) : f;
+}
+LC_HD float abs_f(float f) {
+  return bits_f32(f32_bits(f) & 0x7FFFFFFFu);
+}
 
 // Arithmetic that never contracts into an FMA.
 #if defined(__CUDA_ARCH__)
-LC_HD float mul(float a, float b) { return __fmul_rn(a, b); }
-LC_HD float add(float a, float b) { return __fadd_rn(a, b); }
-LC_HD float sub(float a, float b) { return __fsub_rn(a, b); }
-LC_HD float div(float a, float b) { return __fdiv_rn(a, b); }
-LC_HD double dmul(double a, double b) { return __dmul_rn(a, b); }
-LC_HD double dadd(double a, double b) { return __dadd_rn(a, b); }
-LC_HD double dsub(double a, double b) { return __dsub_rn(a, b); }
-LC_HD double ddiv(double a, double b) { return __ddiv_rn(a, b); }
-LC_HD float rint_f(float a) { return rintf(a); }
-LC_HD float floor_f(float a) { return floorf(a); }
-LC_HD double rint_d(double a) { return rint(a); }
-LC_HD double floor_d(double a) { return floor(a); }
+LC_HD float mul(float a, float b) {
+  return __fmul_rn(a, b);
+}
+LC_HD float add(float a, float b) {
+  return __fadd_rn(a, b);
+}
+LC_HD float sub(float a, float b) {
+  return __fsub_rn(a, b);
+}
+LC_HD float div(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+LC_HD double dmul(double a, double b) {
+  return __dmul_rn(a, b);
+}
+LC_HD double dadd(double a, double b) {
+  return __dadd_rn(a, b);
+}
+LC_HD double dsub(double a, double b) {
+  return __dsub_rn(a, b);
+}
+LC_HD double ddiv(double a, double b) {
+  return __ddiv_rn(a, b);
+}
+LC_HD float rint_f(float a) {
+  return rintf(a);
+}
+LC_HD float floor_f(float a) {
+  return floorf(a);
+}
+LC_HD double rint_d(double a) {
+  return rint(a);
+}
+LC_HD double floor_d(double a) {
+  return floor(a);
+}
 #else
-LC_HD float mul(float a, float b) { return a * b; }
-LC_HD float add(float a, float b) { return a + b; }
-LC_HD float sub(float a, float b) { return a - b; }
-LC_HD float div(float a, float b) { return a / b; }
-LC_HD double dmul(double a, double b) { return a * b; }
-LC_HD double dadd(double a, double b) { return a + b; }
-LC_HD double dsub(double a, double b) { return a - b; }
-LC_HD double ddiv(double a, double b) { return a / b; }
-LC_HD float rint_f(float a) { return __builtin_nearbyintf(a); }
-LC_HD float floor_f(float a) { return __builtin_floorf(a); }
-LC_HD double rint_d(double a) { return __builtin_nearbyint(a); }
-LC_HD double floor_d(double a) { return __builtin_floor(a); }
+LC_HD float mul(float a, float b) {
+  return a * b;
+}
+LC_HD float add(float a, float b) {
+  return a + b;
+}
+LC_HD float sub(float a, float b) {
+  return a - b;
+}
+LC_HD float div(float a, float b) {
+  return a / b;
+}
+LC_HD double dmul(double a, double b) {
+  return a * b;
+}
+LC_HD double dadd(double a, double b) {
+  return a + b;
+}
+LC_HD double dsub(double a, double b) {
+  return a - b;
+}
+LC_HD double ddiv(double a, double b) {
+  return a / b;
+}
+LC_HD float rint_f(float a) {
+  return __builtin_nearbyintf(a);
+}
+LC_HD float floor_f(float a) {
+  return __builtin_floorf(a);
+}
+LC_HD double rint_d(double a) {
+  return __builtin_nearbyint(a);
+}
+LC_HD double floor_d(double a) {
+  return __builtin_floor(a);
+}
 #endif
 
 // ---- 16-bit float conversions (round to nearest even, canonical NaN) ----
 
-LC_HD float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+LC_HD float bf16_to_f32(uint16_t h) {
+  return bits_f32(static_cast<uint32_t>(h) << 16);
+}
 
 LC_HD uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
@@ -157,7 +215,9 @@ LC_HD U32x4 philox(uint64_t c, uint64_t seed) {
 }
 
 // Uniform in [0, 1) with 24 bits, exact in fp32.
-LC_HD float uniform01(uint32_t r) { return mul(static_cast<float>(r >> 8), 5.9604644775390625e-08f); }
+LC_HD float uniform01(uint32_t r) {
+  return mul(static_cast<float>(r >> 8), 5.9604644775390625e-08f);
+}
 
 // ---- absmax grid ----
 // Codes k in [-2^(b-1), 2^(b-1)-1] stored as k + 2^(b-1); decoded as (k * 2^-(b-1)) * absmax.
@@ -167,7 +227,9 @@ struct AbsmaxParams {
   float inv;  // 2^(b-1) / (absmax * pre), 0 when absmax is 0
 };
 
-LC_HD float pow2i(int e) { return bits_f32(static_cast<uint32_t>(127 + e) << 23); }
+LC_HD float pow2i(int e) {
+  return bits_f32(static_cast<uint32_t>(127 + e) << 23);
+}
 
 // 2^(b-1)/absmax overflows fp32 for absmax below about 2^(b-129), normal values included
 // (q8: every absmax under 2^-121). Below 2^-64, x and absmax are both scaled by 2^64: exact,
@@ -213,8 +275,12 @@ LC_HD float rescaled_mean_abs(float rescaled_tree_sum, uint32_t count) {
   float m = mul(div(rescaled_tree_sum, static_cast<float>(count)), 4096.0f);
   return m > kFltMax ? kFltMax : m;
 }
-LC_HD uint32_t sign_code(float x) { return x < 0.0f ? 1u : 0u; }
-LC_HD float sign_value(uint32_t code, float mean_abs) { return code ? -mean_abs : mean_abs; }
+LC_HD uint32_t sign_code(float x) {
+  return x < 0.0f ? 1u : 0u;
+}
+LC_HD float sign_value(uint32_t code, float mean_abs) {
+  return code ? -mean_abs : mean_abs;
+}
 
 // ---- min-max grid (computed in double: no overflow or subnormal loss for any fp32 range) ----
 

@@ -9,13 +9,18 @@
 
 namespace lowcomm {
 
-size_t dtype_size(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+size_t dtype_size(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : 2;
+}
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "fp32";
-    case DType::kBFloat16: return "bf16";
-    case DType::kFloat16: return "fp16";
+    case DType::kFloat32:
+      return "fp32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "fp16";
   }
   return "?";
 }
@@ -29,14 +34,16 @@ Result<DType> parse_dtype(std::string_view name) {
 
 namespace {
 
-bool is_power_of_two(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(uint64_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 Result<uint64_t> parse_u64(std::string_view key, std::string_view text) {
   uint64_t v = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || ptr != text.data() + text.size() || text.empty()) {
-    return invalid_argument("codec option '" + std::string(key) + "' needs a positive integer, got '" +
-                            std::string(text) + "'");
+    return invalid_argument("codec option '" + std::string(key) +
+                            "' needs a positive integer, got '" + std::string(text) + "'");
   }
   return v;
 }
@@ -172,9 +179,11 @@ Result<CodecSpec> parse_codec_spec(std::string_view text) {
 
 std::string to_string(const CodecSpec& s) {
   std::string out;
-  if (s.kind == CodecKind::kNone) return s.wire_dtype == DType::kFloat32 ? "none" : dtype_name(s.wire_dtype);
+  if (s.kind == CodecKind::kNone)
+    return s.wire_dtype == DType::kFloat32 ? "none" : dtype_name(s.wire_dtype);
   out = (s.kind == CodecKind::kAbsmax ? "q" : "minmax") + std::to_string(s.bits);
-  if (s.grouping == Grouping::kBlock && s.block != kDefaultBlock) out += ":block=" + std::to_string(s.block);
+  if (s.grouping == Grouping::kBlock && s.block != kDefaultBlock)
+    out += ":block=" + std::to_string(s.block);
   if (s.grouping == Grouping::kColumn) out += ":col=" + std::to_string(s.cols);
   if (s.rounding == Rounding::kStochastic) out += ":sr";
   return out;
@@ -191,9 +200,12 @@ Result<CodecSpec> codec_spec_from_env(const char* name, std::string_view fallbac
 
 uint64_t group_count(const CodecSpec& s, uint64_t n) {
   switch (s.grouping) {
-    case Grouping::kBlock: return (n + s.block - 1) / s.block;
-    case Grouping::kColumn: return n == 0 ? 0 : s.cols;
-    case Grouping::kElement: return 0;
+    case Grouping::kBlock:
+      return (n + s.block - 1) / s.block;
+    case Grouping::kColumn:
+      return n == 0 ? 0 : s.cols;
+    case Grouping::kElement:
+      return 0;
   }
   return 0;
 }
@@ -209,7 +221,8 @@ double bits_per_element(const CodecSpec& s, uint64_t n) {
 }
 
 Status check_count(const CodecSpec& s, uint64_t n) {
-  if (s.grouping == Grouping::kColumn && s.cols == 0) return invalid_argument("column groups need col=N with N >= 1");
+  if (s.grouping == Grouping::kColumn && s.cols == 0)
+    return invalid_argument("column groups need col=N with N >= 1");
   if (s.grouping == Grouping::kColumn && n % s.cols != 0) {
     return invalid_argument("column groups: element count " + std::to_string(n) +
                             " is not a multiple of col=" + std::to_string(s.cols));

@@ -30,7 +30,8 @@ struct ReduceArgs {
 
 // Pipeline segment length (elements) for a reduce over `codec`; carried in the descriptor so
 // ranks configured differently fail cleanly instead of disagreeing on message sizes.
-uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype, const std::optional<CodecSpec>& codec);
+uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
+                              const std::optional<CodecSpec>& codec);
 
 Status all_reduce(OpRun& run, const ReduceArgs& a);
 Status reduce_scatter(OpRun& run, const ReduceArgs& a);  // a.n = recv count * size

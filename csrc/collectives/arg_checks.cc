@@ -11,7 +11,8 @@ Status check_dtype(const char* what, DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
     case DType::kBFloat16:
-    case DType::kFloat16: return Status::ok();
+    case DType::kFloat16:
+      return Status::ok();
   }
   return invalid_argument(std::string(what) + ": unknown dtype " +
                           std::to_string(static_cast<int>(dtype)));
@@ -41,8 +42,8 @@ Status check_buffer(const char* what, const char* name, const void* buf, uint64_
 Status check_peer(const char* what, int peer, int rank, int size) {
   if (peer >= 0 && peer < size && peer != rank) return Status::ok();
   return invalid_argument(std::string(what) + ": peer " + std::to_string(peer) +
-                          " is not another rank of [0, " + std::to_string(size) + ") (this is rank " +
-                          std::to_string(rank) + ")");
+                          " is not another rank of [0, " + std::to_string(size) +
+                          ") (this is rank " + std::to_string(rank) + ")");
 }
 
 Status check_p2p(const char* what, const void* buf, uint64_t count, DType dtype, int peer,
@@ -50,7 +51,8 @@ Status check_p2p(const char* what, const void* buf, uint64_t count, DType dtype,
   LOWCOMM_CHECK(check_dtype(what, dtype));
   LOWCOMM_CHECK(check_peer(what, peer, rank, size));
   if (tag > tags::kMaxUserTag)
-    return invalid_argument(std::string(what) + ": tag " + std::to_string(tag) + " is not below 2^60");
+    return invalid_argument(std::string(what) + ": tag " + std::to_string(tag) +
+                            " is not below 2^60");
   LOWCOMM_CHECK(check_buffer(what, "the", buf, count));
   return check_elements(what, count);
 }
@@ -70,17 +72,19 @@ Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtyp
     if (Status s = validate_spec(*codec); !s)
       return invalid_argument(std::string(what) + ": invalid codec: " + s.message());
     if (Status s = check_count(*codec, count); !s)
-      return invalid_argument(std::string(what) + ": codec " + to_string(*codec) + ": " + s.message());
+      return invalid_argument(std::string(what) + ": codec " + to_string(*codec) + ": " +
+                              s.message());
   }
   if (plain_codec(codec, dtype) && !ef_key.empty())
-    return invalid_argument(std::string(what) + ": error feedback (ef_key '" + ef_key +
-                            "') needs a codec that loses precision; this all_reduce is uncompressed");
+    return invalid_argument(
+        std::string(what) + ": error feedback (ef_key '" + ef_key +
+        "') needs a codec that loses precision; this all_reduce is uncompressed");
   return Status::ok();
 }
 
 // recv_count * size elements in `send`: checked without multiplying, which could wrap.
-Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op,
-                            int size) {
+Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
+                            ReduceOp op, int size) {
   const char* what = "reduce_scatter";
   LOWCOMM_CHECK(check_dtype(what, dtype));
   LOWCOMM_CHECK(check_op(what, op));
@@ -97,13 +101,13 @@ Status check_all_gather(const void* send, void* recv, uint64_t send_count, DType
   return check_buffer(what, "recv", recv, send_count);
 }
 
-Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root, int rank,
-                       int size) {
+Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root,
+                       int rank, int size) {
   const char* what = "broadcast";
   LOWCOMM_CHECK(check_dtype(what, dtype));
   if (root < 0 || root >= size)
-    return invalid_argument(std::string(what) + ": root " + std::to_string(root) + " is outside [0, " +
-                            std::to_string(size) + ")");
+    return invalid_argument(std::string(what) + ": root " + std::to_string(root) +
+                            " is outside [0, " + std::to_string(size) + ")");
   LOWCOMM_CHECK(check_elements(what, count));
   if (rank == root) LOWCOMM_CHECK(check_buffer(what, "send", send, count));  // others ignore send
   return check_buffer(what, "recv", recv, count);

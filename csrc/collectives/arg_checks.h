@@ -23,10 +23,10 @@ Status check_p2p(const char* what, const void* buf, uint64_t count, DType dtype,
                  uint64_t tag, int rank, int size);
 Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                         const std::optional<CodecSpec>& codec, const std::string& ef_key);
-Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op,
-                            int size);
+Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
+                            ReduceOp op, int size);
 Status check_all_gather(const void* send, void* recv, uint64_t send_count, DType dtype, int size);
-Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root, int rank,
-                       int size);
+Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root,
+                       int rank, int size);
 
 }  // namespace lowcomm::collectives

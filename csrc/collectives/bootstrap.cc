@@ -24,7 +24,7 @@ constexpr uint32_t kHelloMagic = 0x3142434Cu;  // "LCB1"
 constexpr uint32_t kTableMagic = 0x3154434Cu;  // "LCT1"
 constexpr size_t kEntryBytes = 128;            // hello: magic, rank, nranks, len, address
 constexpr size_t kAddressMax = kEntryBytes - 16;
-constexpr size_t kTableHeaderBytes = 256;      // magic, status, nranks, text length, text
+constexpr size_t kTableHeaderBytes = 256;  // magic, status, nranks, text length, text
 constexpr size_t kTableTextMax = kTableHeaderBytes - 16;
 constexpr auto kTableGrace = std::chrono::seconds(3);
 
@@ -43,7 +43,8 @@ Bytes make_entry(uint32_t magic, int rank, int nranks, const std::string& addres
 
 Result<std::string> entry_address(const uint8_t* e) {
   uint32_t len = load_le32(e + 12);
-  if (len == 0 || len > kAddressMax) return corrupt_data("bad address length in a bootstrap message");
+  if (len == 0 || len > kAddressMax)
+    return corrupt_data("bad address length in a bootstrap message");
   return std::string(reinterpret_cast<const char*>(e + 16), len);
 }
 
@@ -80,7 +81,8 @@ Result<SocketAddress> route_to(const SocketAddress& remote) {
                     "route lookup to " + remote.to_string());
   sockaddr_storage local{};
   socklen_t len = sizeof(local);
-  LOWCOMM_CHECK_SYS(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len), "route lookup");
+  LOWCOMM_CHECK_SYS(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len),
+                    "route lookup");
   auto a = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&local), len);
   if (a) a.value().set_port(0);
   return a;
@@ -99,7 +101,9 @@ Result<std::unique_ptr<Listener>> open_listener(const UniqueId& id, int rank,
   if (!options.listen_address.empty()) {
     auto a = SocketAddress::parse(options.listen_address);
     if (!a) a = SocketAddress::parse(options.listen_address + ":0");
-    if (!a) return invalid_argument("listen_address '" + options.listen_address + "': " + a.status().message());
+    if (!a)
+      return invalid_argument("listen_address '" + options.listen_address +
+                              "': " + a.status().message());
     return Listener::create(std::move(engine), config, *a);
   }
   if (std::getenv("LOWCOMM_SOCKET_IFNAME")) return Listener::create(std::move(engine), config);
@@ -170,8 +174,10 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
               std::to_string(load_le32(h + 8)) + ", the root with " + std::to_string(nranks);
     } else {
       auto a = entry_address(h);
-      if (!a) error = a.status().message();
-      else addresses[r] = *a;
+      if (!a)
+        error = a.status().message();
+      else
+        addresses[r] = *a;
     }
   }
   // Tell everyone who is connected, the reason included, so nobody waits for its deadline.
@@ -214,12 +220,14 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
                                            const PeerConfig& config, const Deadline& deadline,
                                            std::unique_ptr<Peer>& root_peer) {
   auto p = connect_peer(std::move(engine), root, config, deadline);
-  if (!p) return Status(p.status().code(), "connecting to the root (rank 0) at " + root.to_string() +
-                                               ": " + p.status().message());
+  if (!p)
+    return Status(p.status().code(), "connecting to the root (rank 0) at " + root.to_string() +
+                                         ": " + p.status().message());
   root_peer = std::move(p).value();
   if (root_peer->remote_rank() != 0)
     return Status(StatusCode::kRemoteError, "the process at the root address " + root.to_string() +
-                                                " is rank " + std::to_string(root_peer->remote_rank()));
+                                                " is rank " +
+                                                std::to_string(root_peer->remote_rank()));
   Bytes hello = make_entry(kHelloMagic, rank, nranks, my_address);
   Bytes table(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks));
   Request s = root_peer->isend(tags::kBootstrap, hello.data(), hello.size());
@@ -231,15 +239,17 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
   if (!st) {
     root_peer->abort();
     if (st.code() == StatusCode::kTimeout)
-      return Status(StatusCode::kTimeout, "no address table from the root (rank 0) before the init deadline");
+      return Status(StatusCode::kTimeout,
+                    "no address table from the root (rank 0) before the init deadline");
     return Status(st.code(), "waiting for the address table from the root: " + st.message());
   }
   const uint8_t* h = table.data();
   if (load_le32(h) != kTableMagic) return corrupt_data("the root sent a malformed address table");
   if (load_le32(h + 4) != 0) {
     uint32_t tl = std::min<uint32_t>(load_le32(h + 12), kTableTextMax);
-    return Status(StatusCode::kRemoteError,
-                  "the root (rank 0) reports: " + std::string(reinterpret_cast<const char*>(h + 16), tl));
+    return Status(
+        StatusCode::kRemoteError,
+        "the root (rank 0) reports: " + std::string(reinterpret_cast<const char*>(h + 16), tl));
   }
   std::vector<std::string> addresses(nranks);
   for (int r = 0; r < nranks; ++r) {
@@ -251,16 +261,18 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
 }
 
 // Rank r > 0: connect to 0 < j < r, accept r < j < nranks.
-Status build_mesh(Listener& listener, int rank, int nranks, const std::vector<std::string>& addresses,
-                  std::shared_ptr<ProgressEngine> engine, const PeerConfig& config,
-                  const Deadline& deadline, std::vector<std::unique_ptr<Peer>>& peers) {
+Status build_mesh(Listener& listener, int rank, int nranks,
+                  const std::vector<std::string>& addresses, std::shared_ptr<ProgressEngine> engine,
+                  const PeerConfig& config, const Deadline& deadline,
+                  std::vector<std::unique_ptr<Peer>>& peers) {
   std::vector<std::unique_ptr<ConnectOp>> ops(nranks);
   for (int j = 1; j < rank; ++j) {
     auto a = SocketAddress::parse(addresses[j]);
     if (!a) return a.status();
     auto op = ConnectOp::start(engine, *a, config);
-    if (!op) return Status(op.status().code(), "connecting to rank " + std::to_string(j) + " at " +
-                                                   addresses[j] + ": " + op.status().message());
+    if (!op)
+      return Status(op.status().code(), "connecting to rank " + std::to_string(j) + " at " +
+                                            addresses[j] + ": " + op.status().message());
     ops[j] = std::move(op).value();
   }
   while (true) {
@@ -268,8 +280,9 @@ Status build_mesh(Listener& listener, int rank, int nranks, const std::vector<st
     for (int j = 1; j < rank; ++j) {
       if (!ops[j]) continue;
       auto r = ops[j]->test();
-      if (!r) return Status(r.status().code(), "connecting to rank " + std::to_string(j) + " at " +
-                                                   addresses[j] + ": " + r.status().message());
+      if (!r)
+        return Status(r.status().code(), "connecting to rank " + std::to_string(j) + " at " +
+                                             addresses[j] + ": " + r.status().message());
       if (*r) {
         auto p = ops[j]->take_peer();
         ops[j].reset();
@@ -288,7 +301,8 @@ Status build_mesh(Listener& listener, int rank, int nranks, const std::vector<st
     if (*acc) {
       int j = (*acc)->remote_rank();
       if (j <= rank || j >= nranks || peers[j]) {
-        LOWCOMM_LOG(kWarn, "init: rank %d dropping %s: unexpected rank", rank, (*acc)->name().c_str());
+        LOWCOMM_LOG(kWarn, "init: rank %d dropping %s: unexpected rank", rank,
+                    (*acc)->name().c_str());
       } else {
         peers[j] = std::move(acc).value();
       }
@@ -299,8 +313,9 @@ Status build_mesh(Listener& listener, int rank, int nranks, const std::vector<st
       if (j != rank && !peers[j]) missing.push_back(j);
     if (missing.empty()) return Status::ok();
     if (deadline.expired())
-      return Status(StatusCode::kTimeout, "rank(s) " + rank_list(missing) + " never connected to rank " +
-                                              std::to_string(rank) + " before the init deadline");
+      return Status(StatusCode::kTimeout, "rank(s) " + rank_list(missing) +
+                                              " never connected to rank " + std::to_string(rank) +
+                                              " before the init deadline");
     poll_some(std::move(fds), deadline);
   }
 }

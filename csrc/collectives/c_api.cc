@@ -50,15 +50,24 @@ static_assert(sizeof(lowcommUniqueId) == lowcomm::UniqueId::kOpaqueBytes);
 
 lowcommResult_t to_result(StatusCode c) {
   switch (c) {
-    case StatusCode::kOk: return lowcommSuccess;
-    case StatusCode::kInvalidArgument: return lowcommInvalidArgument;
-    case StatusCode::kCorruptData: return lowcommCorruptData;
-    case StatusCode::kUnsupported: return lowcommUnsupported;
-    case StatusCode::kInternal: return lowcommInternalError;
-    case StatusCode::kSystem: return lowcommSystemError;
-    case StatusCode::kTimeout: return lowcommTimeout;
-    case StatusCode::kRemoteError: return lowcommRemoteError;
-    case StatusCode::kAborted: return lowcommAborted;
+    case StatusCode::kOk:
+      return lowcommSuccess;
+    case StatusCode::kInvalidArgument:
+      return lowcommInvalidArgument;
+    case StatusCode::kCorruptData:
+      return lowcommCorruptData;
+    case StatusCode::kUnsupported:
+      return lowcommUnsupported;
+    case StatusCode::kInternal:
+      return lowcommInternalError;
+    case StatusCode::kSystem:
+      return lowcommSystemError;
+    case StatusCode::kTimeout:
+      return lowcommTimeout;
+    case StatusCode::kRemoteError:
+      return lowcommRemoteError;
+    case StatusCode::kAborted:
+      return lowcommAborted;
   }
   return lowcommInternalError;
 }
@@ -79,9 +88,13 @@ lowcommResult_t record_to(ErrorSink* sink, const Status& s) {
   return to_result(s.code());
 }
 
-ErrorSink* sink_of(const lowcommComm* comm) { return comm ? comm->errors.get() : nullptr; }
+ErrorSink* sink_of(const lowcommComm* comm) {
+  return comm ? comm->errors.get() : nullptr;
+}
 
-lowcommResult_t record(lowcommComm* comm, const Status& s) { return record_to(sink_of(comm), s); }
+lowcommResult_t record(lowcommComm* comm, const Status& s) {
+  return record_to(sink_of(comm), s);
+}
 
 template <typename F>
 lowcommResult_t guarded(ErrorSink* sink, F&& f) {
@@ -90,7 +103,8 @@ lowcommResult_t guarded(ErrorSink* sink, F&& f) {
   } catch (const std::bad_alloc&) {
     return record_to(sink, Status(StatusCode::kSystem, "out of memory"));
   } catch (const std::exception& e) {
-    return record_to(sink, lowcomm::internal_error(std::string("unexpected exception: ") + e.what()));
+    return record_to(sink,
+                     lowcomm::internal_error(std::string("unexpected exception: ") + e.what()));
   } catch (...) {
     return record_to(sink, lowcomm::internal_error("unexpected exception"));
   }
@@ -98,9 +112,12 @@ lowcommResult_t guarded(ErrorSink* sink, F&& f) {
 
 lowcomm::Result<lowcomm::DType> to_dtype(lowcommDataType_t t) {
   switch (t) {
-    case lowcommFloat32: return lowcomm::DType::kFloat32;
-    case lowcommBfloat16: return lowcomm::DType::kBFloat16;
-    case lowcommFloat16: return lowcomm::DType::kFloat16;
+    case lowcommFloat32:
+      return lowcomm::DType::kFloat32;
+    case lowcommBfloat16:
+      return lowcomm::DType::kBFloat16;
+    case lowcommFloat16:
+      return lowcomm::DType::kFloat16;
   }
   return lowcomm::invalid_argument("unsupported datatype " + std::to_string(static_cast<int>(t)) +
                                    " (lowcommFloat32, lowcommBfloat16, lowcommFloat16)");
@@ -131,7 +148,8 @@ void close_errors(lowcommComm* comm) {
 }
 
 #define LOWCOMM_C_CHECK_COMM(comm) \
-  if (!(comm) || !(comm)->comm) return record(nullptr, lowcomm::invalid_argument("NULL communicator"))
+  if (!(comm) || !(comm)->comm)    \
+  return record(nullptr, lowcomm::invalid_argument("NULL communicator"))
 
 }  // namespace
 
@@ -139,19 +157,32 @@ extern "C" {
 
 const char* lowcommGetErrorString(lowcommResult_t r) {
   switch (r) {
-    case lowcommSuccess: return "no error";
-    case lowcommUnhandledCudaError: return "unhandled cuda error";
-    case lowcommSystemError: return "unhandled system error (network, OS)";
-    case lowcommInternalError: return "internal error - please report this issue";
-    case lowcommInvalidArgument: return "invalid argument";
-    case lowcommInvalidUsage: return "invalid usage";
-    case lowcommRemoteError: return "remote process exited or there was a network error";
-    case lowcommInProgress: return "operation in progress";
-    case lowcommTimeout: return "operation deadline passed";
-    case lowcommAborted: return "communicator aborted";
-    case lowcommCorruptData: return "received data failed validation";
-    case lowcommUnsupported: return "not supported";
-    default: return "unknown result code";
+    case lowcommSuccess:
+      return "no error";
+    case lowcommUnhandledCudaError:
+      return "unhandled cuda error";
+    case lowcommSystemError:
+      return "unhandled system error (network, OS)";
+    case lowcommInternalError:
+      return "internal error - please report this issue";
+    case lowcommInvalidArgument:
+      return "invalid argument";
+    case lowcommInvalidUsage:
+      return "invalid usage";
+    case lowcommRemoteError:
+      return "remote process exited or there was a network error";
+    case lowcommInProgress:
+      return "operation in progress";
+    case lowcommTimeout:
+      return "operation deadline passed";
+    case lowcommAborted:
+      return "communicator aborted";
+    case lowcommCorruptData:
+      return "received data failed validation";
+    case lowcommUnsupported:
+      return "not supported";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -174,7 +205,9 @@ lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* out) 
   });
 }
 
-lowcommResult_t lowcommGetUniqueId(lowcommUniqueId* out) { return lowcommGetUniqueIdAt(nullptr, out); }
+lowcommResult_t lowcommGetUniqueId(lowcommUniqueId* out) {
+  return lowcommGetUniqueIdAt(nullptr, out);
+}
 
 lowcommResult_t lowcommUniqueIdToString(const lowcommUniqueId* id, char* buf, size_t len) {
   return guarded(nullptr, [&] {
@@ -199,7 +232,8 @@ lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommUniqueId* out
   });
 }
 
-lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId, int rank) {
+lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId,
+                                    int rank) {
   return guarded(nullptr, [&] {
     if (!comm) return record(nullptr, lowcomm::invalid_argument("NULL communicator out-parameter"));
     auto id = lowcomm::UniqueId::from_bytes(commId.internal, sizeof(commId.internal));
@@ -300,7 +334,8 @@ lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_
     if (!dt) return record(comm, dt.status());
     auto rop = to_op(op);
     if (!rop) return record(comm, rop.status());
-    return finish(comm, comm->comm->reduce_scatter(sendbuff, recvbuff, recvcount, *dt, *rop), request);
+    return finish(comm, comm->comm->reduce_scatter(sendbuff, recvbuff, recvcount, *dt, *rop),
+                  request);
   });
 }
 
@@ -315,8 +350,8 @@ lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t co
   });
 }
 
-lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype, int peer,
-                            lowcommComm_t comm, lowcommRequest_t* request) {
+lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype,
+                            int peer, lowcommComm_t comm, lowcommRequest_t* request) {
   return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
@@ -347,7 +382,8 @@ lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request) {
 lowcommResult_t lowcommTest(lowcommRequest_t request, int* done) {
   std::shared_ptr<ErrorSink> sink = request ? request->errors : nullptr;
   return guarded(sink.get(), [&] {
-    if (!request || !done) return record(nullptr, lowcomm::invalid_argument("NULL request or done"));
+    if (!request || !done)
+      return record(nullptr, lowcomm::invalid_argument("NULL request or done"));
     *done = request->work.test() ? 1 : 0;
     if (!*done) return lowcommSuccess;
     Status s = request->work.status();

@@ -35,11 +35,13 @@ constexpr auto kNoticeLinger = std::chrono::milliseconds(300);
 
 Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank, int nranks,
                                                    const CommOptions& options) {
-  if (nranks < 1) return invalid_argument("init: nranks must be at least 1, got " + std::to_string(nranks));
+  if (nranks < 1)
+    return invalid_argument("init: nranks must be at least 1, got " + std::to_string(nranks));
   if (rank < 0 || rank >= nranks)
     return invalid_argument("init: rank " + std::to_string(rank) + " is outside [0, " +
                             std::to_string(nranks) + ")");
-  if (options.segment_bytes < 4096) return invalid_argument("init: segment_bytes must be at least 4096");
+  if (options.segment_bytes < 4096)
+    return invalid_argument("init: segment_bytes must be at least 4096");
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(rank, secret);
   if (!cfg) return cfg.status();
@@ -52,14 +54,16 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     if (!wan) return invalid_argument("init: wan option: " + wan.status().message());
     cfg.value().wan = *wan;
   }
-  if (options.socket_buffer_bytes > 0) cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
+  if (options.socket_buffer_bytes > 0)
+    cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
   if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
 
   std::unique_ptr<CommImpl> c(new CommImpl());
   c->rank_ = rank;
   c->nranks_ = nranks;
   c->options_ = options;
-  c->timeout_ = options.timeout.count() > 0 ? Deadline::Clock::duration(options.timeout) : default_timeout();
+  c->timeout_ =
+      options.timeout.count() > 0 ? Deadline::Clock::duration(options.timeout) : default_timeout();
   Deadline deadline = Deadline::after(c->timeout_);
   auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, *cfg, deadline);
   if (!mesh) {
@@ -74,8 +78,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   c->p2p_received_.assign(static_cast<size_t>(nranks), 0);
   for (int r = 0; r < nranks; ++r)
     if (r != rank)
-      c->control_[r].in_req = c->peers_[r]->irecv(collectives::tags::kControl, c->control_[r].in.data(),
-                                                   c->control_[r].in.size());
+      c->control_[r].in_req = c->peers_[r]->irecv(
+          collectives::tags::kControl, c->control_[r].in.data(), c->control_[r].in.size());
   CommImpl* self = c.get();
   c->executor_ = std::thread([self] {
     std::string name = "lc-coll-r" + std::to_string(self->rank_);
@@ -93,7 +97,7 @@ CommImpl::~CommImpl() {
   }
   cv_.notify_all();
   if (!executor_.joinable()) return;  // init failed: the mesh closed itself
-  executor_.join();  // runs what was queued first
+  executor_.join();                   // runs what was queued first
   bool failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -119,8 +123,10 @@ void CommImpl::goodbye() {
   Deadline d = Deadline::after(timeout_);
   for (int r = 0; r < nranks_; ++r)
     if (r != rank_ && control_[r].in_req.wait(d).code() == StatusCode::kTimeout)
-      LOWCOMM_LOG(kWarn, "rank %d: rank %d did not destroy its communicator within the timeout; closing anyway",
-                  rank_, r);
+      LOWCOMM_LOG(
+          kWarn,
+          "rank %d: rank %d did not destroy its communicator within the timeout; closing anyway",
+          rank_, r);
 }
 
 // Sequence numbers are assigned and the operation queued in one critical section, so the
@@ -158,7 +164,8 @@ Work CommImpl::submit_p2p(OpDescriptor desc, int peer, Body body) {
   op.body = std::move(body);
   std::lock_guard<std::mutex> lock(mu_);
   desc.seq = p2p_seq_[{peer, desc.tag, is_send}]++;
-  op.p2p_index = is_send ? p2p_sent_[static_cast<size_t>(peer)]++ : p2p_received_[static_cast<size_t>(peer)]++;
+  op.p2p_index =
+      is_send ? p2p_sent_[static_cast<size_t>(peer)]++ : p2p_received_[static_cast<size_t>(peer)]++;
   op.work = std::make_shared<WorkState>(desc.seq);
   op.desc = desc;
   return enqueue_locked(std::move(op));
@@ -202,9 +209,9 @@ void CommImpl::run_one(Op& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.is_ok()) {
-      op.work->complete(Status(failure_.code() == StatusCode::kAborted ? StatusCode::kAborted
-                                                                        : StatusCode::kRemoteError,
-                               what + ": the communicator failed earlier: " + failure_.message()));
+      op.work->complete(Status(
+          failure_.code() == StatusCode::kAborted ? StatusCode::kAborted : StatusCode::kRemoteError,
+          what + ": the communicator failed earlier: " + failure_.message()));
       return;
     }
   }
@@ -272,10 +279,12 @@ bool CommImpl::needs_departed(int r, const Departure& d) const {
   if (!p2p) return op->desc.seq >= d.collectives;
   if (op->peers.empty() || op->peers[0] != r) return false;
   // Counted over all tags: a message on another tag keeps this one waiting, to the deadline.
-  return op->desc.kind == OpKind::kSend ? op->p2p_index >= d.received_from_us : op->p2p_index >= d.sent_to_us;
+  return op->desc.kind == OpKind::kSend ? op->p2p_index >= d.received_from_us
+                                        : op->p2p_index >= d.sent_to_us;
 }
 
-void CommImpl::send_control(uint32_t type, const std::string& text, std::chrono::milliseconds wait) {
+void CommImpl::send_control(uint32_t type, const std::string& text,
+                            std::chrono::milliseconds wait) {
   uint64_t collectives = 0;
   std::vector<uint64_t> sent_to, received_from;
   {
@@ -342,7 +351,8 @@ void CommImpl::abort() {
     dropped.swap(queue_);
   }
   for (auto& op : dropped)
-    op.work->complete(Status(StatusCode::kAborted, op.desc.to_string() + ": the communicator was aborted"));
+    op.work->complete(
+        Status(StatusCode::kAborted, op.desc.to_string() + ": the communicator was aborted"));
   // The running operation sees the failure at its next wait (its requests were all completed
   // by the peers' abort); only then are the user's buffers free.
   if (executor_.joinable() && std::this_thread::get_id() != executor_.get_id()) {

@@ -32,9 +32,9 @@
 #include <tuple>
 #include <vector>
 
-#include "collectives/scratch_pool.h"
 #include "collectives/descriptor.h"
 #include "collectives/ef_store.h"
+#include "collectives/scratch_pool.h"
 #include "collectives/work_state.h"
 #include "core/deadline.h"
 #include "lowcomm/communicator.h"
@@ -127,7 +127,7 @@ class CommImpl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
-  bool running_ = false;  // the executor is inside run_one
+  bool running_ = false;         // the executor is inside run_one
   const Op* current_ = nullptr;  // executor thread only
   bool stop_ = false;
   Status failure_;

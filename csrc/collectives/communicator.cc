@@ -25,11 +25,15 @@ namespace {
 
 // A call whose arguments are wrong on this rank alone (collectives/arg_checks.h): refused before
 // a sequence number is taken, so the other ranks never hear of it and the group stays usable.
-Work refused(Status why) { return Work(WorkState::refused(std::move(why))); }
+Work refused(Status why) {
+  return Work(WorkState::refused(std::move(why)));
+}
 
 }  // namespace
 
-const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::kAverage ? "avg" : "sum"; }
+const char* reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::kAverage ? "avg" : "sum";
+}
 
 Result<std::unique_ptr<Communicator>> Communicator::init(const UniqueId& id, int rank, int nranks,
                                                          const CommOptions& options) {
@@ -41,11 +45,15 @@ Result<std::unique_ptr<Communicator>> Communicator::init(const UniqueId& id, int
 Communicator::Communicator(std::unique_ptr<CommImpl> impl) : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 
-int Communicator::rank() const { return impl_->rank(); }
-int Communicator::size() const { return impl_->size(); }
+int Communicator::rank() const {
+  return impl_->rank();
+}
+int Communicator::size() const {
+  return impl_->size();
+}
 
-Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
-                              const AllReduceOptions& options) {
+Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
+                              ReduceOp op, const AllReduceOptions& options) {
   if (options.memory != MemoryKind::kHost) {
     // Refused before any descriptor is sent: the group is not broken by an unsupported call.
     return refused(unsupported(
@@ -53,7 +61,8 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
         "kernels exist; the stream-ordered collective is issue 4); pass host buffers"));
   }
   std::optional<CodecSpec> codec = options.codec ? options.codec : impl_->options().codec;
-  if (Status s = check_all_reduce(send, recv, count, dtype, op, codec, options.ef_key); !s) return refused(s);
+  if (Status s = check_all_reduce(send, recv, count, dtype, op, codec, options.ef_key); !s)
+    return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kAllReduce;
   d.count = count;
@@ -64,8 +73,9 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   // for both spellings, so "none" on one rank and no codec on another agree.
   if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
   d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec);
-  collectives::ReduceArgs a{send, recv, count, dtype, op, d.codec, options.ef_key,
-                            options.owner_error_feedback, options.seed, 0};
+  collectives::ReduceArgs a{send,         recv,    count,          dtype,
+                            op,           d.codec, options.ef_key, options.owner_error_feedback,
+                            options.seed, 0};
   auto step = options.step;
   return impl_->submit_collective(d, [a, step](OpRun& run) mutable {
     a.step = step ? *step : run.desc().seq;
@@ -75,16 +85,19 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
 
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
                                   ReduceOp op) {
-  if (Status s = check_reduce_scatter(send, recv, recv_count, dtype, op, size()); !s) return refused(s);
+  if (Status s = check_reduce_scatter(send, recv, recv_count, dtype, op, size()); !s)
+    return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kReduceScatter;
   d.count = recv_count;
   d.dtype = dtype;
   d.op = op;
   d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, std::nullopt);
-  collectives::ReduceArgs a{send, recv, recv_count * static_cast<uint64_t>(size()), dtype, op,
-                            std::nullopt, {}, false, 0, 0};
-  return impl_->submit_collective(d, [a](OpRun& run) { return collectives::reduce_scatter(run, a); });
+  collectives::ReduceArgs a{
+      send, recv, recv_count * static_cast<uint64_t>(size()), dtype, op, std::nullopt, {}, false,
+      0,    0};
+  return impl_->submit_collective(d,
+                                  [a](OpRun& run) { return collectives::reduce_scatter(run, a); });
 }
 
 Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype) {
@@ -93,47 +106,46 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
   d.kind = OpKind::kAllGather;
   d.count = send_count;
   d.dtype = dtype;
-  return impl_->submit_collective(d, [=](OpRun& run) {
-    return collectives::all_gather(run, send, recv, send_count, dtype);
-  });
+  return impl_->submit_collective(
+      d, [=](OpRun& run) { return collectives::all_gather(run, send, recv, send_count, dtype); });
 }
 
 Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root) {
-  if (Status s = check_broadcast(send, recv, count, dtype, root, rank(), size()); !s) return refused(s);
+  if (Status s = check_broadcast(send, recv, count, dtype, root, rank(), size()); !s)
+    return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kBroadcast;
   d.count = count;
   d.dtype = dtype;
   d.root = root;
-  return impl_->submit_collective(d, [=](OpRun& run) {
-    return collectives::broadcast(run, send, recv, count, dtype, root);
-  });
+  return impl_->submit_collective(
+      d, [=](OpRun& run) { return collectives::broadcast(run, send, recv, count, dtype, root); });
 }
 
 Work Communicator::send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
-  if (Status s = check_p2p("send", buf, count, dtype, peer, tag, rank(), size()); !s) return refused(s);
+  if (Status s = check_p2p("send", buf, count, dtype, peer, tag, rank(), size()); !s)
+    return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kSend;
   d.count = count;
   d.dtype = dtype;
   d.root = rank();
   d.tag = tag;
-  return impl_->submit_p2p(d, peer, [=](OpRun& run) {
-    return collectives::send(run, buf, count, dtype, peer, tag);
-  });
+  return impl_->submit_p2p(
+      d, peer, [=](OpRun& run) { return collectives::send(run, buf, count, dtype, peer, tag); });
 }
 
 Work Communicator::recv(void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
-  if (Status s = check_p2p("recv", buf, count, dtype, peer, tag, rank(), size()); !s) return refused(s);
+  if (Status s = check_p2p("recv", buf, count, dtype, peer, tag, rank(), size()); !s)
+    return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kRecv;
   d.count = count;
   d.dtype = dtype;
   d.root = peer;
   d.tag = tag;
-  return impl_->submit_p2p(d, peer, [=](OpRun& run) {
-    return collectives::recv(run, buf, count, dtype, peer, tag);
-  });
+  return impl_->submit_p2p(
+      d, peer, [=](OpRun& run) { return collectives::recv(run, buf, count, dtype, peer, tag); });
 }
 
 Work Communicator::barrier() {
@@ -142,25 +154,33 @@ Work Communicator::barrier() {
   return impl_->submit_collective(d, [](OpRun& run) { return collectives::barrier(run); });
 }
 
-void Communicator::abort() { impl_->abort(); }
-Status Communicator::status() const { return impl_->status(); }
+void Communicator::abort() {
+  impl_->abort();
+}
+Status Communicator::status() const {
+  return impl_->status();
+}
 
 Result<std::vector<uint8_t>> Communicator::save_error_feedback() {
   std::vector<uint8_t> out;
   CommImpl* impl = impl_.get();
-  Status s = impl_->submit_local([impl, &out] {
-                     out = impl->ef().save();
-                     return Status::ok();
-                   }).wait();
+  Status s = impl_
+                 ->submit_local([impl, &out] {
+                   out = impl->ef().save();
+                   return Status::ok();
+                 })
+                 .wait();
   if (!s) return s;
   return out;
 }
 
 Status Communicator::restore_error_feedback(const void* bytes, size_t len) {
   CommImpl* impl = impl_.get();
-  return impl_->submit_local([impl, bytes, len] {
-                return impl->ef().restore(static_cast<const uint8_t*>(bytes), len);
-              }).wait();
+  return impl_
+      ->submit_local([impl, bytes, len] {
+        return impl->ef().restore(static_cast<const uint8_t*>(bytes), len);
+      })
+      .wait();
 }
 
 }  // namespace lowcomm

@@ -10,19 +10,28 @@ using namespace transport;  // NOLINT: the little-endian helpers
 
 constexpr uint32_t kDescriptorMagic = 0x3144434Cu;  // "LCD1"
 
-bool valid_dtype(uint8_t v) { return v >= 1 && v <= 3; }
+bool valid_dtype(uint8_t v) {
+  return v >= 1 && v <= 3;
+}
 
 }  // namespace
 
 const char* op_kind_name(OpKind kind) {
   switch (kind) {
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kSend: return "send";
-    case OpKind::kRecv: return "recv";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -91,10 +100,13 @@ std::string OpDescriptor::to_string() const {
                   std::to_string(count) + ", " + dtype_name(dtype);
   if (kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter)
     s += std::string(", ") + reduce_op_name(op);
-  if (kind == OpKind::kAllReduce) s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
+  if (kind == OpKind::kAllReduce)
+    s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
   if (kind == OpKind::kBroadcast) s += ", root " + std::to_string(root);
-  if (kind == OpKind::kSend) s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
-  if (kind == OpKind::kRecv) s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
+  if (kind == OpKind::kSend)
+    s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
+  if (kind == OpKind::kRecv)
+    s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
   s += ", " + std::to_string(nranks) + " ranks)";
   return s;
 }

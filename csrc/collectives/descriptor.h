@@ -36,14 +36,14 @@ inline constexpr size_t kDescriptorBytes = 64;
 
 struct OpDescriptor {
   OpKind kind = OpKind::kBarrier;
-  uint64_t seq = 0;     // collective: the communicator's operation number; p2p: per (pair, tag)
-  uint64_t count = 0;   // elements (reduce-scatter: per rank; all-gather: per rank)
+  uint64_t seq = 0;    // collective: the communicator's operation number; p2p: per (pair, tag)
+  uint64_t count = 0;  // elements (reduce-scatter: per rank; all-gather: per rank)
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   std::optional<CodecSpec> codec;  // all-reduce only; unset: uncompressed
-  int32_t root = -1;    // broadcast: the root; send: the sending rank
+  int32_t root = -1;               // broadcast: the root; send: the sending rank
   uint32_t nranks = 0;
-  uint64_t tag = 0;     // p2p
+  uint64_t tag = 0;  // p2p
 
   std::array<uint8_t, kDescriptorBytes> encode() const;
   // kCorruptData naming `who` when the bytes are not a descriptor.

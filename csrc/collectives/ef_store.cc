@@ -119,7 +119,9 @@ std::vector<uint8_t> ErrorFeedbackStore::save() const {
 }
 
 Status ErrorFeedbackStore::restore(const uint8_t* bytes, size_t len) {
-  auto bad = [](const std::string& why) { return invalid_argument("error feedback state: " + why); };
+  auto bad = [](const std::string& why) {
+    return invalid_argument("error feedback state: " + why);
+  };
   if (len < 24) return bad("too short");
   if (load_le64(bytes + len - 8) != fnv1a64(bytes, len - 8)) return bad("checksum mismatch");
   Reader r(bytes, len - 8);
@@ -139,9 +141,11 @@ Status ErrorFeedbackStore::restore(const uint8_t* bytes, size_t len) {
       return bad("truncated entry");
     std::string flag;
     if (!r.bytes(flag, 1)) return bad("truncated entry");
-    if (flag[0] == 1 && !r.floats(e.sender, e.n)) return bad("truncated sender residual of '" + key + "'");
+    if (flag[0] == 1 && !r.floats(e.sender, e.n))
+      return bad("truncated sender residual of '" + key + "'");
     if (!r.floats(e.owner, owner_count)) return bad("truncated owner residual of '" + key + "'");
-    if (e.owner_begin > e.n || owner_count > e.n - e.owner_begin) return bad("owner range outside the tensor");
+    if (e.owner_begin > e.n || owner_count > e.n - e.owner_begin)
+      return bad("owner range outside the tensor");
     loaded[key] = std::move(e);
   }
   if (r.left() != 0) return bad("trailing bytes");

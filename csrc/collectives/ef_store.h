@@ -30,7 +30,7 @@ struct ErrorFeedbackEntry {
   uint64_t n = 0;
   std::vector<float> sender;  // empty until first used
   uint64_t owner_begin = 0;
-  std::vector<float> owner;   // empty until first used
+  std::vector<float> owner;  // empty until first used
 };
 
 class ErrorFeedbackStore {

@@ -81,13 +81,13 @@ Status OpRun::wait_one(const transport::Request& r) {
     LOWCOMM_CHECK(comm_.check_health(peers_));
     if (deadline_.expired()) {
       double s = std::chrono::duration<double>(comm_.timeout()).count();
-      return Status(StatusCode::kTimeout,
-                    "deadline passed (timeout " + std::to_string(s) + " s) waiting for peers " +
-                        [&] {
-                          std::string list;
-                          for (int p : peers_) list += (list.empty() ? "rank " : ", rank ") + std::to_string(p);
-                          return list;
-                        }());
+      return Status(
+          StatusCode::kTimeout,
+          "deadline passed (timeout " + std::to_string(s) + " s) waiting for peers " + [&] {
+            std::string list;
+            for (int p : peers_) list += (list.empty() ? "rank " : ", rank ") + std::to_string(p);
+            return list;
+          }());
     }
   }
 }

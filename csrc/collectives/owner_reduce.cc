@@ -66,8 +66,8 @@ CodecSpec passthrough(DType dtype) {
 }
 
 struct Plan {
-  CodecSpec wire;     // what crosses the network
-  bool plain = false; // wire is the input dtype itself: send input bytes, no encode
+  CodecSpec wire;      // what crosses the network
+  bool plain = false;  // wire is the input dtype itself: send input bytes, no encode
   std::vector<std::vector<Range>> segs;  // by owner
   uint64_t es = 0;
   uint64_t bytes(uint64_t count) const { return encoded_size(wire, count); }
@@ -84,7 +84,8 @@ Plan make_plan(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks
 }
 
 // Steps 1 and 2 (and 3 when all_gather): see the file comment.
-Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks, bool all_gather) {
+Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks,
+                    bool all_gather) {
   const int P = run.size(), me = run.rank();
   Plan plan = make_plan(run, a, chunks);
   const auto* in = static_cast<const uint8_t*>(a.send);
@@ -117,8 +118,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
     for (const Range& s : my_segs) {
       uint8_t* b = run.scratch(plan.bytes(s.count));
       contrib[r].push_back(b);
-      contrib_req[r].push_back(
-          run.irecv(r, reduce_tag, b, plan.bytes(s.count)));
+      contrib_req[r].push_back(run.irecv(r, reduce_tag, b, plan.bytes(s.count)));
     }
   }
   std::vector<std::vector<uint8_t*>> results(P);  // [owner][segment] codes of owner's chunk
@@ -129,8 +129,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       for (const Range& s : plan.segs[j]) {
         uint8_t* b = plan.plain ? out + s.begin * plan.es : run.scratch(plan.bytes(s.count));
         results[j].push_back(b);
-        result_req[j].push_back(
-            run.irecv(j, gather_tag, b, plan.bytes(s.count)));
+        result_req[j].push_back(run.irecv(j, gather_tag, b, plan.bytes(s.count)));
       }
     }
   }
@@ -218,13 +217,15 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
     }
     if (!all_gather) {  // reduce-scatter: round the sum into the output slice
       uint8_t* dst = out + (s.begin - mine.begin) * plan.es;
-      LOWCOMM_CHECK(encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
+      LOWCOMM_CHECK(
+          encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
       continue;
     }
     uint8_t* dst = out + s.begin * plan.es;
     const uint8_t* res = dst;
     if (plan.plain) {
-      LOWCOMM_CHECK(encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
+      LOWCOMM_CHECK(
+          encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
     } else {
       uint8_t* b = run.scratch(plan.bytes(s.count));
       RoundingKey key{owner_seed, s.begin};
@@ -233,14 +234,15 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
                                             owner_residual + (s.begin - mine.begin), s.count, b,
                                             plan.bytes(s.count), key, cpu));
       } else {
-        LOWCOMM_CHECK(encode(plan.wire, DType::kFloat32, acc, s.count, b, plan.bytes(s.count), key, cpu));
+        LOWCOMM_CHECK(
+            encode(plan.wire, DType::kFloat32, acc, s.count, b, plan.bytes(s.count), key, cpu));
       }
       res = b;
     }
-    for (int d = 1; d < P; ++d)
-      run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count));
+    for (int d = 1; d < P; ++d) run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count));
     // The owner decodes the very bytes it sent, like everyone else.
-    if (!plan.plain) LOWCOMM_CHECK(decode(plan.wire, res, plan.bytes(s.count), s.count, a.dtype, dst, cpu));
+    if (!plan.plain)
+      LOWCOMM_CHECK(decode(plan.wire, res, plan.bytes(s.count), s.count, a.dtype, dst, cpu));
   }
 
   // Step 3: the rest of everyone else's results.
@@ -249,7 +251,8 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
 
 }  // namespace
 
-uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype, const std::optional<CodecSpec>& codec) {
+uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
+                              const std::optional<CodecSpec>& codec) {
   uint64_t g = granule(codec);
   uint64_t elems = segment_bytes / dtype_size(dtype);
   return std::max<uint64_t>(g, elems / g * g);

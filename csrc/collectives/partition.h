@@ -42,7 +42,8 @@ inline std::vector<Range> owner_chunks(uint64_t n, int parts, uint64_t g) {
 // Segments of at most seg elements (seg a multiple of the granule).
 inline std::vector<Range> split_segments(Range r, uint64_t seg) {
   std::vector<Range> out;
-  for (uint64_t off = 0; off < r.count; off += seg) out.push_back({r.begin + off, std::min(seg, r.count - off)});
+  for (uint64_t off = 0; off < r.count; off += seg)
+    out.push_back({r.begin + off, std::min(seg, r.count - off)});
   return out;
 }
 

@@ -41,6 +41,8 @@ Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64
   return run.wait(data);
 }
 
-Status barrier(OpRun& run) { return run.exchange_descriptors(); }
+Status barrier(OpRun& run) {
+  return run.exchange_descriptors();
+}
 
 }  // namespace lowcomm::collectives

@@ -21,9 +21,9 @@ inline constexpr uint64_t kBootstrap = 1;   // init: hello to the root, the addr
 inline constexpr uint64_t kControl = 2;     // one message per peer and lifetime: abort or goodbye
 inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
 // Payload channels (only inside payload()).
-inline constexpr uint64_t kReduce = 4;      // contributions to an owner chunk
-inline constexpr uint64_t kGather = 5;      // owners' results, all-gather blocks, broadcast relay
-inline constexpr uint64_t kScatter = 6;     // broadcast: root to each relay
+inline constexpr uint64_t kReduce = 4;   // contributions to an owner chunk
+inline constexpr uint64_t kGather = 5;   // owners' results, all-gather blocks, broadcast relay
+inline constexpr uint64_t kScatter = 6;  // broadcast: root to each relay
 
 // Bit 61, the shape hash's low 16 bits in bits 4..19, the channel in bits 0..3.
 inline uint64_t payload(uint64_t channel, uint64_t shape_hash) {
@@ -32,7 +32,11 @@ inline uint64_t payload(uint64_t channel, uint64_t shape_hash) {
 
 // Point-to-point: user tag t (< 2^60) uses these two transport tags (bit 62; never bit 61).
 inline constexpr uint64_t kMaxUserTag = (uint64_t{1} << 60) - 1;
-inline uint64_t p2p_descriptor(uint64_t user_tag) { return (uint64_t{1} << 62) | (user_tag << 1); }
-inline uint64_t p2p_data(uint64_t user_tag) { return (uint64_t{1} << 62) | (user_tag << 1) | 1; }
+inline uint64_t p2p_descriptor(uint64_t user_tag) {
+  return (uint64_t{1} << 62) | (user_tag << 1);
+}
+inline uint64_t p2p_data(uint64_t user_tag) {
+  return (uint64_t{1} << 62) | (user_tag << 1) | 1;
+}
 
 }  // namespace lowcomm::collectives::tags

@@ -13,9 +13,9 @@
 #include <mutex>
 
 #include "collectives/root_socket.h"
+#include "core/fnv1a.h"
 #include "core/sys_check.h"
 #include "lowcomm/communicator.h"
-#include "core/fnv1a.h"
 #include "transport/little_endian.h"
 #include "transport/socket_address.h"
 #include "transport/socket_options.h"
@@ -44,7 +44,7 @@ int hex_value(char c) {
 }
 
 std::mutex g_root_mu;
-std::map<std::string, UniqueFd>& root_sockets() {  // guarded by g_root_mu
+std::map<std::string, UniqueFd>& root_sockets() {          // guarded by g_root_mu
   static auto* m = new std::map<std::string, UniqueFd>();  // never destroyed: safe at exit
   return *m;
 }
@@ -75,7 +75,8 @@ Result<UniqueId> UniqueId::from_bytes(const void* bytes, size_t len) {
   if (load_le32(b + kChecksumOffset) != fnv1a32(b, kChecksumOffset))
     return invalid_argument("unique id: checksum mismatch (the id was damaged in transit)");
   size_t alen = load_le16(b + 6);
-  if (alen == 0 || alen > kMaxAddressBytes) return invalid_argument("unique id: bad address length");
+  if (alen == 0 || alen > kMaxAddressBytes)
+    return invalid_argument("unique id: bad address length");
   UniqueId id;
   std::memcpy(id.secret.data(), b + 8, kSecretBytes);
   id.root_address.assign(reinterpret_cast<const char*>(b + kAddressOffset), alen);
@@ -100,7 +101,8 @@ Result<UniqueId> UniqueId::parse(std::string_view text) {
     return invalid_argument("unique id string: " + why +
                             " (expected lowcomm1:<address:port>/<64 hex digits>)");
   };
-  if (text.substr(0, std::strlen(kTextPrefix)) != kTextPrefix) return bad("missing 'lowcomm1:' prefix");
+  if (text.substr(0, std::strlen(kTextPrefix)) != kTextPrefix)
+    return bad("missing 'lowcomm1:' prefix");
   text.remove_prefix(std::strlen(kTextPrefix));
   size_t slash = text.rfind('/');
   if (slash == std::string_view::npos) return bad("no '/' before the secret");
@@ -133,7 +135,8 @@ Result<UniqueId> create_unique_id(std::string_view bind) {
                                   ? "[" + std::string(bind) + "]:0"
                                   : std::string(bind) + ":0";
       parsed = transport::SocketAddress::parse(with_port);
-      if (!parsed) return invalid_argument("create_unique_id: bad bind address '" + std::string(bind) + "'");
+      if (!parsed)
+        return invalid_argument("create_unique_id: bad bind address '" + std::string(bind) + "'");
     }
     addr = *parsed;
   }

@@ -41,13 +41,23 @@ Status WorkState::status() const {
   return status_;
 }
 
-bool Work::refused() const { return state_ && state_->is_refused(); }
-bool Work::test() const { return !state_ || state_->done(); }
-Status Work::wait() const { return state_ ? state_->wait() : invalid_argument("empty Work"); }
+bool Work::refused() const {
+  return state_ && state_->is_refused();
+}
+bool Work::test() const {
+  return !state_ || state_->done();
+}
+Status Work::wait() const {
+  return state_ ? state_->wait() : invalid_argument("empty Work");
+}
 Status Work::wait_for(std::chrono::milliseconds d) const {
   return state_ ? state_->wait_for(d) : invalid_argument("empty Work");
 }
-Status Work::status() const { return state_ ? state_->status() : invalid_argument("empty Work"); }
-uint64_t Work::sequence() const { return state_ ? state_->seq() : 0; }
+Status Work::status() const {
+  return state_ ? state_->status() : invalid_argument("empty Work");
+}
+uint64_t Work::sequence() const {
+  return state_ ? state_->seq() : 0;
+}
 
 }  // namespace lowcomm

@@ -26,7 +26,7 @@ class WorkState {
 
  private:
   const uint64_t seq_;
-  bool refused_ = false;  // set before the state is shared, constant after
+  bool refused_ = false;   // set before the state is shared, constant after
   mutable std::mutex mu_;  // guards done_ and status_
   mutable std::condition_variable cv_;
   bool done_ = false;

@@ -7,8 +7,7 @@ namespace lowcomm {
 using Clock = Deadline::Clock;
 
 Deadline Deadline::after_seconds(double s, Clock::time_point now) {
-  return after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)),
-               now);
+  return after(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)), now);
 }
 
 Deadline Deadline::resolve(Clock::time_point now) const {
@@ -26,9 +25,12 @@ bool Deadline::expired(Clock::time_point now) const {
 
 Clock::duration Deadline::remaining(Clock::time_point now) const {
   switch (kind_) {
-    case Kind::kNone: return Clock::duration::max();
-    case Kind::kDefault: return default_timeout();
-    case Kind::kAt: return now >= t_ ? Clock::duration::zero() : t_ - now;
+    case Kind::kNone:
+      return Clock::duration::max();
+    case Kind::kDefault:
+      return default_timeout();
+    case Kind::kAt:
+      return now >= t_ ? Clock::duration::zero() : t_ - now;
   }
   return Clock::duration::zero();
 }

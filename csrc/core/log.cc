@@ -27,10 +27,14 @@ LogLevel log_threshold() {
 
 static const char* level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::kWarn: return "WARN";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kTrace: return "TRACE";
-    case LogLevel::kNone: break;
+    case LogLevel::kWarn:
+      return "WARN";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kTrace:
+      return "TRACE";
+    case LogLevel::kNone:
+      break;
   }
   return "?";
 }

@@ -21,8 +21,8 @@ void log_write(LogLevel level, const char* file, int line, const char* fmt, ...)
 
 }  // namespace lowcomm
 
-#define LOWCOMM_LOG(level, ...)                                                 \
-  do {                                                                          \
-    if (::lowcomm::log_enabled(::lowcomm::LogLevel::level))                     \
+#define LOWCOMM_LOG(level, ...)                                                          \
+  do {                                                                                   \
+    if (::lowcomm::log_enabled(::lowcomm::LogLevel::level))                              \
       ::lowcomm::log_write(::lowcomm::LogLevel::level, __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)

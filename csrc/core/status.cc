@@ -4,15 +4,24 @@ namespace lowcomm {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kCorruptData: return "corrupt data";
-    case StatusCode::kUnsupported: return "unsupported";
-    case StatusCode::kInternal: return "internal error";
-    case StatusCode::kSystem: return "system error";
-    case StatusCode::kTimeout: return "timeout";
-    case StatusCode::kRemoteError: return "remote error";
-    case StatusCode::kAborted: return "aborted";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kCorruptData:
+      return "corrupt data";
+    case StatusCode::kUnsupported:
+      return "unsupported";
+    case StatusCode::kInternal:
+      return "internal error";
+    case StatusCode::kSystem:
+      return "system error";
+    case StatusCode::kTimeout:
+      return "timeout";
+    case StatusCode::kRemoteError:
+      return "remote error";
+    case StatusCode::kAborted:
+      return "aborted";
   }
   return "unknown status";
 }

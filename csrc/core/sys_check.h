@@ -18,16 +18,16 @@ Status sys_error(std::string_view call_text, std::string_view what, int err);
 
 }  // namespace lowcomm
 
-#define LOWCOMM_SYS_RETRY(expr)                       \
-  ([&]() {                                            \
-    long lowcomm_r_;                                  \
-    do {                                              \
-      lowcomm_r_ = static_cast<long>(expr);           \
-    } while (lowcomm_r_ == -1 && errno == EINTR);     \
-    return lowcomm_r_;                                \
+#define LOWCOMM_SYS_RETRY(expr)                   \
+  ([&]() {                                        \
+    long lowcomm_r_;                              \
+    do {                                          \
+      lowcomm_r_ = static_cast<long>(expr);       \
+    } while (lowcomm_r_ == -1 && errno == EINTR); \
+    return lowcomm_r_;                            \
   }())
 
-#define LOWCOMM_CHECK_SYS(expr, what)                                          \
-  do {                                                                         \
+#define LOWCOMM_CHECK_SYS(expr, what)                                                     \
+  do {                                                                                    \
     if (LOWCOMM_SYS_RETRY(expr) == -1) return ::lowcomm::sys_error(#expr, (what), errno); \
   } while (0)

@@ -16,10 +16,12 @@ void write_chunk_header(const ChunkHeader& h, uint8_t out[kChunkHeaderBytes]) {
   store_le32(out + 44, fnv1a32(out, 44));
 }
 
-Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes], const std::string& who) {
+Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes],
+                                       const std::string& who) {
   if (load_le32(in) != kChunkMagic)
     return corrupt_data(who + ": bad chunk magic (stream out of sync or not lowcomm)");
-  if (load_le32(in + 44) != fnv1a32(in, 44)) return corrupt_data(who + ": chunk header checksum mismatch");
+  if (load_le32(in + 44) != fnv1a32(in, 44))
+    return corrupt_data(who + ": chunk header checksum mismatch");
   if (load_le32(in + 40) != 0) return corrupt_data(who + ": chunk header reserved field not zero");
   ChunkHeader h;
   h.chunk_len = load_le32(in + 4);

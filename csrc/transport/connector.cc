@@ -32,7 +32,8 @@ Result<std::unique_ptr<ConnectOp>> ConnectOp::start(std::shared_ptr<ProgressEngi
     request_socket_buffers(fd->get(), config.socket_buffer_bytes);
     Status nd = set_nodelay(fd->get(), who);
     if (!nd) return nd;
-    int r = static_cast<int>(LOWCOMM_SYS_RETRY(::connect(fd->get(), remote.sockaddr_ptr(), remote.length())));
+    int r = static_cast<int>(
+        LOWCOMM_SYS_RETRY(::connect(fd->get(), remote.sockaddr_ptr(), remote.length())));
     if (r != 0 && errno != EINPROGRESS) return sys_error("connect", who, errno);
     HelloInfo hello;
     hello.rank = static_cast<uint32_t>(config.local_rank);
@@ -105,12 +106,13 @@ Result<std::unique_ptr<Peer>> connect_peer(std::shared_ptr<ProgressEngine> engin
       }
       if (*r) return (*op)->take_peer();
       if (deadline.expired())
-        return Status(StatusCode::kTimeout, "connect to " + remote.to_string() +
-                                                ": not connected before the deadline");
+        return Status(StatusCode::kTimeout,
+                      "connect to " + remote.to_string() + ": not connected before the deadline");
       auto fds = (*op)->poll_fds();
       ::poll(fds.data(), fds.size(), deadline.poll_timeout_ms(100));
     }
-    std::this_thread::sleep_for(std::min(backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining())));
+    std::this_thread::sleep_for(std::min(
+        backoff, std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining())));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
 }

@@ -33,11 +33,13 @@ Status hmac3(const std::string& secret, const char* label, const uint8_t* a, siz
   OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
                          OSSL_PARAM_construct_end()};
   size_t out_len = 0;
-  bool ok = ctx && EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(secret.data()),
-                                secret.size(), params) == 1 &&
-            EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(label), std::strlen(label)) == 1 &&
-            EVP_MAC_update(ctx, a, a_len) == 1 && EVP_MAC_update(ctx, b, b_len) == 1 &&
-            EVP_MAC_final(ctx, out, &out_len, kMacBytes) == 1 && out_len == kMacBytes;
+  bool ok =
+      ctx &&
+      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(secret.data()), secret.size(),
+                   params) == 1 &&
+      EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(label), std::strlen(label)) == 1 &&
+      EVP_MAC_update(ctx, a, a_len) == 1 && EVP_MAC_update(ctx, b, b_len) == 1 &&
+      EVP_MAC_final(ctx, out, &out_len, kMacBytes) == 1 && out_len == kMacBytes;
   EVP_MAC_CTX_free(ctx);
   EVP_MAC_free(mac);
   return ok ? Status::ok() : internal_error("OpenSSL: HMAC-SHA256 failed");
@@ -87,8 +89,10 @@ short StreamHandshake::poll_events() const {
     case State::kSendHello:
     case State::kSendChallenge:
     case State::kSendProof:
-    case State::kSendAccept: return POLLOUT;
-    default: return POLLIN;
+    case State::kSendAccept:
+      return POLLOUT;
+    default:
+      return POLLIN;
   }
 }
 
@@ -188,8 +192,8 @@ Status StreamHandshake::advance() {
         store_le32(c + 4, local_rank_);
         if (RAND_bytes(c + 8, static_cast<int>(kNonceBytes)) != 1)
           return fail(internal_error("OpenSSL RAND_bytes failed"));
-        Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c, 8 + kNonceBytes,
-                         c + 8 + kNonceBytes);
+        Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c,
+                         8 + kNonceBytes, c + 8 + kNonceBytes);
         if (!m) return fail(m);
         std::memcpy(out_.data(), c, kChallengeBytes);
         out_len_ = kChallengeBytes;
@@ -265,12 +269,12 @@ Status StreamHandshake::advance() {
         Status s = read_exact(kAcceptBytes, &complete);
         if (!s) return fail(Status(s.code(), s.message() + " (the server rejected this client?)"));
         if (!complete) return Status::ok();
-        if (load_le32(in_.data()) != kAcceptMagic)
-          return fail(corrupt_data("bad accept message"));
+        if (load_le32(in_.data()) != kAcceptMagic) return fail(corrupt_data("bad accept message"));
         state_ = State::kDone;
         break;
       }
-      case State::kDone: return Status::ok();
+      case State::kDone:
+        return Status::ok();
       case State::kFailed:
         return Status(StatusCode::kInternal, "handshake with " + peer_name_ + " already failed");
     }

@@ -34,10 +34,10 @@ inline constexpr size_t kProofBytes = 32;
 inline constexpr size_t kAcceptBytes = 4;
 
 struct HelloInfo {
-  uint32_t rank = 0;          // the client's rank
-  uint16_t stream_index = 0;  // which of the connection's streams this is
-  uint16_t streams = 0;       // how many streams the connection has
-  uint64_t connection_id = 0; // groups the streams of one connect attempt
+  uint32_t rank = 0;           // the client's rank
+  uint16_t stream_index = 0;   // which of the connection's streams this is
+  uint16_t streams = 0;        // how many streams the connection has
+  uint64_t connection_id = 0;  // groups the streams of one connect attempt
 };
 
 class StreamHandshake {

@@ -69,14 +69,15 @@ void Listener::accept_pending() {
   while (true) {
     sockaddr_storage from{};
     socklen_t len = sizeof(from);
-    int cfd = static_cast<int>(LOWCOMM_SYS_RETRY(
-        ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC)));
+    int cfd = static_cast<int>(LOWCOMM_SYS_RETRY(::accept4(
+        fd_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC)));
     if (cfd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       // Transient per-connection errors: the client gave up, or we are out of fds for now.
       if (errno == ECONNABORTED || errno == EPROTO || errno == EMFILE || errno == ENFILE ||
           errno == ENOBUFS || errno == ENOMEM) {
-        LOWCOMM_LOG(kWarn, "%s", sys_error("accept4", address_.to_string(), errno).to_string().c_str());
+        LOWCOMM_LOG(kWarn, "%s",
+                    sys_error("accept4", address_.to_string(), errno).to_string().c_str());
         return;
       }
       failure_ = sys_error("accept4", "listen address " + address_.to_string(), errno);
@@ -90,9 +91,9 @@ void Listener::accept_pending() {
       drop(who, nd);
       continue;
     }
-    pending_.push_back(StreamHandshake::server(std::move(fd), who, config_.secret,
-                                               static_cast<uint32_t>(config_.local_rank),
-                                               Deadline::after_seconds(config_.handshake_timeout_s)));
+    pending_.push_back(StreamHandshake::server(
+        std::move(fd), who, config_.secret, static_cast<uint32_t>(config_.local_rank),
+        Deadline::after_seconds(config_.handshake_timeout_s)));
   }
 }
 
@@ -132,8 +133,8 @@ void Listener::advance_handshakes() {
     g.fds[hello.stream_index] = h.release_fd();
     pending_.erase(pending_.begin() + static_cast<long>(i));
     if (++g.arrived == static_cast<int>(g.fds.size())) {
-      auto peer = Peer::attach(engine_, std::move(g.fds), static_cast<int>(hello.rank), g.address,
-                               config_);
+      auto peer =
+          Peer::attach(engine_, std::move(g.fds), static_cast<int>(hello.rank), g.address, config_);
       groups_.erase(key);
       if (peer) {
         ready_.push_back(std::move(peer).value());
@@ -183,8 +184,8 @@ Result<std::unique_ptr<Peer>> Listener::accept(Deadline deadline) {
     auto p = test_accept();
     if (!p || *p) return p;
     if (deadline.expired())
-      return Status(StatusCode::kTimeout,
-                    "accept on " + address_.to_string() + ": no peer connected before the deadline");
+      return Status(StatusCode::kTimeout, "accept on " + address_.to_string() +
+                                              ": no peer connected before the deadline");
     auto fds = poll_fds();
     // Capped so handshake deadlines of silent clients are noticed.
     ::poll(fds.data(), fds.size(), deadline.poll_timeout_ms(100));

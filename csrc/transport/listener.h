@@ -72,8 +72,8 @@ class Listener {
     Deadline deadline;
   };
   Listener() = default;
-  void accept_pending();  // mu_ held
-  void advance_handshakes();  // mu_ held
+  void accept_pending();                                 // mu_ held
+  void advance_handshakes();                             // mu_ held
   void drop(const std::string& who, const Status& why);  // mu_ held
 
   std::shared_ptr<ProgressEngine> engine_;

@@ -30,9 +30,8 @@ Result<std::unique_ptr<Peer>> Peer::attach(std::shared_ptr<ProgressEngine> engin
 Peer::~Peer() {
   if (!core_) return;
   auto core = core_;
-  engine_->run_sync([core] {
-    core->shutdown(Status(StatusCode::kAborted, "the peer object was destroyed"));
-  });
+  engine_->run_sync(
+      [core] { core->shutdown(Status(StatusCode::kAborted, "the peer object was destroyed")); });
 }
 
 Request Peer::isend(uint64_t tag, const void* data, uint64_t len) {
@@ -73,7 +72,9 @@ Status Peer::recv(uint64_t tag, void* data, uint64_t len, Deadline deadline) {
   return s;
 }
 
-int Peer::stripe_streams() const { return core_->stripe_streams(); }
+int Peer::stripe_streams() const {
+  return core_->stripe_streams();
+}
 
 void Peer::expect_close() {
   auto core = core_;

@@ -15,10 +15,14 @@ Result<uint64_t> parse_byte_size(std::string_view text, uint64_t max) {
     return invalid_argument("expected a byte count such as 33554432, 32M or 0");
   unsigned long long scale = 1;
   std::string_view suffix(end);
-  if (suffix == "K" || suffix == "k") scale = 1ull << 10;
-  else if (suffix == "M" || suffix == "m") scale = 1ull << 20;
-  else if (suffix == "G" || suffix == "g") scale = 1ull << 30;
-  else if (!suffix.empty()) return invalid_argument("unknown suffix '" + std::string(suffix) + "' (K, M or G)");
+  if (suffix == "K" || suffix == "k")
+    scale = 1ull << 10;
+  else if (suffix == "M" || suffix == "m")
+    scale = 1ull << 20;
+  else if (suffix == "G" || suffix == "g")
+    scale = 1ull << 30;
+  else if (!suffix.empty())
+    return invalid_argument("unknown suffix '" + std::string(suffix) + "' (K, M or G)");
   if (n > max / scale) return invalid_argument("more than " + std::to_string(max >> 20) + " MiB");
   return static_cast<uint64_t>(n * scale);
 }
@@ -45,12 +49,16 @@ Result<PeerConfig> PeerConfig::from_env(int local_rank, std::string secret) {
   }
   if (const char* env = std::getenv("LOWCOMM_SOCKET_BUFFER")) {
     auto bytes = parse_buffer_bytes(env);
-    if (!bytes) return invalid_argument("LOWCOMM_SOCKET_BUFFER='" + std::string(env) + "': " + bytes.status().message());
+    if (!bytes)
+      return invalid_argument("LOWCOMM_SOCKET_BUFFER='" + std::string(env) +
+                              "': " + bytes.status().message());
     c.socket_buffer_bytes = *bytes;
   }
   if (const char* env = std::getenv("LOWCOMM_UNEXPECTED_LIMIT")) {
     auto bytes = parse_byte_size(env, uint64_t{1} << 40);
-    if (!bytes) return invalid_argument("LOWCOMM_UNEXPECTED_LIMIT='" + std::string(env) + "': " + bytes.status().message());
+    if (!bytes)
+      return invalid_argument("LOWCOMM_UNEXPECTED_LIMIT='" + std::string(env) +
+                              "': " + bytes.status().message());
     c.max_unexpected_bytes = *bytes;
   }
   auto wan = wan_from_env();

@@ -11,17 +11,17 @@ namespace lowcomm::transport {
 
 struct PeerConfig {
   int local_rank = 0;
-  std::string secret;             // shared communicator secret; never sent; must be non-empty
-  int streams = 4;                // TCP streams per peer (connect side decides; LOWCOMM_STREAMS)
+  std::string secret;  // shared communicator secret; never sent; must be non-empty
+  int streams = 4;     // TCP streams per peer (connect side decides; LOWCOMM_STREAMS)
   // true: stripe over as many of the streams as the path needs (path_model.h); false: over all
   // of them (set when the user chose the stream count).
   bool adapt_streams = true;
-  double path_rate_bps = 10e9;    // the rate adapt_streams sizes the stripe for
+  double path_rate_bps = 10e9;  // the rate adapt_streams sizes the stripe for
   // Requested SO_SNDBUF/SO_RCVBUF per stream (LOWCOMM_SOCKET_BUFFER); 0: the kernel's autotuning.
   int socket_buffer_bytes = 32 << 20;
-  uint32_t chunk_bytes = 512 << 10;    // striping unit; also the pacing unit
-  WanLink wan;                    // shaping of this side's sends to the peer
-  double handshake_timeout_s = 10.0;   // a half-open or silent connection is dropped after this
+  uint32_t chunk_bytes = 512 << 10;   // striping unit; also the pacing unit
+  WanLink wan;                        // shaping of this side's sends to the peer
+  double handshake_timeout_s = 10.0;  // a half-open or silent connection is dropped after this
   // Buffered messages nobody has posted a receive for yet, per peer (LOWCOMM_UNEXPECTED_LIMIT):
   // eager sends to a receiver that lags behind; beyond it the peer fails with a clear error.
   uint64_t max_unexpected_bytes = 1ull << 30;

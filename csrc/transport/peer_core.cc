@@ -57,14 +57,17 @@ void PeerCore::plan_streams() {
   const int opened = static_cast<int>(streams_.size());
   const uint64_t window = stream_window_bytes(streams_[0].fd.get(), config_.socket_buffer_bytes);
   const double rtt = kernel_rtt_seconds(streams_[0].fd.get());
-  stripe_ = config_.adapt_streams ? transport::stripe_streams(config_.path_rate_bps, rtt, window, opened) : opened;
+  stripe_ = config_.adapt_streams
+                ? transport::stripe_streams(config_.path_rate_bps, rtt, window, opened)
+                : opened;
   if (config_.wan.shaped()) {
     // The kernel sees loopback; the pacer models the emulated path's windows on every stream.
     pacer_ = Pacer(config_.wan, 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank),
                    opened, window);
     stripe_ = opened;
   }
-  LOWCOMM_LOG(kInfo, "%s: %d of %d streams striped (window %llu bytes per stream, kernel rtt %.3f ms%s)",
+  LOWCOMM_LOG(kInfo,
+              "%s: %d of %d streams striped (window %llu bytes per stream, kernel rtt %.3f ms%s)",
               name_.c_str(), stripe_, opened, static_cast<unsigned long long>(window), rtt * 1e3,
               config_.wan.shaped() ? ", emulated link models the windows" : "");
 }
@@ -78,7 +81,8 @@ void PeerCore::start() {
   auto self = shared_from_this();
   for (auto& s : streams_) {
     Stream* sp = &s;
-    auto id = engine_.watch(s.fd.get(), EPOLLIN, [self, sp](uint32_t ev) { self->on_event(*sp, ev); });
+    auto id =
+        engine_.watch(s.fd.get(), EPOLLIN, [self, sp](uint32_t ev) { self->on_event(*sp, ev); });
     if (!id) {
       fail(id.status());
       return;
@@ -92,7 +96,8 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
                      std::shared_ptr<RequestState> req) {
   auto op = std::make_shared<SendOp>();
   op->req = std::move(req);
-  op->what = "isend tag " + std::to_string(tag) + " (" + std::to_string(len) + " bytes) to " + name_;
+  op->what =
+      "isend tag " + std::to_string(tag) + " (" + std::to_string(len) + " bytes) to " + name_;
   if (!failure_.is_ok()) {
     op->req->complete(Status(failure_.code(), op->what + ": " + failure_.message()));
     return;
@@ -254,7 +259,8 @@ Status PeerCore::on_header(Stream& s) {
   auto h = parse_chunk_header(s.header, stream_name(s));
   if (!h) return h.status();
   if (h->chunk_len > config_.chunk_bytes && h->chunk_len > (64u << 20))
-    return corrupt_data(stream_name(s) + ": chunk of " + std::to_string(h->chunk_len) + " bytes is implausibly large");
+    return corrupt_data(stream_name(s) + ": chunk of " + std::to_string(h->chunk_len) +
+                        " bytes is implausibly large");
   MsgKey key{h->tag, h->seq};
   auto& slot = in_msgs_[key];
   if (!slot) {
@@ -267,7 +273,8 @@ Status PeerCore::on_header(Stream& s) {
       // Nobody posted yet: buffer it, within the peer's allowance for unexpected data. Each
       // message is charged its bookkeeping too, so empty ones cannot pile up without bound.
       const uint64_t charge = h->msg_len + kUnexpectedOverheadBytes;
-      if (charge > config_.max_unexpected_bytes - std::min(unexpected_bytes_, config_.max_unexpected_bytes))
+      if (charge >
+          config_.max_unexpected_bytes - std::min(unexpected_bytes_, config_.max_unexpected_bytes))
         return Status(StatusCode::kCorruptData,
                       name_ + ": unexpected message of " + std::to_string(h->msg_len) +
                           " bytes on tag " + std::to_string(h->tag) +
@@ -288,11 +295,13 @@ Status PeerCore::on_header(Stream& s) {
     bool overlaps = (next != m.claimed.end() && next->first < end) ||
                     (next != m.claimed.begin() && std::prev(next)->second > begin);
     if (overlaps)
-      return corrupt_data(stream_name(s) + ": chunk [" + std::to_string(begin) + ", " + std::to_string(end) +
-                          ") overlaps another chunk of the message on tag " + std::to_string(h->tag));
+      return corrupt_data(stream_name(s) + ": chunk [" + std::to_string(begin) + ", " +
+                          std::to_string(end) + ") overlaps another chunk of the message on tag " +
+                          std::to_string(h->tag));
     m.claimed.emplace(begin, end);
   } else if (m.msg_len > 0) {
-    return corrupt_data(stream_name(s) + ": empty chunk in a non-empty message on tag " + std::to_string(h->tag));
+    return corrupt_data(stream_name(s) + ": empty chunk in a non-empty message on tag " +
+                        std::to_string(h->tag));
   }
   uint8_t* base = m.buffer ? m.buffer.get() : m.discard ? nullptr : m.user;
   s.cur = slot;
@@ -352,9 +361,9 @@ void PeerCore::reject_length(InMsg& m, uint64_t tag, uint64_t msg_len) {
   // The application's error, not the stream's: fail that receive, drop the message's bytes as
   // they come, and keep the connection (the layers above still talk over it, e.g. to tell the
   // sender why).
-  m.req->complete(corrupt_data(m.what + ": length mismatch: irecv posted " + std::to_string(m.posted_len) +
-                               " bytes but the message on tag " + std::to_string(tag) + " has " +
-                               std::to_string(msg_len) + " bytes"));
+  m.req->complete(corrupt_data(m.what + ": length mismatch: irecv posted " +
+                               std::to_string(m.posted_len) + " bytes but the message on tag " +
+                               std::to_string(tag) + " has " + std::to_string(msg_len) + " bytes"));
   m.req.reset();
   m.discard = true;
 }

@@ -43,7 +43,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
            std::string remote_address, PeerConfig config);
 
   const std::string& name() const { return name_; }  // "peer rank R (addr)"
-  int stripe_streams() const { return stripe_; }    // set by the constructor
+  int stripe_streams() const { return stripe_; }     // set by the constructor
 
   // --- engine thread only ---
   void start();  // registers the streams with the engine
@@ -69,21 +69,21 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     uint32_t len = 0;
     uint64_t written = 0;  // of header + data
     Pacer::Clock::time_point release{};
-    int stream = -1;       // shaped: the pacer's choice; -1: the least busy striped stream
+    int stream = -1;  // shaped: the pacer's choice; -1: the least busy striped stream
   };
   struct InMsg {
     std::shared_ptr<RequestState> req;  // null until an irecv claims it
     std::string what;                   // "irecv tag T (N bytes)"
     uint8_t* user = nullptr;
     uint64_t posted_len = 0;
-    bool has_header = false;            // at least one chunk header seen
+    bool has_header = false;  // at least one chunk header seen
     uint64_t msg_len = 0;
     uint64_t received = 0;
     std::map<uint64_t, uint64_t> claimed;  // [offset, end) of every chunk whose header came
     // Set iff the message arrived before its irecv (buffered, charged to the allowance) until
     // it completes; not zero-filled: the chunks cover it first.
     std::unique_ptr<uint8_t[]> buffer;
-    bool discard = false;               // its irecv failed on the length: drop it when read
+    bool discard = false;  // its irecv failed on the length: drop it when read
   };
   struct Stream {
     int index = 0;

@@ -142,14 +142,15 @@ void ProgressEngine::arm_timerfd() {
     armed_for_ = Clock::time_point::max();
   } else {
     armed_for_ = timers_.begin()->first;
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(armed_for_.time_since_epoch())
-                  .count();
+    auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(armed_for_.time_since_epoch()).count();
     if (ns <= 0) ns = 1;  // zero would disarm
     spec.it_value.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
     spec.it_value.tv_nsec = static_cast<long>(ns % 1'000'000'000);
   }
   if (::timerfd_settime(timer_fd_.get(), TFD_TIMER_ABSTIME, &spec, nullptr) != 0) {
-    LOWCOMM_LOG(kWarn, "%s", sys_error("timerfd_settime", "progress engine", errno).to_string().c_str());
+    LOWCOMM_LOG(kWarn, "%s",
+                sys_error("timerfd_settime", "progress engine", errno).to_string().c_str());
   }
 }
 
@@ -183,7 +184,8 @@ void ProgressEngine::loop() {
     int n = ::epoll_wait(epoll_fd_.get(), events, kMaxEvents, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
-      LOWCOMM_LOG(kWarn, "%s", sys_error("epoll_wait", "progress engine", errno).to_string().c_str());
+      LOWCOMM_LOG(kWarn, "%s",
+                  sys_error("epoll_wait", "progress engine", errno).to_string().c_str());
       break;
     }
     for (int i = 0; i < n; ++i) {

@@ -33,7 +33,8 @@ class ProgressEngine {
   using Handler = std::function<void(uint32_t epoll_events)>;
 
   // thread_name is truncated to 15 characters (the kernel's limit).
-  static Result<std::shared_ptr<ProgressEngine>> create(const std::string& thread_name = "lc-engine");
+  static Result<std::shared_ptr<ProgressEngine>> create(
+      const std::string& thread_name = "lc-engine");
   ~ProgressEngine();
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;

@@ -142,21 +142,30 @@ Result<SocketAddress> select_listen_address(std::string_view filter) {
   const Candidate* chosen = nullptr;
   if (patterns.empty()) {
     for (const auto& c : candidates)
-      if (!c.loopback) { chosen = &c; break; }
+      if (!c.loopback) {
+        chosen = &c;
+        break;
+      }
     if (!chosen)
       for (const auto& c : candidates)
-        if (c.loopback) { chosen = &c; break; }
+        if (c.loopback) {
+          chosen = &c;
+          break;
+        }
   } else {
     for (const auto& c : candidates) {
-      if (name_matches(c.name, patterns, exact) != exclude) { chosen = &c; break; }
+      if (name_matches(c.name, patterns, exact) != exclude) {
+        chosen = &c;
+        break;
+      }
     }
   }
   if (!chosen) {
     std::string seen;
     for (const auto& c : candidates) seen += (seen.empty() ? "" : ", ") + c.name;
-    return invalid_argument("LOWCOMM_SOCKET_IFNAME='" + std::string(filter) +
-                            "' matches no interface that is up (seen: " +
-                            (seen.empty() ? "none" : seen) + ")");
+    return invalid_argument(
+        "LOWCOMM_SOCKET_IFNAME='" + std::string(filter) +
+        "' matches no interface that is up (seen: " + (seen.empty() ? "none" : seen) + ")");
   }
   SocketAddress a = chosen->addr;
   a.set_port(0);

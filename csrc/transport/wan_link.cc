@@ -2,8 +2,8 @@
 
 #include <cctype>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 
 namespace lowcomm::transport {
 namespace {
@@ -33,14 +33,15 @@ Result<double> parse_quantity(std::string_view key, std::string_view value, bool
   std::string unit(end);
   if (!std::isfinite(number) || number < 0) {
     return invalid_argument("LOWCOMM_WAN: '" + std::string(key) +
-                            "' must be a finite non-negative number, got '" + std::string(value) + "'");
+                            "' must be a finite non-negative number, got '" + std::string(value) +
+                            "'");
   }
   struct Unit {
     const char* name;
     double scale;
   };
-  static constexpr Unit kRates[] = {{"bit", 1.0},   {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9},
-                                    {"bps", 1.0},   {"kbps", 1e3}, {"mbps", 1e6}, {"gbps", 1e9}};
+  static constexpr Unit kRates[] = {{"bit", 1.0}, {"kbit", 1e3}, {"mbit", 1e6}, {"gbit", 1e9},
+                                    {"bps", 1.0}, {"kbps", 1e3}, {"mbps", 1e6}, {"gbps", 1e9}};
   static constexpr Unit kTimes[] = {{"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}};
   if (is_rate) {
     if (unit.empty() && number == 0) return 0.0;  // "bw=0": unlimited

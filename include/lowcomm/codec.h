@@ -22,8 +22,9 @@ const char* dtype_name(DType dtype);
 Result<DType> parse_dtype(std::string_view name);
 
 enum class CodecKind : uint8_t {
-  kNone = 0,    // passthrough in wire_dtype (fp32, bf16 or fp16)
-  kAbsmax = 1,  // symmetric: codes k in [-2^(b-1), 2^(b-1)-1] times absmax/2^(b-1); b=1: sign x mean|x|
+  kNone = 0,  // passthrough in wire_dtype (fp32, bf16 or fp16)
+  kAbsmax =
+      1,  // symmetric: codes k in [-2^(b-1), 2^(b-1)-1] times absmax/2^(b-1); b=1: sign x mean|x|
   kMinmax = 2,  // asymmetric: codes k in [0, 2^b-1], x = min + k (max-min)/(2^b-1)
 };
 
@@ -52,7 +53,9 @@ inline bool operator==(const CodecSpec& a, const CodecSpec& b) {
          a.grouping == b.grouping && a.block == b.block && a.cols == b.cols &&
          a.rounding == b.rounding;
 }
-inline bool operator!=(const CodecSpec& a, const CodecSpec& b) { return !(a == b); }
+inline bool operator!=(const CodecSpec& a, const CodecSpec& b) {
+  return !(a == b);
+}
 
 constexpr uint32_t kDefaultBlock = 128;
 constexpr uint32_t kMinBlock = 32;
@@ -94,8 +97,8 @@ struct CpuOptions {
 };
 
 // All functions below: `n` elements of `dtype` at `x`/`out`; `codes` holds `codes_bytes` bytes,
-// at least encoded_size(spec, n), 4-byte aligned (passthrough: wire-dtype aligned). Tensors are aligned to their element size.
-// Buffers must not overlap unless stated.
+// at least encoded_size(spec, n), 4-byte aligned (passthrough: wire-dtype aligned). Tensors are
+// aligned to their element size. Buffers must not overlap unless stated.
 
 // codes = Q(x)
 Status encode(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,
@@ -104,8 +107,8 @@ Status encode(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, voi
 Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
               DType dtype, void* out, CpuOptions opts = {});
 // out += D(codes), accumulated in fp32 and rounded once to dtype
-Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
-                         uint64_t n, DType dtype, void* out, CpuOptions opts = {});
+Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
+                         DType dtype, void* out, CpuOptions opts = {});
 // Error feedback, one pass: y = x + residual; codes = Q(y); residual = y - D(codes).
 // residual is fp32, n elements, updated in place.
 Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, float* residual,

@@ -62,7 +62,7 @@ struct CommOptions {
   // TCP streams per peer, all striped; 0: LOWCOMM_STREAMS, else 4 opened and as many striped
   // as the path needs (one on a LAN, four at 100 ms RTT with 32 MiB buffers; docs/transport.md).
   int streams = 0;
-  std::string wan;   // emulated link of this rank's sends (LOWCOMM_WAN syntax); "": LOWCOMM_WAN
+  std::string wan;  // emulated link of this rank's sends (LOWCOMM_WAN syntax); "": LOWCOMM_WAN
   // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
   // else 30 minutes.
   std::chrono::milliseconds timeout{0};
@@ -108,11 +108,11 @@ class Work {
   Work() = default;
   explicit Work(std::shared_ptr<WorkState> s) : state_(std::move(s)) {}
   bool valid() const { return state_ != nullptr; }
-  bool test() const;        // complete (successfully or not)
-  Status wait() const;      // until complete; the operation's own deadline bounds it
+  bool test() const;    // complete (successfully or not)
+  Status wait() const;  // until complete; the operation's own deadline bounds it
   // kTimeout when not complete within `d`; the operation keeps running (buffers still lent).
   Status wait_for(std::chrono::milliseconds d) const;
-  Status status() const;    // the final status; kInternal "in flight" before completion
+  Status status() const;      // the final status; kInternal "in flight" before completion
   uint64_t sequence() const;  // the collective's operation number (p2p: per peer and tag)
   // Refused before it was queued, for arguments that are wrong on this rank alone (a peer or
   // root outside the group, a null buffer with a non-zero count, an invalid codec, a count too

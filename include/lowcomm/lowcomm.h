@@ -76,7 +76,8 @@ lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommUniqueId* uni
 /* Options from the environment: LOWCOMM_STREAMS, LOWCOMM_SOCKET_BUFFER, LOWCOMM_WAN,
  * LOWCOMM_TIMEOUT_S, LOWCOMM_SOCKET_IFNAME, LOWCOMM_UNEXPECTED_LIMIT, LOWCOMM_CODEC
  * (all-reduce's codec when the call passes NULL; unset: uncompressed). */
-lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId, int rank);
+lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId,
+                                    int rank);
 /* Finishes queued operations, then closes (waiting for the peers to do the same). */
 lowcommResult_t lowcommCommDestroy(lowcommComm_t comm);
 /* Cancels everything in flight, then frees the communicator. */
@@ -99,8 +100,8 @@ lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_
 lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                  lowcommDataType_t datatype, int root, lowcommComm_t comm,
                                  lowcommRequest_t* request);
-lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype, int peer,
-                            lowcommComm_t comm, lowcommRequest_t* request);
+lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype,
+                            int peer, lowcommComm_t comm, lowcommRequest_t* request);
 lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t datatype, int peer,
                             lowcommComm_t comm, lowcommRequest_t* request);
 lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request);

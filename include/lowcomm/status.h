@@ -58,7 +58,7 @@ inline Status internal_error(std::string msg) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool is_ok() const { return std::holds_alternative<T>(v_); }
@@ -77,8 +77,8 @@ class [[nodiscard]] Result {
 }  // namespace lowcomm
 
 // Returns early from the enclosing function when `expr` yields a non-ok Status.
-#define LOWCOMM_CHECK(expr)                             \
-  do {                                                  \
-    ::lowcomm::Status lowcomm_status_ = (expr);         \
+#define LOWCOMM_CHECK(expr)                               \
+  do {                                                    \
+    ::lowcomm::Status lowcomm_status_ = (expr);           \
     if (!lowcomm_status_.is_ok()) return lowcomm_status_; \
   } while (0)
