@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   clang llvm libclang-rt-dev       # libFuzzer and the sanitizer runtimes
+  clang-format                     # scripts/format.sh (checked by scripts/test.sh)
   libgtest-dev libgmock-dev libbenchmark-dev
   libxxhash-dev
   libssl-dev                       # OpenSSL 3: HMAC authentication of transport streams

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test; exits non-zero on any failure.
+#   0. Every C/C++/CUDA file matches .clang-format (scripts/format.sh; --fix applies it).
 #   1. Release build (CUDA kernels compiled where nvcc exists), all CTest suites; CUDA tests
 #      report themselves skipped where no GPU is present.
 #   2. ASan + UBSan build of lowcomm's code and tests, all CTest suites.
@@ -11,6 +12,9 @@ cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 JOBS=$(nproc)
+
+echo "== formatting (clang-format, .clang-format)"
+scripts/format.sh
 
 echo "== release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
