@@ -377,6 +377,8 @@ cudaError_t launch_block_encode_sweeps(const CodecJob& job, const BlockEncodePla
       return launch_dtype<DType::kBFloat16, kSingle>(job, plan, a, stream);
     case DType::kFloat16:
       return launch_dtype<DType::kFloat16, kSingle>(job, plan, a, stream);
+    default:  // not a codec dtype: check_codec_job refused it
+      break;
   }
   return cudaErrorInvalidValue;
 }

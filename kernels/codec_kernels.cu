@@ -141,6 +141,8 @@ cudaError_t launch_quant_decode(const CodecJob& job, const GridShape& grid, cuda
       return launch_dtype<DType::kBFloat16>(job, grid, a, stream);
     case DType::kFloat16:
       return launch_dtype<DType::kFloat16>(job, grid, a, stream);
+    default:  // not a codec dtype: check_codec_job refused it
+      break;
   }
   return cudaErrorInvalidValue;
 }

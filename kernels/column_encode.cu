@@ -239,6 +239,8 @@ cudaError_t launch_column_encode(const CodecJob& job, const ColumnEncodePlan& pl
       return launch_dtype<DType::kBFloat16>(job, plan, a, stream);
     case DType::kFloat16:
       return launch_dtype<DType::kFloat16>(job, plan, a, stream);
+    default:  // not a codec dtype: check_codec_job refused it
+      break;
   }
   return cudaErrorInvalidValue;
 }

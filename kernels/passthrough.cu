@@ -112,6 +112,8 @@ cudaError_t launch_dtype(const CodecJob& job, const GridShape& grid, const Passt
       return launch_wire<D, DType::kBFloat16>(job, grid, a, stream);
     case DType::kFloat16:
       return launch_wire<D, DType::kFloat16>(job, grid, a, stream);
+    default:  // not a codec dtype: check_codec_job refused it
+      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -127,6 +129,8 @@ cudaError_t launch_passthrough(const CodecJob& job, const GridShape& grid, cudaS
       return launch_dtype<DType::kBFloat16>(job, grid, a, stream);
     case DType::kFloat16:
       return launch_dtype<DType::kFloat16>(job, grid, a, stream);
+    default:  // not a codec dtype: check_codec_job refused it
+      break;
   }
   return cudaErrorInvalidValue;
 }

@@ -553,7 +553,7 @@ TEST(CodecCpuApi, ArgumentErrors) {
   CodecSpec bad = q4;
   bad.block = 48;
   expect_invalid(encode(bad, DType::kFloat32, x.data(), n, codes.data(), codes.size()), {"48"});
-  expect_invalid(encode(q4, static_cast<DType>(9), x.data(), n, codes.data(), codes.size()),
+  expect_invalid(encode(q4, static_cast<DType>(99), x.data(), n, codes.data(), codes.size()),
                  {"dtype"});
 
   // Misaligned buffers: scales are fp32 at the payload's start; tensors are element-aligned.

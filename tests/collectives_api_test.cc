@@ -66,7 +66,7 @@ TEST(CollectivesArguments, RefusedAtOnceAndTheGroupStaysUsable) {
       RANK_REFUSED(comm, comm.send(nullptr, 4, f32, 1), "null");
       RANK_REFUSED(comm, comm.recv(nullptr, 4, f32, 1), "null");
       RANK_REFUSED(comm, comm.send(x.data(), too_many, f32, 1), "2^56");
-      RANK_REFUSED(comm, comm.send(x.data(), 4, static_cast<DType>(9), 1), "dtype");
+      RANK_REFUSED(comm, comm.send(x.data(), 4, static_cast<DType>(99), 1), "dtype");
       // Broadcast roots and buffers.
       RANK_REFUSED(comm, comm.broadcast(x.data(), y.data(), 4, f32, 2), "root 2");
       RANK_REFUSED(comm, comm.broadcast(x.data(), y.data(), 4, f32, -1), "root -1");
@@ -77,7 +77,7 @@ TEST(CollectivesArguments, RefusedAtOnceAndTheGroupStaysUsable) {
       RANK_REFUSED(comm, comm.all_reduce(nullptr, y.data(), 64, f32, sum), "send buffer is null");
       RANK_REFUSED(comm, comm.all_reduce(x.data(), nullptr, 64, f32, sum), "recv buffer is null");
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), too_many, f32, sum), "2^56");
-      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, static_cast<ReduceOp>(7)),
+      RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, static_cast<ReduceOp>(77)),
                    "reduction");
       AllReduceOptions block0;
       block0.codec = CodecSpec{
@@ -183,7 +183,7 @@ TEST(CollectivesCApi, InvalidArgumentsReturnAtOnceWithoutARequest) {
           {"reduce_scatter overflow",
            [&](lowcommRequest_t* r) {
              return lowcommReduceScatter(x.data(), y.data(), (size_t{1} << 63) + 1, lowcommFloat32,
-                                         lowcommSum, comm, r);
+                                         lowcommSum, nullptr, comm, r);
            },
            "2^56"},
           {"all_gather NULL",
@@ -226,6 +226,31 @@ TEST(CollectivesCApi, InvalidArgumentsReturnAtOnceWithoutARequest) {
                             : lowcommRecv(msg.data(), msg.size(), lowcommFloat32, 0, comm, nullptr);
     RANK_CHECK(r == lowcommSuccess, lowcommGetLastError(comm));
     for (float v : msg) RANK_CHECK(v == 7.0f, "p2p payload " + std::to_string(v));
+    // NCCL's datatype and reduction values: int64 max, uint8 bitwise or, fp64 product.
+    std::vector<int64_t> i64(8, rank == 0 ? -5 : int64_t{1} << 40);
+    RANK_CHECK(lowcommAllReduce(i64.data(), i64.data(), i64.size(), lowcommInt64, lowcommMax,
+                                nullptr, comm, nullptr) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    for (int64_t v : i64) RANK_CHECK(v == int64_t{1} << 40, "int64 max " + std::to_string(v));
+    std::vector<uint8_t> u8(8, static_cast<uint8_t>(rank == 0 ? 0x0F : 0xF0));
+    RANK_CHECK(lowcommAllReduce(u8.data(), u8.data(), u8.size(), lowcommUint8, lowcommBor, nullptr,
+                                comm, nullptr) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    for (uint8_t v : u8) RANK_CHECK(v == 0xFF, "uint8 bor " + std::to_string(v));
+    std::vector<double> f64(8, rank == 0 ? 1.5 : -4.0);
+    RANK_CHECK(lowcommAllReduce(f64.data(), f64.data(), f64.size(), lowcommFloat64, lowcommProd,
+                                nullptr, comm, nullptr) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    for (double v : f64) RANK_CHECK(v == -6.0, "fp64 product " + std::to_string(v));
+    // Compressed reduce-scatter through the C API: 2 x 256 elements, q8.
+    std::vector<float> rs(512, 1.0f), slice(256);
+    RANK_CHECK(lowcommReduceScatter(rs.data(), slice.data(), slice.size(), lowcommFloat32,
+                                    lowcommSum, "q8", comm, nullptr) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    // One q8 step (absmax/128) per contribution: ones come back as 127/128.
+    for (float v : slice)
+      RANK_CHECK(std::fabs(v - 2.0f) <= 2.0f / 128 + 1e-6f && v != 0.0f,
+                 "q8 reduce_scatter of ones " + std::to_string(v));
     RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
     return "ok";
   }));

@@ -524,7 +524,7 @@ TEST(CudaCodec, RejectsWhatTheCpuRejects) {
             code(encode_delta_cuda(q4, DType::kBFloat16, p, nullptr, 100, p + 1024, need, {},
                                    stream.get())));
   EXPECT_EQ(StatusCode::kInvalidArgument,
-            code(decode_cuda(q4, p, need, 100, static_cast<DType>(9), p + 1024, stream.get())));
+            code(decode_cuda(q4, p, need, 100, static_cast<DType>(99), p + 1024, stream.get())));
   CodecSpec bad = q4;
   bad.block = 48;
   EXPECT_EQ(

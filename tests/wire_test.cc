@@ -210,9 +210,9 @@ TEST(Wire, WriteFrameHeaderForSeparatelyEncodedPayload) {
   Status s = write_frame_header(spec, DType::kBFloat16, n, payload, payload_bytes - 1, b.data());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Mentions(s, std::to_string(payload_bytes)));
-  s = write_frame_header(spec, static_cast<DType>(9), n, payload, payload_bytes, b.data());
+  s = write_frame_header(spec, static_cast<DType>(99), n, payload, payload_bytes, b.data());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Mentions(s, "dtype value 9"));
+  EXPECT_TRUE(Mentions(s, "dtype value 99"));
   CodecSpec bad = spec;
   bad.bits = 5;
   EXPECT_EQ(write_frame_header(bad, DType::kBFloat16, n, payload, payload_bytes, b.data()).code(),

@@ -51,6 +51,8 @@ void with_dtype(DType dtype, Fn&& fn) {
     case DType::kFloat16:
       fn.template operator()<DType::kFloat16>();
       break;
+    default:  // not a codec dtype: check_codec_job refused it
+      break;
   }
 }
 

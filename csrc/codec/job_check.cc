@@ -42,9 +42,11 @@ Status check_codec_job(const CodecJob& job, const void* data, uint64_t codes_byt
   LOWCOMM_CHECK(check_op_buffers(job));
   LOWCOMM_CHECK(validate_spec(job.spec));
   LOWCOMM_CHECK(check_count(job.spec, job.n));
-  if (job.dtype != DType::kFloat32 && job.dtype != DType::kBFloat16 &&
-      job.dtype != DType::kFloat16) {
-    return invalid_argument("unknown dtype value " + std::to_string(static_cast<int>(job.dtype)));
+  if (!codec_dtype(job.dtype)) {
+    return invalid_argument(
+        valid_dtype(job.dtype)
+            ? std::string("codecs take fp32, bf16 or fp16 tensors, not ") + dtype_name(job.dtype)
+            : "unknown dtype value " + std::to_string(static_cast<int>(job.dtype)));
   }
   uint64_t need = encoded_size(job.spec, job.n);
   if (codes_bytes < need) {

@@ -9,27 +9,65 @@
 
 namespace lowcomm {
 
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  size_t size;
+  const char* name;
+  const char* aliases[3];
+};
+
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kFloat32, 4, "fp32", {"float32", "float", nullptr}},
+    {DType::kBFloat16, 2, "bf16", {"bfloat16", nullptr, nullptr}},
+    {DType::kFloat16, 2, "fp16", {"float16", "half", nullptr}},
+    {DType::kFloat64, 8, "fp64", {"float64", "double", nullptr}},
+    {DType::kInt8, 1, "int8", {nullptr, nullptr, nullptr}},
+    {DType::kUInt8, 1, "uint8", {nullptr, nullptr, nullptr}},
+    {DType::kInt16, 2, "int16", {nullptr, nullptr, nullptr}},
+    {DType::kInt32, 4, "int32", {"int", nullptr, nullptr}},
+    {DType::kUInt32, 4, "uint32", {nullptr, nullptr, nullptr}},
+    {DType::kInt64, 8, "int64", {nullptr, nullptr, nullptr}},
+    {DType::kUInt64, 8, "uint64", {nullptr, nullptr, nullptr}},
+    {DType::kBool, 1, "bool", {nullptr, nullptr, nullptr}},
+};
+
+const DTypeInfo* find_dtype(DType dtype) {
+  for (const DTypeInfo& d : kDTypes)
+    if (d.dtype == dtype) return &d;
+  return nullptr;
+}
+
+}  // namespace
+
+bool valid_dtype(DType dtype) {
+  return find_dtype(dtype) != nullptr;
+}
+
+bool codec_dtype(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+}
+
 size_t dtype_size(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 2;
+  const DTypeInfo* d = find_dtype(dtype);
+  return d ? d->size : 0;
 }
 
 const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kFloat16:
-      return "fp16";
-  }
-  return "?";
+  const DTypeInfo* d = find_dtype(dtype);
+  return d ? d->name : "?";
 }
 
 Result<DType> parse_dtype(std::string_view name) {
-  if (name == "fp32" || name == "float32" || name == "float") return DType::kFloat32;
-  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
-  if (name == "fp16" || name == "float16" || name == "half") return DType::kFloat16;
-  return invalid_argument("unknown dtype '" + std::string(name) + "' (expected fp32, bf16, fp16)");
+  std::string known;
+  for (const DTypeInfo& d : kDTypes) {
+    if (name == d.name) return d.dtype;
+    for (const char* a : d.aliases)
+      if (a && name == a) return d.dtype;
+    known += known.empty() ? d.name : std::string(", ") + d.name;
+  }
+  return invalid_argument("unknown dtype '" + std::string(name) + "' (expected " + known + ")");
 }
 
 namespace {
@@ -70,6 +108,9 @@ Status validate_spec(const CodecSpec& s) {
       }
       if (s.rounding != Rounding::kNearest) {
         return invalid_argument("passthrough codecs round to nearest; 'sr' does not apply");
+      }
+      if (!codec_dtype(s.wire_dtype)) {
+        return invalid_argument("a passthrough codec carries fp32, bf16 or fp16");
       }
       if (s.bits != static_cast<int>(dtype_size(s.wire_dtype) * 8)) {
         return invalid_argument("passthrough bits must match its wire dtype");

@@ -3,25 +3,43 @@
 #include <string>
 
 #include "collectives/algorithms.h"
+#include "collectives/reduce_kernels.h"
 #include "collectives/tags.h"
 
 namespace lowcomm::collectives {
 
 Status check_dtype(const char* what, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-    case DType::kBFloat16:
-    case DType::kFloat16:
-      return Status::ok();
-  }
+  if (valid_dtype(dtype)) return Status::ok();
   return invalid_argument(std::string(what) + ": unknown dtype " +
                           std::to_string(static_cast<int>(dtype)));
 }
 
-Status check_op(const char* what, ReduceOp op) {
-  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) return Status::ok();
-  return invalid_argument(std::string(what) + ": unknown reduction " +
-                          std::to_string(static_cast<int>(op)));
+Status check_op(const char* what, DType dtype, ReduceOp op) {
+  if (static_cast<uint8_t>(op) > kMaxReduceOp)
+    return invalid_argument(std::string(what) + ": unknown reduction " +
+                            std::to_string(static_cast<int>(op)));
+  return check_reduction(what, dtype, op);
+}
+
+// A codec (one that changes the bytes: quantized, or a passthrough to another dtype) takes
+// floating-point SUM and AVG only, and `count` elements in one piece (reduce-scatter: each
+// rank's slice is encoded on its own, so the slice length is checked).
+Status check_codec(const char* what, const std::optional<CodecSpec>& codec, uint64_t count,
+                   DType dtype, ReduceOp op) {
+  if (!codec) return Status::ok();
+  if (Status s = validate_spec(*codec); !s)
+    return invalid_argument(std::string(what) + ": invalid codec: " + s.message());
+  if (plain_codec(codec, dtype)) return Status::ok();
+  if (!codec_dtype(dtype))
+    return invalid_argument(std::string(what) + ": codec " + to_string(*codec) +
+                            " takes fp32, bf16 or fp16 tensors, not " + dtype_name(dtype));
+  if (op != ReduceOp::kSum && op != ReduceOp::kAverage)
+    return invalid_argument(std::string(what) + ": codec " + to_string(*codec) +
+                            " takes sum or avg, not " + reduce_op_name(op));
+  if (Status s = check_count(*codec, count); !s)
+    return invalid_argument(std::string(what) + ": codec " + to_string(*codec) + ": " +
+                            s.message());
+  return Status::ok();
 }
 
 // count elements, each standing for `per` elements of the whole operation (the rank count for
@@ -64,33 +82,35 @@ Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtyp
                         const std::optional<CodecSpec>& codec, const std::string& ef_key) {
   const char* what = "all_reduce";
   LOWCOMM_CHECK(check_dtype(what, dtype));
-  LOWCOMM_CHECK(check_op(what, op));
+  LOWCOMM_CHECK(check_op(what, dtype, op));
   LOWCOMM_CHECK(check_elements(what, count));
   LOWCOMM_CHECK(check_buffer(what, "send", send, count));
   LOWCOMM_CHECK(check_buffer(what, "recv", recv, count));
-  if (codec) {
-    if (Status s = validate_spec(*codec); !s)
-      return invalid_argument(std::string(what) + ": invalid codec: " + s.message());
-    if (Status s = check_count(*codec, count); !s)
-      return invalid_argument(std::string(what) + ": codec " + to_string(*codec) + ": " +
-                              s.message());
-  }
+  LOWCOMM_CHECK(check_codec(what, codec, count, dtype, op));
+  return check_ef_key(what, codec, dtype, ef_key);
+}
+
+Status check_ef_key(const char* what, const std::optional<CodecSpec>& codec, DType dtype,
+                    const std::string& ef_key) {
   if (plain_codec(codec, dtype) && !ef_key.empty())
-    return invalid_argument(
-        std::string(what) + ": error feedback (ef_key '" + ef_key +
-        "') needs a codec that loses precision; this all_reduce is uncompressed");
+    return invalid_argument(std::string(what) + ": error feedback (ef_key '" + ef_key +
+                            "') needs a codec that loses precision; this " + what +
+                            " is uncompressed");
   return Status::ok();
 }
 
 // recv_count * size elements in `send`: checked without multiplying, which could wrap.
 Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
-                            ReduceOp op, int size) {
+                            ReduceOp op, int size, const std::optional<CodecSpec>& codec,
+                            const std::string& ef_key) {
   const char* what = "reduce_scatter";
   LOWCOMM_CHECK(check_dtype(what, dtype));
-  LOWCOMM_CHECK(check_op(what, op));
+  LOWCOMM_CHECK(check_op(what, dtype, op));
   LOWCOMM_CHECK(check_elements(what, recv_count, static_cast<uint64_t>(size)));
   LOWCOMM_CHECK(check_buffer(what, "send", send, recv_count));
-  return check_buffer(what, "recv", recv, recv_count);
+  LOWCOMM_CHECK(check_buffer(what, "recv", recv, recv_count));
+  LOWCOMM_CHECK(check_codec(what, codec, recv_count, dtype, op));
+  return check_ef_key(what, codec, dtype, ef_key);
 }
 
 Status check_all_gather(const void* send, void* recv, uint64_t send_count, DType dtype, int size) {

@@ -15,7 +15,11 @@ namespace lowcomm::collectives {
 inline constexpr uint64_t kMaxElements = uint64_t{1} << 56;
 
 Status check_dtype(const char* what, DType dtype);
-Status check_op(const char* what, ReduceOp op);
+Status check_op(const char* what, DType dtype, ReduceOp op);
+Status check_codec(const char* what, const std::optional<CodecSpec>& codec, uint64_t count,
+                   DType dtype, ReduceOp op);
+Status check_ef_key(const char* what, const std::optional<CodecSpec>& codec, DType dtype,
+                    const std::string& ef_key);
 Status check_elements(const char* what, uint64_t count, uint64_t per = 1);
 Status check_buffer(const char* what, const char* name, const void* buf, uint64_t count);
 Status check_peer(const char* what, int peer, int rank, int size);
@@ -24,7 +28,8 @@ Status check_p2p(const char* what, const void* buf, uint64_t count, DType dtype,
 Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                         const std::optional<CodecSpec>& codec, const std::string& ef_key);
 Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
-                            ReduceOp op, int size);
+                            ReduceOp op, int size, const std::optional<CodecSpec>& codec,
+                            const std::string& ef_key);
 Status check_all_gather(const void* send, void* recv, uint64_t send_count, DType dtype, int size);
 Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root,
                        int rank, int size);

@@ -111,23 +111,68 @@ lowcommResult_t guarded(ErrorSink* sink, F&& f) {
 }
 
 lowcomm::Result<lowcomm::DType> to_dtype(lowcommDataType_t t) {
+  using lowcomm::DType;
   switch (t) {
-    case lowcommFloat32:
-      return lowcomm::DType::kFloat32;
-    case lowcommBfloat16:
-      return lowcomm::DType::kBFloat16;
+    case lowcommInt8:
+      return DType::kInt8;
+    case lowcommUint8:
+      return DType::kUInt8;
+    case lowcommInt32:
+      return DType::kInt32;
+    case lowcommUint32:
+      return DType::kUInt32;
+    case lowcommInt64:
+      return DType::kInt64;
+    case lowcommUint64:
+      return DType::kUInt64;
     case lowcommFloat16:
-      return lowcomm::DType::kFloat16;
+      return DType::kFloat16;
+    case lowcommFloat32:
+      return DType::kFloat32;
+    case lowcommFloat64:
+      return DType::kFloat64;
+    case lowcommBfloat16:
+      return DType::kBFloat16;
+    case lowcommInt16:
+      return DType::kInt16;
+    case lowcommBool:
+      return DType::kBool;
   }
   return lowcomm::invalid_argument("unsupported datatype " + std::to_string(static_cast<int>(t)) +
-                                   " (lowcommFloat32, lowcommBfloat16, lowcommFloat16)");
+                                   " (a lowcommDataType_t value)");
 }
 
 lowcomm::Result<lowcomm::ReduceOp> to_op(lowcommRedOp_t op) {
-  if (op == lowcommSum) return lowcomm::ReduceOp::kSum;
-  if (op == lowcommAvg) return lowcomm::ReduceOp::kAverage;
+  using lowcomm::ReduceOp;
+  switch (op) {
+    case lowcommSum:
+      return ReduceOp::kSum;
+    case lowcommProd:
+      return ReduceOp::kProduct;
+    case lowcommMax:
+      return ReduceOp::kMax;
+    case lowcommMin:
+      return ReduceOp::kMin;
+    case lowcommAvg:
+      return ReduceOp::kAverage;
+    case lowcommBand:
+      return ReduceOp::kBAnd;
+    case lowcommBor:
+      return ReduceOp::kBOr;
+    case lowcommBxor:
+      return ReduceOp::kBXor;
+  }
   return lowcomm::invalid_argument("unsupported reduction " + std::to_string(static_cast<int>(op)) +
-                                   " (lowcommSum, lowcommAvg)");
+                                   " (a lowcommRedOp_t value)");
+}
+
+// NULL: none named (the communicator's LOWCOMM_CODEC default applies where it can).
+lowcomm::Status parse_codec_arg(const char* codec, std::optional<lowcomm::CodecSpec>* out) {
+  if (!codec) return lowcomm::Status::ok();
+  auto spec = lowcomm::parse_codec_spec(codec);
+  if (!spec) return spec.status();
+  *out = *spec;
+  return lowcomm::Status::ok();
 }
 
 // Either hands the Work to the caller as a request or waits for it here. A call refused for
@@ -305,11 +350,7 @@ lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t co
     auto rop = to_op(op);
     if (!rop) return record(comm, rop.status());
     lowcomm::AllReduceOptions o;
-    if (codec) {
-      auto spec = lowcomm::parse_codec_spec(codec);
-      if (!spec) return record(comm, spec.status());
-      o.codec = *spec;
-    }
+    if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
     return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
   });
 }
@@ -327,14 +368,17 @@ lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t se
 
 lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                      lowcommDataType_t datatype, lowcommRedOp_t op,
-                                     lowcommComm_t comm, lowcommRequest_t* request) {
+                                     const char* codec, lowcommComm_t comm,
+                                     lowcommRequest_t* request) {
   return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
     auto rop = to_op(op);
     if (!rop) return record(comm, rop.status());
-    return finish(comm, comm->comm->reduce_scatter(sendbuff, recvbuff, recvcount, *dt, *rop),
+    lowcomm::ReduceScatterOptions o;
+    if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
+    return finish(comm, comm->comm->reduce_scatter(sendbuff, recvbuff, recvcount, *dt, *rop, o),
                   request);
   });
 }

@@ -29,10 +29,48 @@ Work refused(Status why) {
   return Work(WorkState::refused(std::move(why)));
 }
 
+// The call's codec, else the communicator's default where a codec can take the reduction
+// (floating-point SUM or AVG): an integer or MAX reduction on a compressing communicator stays
+// exact instead of failing.
+std::optional<CodecSpec> resolve_codec(const std::optional<CodecSpec>& call,
+                                       const std::optional<CodecSpec>& fallback, DType dtype,
+                                       ReduceOp op) {
+  if (call) return call;
+  if (fallback && codec_dtype(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage))
+    return fallback;
+  return std::nullopt;
+}
+
+Status host_only(const char* what, MemoryKind memory) {
+  if (memory == MemoryKind::kHost) return Status::ok();
+  // Refused before any descriptor is sent: the group is not broken by an unsupported call.
+  return unsupported(std::string(what) +
+                     " on CUDA buffers: this build has no GPU collective path yet (CUDA codec "
+                     "kernels exist; the stream-ordered collective is issue 4); pass host buffers");
+}
+
 }  // namespace
 
 const char* reduce_op_name(ReduceOp op) {
-  return op == ReduceOp::kAverage ? "avg" : "sum";
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "avg";
+    case ReduceOp::kProduct:
+      return "product";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kBAnd:
+      return "band";
+    case ReduceOp::kBOr:
+      return "bor";
+    case ReduceOp::kBXor:
+      return "bxor";
+  }
+  return "?";
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::init(const UniqueId& id, int rank, int nranks,
@@ -54,13 +92,8 @@ int Communicator::size() const {
 
 Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                               ReduceOp op, const AllReduceOptions& options) {
-  if (options.memory != MemoryKind::kHost) {
-    // Refused before any descriptor is sent: the group is not broken by an unsupported call.
-    return refused(unsupported(
-        "all_reduce on CUDA buffers: this build has no GPU collective path yet (CUDA codec "
-        "kernels exist; the stream-ordered collective is issue 4); pass host buffers"));
-  }
-  std::optional<CodecSpec> codec = options.codec ? options.codec : impl_->options().codec;
+  if (Status s = host_only("all_reduce", options.memory); !s) return refused(s);
+  std::optional<CodecSpec> codec = resolve_codec(options.codec, impl_->options().codec, dtype, op);
   if (Status s = check_all_reduce(send, recv, count, dtype, op, codec, options.ef_key); !s)
     return refused(s);
   OpDescriptor d;
@@ -84,20 +117,40 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
-                                  ReduceOp op) {
-  if (Status s = check_reduce_scatter(send, recv, recv_count, dtype, op, size()); !s)
+                                  ReduceOp op, const ReduceScatterOptions& options) {
+  if (Status s = host_only("reduce_scatter", options.memory); !s) return refused(s);
+  std::optional<CodecSpec> codec = resolve_codec(options.codec, impl_->options().codec, dtype, op);
+  if (Status s =
+          check_reduce_scatter(send, recv, recv_count, dtype, op, size(), codec, options.ef_key);
+      !s)
     return refused(s);
+  if (options.owner_error_feedback)
+    return refused(invalid_argument(
+        "reduce_scatter: owner_error_feedback does not apply (the owner's sum is rounded to the "
+        "dtype, not re-quantized)"));
   OpDescriptor d;
   d.kind = OpKind::kReduceScatter;
   d.count = recv_count;
   d.dtype = dtype;
   d.op = op;
-  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, std::nullopt);
-  collectives::ReduceArgs a{
-      send, recv, recv_count * static_cast<uint64_t>(size()), dtype, op, std::nullopt, {}, false,
-      0,    0};
-  return impl_->submit_collective(d,
-                                  [a](OpRun& run) { return collectives::reduce_scatter(run, a); });
+  d.codec = codec;
+  if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
+  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec);
+  collectives::ReduceArgs a{send,
+                            recv,
+                            recv_count * static_cast<uint64_t>(size()),
+                            dtype,
+                            op,
+                            d.codec,
+                            options.ef_key,
+                            false,
+                            options.seed,
+                            0};
+  auto step = options.step;
+  return impl_->submit_collective(d, [a, step](OpRun& run) mutable {
+    a.step = step ? *step : run.desc().seq;
+    return collectives::reduce_scatter(run, a);
+  });
 }
 
 Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype) {

@@ -10,8 +10,8 @@ using namespace transport;  // NOLINT: the little-endian helpers
 
 constexpr uint32_t kDescriptorMagic = 0x3144434Cu;  // "LCD1"
 
-bool valid_dtype(uint8_t v) {
-  return v >= 1 && v <= 3;
+bool valid_dtype_byte(uint8_t v) {
+  return v >= 1 && v <= kMaxDType && valid_dtype(static_cast<DType>(v));
 }
 
 }  // namespace
@@ -68,7 +68,8 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
     return corrupt_data(who + ": operation descriptor has a bad magic");
   if (load_le32(p + 60) != fnv1a32(p, 60))
     return corrupt_data(who + ": operation descriptor checksum mismatch");
-  if (p[4] < 1 || p[4] > 6 || !valid_dtype(p[5]) || p[6] > 1 || load_le32(p + 56) != 0)
+  if (p[4] < 1 || p[4] > 6 || !valid_dtype_byte(p[5]) || p[6] > kMaxReduceOp ||
+      load_le32(p + 56) != 0)
     return corrupt_data(who + ": operation descriptor has out-of-range fields");
   OpDescriptor d;
   d.kind = static_cast<OpKind>(p[4]);
@@ -88,7 +89,7 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
     s.rounding = static_cast<Rounding>(p[31]);
     s.block = load_le32(p + 32);
     s.cols = load_le64(p + 40);
-    if (p[7] > 2 || !valid_dtype(p[29]) || p[30] > 2 || p[31] > 1 || !validate_spec(s).is_ok())
+    if (p[7] > 2 || !valid_dtype_byte(p[29]) || p[30] > 2 || p[31] > 1 || !validate_spec(s).is_ok())
       return corrupt_data(who + ": operation descriptor carries an invalid codec spec");
     d.codec = s;
   }

@@ -39,6 +39,7 @@
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
 #include "collectives/partition.h"
+#include "collectives/reduce_kernels.h"
 #include "collectives/tags.h"
 
 namespace lowcomm::collectives {
@@ -57,6 +58,8 @@ uint64_t rounding_seed(uint64_t seed, uint64_t step, int rank, uint64_t role) {
   return mix(mix(mix(seed) ^ step) ^ (static_cast<uint64_t>(rank) << 8 | role));
 }
 
+// A codec dtype's own bytes as a codec: what the fp32 accumulator is rounded into. (Other
+// dtypes are never encoded: their reductions are typed, collectives/reduce_kernels.h.)
 CodecSpec passthrough(DType dtype) {
   CodecSpec s;
   s.kind = CodecKind::kNone;
@@ -66,17 +69,17 @@ CodecSpec passthrough(DType dtype) {
 }
 
 struct Plan {
-  CodecSpec wire;      // what crosses the network
-  bool plain = false;  // wire is the input dtype itself: send input bytes, no encode
+  CodecSpec wire;      // what crosses the network (a non-codec dtype's plain bytes: unused)
+  bool plain = false;  // the input dtype itself: send input bytes, no encode
   std::vector<std::vector<Range>> segs;  // by owner
   uint64_t es = 0;
-  uint64_t bytes(uint64_t count) const { return encoded_size(wire, count); }
+  uint64_t bytes(uint64_t count) const { return plain ? count * es : encoded_size(wire, count); }
 };
 
 Plan make_plan(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks) {
   Plan p;
   p.es = dtype_size(a.dtype);
-  p.wire = a.codec ? *a.codec : passthrough(a.dtype);
+  p.wire = a.codec ? *a.codec : passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32);
   p.plain = plain_codec(a.codec, a.dtype);
   uint64_t seg = run.desc().tag;  // reduce_segment_elems, agreed through the descriptor
   for (const Range& c : chunks) p.segs.push_back(split_segments(c, seg));
@@ -195,50 +198,66 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
     return Status::ok();
   };
 
-  // Step 2: reduce my chunk, segment by segment, as contributions arrive.
-  const CodecSpec dtype_out = passthrough(a.dtype);
+  // Step 2: reduce my chunk, segment by segment, as contributions arrive. Floating-point SUM
+  // and AVG (the only reductions a codec takes) decode-accumulate in fp32; everything else is
+  // an exact typed reduction of the plain bytes (collectives/reduce_kernels.h).
+  const bool fp32_sum =
+      codec_dtype(a.dtype) && (a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage);
+  const CodecSpec dtype_out = passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32);
   const uint64_t owner_seed = rounding_seed(a.seed, a.step, me, 2);
   uint64_t max_seg = 0;
   for (const Range& s : my_segs) max_seg = std::max(max_seg, s.count);
-  auto* acc = reinterpret_cast<float*>(run.scratch(max_seg * sizeof(float)));  // one, reused
+  // One accumulator and (bf16/fp16 exact reductions) one widening buffer, reused.
+  uint8_t* acc_bytes = run.scratch(max_seg * dtype_size(acc_dtype(a.dtype)));
+  auto* acc = reinterpret_cast<float*>(acc_bytes);
+  float* widen = !fp32_sum && acc_dtype(a.dtype) != a.dtype
+                     ? reinterpret_cast<float*>(run.scratch(max_seg * sizeof(float)))
+                     : nullptr;
   for (size_t k = 0; k < my_segs.size(); ++k) {
     const Range s = my_segs[k];
-    std::memset(acc, 0, s.count * sizeof(float));
+    if (fp32_sum) std::memset(acc, 0, s.count * sizeof(float));
     for (int r = 0; r < P; ++r) {
       const uint8_t* codes = r == me ? own_codes[k] : contrib[r][k];
       if (r != me && !plan.plain && !contrib_req[r][k].test()) LOWCOMM_CHECK(take_results(false));
       if (r != me) LOWCOMM_CHECK(run.wait(contrib_req[r][k]));
+      if (!fp32_sum) {
+        if (r == 0) {
+          reduce_first(a.dtype, acc_bytes, codes, s.count);
+        } else {
+          reduce_next(a.dtype, a.op, acc_bytes, codes, s.count, widen);
+        }
+        continue;
+      }
       LOWCOMM_CHECK(decode_accumulate(plan.wire, codes, plan.bytes(s.count), s.count,
                                       DType::kFloat32, acc, cpu));
     }
-    if (a.op == ReduceOp::kAverage) {
-      const auto div = static_cast<float>(P);
-      for (uint64_t i = 0; i < s.count; ++i) acc[i] /= div;
-    }
-    if (!all_gather) {  // reduce-scatter: round the sum into the output slice
-      uint8_t* dst = out + (s.begin - mine.begin) * plan.es;
-      LOWCOMM_CHECK(
-          encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
-      continue;
-    }
-    uint8_t* dst = out + s.begin * plan.es;
+    uint8_t* dst = all_gather ? out + s.begin * plan.es : out + (s.begin - mine.begin) * plan.es;
     const uint8_t* res = dst;
-    if (plan.plain) {
-      LOWCOMM_CHECK(
-          encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
+    if (!fp32_sum) {
+      reduce_finish(a.dtype, a.op, P, acc_bytes, dst, s.count);  // plain: the result is dst
     } else {
-      uint8_t* b = run.scratch(plan.bytes(s.count));
-      RoundingKey key{owner_seed, s.begin};
-      if (owner_residual) {
-        LOWCOMM_CHECK(encode_error_feedback(plan.wire, DType::kFloat32, acc,
-                                            owner_residual + (s.begin - mine.begin), s.count, b,
-                                            plan.bytes(s.count), key, cpu));
-      } else {
-        LOWCOMM_CHECK(
-            encode(plan.wire, DType::kFloat32, acc, s.count, b, plan.bytes(s.count), key, cpu));
+      if (a.op == ReduceOp::kAverage) {
+        const auto div = static_cast<float>(P);
+        for (uint64_t i = 0; i < s.count; ++i) acc[i] /= div;
       }
-      res = b;
+      if (!all_gather || plan.plain) {  // reduce-scatter, or plain: round the sum into dst
+        LOWCOMM_CHECK(
+            encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
+      } else {
+        uint8_t* b = run.scratch(plan.bytes(s.count));
+        RoundingKey key{owner_seed, s.begin};
+        if (owner_residual) {
+          LOWCOMM_CHECK(encode_error_feedback(plan.wire, DType::kFloat32, acc,
+                                              owner_residual + (s.begin - mine.begin), s.count, b,
+                                              plan.bytes(s.count), key, cpu));
+        } else {
+          LOWCOMM_CHECK(
+              encode(plan.wire, DType::kFloat32, acc, s.count, b, plan.bytes(s.count), key, cpu));
+        }
+        res = b;
+      }
     }
+    if (!all_gather) continue;
     for (int d = 1; d < P; ++d) run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count));
     // The owner decodes the very bytes it sent, like everyone else.
     if (!plan.plain)
@@ -266,8 +285,8 @@ Status all_reduce(OpRun& run, const ReduceArgs& a) {
 
 Status reduce_scatter(OpRun& run, const ReduceArgs& a) {
   const uint64_t rc = a.n / static_cast<uint64_t>(run.size());
-  LOWCOMM_CHECK(check_reduce_scatter(a.send, a.recv, rc, a.dtype, a.op, run.size()));
-  if (a.codec) return unsupported("reduce_scatter with a codec is not implemented; use all_reduce");
+  LOWCOMM_CHECK(
+      check_reduce_scatter(a.send, a.recv, rc, a.dtype, a.op, run.size(), a.codec, a.ef_key));
   LOWCOMM_CHECK(run.post_descriptors());
   std::vector<Range> chunks;
   for (int j = 0; j < run.size(); ++j) chunks.push_back({rc * static_cast<uint64_t>(j), rc});

@@ -123,10 +123,6 @@ std::optional<uint64_t> checked_payload_bytes(const CodecSpec& s, uint64_t n) {
   return total;
 }
 
-bool valid_dtype(DType d) {
-  return d == DType::kFloat32 || d == DType::kBFloat16 || d == DType::kFloat16;
-}
-
 std::string dtype_text(DType d) {
   return valid_dtype(d) ? std::string(dtype_name(d))
                         : "dtype value " + num(static_cast<uint8_t>(d));
@@ -154,7 +150,7 @@ Status check_alignment(const CodecSpec& s, const void* payload) {
 Status check_frame_args(const CodecSpec& spec, DType dtype, uint64_t n) {
   LOWCOMM_CHECK(validate_spec(spec));
   LOWCOMM_CHECK(check_count(spec, n));
-  if (!valid_dtype(dtype)) {
+  if (!codec_dtype(dtype)) {
     return caller_error("unknown tensor " + dtype_text(dtype) + " (expected fp32, bf16 or fp16)");
   }
   if (!checked_payload_bytes(spec, n)) {
@@ -255,7 +251,7 @@ Status encode_framed(const CodecSpec& spec, DType dtype, const void* x, uint64_t
 
 Status decode_framed(const void* buf, uint64_t len, DType dtype, void* out, uint64_t n_expected,
                      CpuOptions opts, bool accumulate) {
-  if (!valid_dtype(dtype)) {
+  if (!codec_dtype(dtype)) {
     return caller_error("cannot decode into " + dtype_text(dtype) +
                         " (expected fp32, bf16 or fp16)");
   }

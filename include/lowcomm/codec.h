@@ -15,11 +15,31 @@
 
 namespace lowcomm {
 
-enum class DType : uint8_t { kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3 };
+// Element types. The codecs take the floating-point ones (fp32, bf16, fp16); the exact
+// collectives take all of them. kBool is one byte holding 0 or 1.
+enum class DType : uint8_t {
+  kFloat32 = 1,
+  kBFloat16 = 2,
+  kFloat16 = 3,
+  kFloat64 = 4,
+  kInt8 = 5,
+  kUInt8 = 6,
+  kInt16 = 7,
+  kInt32 = 8,
+  kUInt32 = 9,
+  kInt64 = 10,
+  kUInt64 = 11,
+  kBool = 12,
+};
+inline constexpr uint8_t kMaxDType = 12;
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 Result<DType> parse_dtype(std::string_view name);
+// The values of the enum above; false for anything else (bytes off the wire, C casts).
+bool valid_dtype(DType dtype);
+// fp32, bf16, fp16: what a codec quantizes and a passthrough codec carries.
+bool codec_dtype(DType dtype);
 
 enum class CodecKind : uint8_t {
   kNone = 0,  // passthrough in wire_dtype (fp32, bf16 or fp16)

@@ -55,7 +55,19 @@ struct UniqueId {
 // or a fork() of it; a rank 0 elsewhere binds root_address itself.
 Result<UniqueId> create_unique_id(std::string_view bind = {});
 
-enum class ReduceOp : uint8_t { kSum = 0, kAverage = 1 };
+// Reductions. Codecs take kSum and kAverage on fp32/bf16/fp16; everything else is exact (the
+// rules per dtype: docs/collectives.md, "Reductions"). Bitwise ones take integers and bool.
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAverage = 1,
+  kProduct = 2,
+  kMin = 3,
+  kMax = 4,
+  kBAnd = 5,
+  kBOr = 6,
+  kBXor = 7,
+};
+inline constexpr uint8_t kMaxReduceOp = 7;
 const char* reduce_op_name(ReduceOp op);
 
 struct CommOptions {
@@ -69,7 +81,8 @@ struct CommOptions {
   // This rank's listen address (numeric host, port 0 allowed). "": LOWCOMM_SOCKET_IFNAME when
   // set, else the local address that routes to the root.
   std::string listen_address;
-  // all_reduce's codec when the call names none; unset: uncompressed.
+  // The codec of all_reduce and reduce_scatter calls that name none, where a codec can take
+  // the call (fp32/bf16/fp16, sum or avg; other calls stay exact); unset: uncompressed.
   std::optional<CodecSpec> codec;
   uint64_t segment_bytes = 4u << 20;  // pipelining unit of the reduce algorithms (input bytes)
   int codec_threads = 0;              // CpuOptions::threads for encode/decode
@@ -99,6 +112,10 @@ struct AllReduceOptions {
   MemoryKind memory = MemoryKind::kHost;
   void* cuda_stream = nullptr;
 };
+
+// reduce_scatter's options are all_reduce's; owner_error_feedback does not apply (the owner's
+// sum is rounded to the dtype, never re-quantized) and is refused.
+using ReduceScatterOptions = AllReduceOptions;
 
 class WorkState;
 
@@ -145,8 +162,12 @@ class Communicator {
   // ends with the same bits, for every codec.
   Work all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                   const AllReduceOptions& options = {});
-  // send holds recv_count * size() elements; recv gets this rank's reduced slice.
-  Work reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op);
+  // send holds recv_count * size() elements; recv gets this rank's reduced slice. With a codec,
+  // as all_reduce: each contribution is quantized once (error feedback under ef_key), the owner
+  // of a slice decode-accumulates them in rank order in fp32 and rounds once to the dtype, so
+  // the result is deterministic; bytes sent per rank are (P-1)/P of the encoded tensor.
+  Work reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op,
+                      const ReduceScatterOptions& options = {});
   // recv holds send_count * size() elements, rank r's at r * send_count (in place allowed).
   Work all_gather(const void* send, void* recv, uint64_t send_count, DType dtype);
   // recv = root's send (root: send == recv allowed; other ranks ignore send).

@@ -47,10 +47,40 @@ typedef enum {
   lowcommNumResults = 12
 } lowcommResult_t;
 
-/* Values as NCCL's ncclDataType_t. */
-typedef enum { lowcommFloat16 = 6, lowcommFloat32 = 7, lowcommBfloat16 = 9 } lowcommDataType_t;
-/* Values as NCCL's ncclRedOp_t. */
-typedef enum { lowcommSum = 0, lowcommAvg = 4 } lowcommRedOp_t;
+/* Values as NCCL's ncclDataType_t; lowcommInt16 and lowcommBool (one byte, 0 or 1) are
+ * lowcomm's own. Codecs take lowcommFloat32, lowcommFloat16 and lowcommBfloat16. */
+typedef enum {
+  lowcommInt8 = 0,
+  lowcommChar = 0,
+  lowcommUint8 = 1,
+  lowcommInt32 = 2,
+  lowcommInt = 2,
+  lowcommUint32 = 3,
+  lowcommInt64 = 4,
+  lowcommUint64 = 5,
+  lowcommFloat16 = 6,
+  lowcommHalf = 6,
+  lowcommFloat32 = 7,
+  lowcommFloat = 7,
+  lowcommFloat64 = 8,
+  lowcommDouble = 8,
+  lowcommBfloat16 = 9,
+  lowcommInt16 = 64, /* lowcomm */
+  lowcommBool = 65   /* lowcomm */
+} lowcommDataType_t;
+/* Values as NCCL's ncclRedOp_t; the bitwise reductions (integers and bool only) are lowcomm's
+ * own. Codecs take lowcommSum and lowcommAvg. Integer sums and products wrap; integer averages
+ * truncate toward zero; floating-point min and max propagate NaN. */
+typedef enum {
+  lowcommSum = 0,
+  lowcommProd = 1,
+  lowcommMax = 2,
+  lowcommMin = 3,
+  lowcommAvg = 4,
+  lowcommBand = 64, /* lowcomm */
+  lowcommBor = 65,  /* lowcomm */
+  lowcommBxor = 66  /* lowcomm */
+} lowcommRedOp_t;
 
 typedef struct {
   char internal[LOWCOMM_UNIQUE_ID_BYTES];
@@ -94,9 +124,12 @@ lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t co
 lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                  lowcommDataType_t datatype, lowcommComm_t comm,
                                  lowcommRequest_t* request);
+/* codec as lowcommAllReduce's: each contribution quantized once, the owner's sum rounded to the
+ * datatype in recvbuff. */
 lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                      lowcommDataType_t datatype, lowcommRedOp_t op,
-                                     lowcommComm_t comm, lowcommRequest_t* request);
+                                     const char* codec, lowcommComm_t comm,
+                                     lowcommRequest_t* request);
 lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                  lowcommDataType_t datatype, int root, lowcommComm_t comm,
                                  lowcommRequest_t* request);
