@@ -83,6 +83,8 @@ TEST(CollectivesMismatch, AllReduceAgainstAllGatherFails) {
     // The failure sticks: the next operation fails at once with the first cause.
     Status later = (*c)->barrier().wait();
     RANK_CHECK(!later.is_ok() && contains(later.message(), "failed earlier"), later.to_string());
+    RANK_CHECK(later.code() == StatusCode::kInvalidArgument,
+               "a later call must carry the first failure's code: " + later.to_string());
     return r;
   });
   expect_all_ok(res);
@@ -344,6 +346,34 @@ TEST(CollectivesFailure, ExpiredDeadlineGivesTimeoutAndThePeerLearnsWhy) {
       return expect_failure(s, StatusCode::kTimeout, {"deadline passed", "rank 1", "all_reduce #0"},
                             t0, 3);
     return expect_failure(s, StatusCode::kRemoteError, {"rank 0 failed", "deadline passed"}, t0, 2);
+  });
+  expect_all_ok(res);
+}
+
+// Three ranks, rank 2 late: the deadline's error names rank 2 as the one that never started,
+// not the healthy rank that is waiting too; a later call carries the first failure's code.
+TEST(CollectivesFailure, DeadlineNamesTheRankThatNeverStarted) {
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 3, short_timeout(800));
+    RANK_OK(c.status());
+    std::vector<float> x(1000, 1.0f);
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      return "ok";  // never calls
+    }
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    RANK_CHECK(s.code() == StatusCode::kTimeout || s.code() == StatusCode::kRemoteError,
+               s.to_string());
+    RANK_CHECK(contains(s.message(), "rank 2 has not started"), s.to_string());
+    if (s.code() == StatusCode::kTimeout) {
+      const std::string other = rank == 0 ? "rank 1" : "rank 0";
+      RANK_CHECK(!contains(s.message(), other),
+                 "names the healthy " + other + ": " + s.to_string());
+    }
+    Status later = (*c)->barrier().wait();
+    RANK_CHECK(later.code() == s.code(), "later call: " + later.to_string());
+    return "ok";
   });
   expect_all_ok(res);
 }

@@ -133,7 +133,8 @@ std::vector<uint8_t> expected(DType d, ReduceOp op, int P, uint64_t n) {
       for (int r = 1; r < P; ++r) acc = combine_bool(op, acc, input<uint8_t>(d, op, r, i));
       v = static_cast<T>(acc);
     } else {
-      const bool fsum = std::is_same_v<T, float> && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
+      const bool fsum =
+          std::is_same_v<T, float> && (op == ReduceOp::kSum || op == ReduceOp::kAverage);
       T acc = fsum ? T{} : input<T>(d, op, 0, i);
       for (int r = fsum ? 0 : 1; r < P; ++r) acc = combine(op, acc, input<T>(d, op, r, i));
       if (op == ReduceOp::kAverage) acc = static_cast<T>(acc / static_cast<T>(P));
@@ -205,8 +206,8 @@ std::string every_reduction(int rank, const UniqueId& id) {
   auto c = Communicator::init(id, rank, kRanks, test_options());
   RANK_OK(c.status());
   Communicator& comm = **c;
-  const ReduceOp arith[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kProduct,
-                            ReduceOp::kMin, ReduceOp::kMax};
+  const ReduceOp arith[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kProduct, ReduceOp::kMin,
+                            ReduceOp::kMax};
   const ReduceOp bitwise[] = {ReduceOp::kBAnd, ReduceOp::kBOr, ReduceOp::kBXor};
   int cases = 0;
   auto run = [&](DType d, ReduceOp op) -> std::string {
@@ -335,7 +336,8 @@ std::string compressed_reduce_scatter(int rank, const UniqueId& id, std::string 
     double bound = 0;
     for (int r = 0; r < P; ++r) {
       double amax = 0;
-      for (uint64_t i = g0; i < g1; ++i) amax = std::max(amax, std::fabs(double(in[r].get(base + i))));
+      for (uint64_t i = g0; i < g1; ++i)
+        amax = std::max(amax, std::fabs(double(in[r].get(base + i))));
       bound += amax / static_cast<double>(1 << (spec.bits - 1));
     }
     for (uint64_t i = g0; i < g1; ++i) {

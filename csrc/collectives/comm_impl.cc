@@ -209,9 +209,9 @@ void CommImpl::run_one(Op& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.is_ok()) {
-      op.work->complete(Status(
-          failure_.code() == StatusCode::kAborted ? StatusCode::kAborted : StatusCode::kRemoteError,
-          what + ": the communicator failed earlier: " + failure_.message()));
+      // The first failure's code, as lowcomm.h promises (NCCL: the async error sticks).
+      op.work->complete(Status(failure_.code(),
+                               what + ": the communicator failed earlier: " + failure_.message()));
       return;
     }
   }

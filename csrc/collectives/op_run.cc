@@ -43,11 +43,13 @@ uint8_t* OpRun::scratch(uint64_t bytes) {
 
 transport::Request OpRun::isend(int peer, uint64_t tag, const void* data, uint64_t len) {
   issued_.push_back(comm_.peer(peer).isend(tag, data, len));
+  issued_peer_.push_back(peer);
   return issued_.back();
 }
 
 transport::Request OpRun::irecv(int peer, uint64_t tag, void* data, uint64_t len) {
   issued_.push_back(comm_.peer(peer).irecv(tag, data, len));
+  issued_peer_.push_back(peer);
   return issued_.back();
 }
 
@@ -79,23 +81,40 @@ Status OpRun::wait_one(const transport::Request& r) {
       return why.is_ok() || why.code() == StatusCode::kAborted ? s : why;
     }
     LOWCOMM_CHECK(comm_.check_health(peers_));
-    if (deadline_.expired()) {
-      double s = std::chrono::duration<double>(comm_.timeout()).count();
-      return Status(
-          StatusCode::kTimeout,
-          "deadline passed (timeout " + std::to_string(s) + " s) waiting for peers " + [&] {
-            std::string list;
-            for (int p : peers_) list += (list.empty() ? "rank " : ", rank ") + std::to_string(p);
-            return list;
-          }());
-    }
+    if (deadline_.expired()) return deadline_error(r);
   }
+}
+
+Status OpRun::deadline_error(const transport::Request& r) const {
+  const double t = std::chrono::duration<double>(comm_.timeout()).count();
+  std::string head = "deadline passed (timeout " + std::to_string(t) + " s): ";
+  auto names = [](const std::vector<int>& ranks) {
+    std::string list;
+    for (int p : ranks) list += (list.empty() ? "rank " : ", rank ") + std::to_string(p);
+    return list;
+  };
+  // A peer whose descriptor never came has not called this operation (or is stuck before it);
+  // the others have, and are waiting like us.
+  std::vector<int> absent;
+  for (const auto& [p, req] : desc_recvs_)
+    if (!req.test()) absent.push_back(p);
+  if (!absent.empty()) {
+    return Status(StatusCode::kTimeout,
+                  head + names(absent) + (absent.size() == 1 ? " has" : " have") +
+                      " not started this operation (no descriptor arrived); the other ranks did");
+  }
+  std::vector<int> on;
+  for (size_t i = 0; i < issued_.size(); ++i)
+    if (issued_[i] == r) on.push_back(issued_peer_[i]);
+  return Status(StatusCode::kTimeout,
+                head + "waiting for data from " + (on.empty() ? std::string("a peer") : names(on)));
 }
 
 Status OpRun::wait_all() {
   if (desc_pending_) LOWCOMM_CHECK(check_descriptors());
   for (const auto& r : issued_) LOWCOMM_CHECK(wait(r));
   issued_.clear();
+  issued_peer_.clear();
   return Status::ok();
 }
 

@@ -76,6 +76,9 @@ class OpRun {
   Status wait_one(const transport::Request& r);
   // A mismatch among the peers' descriptors that have arrived, else `failure`.
   Status explain(Status failure);
+  // kTimeout naming the ranks that never started the operation (their descriptors are missing),
+  // else the rank `r` waits on.
+  Status deadline_error(const transport::Request& r) const;
 
   CommImpl& comm_;
   OpDescriptor desc_;
@@ -83,6 +86,7 @@ class OpRun {
   Deadline deadline_;
   std::vector<ScratchPool::Block> scratch_;
   std::vector<transport::Request> issued_;
+  std::vector<int> issued_peer_;  // the peer of issued_[i]
   uint64_t shape_hash_ = 0;
   // The descriptor exchange: theirs land at desc_in_ + kDescriptorBytes * peer.
   uint8_t* desc_in_ = nullptr;

@@ -186,8 +186,7 @@ void reduce_first(DType dtype, void* acc, const void* src, uint64_t n) {
   if (acc != src) std::memmove(acc, src, n * dtype_size(dtype));
 }
 
-void reduce_next(DType dtype, ReduceOp op, void* acc, const void* src, uint64_t n,
-                 float* scratch) {
+void reduce_next(DType dtype, ReduceOp op, void* acc, const void* src, uint64_t n, float* scratch) {
   if (dtype == DType::kBool)
     return combine_bool(op, static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(src), n);
   if (acc_dtype(dtype) != dtype) {

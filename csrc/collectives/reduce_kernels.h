@@ -30,8 +30,7 @@ DType acc_dtype(DType dtype);
 void reduce_first(DType dtype, void* acc, const void* src, uint64_t n);
 // acc = acc op src, element-wise; src holds n elements of dtype. `scratch` holds n fp32 when
 // dtype is bf16 or fp16 (the contribution converted), and may be null otherwise.
-void reduce_next(DType dtype, ReduceOp op, void* acc, const void* src, uint64_t n,
-                 float* scratch);
+void reduce_next(DType dtype, ReduceOp op, void* acc, const void* src, uint64_t n, float* scratch);
 // Finishes the reduction of `ranks` contributions (AVG divides) and writes n elements of dtype
 // to out (out may alias acc when the types have the same size).
 void reduce_finish(DType dtype, ReduceOp op, int ranks, void* acc, void* out, uint64_t n);

@@ -42,6 +42,8 @@ class Request {
   Status status() const;
   // Waits until complete or the deadline; kTimeout when the deadline passed first.
   Status wait(Deadline deadline = Deadline::use_default()) const;
+  // The same request (copies share their state).
+  bool operator==(const Request& other) const { return state_ == other.state_; }
 
  private:
   std::shared_ptr<RequestState> state_;
