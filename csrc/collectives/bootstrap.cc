@@ -22,7 +22,10 @@ using namespace transport;  // NOLINT
 
 constexpr uint32_t kHelloMagic = 0x3142434Cu;  // "LCB1"
 constexpr uint32_t kTableMagic = 0x3154434Cu;  // "LCT1"
-constexpr size_t kEntryBytes = 128;            // hello: magic, rank, nranks, len, address
+constexpr uint32_t kReadyMagic =
+    0x3152434Cu;  // "LCR1": a rank to the root, its mesh built or why not
+constexpr uint32_t kVerdictMagic = 0x3156434Cu;  // "LCV1": the root to every rank, go or why not
+constexpr size_t kEntryBytes = 128;              // hello: magic, rank, nranks, len, address
 constexpr size_t kAddressMax = kEntryBytes - 16;
 constexpr size_t kTableHeaderBytes = 256;  // magic, status, nranks, text length, text
 constexpr size_t kTableTextMax = kTableHeaderBytes - 16;
@@ -65,6 +68,22 @@ Bytes make_table(int nranks, const std::string& error, const std::vector<std::st
     std::memcpy(b.data() + kTableHeaderBytes + r * kEntryBytes, e.data(), kEntryBytes);
   }
   return b;
+}
+
+// Ready and verdict messages: the table's header alone (magic, status, 0, text length, text).
+Bytes make_status(uint32_t magic, const std::string& error) {
+  Bytes b = make_table(0, error, {});
+  store_le32(b.data(), magic);
+  return b;
+}
+
+// ok, or the failure a ready/verdict message carries; a malformed one is kCorruptData.
+Status read_status(const Bytes& b, uint32_t magic, const std::string& who) {
+  if (load_le32(b.data()) != magic) return corrupt_data(who + " sent a malformed init message");
+  if (load_le32(b.data() + 4) == 0) return Status::ok();
+  uint32_t tl = std::min<uint32_t>(load_le32(b.data() + 12), kTableTextMax);
+  return Status(StatusCode::kRemoteError,
+                std::string(reinterpret_cast<const char*>(b.data() + 16), tl));
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -121,8 +140,11 @@ void poll_some(std::vector<pollfd> fds, const Deadline& deadline) {
 }
 
 // Rank 0: accept every other rank, collect hellos, send the table.
+// ready[r]/ready_req[r]: rank r's ready message, posted with its hello so that a rank whose
+// connection ends at any point of init is noticed at once.
 Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
-                   std::vector<std::unique_ptr<Peer>>& peers) {
+                   std::vector<std::unique_ptr<Peer>>& peers, std::vector<Bytes>& ready,
+                   std::vector<Request>& ready_req) {
   std::vector<Bytes> hello(nranks, Bytes(kEntryBytes));
   std::vector<Request> hello_req(nranks);
   std::string error;
@@ -141,12 +163,23 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
       } else {
         peers[r] = std::move(p).value();
         hello_req[r] = peers[r]->irecv(tags::kBootstrap, hello[r].data(), kEntryBytes);
+        ready_req[r] = peers[r]->irecv(tags::kBootstrap, ready[r].data(), ready[r].size());
       }
       continue;
     }
     std::vector<int> missing;
-    for (int r = 1; r < nranks; ++r)
+    for (int r = 1; r < nranks; ++r) {
       if (!peers[r] || !hello_req[r].test()) missing.push_back(r);
+      // A joined rank that is gone (killed, crashed, gave up) fails init now, not at the
+      // deadline; its ready message cannot have come before the table.
+      if (peers[r] && ready_req[r].test() && error.empty()) {
+        Status st = ready_req[r].status();
+        error =
+            "rank " + std::to_string(r) + " failed during init: " +
+            (st.is_ok() ? std::string("it reported ready before the address table") : st.message());
+        code = st.is_ok() ? StatusCode::kCorruptData : StatusCode::kRemoteError;
+      }
+    }
     if (missing.empty() || !error.empty()) break;
     if (deadline.expired()) {
       error = "rank(s) " + rank_list(missing) + " never joined (the root at " +
@@ -213,12 +246,83 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
   return Status::ok();
 }
 
+// Rank 0, after the table: waits for every rank's ready message (its mesh connections are
+// built) and answers all of them with one verdict: go, or the first failure, naming the rank
+// and its cause. A rank that fails or dies while building its connections thereby reaches
+// every other rank at once instead of at their init deadline.
+Status root_confirm(Listener& listener, int nranks, const Deadline& deadline,
+                    std::vector<std::unique_ptr<Peer>>& peers, std::vector<Bytes>& ready,
+                    std::vector<Request>& ready_req) {
+  Status verdict;
+  while (verdict.is_ok()) {
+    // Every rank has joined: anything completing a handshake now is not one of ours.
+    auto acc = listener.test_accept();
+    if (!acc) return acc.status();
+    if (*acc) {
+      LOWCOMM_LOG(kWarn, "init: dropping %s: every rank has joined", (*acc)->name().c_str());
+      continue;
+    }
+    std::vector<int> waiting;
+    for (int r = 1; r < nranks && verdict.is_ok(); ++r) {
+      if (!ready_req[r].test()) {
+        waiting.push_back(r);
+        continue;
+      }
+      Status st = ready_req[r].status();
+      if (!st) {
+        verdict = Status(StatusCode::kRemoteError,
+                         "rank " + std::to_string(r) + " failed during init: " + st.message());
+      } else if (Status rs = read_status(ready[r], kReadyMagic, "rank " + std::to_string(r)); !rs) {
+        verdict =
+            Status(rs.code(), "rank " + std::to_string(r) + " failed during init: " + rs.message());
+      }
+    }
+    if (!verdict || waiting.empty()) break;
+    if (deadline.expired()) {
+      verdict = Status(StatusCode::kTimeout, "rank(s) " + rank_list(waiting) +
+                                                 " did not finish connecting before the init "
+                                                 "deadline");
+      break;
+    }
+    (void)ready_req[waiting.front()].wait(Deadline::after(std::chrono::milliseconds(20)));
+  }
+  Bytes msg = make_status(kVerdictMagic, verdict.is_ok() ? std::string() : verdict.message());
+  std::vector<Request> sends;
+  for (int r = 1; r < nranks; ++r)
+    sends.push_back(peers[r]->isend(tags::kBootstrap, msg.data(), msg.size()));
+  for (auto& s : sends) {
+    Status st = s.wait(Deadline::at(deadline.resolve().time() + kTableGrace));
+    if (!st && verdict.is_ok()) verdict = st;
+  }
+  if (!verdict) {
+    for (auto& p : peers)
+      if (p) p->abort();  // no request may still reference `msg` or `ready`
+  }
+  return verdict;
+}
+
 // Rank r > 0: join through the root, get the table.
+// Takes a peer the listener completed: a rank above ours (it connects to us), once.
+void take_accepted(std::unique_ptr<Peer> p, int rank, int nranks,
+                   std::vector<std::unique_ptr<Peer>>& peers) {
+  int j = p->remote_rank();
+  if (j <= rank || j >= nranks || peers[j]) {
+    LOWCOMM_LOG(kWarn, "init: rank %d dropping %s: unexpected rank", rank, p->name().c_str());
+    return;
+  }
+  peers[j] = std::move(p);
+}
+
+// While the table is on its way the listener is served too: foreign connections are
+// authenticated or dropped from the moment it opens, so its backlog never fills, and ranks
+// that got the table first may already connect.
 Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, int nranks,
                                            const std::string& my_address,
                                            std::shared_ptr<ProgressEngine> engine,
                                            const PeerConfig& config, const Deadline& deadline,
-                                           std::unique_ptr<Peer>& root_peer) {
+                                           Listener& listener,
+                                           std::vector<std::unique_ptr<Peer>>& peers) {
+  std::unique_ptr<Peer>& root_peer = peers[0];
   auto p = connect_peer(std::move(engine), root, config, deadline);
   if (!p)
     return Status(p.status().code(), "connecting to the root (rank 0) at " + root.to_string() +
@@ -234,7 +338,16 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
   Request t = root_peer->irecv(tags::kBootstrap, table.data(), table.size());
   // The root names missing ranks when the deadline passes; give its answer time to arrive.
   Deadline table_deadline = Deadline::at(deadline.resolve().time() + kTableGrace);
-  Status st = t.wait(table_deadline);
+  while (!t.test() && !table_deadline.expired()) {
+    auto acc = listener.test_accept();
+    if (!acc) return acc.status();
+    if (*acc) {
+      take_accepted(std::move(acc).value(), rank, nranks, peers);
+      continue;
+    }
+    (void)t.wait(Deadline::after(std::chrono::milliseconds(5)));
+  }
+  Status st = t.test() ? t.status() : Status(StatusCode::kTimeout, "no table");
   if (st.is_ok()) st = s.wait(table_deadline);
   if (!st) {
     root_peer->abort();
@@ -260,11 +373,24 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
   return addresses;
 }
 
+// A completed verdict receive: ok for the root's go, else the failure it names.
+Status read_verdict(const Request& req, const Bytes& verdict) {
+  Status st = req.status();
+  if (!st)
+    return Status(
+        StatusCode::kRemoteError,
+        "the root (rank 0) failed during init: its connection ended (" + st.message() + ")");
+  Status v = read_status(verdict, kVerdictMagic, "the root (rank 0)");
+  if (!v) return Status(v.code(), "init failed elsewhere: " + v.message());
+  return v;
+}
+
 // Rank r > 0: connect to 0 < j < r, accept r < j < nranks.
 Status build_mesh(Listener& listener, int rank, int nranks,
                   const std::vector<std::string>& addresses, std::shared_ptr<ProgressEngine> engine,
                   const PeerConfig& config, const Deadline& deadline,
-                  std::vector<std::unique_ptr<Peer>>& peers) {
+                  std::vector<std::unique_ptr<Peer>>& peers, const Request& verdict_req,
+                  const Bytes& verdict) {
   std::vector<std::unique_ptr<ConnectOp>> ops(nranks);
   for (int j = 1; j < rank; ++j) {
     auto a = SocketAddress::parse(addresses[j]);
@@ -299,14 +425,13 @@ Status build_mesh(Listener& listener, int rank, int nranks,
     auto acc = listener.test_accept();
     if (!acc) return acc.status();
     if (*acc) {
-      int j = (*acc)->remote_rank();
-      if (j <= rank || j >= nranks || peers[j]) {
-        LOWCOMM_LOG(kWarn, "init: rank %d dropping %s: unexpected rank", rank,
-                    (*acc)->name().c_str());
-      } else {
-        peers[j] = std::move(acc).value();
-      }
+      take_accepted(std::move(acc).value(), rank, nranks, peers);
       continue;
+    }
+    // The root's verdict before ours was asked for: another rank failed (or the root did).
+    if (verdict_req.test()) {
+      Status v = read_verdict(verdict_req, verdict);
+      return v.is_ok() ? internal_error("the root said go before this rank was ready") : v;
     }
     std::vector<int> missing;
     for (int j = 1; j < nranks; ++j)
@@ -335,13 +460,47 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   if (!listener) return listener.status();
   Listener& l = **listener;
   if (rank == 0) {
-    LOWCOMM_CHECK(root_gather(l, nranks, deadline, mesh.peers));
+    std::vector<Bytes> ready(nranks, Bytes(kTableHeaderBytes));
+    std::vector<Request> ready_req(nranks);
+    LOWCOMM_CHECK(root_gather(l, nranks, deadline, mesh.peers, ready, ready_req));
+    LOWCOMM_CHECK(root_confirm(l, nranks, deadline, mesh.peers, ready, ready_req));
     return mesh;
   }
+  // A rank forked from the process that created the id holds a copy of the root's listening
+  // socket: closed here, or connects would queue on it after rank 0 has gone instead of being
+  // refused.
+  (void)take_root_socket(id.to_string());
   auto addresses = join_root(*root, rank, nranks, l.address().to_string(), mesh.engine, config,
-                             deadline, mesh.peers[0]);
+                             deadline, l, mesh.peers);
   if (!addresses) return addresses.status();
-  LOWCOMM_CHECK(build_mesh(l, rank, nranks, *addresses, mesh.engine, config, deadline, mesh.peers));
+  // The verdict's receive is posted before anything else can fail, so the root's word about
+  // another rank's failure is seen while this one still builds its connections.
+  Peer& root_peer = *mesh.peers[0];
+  Bytes verdict(kTableHeaderBytes);
+  Request verdict_req = root_peer.irecv(tags::kBootstrap, verdict.data(), verdict.size());
+  Status built = build_mesh(l, rank, nranks, *addresses, mesh.engine, config, deadline, mesh.peers,
+                            verdict_req, verdict);
+  // Tell the root either way; on failure it tells everyone, naming this rank and the cause.
+  Bytes ready = make_status(kReadyMagic, built.is_ok() ? std::string() : built.message());
+  Request sent = root_peer.isend(tags::kBootstrap, ready.data(), ready.size());
+  Deadline grace = Deadline::at(deadline.resolve().time() + kTableGrace);
+  if (!built) {
+    (void)sent.wait(Deadline::after(std::chrono::seconds(1)));  // best effort
+    for (auto& p : mesh.peers)
+      if (p) p->abort();
+    return built;
+  }
+  Status st = sent.wait(grace);
+  if (st) st = verdict_req.wait(grace);
+  if (st) st = read_verdict(verdict_req, verdict);
+  if (!st) {
+    for (auto& p : mesh.peers)
+      if (p) p->abort();  // no request may still reference `ready` or `verdict`
+    if (st.code() == StatusCode::kTimeout)
+      return Status(StatusCode::kTimeout,
+                    "no word from the root (rank 0) before the init deadline");
+    return st;
+  }
   return mesh;
 }
 

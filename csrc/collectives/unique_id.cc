@@ -147,7 +147,7 @@ Result<UniqueId> create_unique_id(std::string_view bind) {
   transport::request_socket_buffers(fd->get(), 32 << 20);
   std::string who = "root address " + addr.to_string();
   LOWCOMM_CHECK_SYS(::bind(fd->get(), addr.sockaddr_ptr(), addr.length()), who);
-  LOWCOMM_CHECK_SYS(::listen(fd->get(), 128), who);
+  LOWCOMM_CHECK_SYS(::listen(fd->get(), SOMAXCONN), who);
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   LOWCOMM_CHECK_SYS(::getsockname(fd->get(), reinterpret_cast<sockaddr*>(&bound), &len), who);

@@ -36,7 +36,7 @@ Result<std::unique_ptr<Listener>> Listener::create(std::shared_ptr<ProgressEngin
   request_socket_buffers(fd->get(), config.socket_buffer_bytes);
   std::string who = "listen address " + addr.to_string();
   LOWCOMM_CHECK_SYS(::bind(fd->get(), addr.sockaddr_ptr(), addr.length()), who);
-  LOWCOMM_CHECK_SYS(::listen(fd->get(), 128), who);
+  LOWCOMM_CHECK_SYS(::listen(fd->get(), SOMAXCONN), who);
   return adopt(std::move(engine), config, std::move(fd).value());
 }
 
