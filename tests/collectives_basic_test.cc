@@ -156,7 +156,7 @@ TEST(CollectivesMemory, CudaBuffersRefusedWithoutBreakingTheGroup) {
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesEvery, ::testing::Values(2, 3, 4, 8),
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesEvery, ::testing::Values(2, 3, 4, 8, 16),
                          [](const ::testing::TestParamInfo<int>& p) {
                            return "P" + std::to_string(p.param);
                          });

@@ -111,6 +111,7 @@ std::vector<Case> cases() {
   for (int P : {2, 3, 4, 8})
     for (const char* codec : {"q8", "q4", "q2:sr", "minmax4"})
       v.push_back({P, codec, DType::kFloat32});
+  for (const char* codec : {"q4", "q2:sr"}) v.push_back({16, codec, DType::kFloat32});  // scale
   v.push_back({3, "q4", DType::kBFloat16});
   v.push_back({4, "q8:block=64", DType::kBFloat16});
   return v;

@@ -306,8 +306,8 @@ TEST(CollectivesReductions, WhatACodecCannotTakeIsRefusedAndOtherCallsStayExact)
 // sum over ranks of one quantization step of that rank's group, plus the rounding of the
 // fp32 sum to the dtype; the same bits on a repeat; and with error feedback the mean over T
 // calls of a fixed input approaches the exact sum (the residual carries what each call lost).
-std::string compressed_reduce_scatter(int rank, const UniqueId& id, std::string codec, DType d) {
-  const int P = 4;
+std::string compressed_reduce_scatter(int rank, const UniqueId& id, std::string codec, DType d,
+                                      int P) {
   auto c = Communicator::init(id, rank, P, test_options());
   RANK_OK(c.status());
   Communicator& comm = **c;
@@ -376,14 +376,20 @@ std::string compressed_reduce_scatter(int rank, const UniqueId& id, std::string 
 
 TEST(CollectivesReductions, CompressedReduceScatterQ4Fp32) {
   expect_all_ok(run_ranks(4, [](int r, const UniqueId& id) {
-    return compressed_reduce_scatter(r, id, "q4", DType::kFloat32);
+    return compressed_reduce_scatter(r, id, "q4", DType::kFloat32, 4);
   }));
 }
 
 TEST(CollectivesReductions, CompressedReduceScatterQ8StochasticBf16) {
   expect_all_ok(run_ranks(4, [](int r, const UniqueId& id) {
-    return compressed_reduce_scatter(r, id, "q8:sr", DType::kBFloat16);
+    return compressed_reduce_scatter(r, id, "q8:sr", DType::kBFloat16, 4);
   }));
+}
+
+TEST(CollectivesReductions, CompressedReduceScatterQ4Fp32SixteenRanks) {
+  expect_all_ok(run_ranks(16, [](int r, const UniqueId& id) {
+    return compressed_reduce_scatter(r, id, "q4", DType::kFloat32, 16);
+  }, 90));
 }
 
 }  // namespace
