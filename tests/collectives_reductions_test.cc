@@ -387,9 +387,12 @@ TEST(CollectivesReductions, CompressedReduceScatterQ8StochasticBf16) {
 }
 
 TEST(CollectivesReductions, CompressedReduceScatterQ4Fp32SixteenRanks) {
-  expect_all_ok(run_ranks(16, [](int r, const UniqueId& id) {
-    return compressed_reduce_scatter(r, id, "q4", DType::kFloat32, 16);
-  }, 90));
+  expect_all_ok(run_ranks(
+      16,
+      [](int r, const UniqueId& id) {
+        return compressed_reduce_scatter(r, id, "q4", DType::kFloat32, 16);
+      },
+      90));
 }
 
 }  // namespace

@@ -131,12 +131,11 @@ Result<std::unique_ptr<Listener>> open_listener(const UniqueId& id, int rank,
   return Listener::create(std::move(engine), config, *a);
 }
 
+// Waits for socket activity, or 2 ms: hellos and ready messages complete on the engine thread
+// without waking this poll, so a longer slice would be added to init whole (it was: a quiet
+// 2-rank init took 23 ms on loopback, 10 ms when a connect storm kept waking it).
 void poll_some(std::vector<pollfd> fds, const Deadline& deadline) {
-  if (fds.empty()) {
-    ::poll(nullptr, 0, deadline.poll_timeout_ms(10));
-    return;
-  }
-  ::poll(fds.data(), fds.size(), deadline.poll_timeout_ms(20));
+  ::poll(fds.empty() ? nullptr : fds.data(), fds.size(), deadline.poll_timeout_ms(2));
 }
 
 // Rank 0: accept every other rank, collect hellos, send the table.
@@ -284,7 +283,7 @@ Status root_confirm(Listener& listener, int nranks, const Deadline& deadline,
                                                  "deadline");
       break;
     }
-    (void)ready_req[waiting.front()].wait(Deadline::after(std::chrono::milliseconds(20)));
+    (void)ready_req[waiting.front()].wait(Deadline::after(std::chrono::milliseconds(2)));
   }
   Bytes msg = make_status(kVerdictMagic, verdict.is_ok() ? std::string() : verdict.message());
   std::vector<Request> sends;
@@ -345,7 +344,7 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
       take_accepted(std::move(acc).value(), rank, nranks, peers);
       continue;
     }
-    (void)t.wait(Deadline::after(std::chrono::milliseconds(5)));
+    (void)t.wait(Deadline::after(std::chrono::milliseconds(2)));
   }
   Status st = t.test() ? t.status() : Status(StatusCode::kTimeout, "no table");
   if (st.is_ok()) st = s.wait(table_deadline);

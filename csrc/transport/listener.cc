@@ -60,9 +60,15 @@ Result<std::unique_ptr<Listener>> Listener::adopt(std::shared_ptr<ProgressEngine
   return l;
 }
 
+// The first drops are logged each, then every 1000th with the count: a flood of foreign
+// connections must not become a flood of log lines (writing them cost more than the drops).
 void Listener::drop(const std::string& who, const Status& why) {
   ++rejected_;
-  LOWCOMM_LOG(kWarn, "dropping connection from %s: %s", who.c_str(), why.to_string().c_str());
+  if (rejected_ <= 10 || rejected_ % 1000 == 0)
+    LOWCOMM_LOG(kWarn, "dropping connection from %s: %s (%llu dropped on %s so far%s)", who.c_str(),
+                why.to_string().c_str(), static_cast<unsigned long long>(rejected_),
+                address_.to_string().c_str(),
+                rejected_ == 10 ? "; further drops are logged every 1000th" : "");
 }
 
 void Listener::accept_pending() {
