@@ -140,8 +140,8 @@ std::vector<RankResult> run_group(int P, int storm_connects) {
       res.rss_delta_kb = status_kb("VmRSS") - rss0;
       res.hwm_kb = status_kb("VmHWM");
       char line[512];
-      int len = std::snprintf(line, sizeof line, "%d %.6f %ld %ld %s", res.ok ? 1 : 0,
-                              res.init_s, res.rss_delta_kb, res.hwm_kb, res.error.c_str());
+      int len = std::snprintf(line, sizeof line, "%d %.6f %ld %ld %s", res.ok ? 1 : 0, res.init_s,
+                              res.rss_delta_kb, res.hwm_kb, res.error.c_str());
       (void)!::write(p[1], line, static_cast<size_t>(std::max(0, len)));
       ::close(p[1]);
       if (c) std::move(c).value().reset();  // destroy: says goodbye to every peer

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "collectives/bootstrap.h"
@@ -10,6 +11,7 @@
 #include "collectives/tags.h"
 #include "core/log.h"
 #include "transport/little_endian.h"
+#include "transport/pacer.h"
 #include "transport/peer_config.h"
 
 namespace lowcomm {
@@ -49,11 +51,20 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     cfg.value().streams = options.streams;
     cfg.value().adapt_streams = false;
   }
-  if (!options.wan.empty()) {
-    auto wan = transport::parse_wan(options.wan);
-    if (!wan) return invalid_argument("init: wan option: " + wan.status().message());
-    cfg.value().wan = *wan;
-  }
+  // The emulated WAN: this rank's site (shared by all its peers, site model) and, once the
+  // mesh is up, each peer's delay from the per-pair rules.
+  const char* env_wan = std::getenv("LOWCOMM_WAN");
+  const std::string wan_text = !options.wan.empty() ? options.wan : env_wan ? env_wan : "";
+  auto plan = transport::parse_wan_plan(wan_text);
+  if (!plan)
+    return invalid_argument(std::string("init: ") +
+                            (options.wan.empty() ? "LOWCOMM_WAN: " : "wan option: ") +
+                            plan.status().message());
+  auto own = plan->link(rank, -1);
+  if (!own) return invalid_argument("init: wan: " + own.status().message());
+  cfg.value().wan = *own;
+  if (own->shaped() && own->model == transport::WanModel::kSite)
+    cfg.value().site = std::make_shared<transport::SiteLinks>();
   if (options.socket_buffer_bytes > 0)
     cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
   if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
@@ -73,6 +84,14 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   }
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
+  if (plan->has_pair_rules()) {
+    for (int r = 0; r < nranks; ++r) {
+      if (r == rank) continue;
+      auto l = plan->link(rank, r);
+      if (!l) return invalid_argument("init: wan: " + l.status().message());
+      c->peers_[r]->set_link(*l);
+    }
+  }
   c->control_ = std::vector<Control>(nranks);
   c->p2p_sent_.assign(static_cast<size_t>(nranks), 0);
   c->p2p_received_.assign(static_cast<size_t>(nranks), 0);

@@ -11,10 +11,18 @@ Pacer::Clock::duration seconds(double s) {
 
 }  // namespace
 
-Pacer::Pacer(const WanLink& link, uint64_t jitter_seed, int streams, uint64_t window_bytes)
+PaceClock::time_point Downlink::pass(uint64_t bytes, PaceClock::time_point t) {
+  if (bits_per_second <= 0) return t;
+  free = std::max(t, free + seconds(8.0 * static_cast<double>(bytes) / bits_per_second));
+  return free;
+}
+
+Pacer::Pacer(const WanLink& link, uint64_t jitter_seed, int streams, uint64_t window_bytes,
+             std::shared_ptr<LinkClock> uplink)
     : link_(link),
       window_(window_bytes),
       streams_(static_cast<size_t>(std::max(1, streams))),
+      up_(uplink ? std::move(uplink) : std::make_shared<LinkClock>()),
       rng_state_(jitter_seed) {}
 
 double Pacer::next_jitter_s() {
@@ -43,9 +51,9 @@ Pacer::Clock::time_point Pacer::room_at(const InFlight& s, Clock::time_point t) 
 }
 
 Pacer::Slot Pacer::submit(uint64_t bytes, Clock::time_point now) {
-  Clock::time_point earliest = std::max(now, link_free_);
+  Clock::time_point earliest = std::max(now, up_->free);
   // Acknowledged by `earliest` is acknowledged for every later chunk too: `earliest` never
-  // goes back (link_free_ only grows, and callers pass a monotonic clock).
+  // goes back (the link's free time only grows, and callers pass a monotonic clock).
   for (auto& s : streams_) {
     while (!s.acks.empty() && s.acks.front().first <= earliest) {
       s.bytes -= s.acks.front().second;
@@ -61,14 +69,13 @@ Pacer::Slot Pacer::submit(uint64_t bytes, Clock::time_point now) {
       depart = t;
     }
   }
-  if (link_.bits_per_second > 0.0) {
-    link_free_ = depart + seconds(8.0 * static_cast<double>(bytes) / link_.bits_per_second);
-  } else {
-    link_free_ = depart;
-  }
+  Clock::time_point sent = depart;
+  if (link_.bits_per_second > 0.0)
+    sent += seconds(8.0 * static_cast<double>(bytes) / link_.bits_per_second);
+  up_->free = std::max(up_->free, sent);
   double delay = link_.one_way_delay_s;
   if (link_.jitter_s > 0.0) delay = std::max(0.0, delay + next_jitter_s());
-  Clock::time_point deliver = std::max(link_free_ + seconds(delay), last_deliver_);
+  Clock::time_point deliver = std::max(sent + seconds(delay), last_deliver_);
   last_deliver_ = deliver;
   if (window_ > 0) {
     InFlight& s = streams_[static_cast<size_t>(best)];

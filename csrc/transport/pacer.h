@@ -20,11 +20,17 @@
 // with fewer bytes in flight), so one stream moves about W per round trip, as one real TCP
 // connection does, and S streams S times that, up to the link rate. W = 0: no window limit.
 //
-// Not thread-safe: one pacer belongs to one peer's send side, used on its engine thread.
+// Site model (wan_link.h): every pacer of a rank shares one uplink clock, so the link is busy
+// with one chunk at a time across all peers, and the receive side passes each arriving chunk
+// through the rank's one Downlink. Pair model: each pacer has its own clock; no downlink.
+//
+// Not thread-safe: one pacer belongs to one peer's send side, used on its engine thread; the
+// SiteLinks of a rank are used only on the engine thread all its peers share.
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -32,9 +38,32 @@
 
 namespace lowcomm::transport {
 
+using PaceClock = std::chrono::steady_clock;
+
+// A link's serialisation clock: when it has sent everything submitted so far.
+struct LinkClock {
+  PaceClock::time_point free{};
+};
+
+// A site's downlink: a chunk whose last byte reaches it at t has passed it at
+//   max(t, free + 8 B / rate)  (then free = that)
+// cut-through: an idle downlink adds nothing, a busy one queues the chunk behind the others, so
+// P-1 peers sending at full uplink rate into one rank take P-1 times as long to arrive.
+struct Downlink {
+  double bits_per_second = 0;  // 0: unlimited
+  PaceClock::time_point free{};
+  PaceClock::time_point pass(uint64_t bytes, PaceClock::time_point t);
+};
+
+// One rank's access link, shared by its peers (site model).
+struct SiteLinks {
+  LinkClock up;
+  Downlink down;
+};
+
 class Pacer {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = PaceClock;
 
   struct Slot {
     int stream = 0;             // the stream the chunk must be written to
@@ -42,15 +71,16 @@ class Pacer {
   };
 
   // `streams` streams of `window_bytes` each (0: unlimited).
+  // `uplink`: the clock of a link shared with other pacers (site model); null: its own.
   explicit Pacer(const WanLink& link, uint64_t jitter_seed = 0x6c6f77636f6d6dull, int streams = 1,
-                 uint64_t window_bytes = 0);
+                 uint64_t window_bytes = 0, std::shared_ptr<LinkClock> uplink = nullptr);
 
   bool shaped() const { return link_.shaped(); }
   const WanLink& link() const { return link_; }
   // Where and when a chunk of `bytes` submitted at `now` becomes deliverable.
   Slot submit(uint64_t bytes, Clock::time_point now);
   // When the link finishes serialising everything submitted so far.
-  Clock::time_point link_free() const { return link_free_; }
+  Clock::time_point link_free() const { return up_->free; }
 
  private:
   struct InFlight {
@@ -64,7 +94,7 @@ class Pacer {
   WanLink link_;
   uint64_t window_;
   std::vector<InFlight> streams_;
-  Clock::time_point link_free_{};
+  std::shared_ptr<LinkClock> up_;
   Clock::time_point last_deliver_{};
   uint64_t rng_state_;
 };

@@ -81,6 +81,11 @@ void Peer::expect_close() {
   engine_->post([core] { core->expect_close(); });
 }
 
+void Peer::set_link(const WanLink& link) {
+  auto core = core_;
+  engine_->post([core, link] { core->set_link(link); });
+}
+
 void Peer::abort() {
   auto core = core_;
   engine_->run_sync([core] { core->fail(Status(StatusCode::kAborted, "aborted by the user")); });

@@ -54,6 +54,10 @@ class Peer {
   // of the connection is no longer news, so it is logged at INFO instead of WARN.
   void expect_close();
 
+  // The emulated link to this peer from now on (a per-pair rule of LOWCOMM_WAN, known once the
+  // peer's rank is): messages sent after the call are paced over it, on the same site links.
+  void set_link(const WanLink& link);
+
   int remote_rank() const { return remote_rank_; }
   const std::string& remote_address() const { return remote_address_; }
   const std::string& name() const { return name_; }  // "peer rank R (addr)"

@@ -2,12 +2,15 @@
 // PeerConfig: what both ends of a peer connection need to agree on or know locally.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "transport/wan_link.h"
 
 namespace lowcomm::transport {
+
+struct SiteLinks;  // pacer.h
 
 struct PeerConfig {
   int local_rank = 0;
@@ -19,8 +22,11 @@ struct PeerConfig {
   double path_rate_bps = 10e9;  // the rate adapt_streams sizes the stripe for
   // Requested SO_SNDBUF/SO_RCVBUF per stream (LOWCOMM_SOCKET_BUFFER); 0: the kernel's autotuning.
   int socket_buffer_bytes = 32 << 20;
-  uint32_t chunk_bytes = 512 << 10;   // striping unit; also the pacing unit
-  WanLink wan;                        // shaping of this side's sends to the peer
+  uint32_t chunk_bytes = 512 << 10;  // striping unit; also the pacing unit
+  WanLink wan;  // the emulated link to the peer: this side's sends, and (site model) receives
+  // Site model: the rank's uplink and downlink, shared by every peer created with this config
+  // (they must share one engine thread). Null: the peer has a site of its own.
+  std::shared_ptr<SiteLinks> site;
   double handshake_timeout_s = 10.0;  // a half-open or silent connection is dropped after this
   // Buffered messages nobody has posted a receive for yet, per peer (LOWCOMM_UNEXPECTED_LIMIT):
   // eager sends to a receiver that lags behind; beyond it the peer fails with a clear error.

@@ -62,14 +62,25 @@ void PeerCore::plan_streams() {
                 : opened;
   if (config_.wan.shaped()) {
     // The kernel sees loopback; the pacer models the emulated path's windows on every stream.
+    std::shared_ptr<LinkClock> up;
+    if (config_.wan.model == WanModel::kSite) {
+      if (!config_.site) config_.site = std::make_shared<SiteLinks>();
+      config_.site->down.bits_per_second = config_.wan.down_bits_per_second;
+      up = std::shared_ptr<LinkClock>(config_.site, &config_.site->up);
+    }
     pacer_ = Pacer(config_.wan, 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank),
-                   opened, window);
+                   opened, window, std::move(up));
     stripe_ = opened;
   }
   LOWCOMM_LOG(kInfo,
               "%s: %d of %d streams striped (window %llu bytes per stream, kernel rtt %.3f ms%s)",
               name_.c_str(), stripe_, opened, static_cast<unsigned long long>(window), rtt * 1e3,
               config_.wan.shaped() ? ", emulated link models the windows" : "");
+}
+
+void PeerCore::set_link(const WanLink& link) {
+  config_.wan = link;
+  plan_streams();  // a new pacer on the same site links; chunks already paced keep their times
 }
 
 std::string PeerCore::stream_name(const Stream& s) const {
@@ -314,6 +325,10 @@ Status PeerCore::on_header(Stream& s) {
 }
 
 void PeerCore::finish_payload(Stream& s) {
+  if (config_.site && config_.site->down.bits_per_second > 0) {
+    auto passed = config_.site->down.pass(kChunkHeaderBytes + s.cur_chunk_len, Pacer::Clock::now());
+    s.cur->ready_at = std::max(s.cur->ready_at, passed);
+  }
   s.cur->received += s.cur_chunk_len;
   s.cur.reset();
   try_complete(s.cur_key);
@@ -332,9 +347,28 @@ void PeerCore::try_complete(const MsgKey& key) {
   if (m.buffer) {
     if (m.msg_len) std::memcpy(m.user, m.buffer.get(), m.msg_len);
     unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
+    m.buffer.reset();
+  }
+  if (m.ready_at > Pacer::Clock::now()) {
+    // Still crossing the emulated downlink: complete it when it has passed.
+    const uint64_t hold = ++held_seq_;
+    Held& h = held_[hold];
+    h.msg = std::move(it->second);
+    in_msgs_.erase(it);
+    auto self = shared_from_this();
+    h.timer = engine_.add_timer(h.msg->ready_at, [self, hold] { self->release_held(hold); });
+    return;
   }
   m.req->complete(Status::ok());
   in_msgs_.erase(it);
+}
+
+void PeerCore::release_held(uint64_t key) {
+  auto it = held_.find(key);
+  if (it == held_.end()) return;  // failed meanwhile
+  std::shared_ptr<InMsg> m = std::move(it->second.msg);
+  held_.erase(it);
+  m->req->complete(Status::ok());
 }
 
 void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req) {
@@ -405,6 +439,11 @@ void PeerCore::fail(Status why) {
   for (auto& [key, m] : in_msgs_)
     if (m->req) fail_req(*m->req, m->what);
   in_msgs_.clear();
+  for (auto& [key, h] : held_) {
+    engine_.cancel_timer(h.timer);
+    fail_req(*h.msg->req, h.msg->what);
+  }
+  held_.clear();
   unexpected_bytes_ = 0;
 }
 

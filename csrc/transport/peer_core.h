@@ -84,6 +84,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     // it completes; not zero-filled: the chunks cover it first.
     std::unique_ptr<uint8_t[]> buffer;
     bool discard = false;  // its irecv failed on the length: drop it when read
+    // Site model: when its last chunk has passed this rank's downlink (it completes then).
+    Pacer::Clock::time_point ready_at{};
   };
   struct Stream {
     int index = 0;
@@ -110,6 +112,11 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   Status on_header(Stream& s);
   void finish_payload(Stream& s);
   void try_complete(const MsgKey& key);
+  void release_held(uint64_t key);  // a held message's downlink time has come
+ public:
+  void set_link(const WanLink& link);  // Peer::set_link, on the engine thread
+
+ private:
   // m's posted receive disagrees with its message's length: fail the receive, drop the message.
   void reject_length(InMsg& m, uint64_t tag, uint64_t msg_len);
   void enqueue(OutChunk chunk);
@@ -133,6 +140,13 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::map<uint64_t, uint64_t> send_seq_;       // tag -> next seq to send
   std::map<uint64_t, uint64_t> recv_post_seq_;  // tag -> next seq an irecv claims
   std::map<MsgKey, std::shared_ptr<InMsg>> in_msgs_;
+  // Complete messages waiting for the emulated downlink (site model).
+  struct Held {
+    std::shared_ptr<InMsg> msg;
+    uint64_t timer = 0;
+  };
+  std::map<uint64_t, Held> held_;
+  uint64_t held_seq_ = 0;
   uint64_t unexpected_bytes_ = 0;
   uint8_t sink_[64 << 10];  // where discarded payload is read to
   Status failure_;

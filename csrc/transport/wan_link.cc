@@ -60,11 +60,13 @@ Result<double> parse_quantity(std::string_view key, std::string_view value, bool
 
 }  // namespace
 
-Result<WanLink> parse_wan(std::string_view text) {
-  WanLink link;
-  bool seen_bw = false, seen_delay = false, seen_jitter = false;
+namespace {
+
+// Applies one section's key=value list to `link`; `allowed` lists the keys this kind of section
+// takes. Each key at most once per section.
+Status apply_keys(std::string_view text, const std::vector<std::string>& allowed, WanLink& link) {
+  std::vector<std::string> seen;
   text = trim(text);
-  if (text.empty()) return link;
   while (!text.empty()) {
     auto comma = text.find(',');
     std::string_view item = trim(text.substr(0, comma));
@@ -77,39 +79,179 @@ Result<WanLink> parse_wan(std::string_view text) {
     }
     std::string key = lower(trim(item.substr(0, eq)));
     std::string_view value = item.substr(eq + 1);
-    bool* seen = nullptr;
-    if (key == "bw") {
-      seen = &seen_bw;
-    } else if (key == "rtt" || key == "delay") {
-      seen = &seen_delay;
-    } else if (key == "jitter") {
-      seen = &seen_jitter;
-    } else {
-      return invalid_argument("LOWCOMM_WAN: unknown key '" + key +
-                              "' (known: bw, rtt, delay, jitter)");
+    bool known = false;
+    std::string names;
+    for (const auto& k : allowed) {
+      known = known || k == key;
+      names += (names.empty() ? "" : ", ") + k;
     }
-    if (*seen) return invalid_argument("LOWCOMM_WAN: '" + key + "' given twice");
-    *seen = true;
-    auto q = parse_quantity(key, value, key == "bw");
+    if (!known)
+      return invalid_argument("LOWCOMM_WAN: unknown key '" + key + "' here (known: " + names + ")");
+    // rtt and delay are one quantity; bw and up/down overlap.
+    std::string slot = key == "rtt" ? "delay" : key;
+    for (const auto& k : seen)
+      if (k == slot || (slot == "bw" && (k == "up" || k == "down")) ||
+          (k == "bw" && (slot == "up" || slot == "down")))
+        return invalid_argument("LOWCOMM_WAN: '" + key + "' given twice (or with bw)");
+    seen.push_back(slot);
+    if (key == "model") {
+      std::string m = lower(trim(value));
+      if (m == "site") {
+        link.model = WanModel::kSite;
+      } else if (m == "pair") {
+        link.model = WanModel::kPair;
+      } else {
+        return invalid_argument("LOWCOMM_WAN: model must be site or pair, not '" + m + "'");
+      }
+      continue;
+    }
+    const bool rate = key == "bw" || key == "up" || key == "down";
+    auto q = parse_quantity(key, value, rate);
     if (!q) return q.status();
-    if (key == "bw") link.bits_per_second = *q;
+    if (key == "bw") link.bits_per_second = link.down_bits_per_second = *q;
+    if (key == "up") link.bits_per_second = *q;
+    if (key == "down") link.down_bits_per_second = *q;
     if (key == "rtt") link.one_way_delay_s = *q / 2.0;
     if (key == "delay") link.one_way_delay_s = *q;
     if (key == "jitter") link.jitter_s = *q;
   }
+  return Status::ok();
+}
+
+const std::vector<std::string> kDefaultKeys = {"bw",    "up",     "down", "rtt",
+                                               "delay", "jitter", "model"};
+const std::vector<std::string> kRankKeys = {"bw", "up", "down"};
+const std::vector<std::string> kPairKeys = {"bw", "rtt", "delay", "jitter"};
+
+Result<WanPlan::RankRange> parse_ranks(std::string_view text) {
+  text = trim(text);
+  auto dash = text.find('-');
+  auto number = [](std::string_view t) -> int {
+    t = trim(t);
+    if (t.empty() || t.size() > 6) return -1;
+    int v = 0;
+    for (char c : t) {
+      if (c < '0' || c > '9') return -1;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  WanPlan::RankRange r;
+  r.first = number(text.substr(0, dash));
+  r.last = dash == std::string_view::npos ? r.first : number(text.substr(dash + 1));
+  if (r.first < 0 || r.last < r.first)
+    return invalid_argument("LOWCOMM_WAN: '" + std::string(text) +
+                            "' is not a rank or a range A-B of ranks");
+  return r;
+}
+
+}  // namespace
+
+Result<WanLink> parse_wan(std::string_view text) {
+  WanLink link;
+  if (text.find(';') != std::string_view::npos)
+    return invalid_argument("LOWCOMM_WAN: per-rank sections (';') need parse_wan_plan");
+  LOWCOMM_CHECK(apply_keys(text, kDefaultKeys, link));
+  if (link.model == WanModel::kPair && link.down_bits_per_second != link.bits_per_second)
+    return invalid_argument("LOWCOMM_WAN: up= and down= are site-model keys; model=pair takes bw=");
+  if (link.model == WanModel::kPair) link.down_bits_per_second = 0;  // the sender's link only
   return link;
+}
+
+Result<WanPlan> parse_wan_plan(std::string_view text) {
+  WanPlan plan;
+  text = trim(text);
+  auto semi = text.find(';');
+  plan.defaults = std::string(trim(text.substr(0, semi)));
+  auto base = parse_wan(plan.defaults);
+  if (!base) return base.status();
+  while (semi != std::string_view::npos) {
+    text = text.substr(semi + 1);
+    semi = text.find(';');
+    std::string_view section = trim(text.substr(0, semi));
+    if (section.empty()) continue;
+    auto colon = section.find(':');
+    auto eq = section.find('=');
+    if (colon == std::string_view::npos || eq == std::string_view::npos || eq > colon)
+      return invalid_argument("LOWCOMM_WAN: section '" + std::string(section) +
+                              "' is not rank=<ranks>:<keys> or pair=<ranks>/<ranks>:<keys>");
+    std::string kind = lower(trim(section.substr(0, eq)));
+    std::string_view sel = section.substr(eq + 1, colon - eq - 1);
+    WanPlan::Rule rule;
+    rule.keys = std::string(section.substr(colon + 1));
+    WanLink probe = *base;
+    if (kind == "rank") {
+      auto r = parse_ranks(sel);
+      if (!r) return r.status();
+      rule.a = *r;
+      LOWCOMM_CHECK(apply_keys(rule.keys, kRankKeys, probe));
+      if (base->model == WanModel::kPair)
+        return invalid_argument(
+            "LOWCOMM_WAN: rank= sections set site rates; with model=pair "
+            "use pair= sections");
+    } else if (kind == "pair") {
+      auto slash = sel.find('/');
+      if (slash == std::string_view::npos)
+        return invalid_argument("LOWCOMM_WAN: pair selector '" + std::string(sel) +
+                                "' is not <ranks>/<ranks>");
+      auto a = parse_ranks(sel.substr(0, slash));
+      if (!a) return a.status();
+      auto b = parse_ranks(sel.substr(slash + 1));
+      if (!b) return b.status();
+      rule.a = *a;
+      rule.b = *b;
+      rule.pair = true;
+      LOWCOMM_CHECK(apply_keys(rule.keys, kPairKeys, probe));
+      if (base->model == WanModel::kSite && probe.bits_per_second != base->bits_per_second)
+        return invalid_argument(
+            "LOWCOMM_WAN: a pair= section sets bw only with model=pair "
+            "(site rates are per rank: rank= sections)");
+    } else {
+      return invalid_argument("LOWCOMM_WAN: unknown section kind '" + kind +
+                              "' (expected rank= or pair=)");
+    }
+    plan.rules.push_back(std::move(rule));
+  }
+  return plan;
+}
+
+Result<WanLink> WanPlan::link(int me, int peer) const {
+  auto parsed = parse_wan(defaults);
+  if (!parsed) return parsed.status();
+  WanLink l = *parsed;
+  for (const Rule& r : rules) {
+    bool applies = r.pair ? peer >= 0 && ((r.a.contains(me) && r.b.contains(peer)) ||
+                                          (r.a.contains(peer) && r.b.contains(me)))
+                          : r.a.contains(me);
+    if (applies) LOWCOMM_CHECK(apply_keys(r.keys, r.pair ? kPairKeys : kRankKeys, l));
+  }
+  if (l.model == WanModel::kPair) l.down_bits_per_second = 0;
+  return l;
+}
+
+bool WanPlan::has_pair_rules() const {
+  for (const Rule& r : rules)
+    if (r.pair) return true;
+  return false;
 }
 
 Result<WanLink> wan_from_env() {
   const char* env = std::getenv("LOWCOMM_WAN");
   if (!env) return WanLink{};
-  return parse_wan(env);
+  auto plan = parse_wan_plan(env);
+  if (!plan) return Status(plan.status().code(), plan.status().message());
+  return parse_wan(plan->defaults);
 }
 
 std::string WanLink::to_string() const {
-  char buf[128];
-  std::snprintf(buf, sizeof(buf), "bw=%.6gbit,rtt=%.6gms,jitter=%.6gms", bits_per_second,
-                one_way_delay_s * 2e3, jitter_s * 1e3);
+  char buf[192];
+  if (model == WanModel::kPair) {
+    std::snprintf(buf, sizeof(buf), "model=pair,bw=%.6gbit,rtt=%.6gms,jitter=%.6gms",
+                  bits_per_second, one_way_delay_s * 2e3, jitter_s * 1e3);
+  } else {
+    std::snprintf(buf, sizeof(buf), "up=%.6gbit,down=%.6gbit,rtt=%.6gms,jitter=%.6gms",
+                  bits_per_second, down_bits_per_second, one_way_delay_s * 2e3, jitter_s * 1e3);
+  }
   return buf;
 }
 

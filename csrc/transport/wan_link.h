@@ -1,34 +1,87 @@
 #pragma once
 // WanLink: the emulated wide-area link one direction of a peer connection is paced through.
 //
-// Syntax (LOWCOMM_WAN or an option): comma-separated key=value, keys in any order, each once:
+// Two models of where the bytes queue:
+//   site (the default): each rank sits behind its own access link, an uplink shared by all its
+//     sends to every peer and a downlink shared by everything it receives, as a site with one
+//     internet connection. up= and down= set the two rates (bw= both); the one-way delay and
+//     jitter are per pair of ranks.
+//   pair (model=pair): every (sender, receiver) pair has its own link of rate bw=, as if each
+//     pair of ranks had a dedicated circuit (a rank with P-1 peers then sends P-1 times bw).
+//
+// Syntax (LOWCOMM_WAN or an option): sections separated by ';'. The first holds the defaults,
+// comma-separated key=value, keys in any order, each once:
 //   bw=<number><unit>      unit: bit kbit mbit gbit (bits/s, SI) or kbps mbps gbps (bits/s);
-//                          bw=0 means unlimited
+//                          bw=0 means unlimited. Site model: both up and down.
+//   up=, down=             site model: the uplink and downlink rates (asymmetric sites)
 //   rtt=<number><unit>     unit: s ms us; one-way delay = rtt / 2
 //   delay=<number><unit>   one-way delay directly (alternative to rtt)
 //   jitter=<number><unit>  extra one-way delay drawn uniformly from [-jitter, +jitter], never
 //                          reordering (see pacer.h)
-// Example: "bw=1gbit,rtt=80ms,jitter=2ms". The empty string is an unshaped link.
+//   model=site|pair
+// Later sections override the defaults for some ranks or pairs (heterogeneous sites):
+//   rank=<ranks>:<keys>            rates of those ranks' sites (bw, up, down)
+//   pair=<ranks>/<ranks>:<keys>    delay and jitter (and bw, pair model) between any rank of
+//                                  the first set and any of the second, both directions
+// <ranks> is one rank or an inclusive range A-B. Example, two sites of two ranks with 1 Gbit/s
+// uplinks 20 ms apart inside a continent, and a third site of two ranks on 200 Mbit/s 150 ms
+// away from both:
+//   "bw=1gbit,rtt=20ms;rank=4-5:bw=200mbit;pair=0-3/4-5:rtt=150ms"
+// The empty string is an unshaped link.
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lowcomm/status.h"
 
 namespace lowcomm::transport {
 
+enum class WanModel : uint8_t { kSite = 0, kPair = 1 };
+
+// One rank's view of its link to one peer.
 struct WanLink {
-  double bits_per_second = 0.0;  // 0 = unlimited
+  double bits_per_second = 0.0;  // site: this rank's uplink; pair: the pair's rate; 0 = unlimited
+  double down_bits_per_second = 0.0;  // site: this rank's downlink; 0 = unlimited
   double one_way_delay_s = 0.0;
   double jitter_s = 0.0;
+  WanModel model = WanModel::kSite;
 
-  bool shaped() const { return bits_per_second > 0.0 || one_way_delay_s > 0.0 || jitter_s > 0.0; }
+  bool shaped() const {
+    return bits_per_second > 0.0 || down_bits_per_second > 0.0 || one_way_delay_s > 0.0 ||
+           jitter_s > 0.0;
+  }
   std::string to_string() const;  // in the syntax parse_wan accepts
 };
 
+// A whole LOWCOMM_WAN spec: the defaults and the per-rank and per-pair overrides.
+struct WanPlan {
+  struct RankRange {
+    int first = 0, last = 0;
+    bool contains(int r) const { return r >= first && r <= last; }
+  };
+  struct Rule {
+    RankRange a, b;  // rank rules: a only; pair rules: a and b
+    bool pair = false;
+    std::string keys;  // key=value list, validated when parsed
+  };
+  std::string defaults;
+  std::vector<Rule> rules;
+
+  bool empty() const { return defaults.empty() && rules.empty(); }
+  // The link `me` sends to (and, site model, receives from) `peer` over; peer < 0: the rank's
+  // own site with the default delay (bootstrap, before peers are known).
+  Result<WanLink> link(int me, int peer) const;
+  // Pair rules only change delay and jitter per peer (and rate, pair model); the site's rates
+  // come from rank rules.
+  bool has_pair_rules() const;
+};
+
+// One section (no ';'): the defaults of a plan, as one link.
 Result<WanLink> parse_wan(std::string_view text);
+Result<WanPlan> parse_wan_plan(std::string_view text);
 // LOWCOMM_WAN, parsed; an unshaped link when unset or empty; an error naming the variable when
-// it does not parse.
+// it does not parse. (Its defaults; per-rank rules are the communicator's: parse_wan_plan.)
 Result<WanLink> wan_from_env();
 
 }  // namespace lowcomm::transport
