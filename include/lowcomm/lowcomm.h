@@ -25,6 +25,7 @@
 #include <stddef.h>
 
 #include "lowcomm/export.h"
+#include "lowcomm/version.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,6 +67,10 @@ LOWCOMM_API const char* lowcommGetErrorString(lowcommResult_t result);
  * NULL: an init, or a lowcommWait/lowcommTest completing after its comm was destroyed or
  * aborted). Valid until the next call on comm. */
 LOWCOMM_API const char* lowcommGetLastError(lowcommComm_t comm);
+
+/* LOWCOMM_VERSION_CODE of the library loaded (as ncclGetVersion); lowcommInvalidArgument when
+ * version is NULL. */
+LOWCOMM_API lowcommResult_t lowcommGetVersion(int* version);
 
 /* Rank 0's address from LOWCOMM_SOCKET_IFNAME (or the first non-loopback interface). */
 LOWCOMM_API lowcommResult_t lowcommGetUniqueId(lowcommUniqueId* uniqueId);

@@ -114,6 +114,7 @@ cxx_api=(
   "lowcomm::Communicator::all_reduce("
   "lowcomm::Communicator::~Communicator()"
   "lowcomm::Work::wait() const"
+  "lowcomm::version()"
 )
 for h in "${headers[@]}"; do
   [[ $h == */codec_cuda.h ]] && cxx_api+=("lowcomm::cuda_device_available(" "lowcomm::encode_cuda(")
