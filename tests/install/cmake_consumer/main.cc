@@ -18,6 +18,9 @@
 #include "lowcomm/communicator.h"
 #include "lowcomm/lowcomm.h"
 #include "lowcomm/version.h"
+#ifdef CONSUMER_CUDA
+#include "lowcomm/codec_cuda.h"
+#endif
 
 namespace {
 
@@ -81,6 +84,25 @@ int check_codec() {
   return 0;
 }
 
+#ifdef CONSUMER_CUDA
+// The library's CUDA codec links and answers (GPU or not): a call it must refuse on the host,
+// before touching a device, and the device query.
+int check_cuda() {
+  auto spec = lowcomm::parse_codec_spec("q8");
+  if (!spec) return fail("parse_codec_spec", spec.status());
+  uint8_t codes[64];
+  lowcomm::Status s = lowcomm::encode_cuda(*spec, lowcomm::DType::kFloat32, nullptr, 1000, codes,
+                                           sizeof(codes), {}, nullptr);
+  if (s.code() != lowcomm::StatusCode::kInvalidArgument) {
+    std::fprintf(stderr, "main.cc: encode_cuda with a null input: %s\n", s.to_string().c_str());
+    return 1;
+  }
+  std::printf("main.cc: CUDA codec linked, device available: %s\n",
+              lowcomm::cuda_device_available() ? "yes" : "no");
+  return 0;
+}
+#endif
+
 int run_rank(const lowcomm::UniqueId& id, int rank) {
   auto comm = lowcomm::Communicator::init(id, rank, 2);
   if (!comm) return fail("Communicator::init", comm.status());
@@ -131,5 +153,8 @@ int check_communicator() {
 int main() {
   if (check_version() != 0) return 1;
   if (check_codec() != 0) return 1;
+#ifdef CONSUMER_CUDA
+  if (check_cuda() != 0) return 1;
+#endif
   return check_communicator();
 }
