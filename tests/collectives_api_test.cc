@@ -9,6 +9,7 @@
 
 #include "collectives_test_util.h"
 #include "lowcomm/lowcomm.h"
+#include "lowcomm/version.h"
 
 namespace lowcomm::testing {
 namespace {
@@ -325,6 +326,20 @@ TEST(CollectivesCApi, WaitAndTestAfterDestroyReportTheFailure) {
                    lowcommGetLastError(nullptr) + "'");
     return "ok";
   }));
+}
+
+// As ncclGetVersion: the version the library was built as, in the header's encoding.
+TEST(CollectivesCApi, GetVersionMatchesTheHeader) {
+  static_assert(LOWCOMM_VERSION(1, 2, 3) == 10203);
+  static_assert(LOWCOMM_VERSION_CODE ==
+                LOWCOMM_VERSION(LOWCOMM_MAJOR, LOWCOMM_MINOR, LOWCOMM_PATCH));
+  int v = -1;
+  EXPECT_EQ(lowcommGetVersion(&v), lowcommSuccess);
+  EXPECT_EQ(v, LOWCOMM_VERSION_CODE);
+  EXPECT_EQ(v, lowcomm::version());
+  EXPECT_EQ(lowcommGetVersion(nullptr), lowcommInvalidArgument);
+  EXPECT_TRUE(contains(lowcommGetLastError(nullptr), "NULL version"))
+      << lowcommGetLastError(nullptr);
 }
 
 }  // namespace

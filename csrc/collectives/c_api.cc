@@ -12,6 +12,7 @@
 #include <string>
 
 #include "lowcomm/communicator.h"
+#include "lowcomm/version.h"
 
 namespace {
 
@@ -237,6 +238,14 @@ const char* lowcommGetLastError(lowcommComm_t comm) {
   std::lock_guard<std::mutex> lock(e.mu);
   e.shown = e.last_error;
   return e.shown.c_str();
+}
+
+lowcommResult_t lowcommGetVersion(int* version) {
+  return guarded(nullptr, [&] {
+    if (!version) return record(nullptr, lowcomm::invalid_argument("NULL version"));
+    *version = lowcomm::version();
+    return lowcommSuccess;
+  });
 }
 
 lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* out) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "lowcomm/export.h"
 #include "lowcomm/status.h"
 
 namespace lowcomm {
@@ -33,13 +34,13 @@ enum class DType : uint8_t {
 };
 inline constexpr uint8_t kMaxDType = 12;
 
-size_t dtype_size(DType dtype);
-const char* dtype_name(DType dtype);
-Result<DType> parse_dtype(std::string_view name);
+LOWCOMM_API size_t dtype_size(DType dtype);
+LOWCOMM_API const char* dtype_name(DType dtype);
+LOWCOMM_API Result<DType> parse_dtype(std::string_view name);
 // The values of the enum above; false for anything else (bytes off the wire, C casts).
-bool valid_dtype(DType dtype);
+LOWCOMM_API bool valid_dtype(DType dtype);
 // fp32, bf16, fp16: what a codec quantizes and a passthrough codec carries.
-bool codec_dtype(DType dtype);
+LOWCOMM_API bool codec_dtype(DType dtype);
 
 enum class CodecKind : uint8_t {
   kNone = 0,  // passthrough in wire_dtype (fp32, bf16 or fp16)
@@ -86,21 +87,21 @@ constexpr uint32_t kMaxBlock = 4096;
 //   options: block=N (power of two, 32..4096) | col=N (one scale per column of [n/N, N])
 //            | sr (stochastic rounding) | rn (round to nearest, the default)
 // Examples: "q4", "q2:block=64:sr", "q4:col=4096", "minmax8", "none".
-Result<CodecSpec> parse_codec_spec(std::string_view text);
-std::string to_string(const CodecSpec& spec);
+LOWCOMM_API Result<CodecSpec> parse_codec_spec(std::string_view text);
+LOWCOMM_API std::string to_string(const CodecSpec& spec);
 // The spec in environment variable `name` (e.g. LOWCOMM_CODEC=q4), or `fallback` when unset;
 // an invalid value is an error naming the variable.
-Result<CodecSpec> codec_spec_from_env(const char* name, std::string_view fallback);
-Status validate_spec(const CodecSpec& spec);
+LOWCOMM_API Result<CodecSpec> codec_spec_from_env(const char* name, std::string_view fallback);
+LOWCOMM_API Status validate_spec(const CodecSpec& spec);
 
 // Number of scale groups for n elements (0 for passthrough).
-uint64_t group_count(const CodecSpec& spec, uint64_t n);
+LOWCOMM_API uint64_t group_count(const CodecSpec& spec, uint64_t n);
 // Exact payload bytes for n elements: scales then packed codes (see docs/wire.md).
-uint64_t encoded_size(const CodecSpec& spec, uint64_t n);
+LOWCOMM_API uint64_t encoded_size(const CodecSpec& spec, uint64_t n);
 // Payload bits per element including scales (not the fixed frame header).
-double bits_per_element(const CodecSpec& spec, uint64_t n);
+LOWCOMM_API double bits_per_element(const CodecSpec& spec, uint64_t n);
 // Checks that n elements can be encoded with spec (for kColumn: n is a multiple of cols).
-Status check_count(const CodecSpec& spec, uint64_t n);
+LOWCOMM_API Status check_count(const CodecSpec& spec, uint64_t n);
 
 // Stochastic rounding key: the random number for element i is a pure function of
 // (seed, offset + i), so chunks of a tensor encoded separately match the whole.
@@ -121,25 +122,28 @@ struct CpuOptions {
 // aligned to their element size. Buffers must not overlap unless stated.
 
 // codes = Q(x)
-Status encode(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,
-              uint64_t codes_bytes, RoundingKey key = {}, CpuOptions opts = {});
+LOWCOMM_API Status encode(const CodecSpec& spec, DType dtype, const void* x, uint64_t n,
+                          void* codes, uint64_t codes_bytes, RoundingKey key = {},
+                          CpuOptions opts = {});
 // out = D(codes)
-Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
-              DType dtype, void* out, CpuOptions opts = {});
+LOWCOMM_API Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                          uint64_t n, DType dtype, void* out, CpuOptions opts = {});
 // out += D(codes), accumulated in fp32 and rounded once to dtype
-Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
-                         DType dtype, void* out, CpuOptions opts = {});
+LOWCOMM_API Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                                     uint64_t n, DType dtype, void* out, CpuOptions opts = {});
 // Error feedback, one pass: y = x + residual; codes = Q(y); residual = y - D(codes).
 // residual is fp32, n elements, updated in place.
-Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, float* residual,
-                             uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key = {},
-                             CpuOptions opts = {});
+LOWCOMM_API Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x,
+                                         float* residual, uint64_t n, void* codes,
+                                         uint64_t codes_bytes, RoundingKey key = {},
+                                         CpuOptions opts = {});
 // AQ-SGD sender: codes = Q(a - m); m += D(codes). m has a's dtype, updated in place.
-Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
-                    void* codes, uint64_t codes_bytes, RoundingKey key = {}, CpuOptions opts = {});
+LOWCOMM_API Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m,
+                                uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key = {},
+                                CpuOptions opts = {});
 // AQ-SGD receiver: m += D(codes); out = m. out may be null; it must not alias m (a non-finite
 // group resets m to 0 and writes NaN to out, which one buffer cannot hold).
-Status decode_delta(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
-                    DType dtype, void* m, void* out, CpuOptions opts = {});
+LOWCOMM_API Status decode_delta(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                                uint64_t n, DType dtype, void* m, void* out, CpuOptions opts = {});
 
 }  // namespace lowcomm

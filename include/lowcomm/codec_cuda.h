@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "lowcomm/codec.h"
+#include "lowcomm/export.h"
 #include "lowcomm/status.h"
 
 // The CUDA runtime's own declaration (driver_types.h), repeated so callers need not include it.
@@ -27,26 +28,31 @@ typedef struct CUstream_st* cudaStream_t;
 namespace lowcomm {
 
 // True when the CUDA runtime reports at least one usable device.
-bool cuda_device_available();
+LOWCOMM_API bool cuda_device_available();
 
 // codes = Q(x)
-Status encode_cuda(const CodecSpec& spec, DType dtype, const void* x, uint64_t n, void* codes,
-                   uint64_t codes_bytes, RoundingKey key, cudaStream_t stream);
+LOWCOMM_API Status encode_cuda(const CodecSpec& spec, DType dtype, const void* x, uint64_t n,
+                               void* codes, uint64_t codes_bytes, RoundingKey key,
+                               cudaStream_t stream);
 // out = D(codes)
-Status decode_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
-                   DType dtype, void* out, cudaStream_t stream);
+LOWCOMM_API Status decode_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                               uint64_t n, DType dtype, void* out, cudaStream_t stream);
 // out += D(codes), accumulated in fp32 and rounded once to dtype
-Status decode_accumulate_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
-                              uint64_t n, DType dtype, void* out, cudaStream_t stream);
+LOWCOMM_API Status decode_accumulate_cuda(const CodecSpec& spec, const void* codes,
+                                          uint64_t codes_bytes, uint64_t n, DType dtype, void* out,
+                                          cudaStream_t stream);
 // y = x + residual; codes = Q(y); residual = y - D(codes)  (residual: fp32, in place)
-Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void* x,
-                                  float* residual, uint64_t n, void* codes, uint64_t codes_bytes,
-                                  RoundingKey key, cudaStream_t stream);
+LOWCOMM_API Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void* x,
+                                              float* residual, uint64_t n, void* codes,
+                                              uint64_t codes_bytes, RoundingKey key,
+                                              cudaStream_t stream);
 // codes = Q(a - m); m += D(codes)  (m has a's dtype, in place)
-Status encode_delta_cuda(const CodecSpec& spec, DType dtype, const void* a, void* m, uint64_t n,
-                         void* codes, uint64_t codes_bytes, RoundingKey key, cudaStream_t stream);
+LOWCOMM_API Status encode_delta_cuda(const CodecSpec& spec, DType dtype, const void* a, void* m,
+                                     uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key,
+                                     cudaStream_t stream);
 // m += D(codes); out = m  (out may be null; it must not alias m)
-Status decode_delta_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
-                         DType dtype, void* m, void* out, cudaStream_t stream);
+LOWCOMM_API Status decode_delta_cuda(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
+                                     uint64_t n, DType dtype, void* m, void* out,
+                                     cudaStream_t stream);
 
 }  // namespace lowcomm

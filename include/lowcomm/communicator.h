@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "lowcomm/codec.h"
+#include "lowcomm/export.h"
 #include "lowcomm/status.h"
 
 namespace lowcomm {
@@ -36,7 +37,7 @@ namespace lowcomm {
 // (to_bytes, 128 bytes, what lowcommUniqueId holds) and printable form (to_string, for
 // environment variables and files): "lowcomm1:<address:port>/<64 hex digits>". The secret
 // authenticates every connection; treat the id like a password.
-struct UniqueId {
+struct LOWCOMM_API UniqueId {
   static constexpr size_t kSecretBytes = 32;
   static constexpr size_t kOpaqueBytes = 128;
 
@@ -53,7 +54,7 @@ struct UniqueId {
 // LOWCOMM_SOCKET_IFNAME selects), a numeric host ("127.0.0.1", port chosen now) or host:port.
 // The listening socket is opened now and kept for Communicator::init(rank 0) in this process
 // or a fork() of it; a rank 0 elsewhere binds root_address itself.
-Result<UniqueId> create_unique_id(std::string_view bind = {});
+LOWCOMM_API Result<UniqueId> create_unique_id(std::string_view bind = {});
 
 // Reductions. Codecs take kSum and kAverage on fp32/bf16/fp16; everything else is exact (the
 // rules per dtype: docs/collectives.md, "Reductions"). Bitwise ones take integers and bool.
@@ -68,7 +69,7 @@ enum class ReduceOp : uint8_t {
   kBXor = 7,
 };
 inline constexpr uint8_t kMaxReduceOp = 7;
-const char* reduce_op_name(ReduceOp op);
+LOWCOMM_API const char* reduce_op_name(ReduceOp op);
 
 struct CommOptions {
   // TCP streams per peer, all striped; 0: LOWCOMM_STREAMS, else 4 opened and as many striped
@@ -120,7 +121,7 @@ using ReduceScatterOptions = AllReduceOptions;
 class WorkState;
 
 // The completion of one operation. Cheap to copy (shared state).
-class Work {
+class LOWCOMM_API Work {
  public:
   Work() = default;
   explicit Work(std::shared_ptr<WorkState> s) : state_(std::move(s)) {}
@@ -143,7 +144,7 @@ class Work {
 
 class CommImpl;
 
-class Communicator {
+class LOWCOMM_API Communicator {
  public:
   // Joins the group: every rank of [0, nranks) must call it with the same id within the timeout.
   // Fails naming the ranks that never showed up, or the reason a connection was refused.

@@ -24,6 +24,9 @@
 
 #include <stddef.h>
 
+#include "lowcomm/export.h"
+#include "lowcomm/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -89,63 +92,71 @@ typedef struct {
 typedef struct lowcommComm* lowcommComm_t;
 typedef struct lowcommRequest* lowcommRequest_t;
 
-const char* lowcommGetErrorString(lowcommResult_t result);
+LOWCOMM_API const char* lowcommGetErrorString(lowcommResult_t result);
 /* The message of the last failed call on comm (this thread's last failed call when comm is
  * NULL: an init, or a lowcommWait/lowcommTest completing after its comm was destroyed or
  * aborted). Valid until the next call on comm. */
-const char* lowcommGetLastError(lowcommComm_t comm);
+LOWCOMM_API const char* lowcommGetLastError(lowcommComm_t comm);
+
+/* LOWCOMM_VERSION_CODE of the library loaded (as ncclGetVersion); lowcommInvalidArgument when
+ * version is NULL. */
+LOWCOMM_API lowcommResult_t lowcommGetVersion(int* version);
 
 /* Rank 0's address from LOWCOMM_SOCKET_IFNAME (or the first non-loopback interface). */
-lowcommResult_t lowcommGetUniqueId(lowcommUniqueId* uniqueId);
+LOWCOMM_API lowcommResult_t lowcommGetUniqueId(lowcommUniqueId* uniqueId);
 /* lowcomm: with an explicit listen address ("127.0.0.1", "10.0.0.5:29500"). */
-lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* uniqueId);
+LOWCOMM_API lowcommResult_t lowcommGetUniqueIdAt(const char* address, lowcommUniqueId* uniqueId);
 /* lowcomm: printable form, for environment variables and files. */
-lowcommResult_t lowcommUniqueIdToString(const lowcommUniqueId* uniqueId, char* buf, size_t len);
-lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommUniqueId* uniqueId);
+LOWCOMM_API lowcommResult_t lowcommUniqueIdToString(const lowcommUniqueId* uniqueId, char* buf,
+                                                    size_t len);
+LOWCOMM_API lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommUniqueId* uniqueId);
 
 /* Options from the environment: LOWCOMM_STREAMS, LOWCOMM_SOCKET_BUFFER, LOWCOMM_WAN,
  * LOWCOMM_TIMEOUT_S, LOWCOMM_SOCKET_IFNAME, LOWCOMM_UNEXPECTED_LIMIT, LOWCOMM_CODEC
  * (all-reduce's codec when the call passes NULL; unset: uncompressed). */
-lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniqueId commId,
-                                    int rank);
+LOWCOMM_API lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks,
+                                                lowcommUniqueId commId, int rank);
 /* Finishes queued operations, then closes (waiting for the peers to do the same). */
-lowcommResult_t lowcommCommDestroy(lowcommComm_t comm);
+LOWCOMM_API lowcommResult_t lowcommCommDestroy(lowcommComm_t comm);
 /* Cancels everything in flight, then frees the communicator. */
-lowcommResult_t lowcommCommAbort(lowcommComm_t comm);
-lowcommResult_t lowcommCommCount(const lowcommComm_t comm, int* count);
-lowcommResult_t lowcommCommUserRank(const lowcommComm_t comm, int* rank);
+LOWCOMM_API lowcommResult_t lowcommCommAbort(lowcommComm_t comm);
+LOWCOMM_API lowcommResult_t lowcommCommCount(const lowcommComm_t comm, int* count);
+LOWCOMM_API lowcommResult_t lowcommCommUserRank(const lowcommComm_t comm, int* rank);
 /* lowcommSuccess, or the failure that broke the communicator. */
-lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm, lowcommResult_t* asyncError);
+LOWCOMM_API lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm,
+                                                     lowcommResult_t* asyncError);
 
 /* codec: a codec spec ("q4", "q2:sr", "minmax4", docs/codecs.md) or NULL for uncompressed. */
-lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                 lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
-                                 lowcommComm_t comm, lowcommRequest_t* request);
-lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                 lowcommDataType_t datatype, lowcommComm_t comm,
-                                 lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                             lowcommDataType_t datatype, lowcommRedOp_t op,
+                                             const char* codec, lowcommComm_t comm,
+                                             lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                             lowcommDataType_t datatype, lowcommComm_t comm,
+                                             lowcommRequest_t* request);
 /* codec as lowcommAllReduce's: each contribution quantized once, the owner's sum rounded to the
  * datatype in recvbuff. */
-lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                     lowcommDataType_t datatype, lowcommRedOp_t op,
-                                     const char* codec, lowcommComm_t comm,
-                                     lowcommRequest_t* request);
-lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                                 lowcommDataType_t datatype, int root, lowcommComm_t comm,
-                                 lowcommRequest_t* request);
-lowcommResult_t lowcommSend(const void* sendbuff, size_t count, lowcommDataType_t datatype,
-                            int peer, lowcommComm_t comm, lowcommRequest_t* request);
-lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t datatype, int peer,
-                            lowcommComm_t comm, lowcommRequest_t* request);
-lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff,
+                                                 size_t recvcount, lowcommDataType_t datatype,
+                                                 lowcommRedOp_t op, const char* codec,
+                                                 lowcommComm_t comm, lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                             lowcommDataType_t datatype, int root,
+                                             lowcommComm_t comm, lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommSend(const void* sendbuff, size_t count,
+                                        lowcommDataType_t datatype, int peer, lowcommComm_t comm,
+                                        lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommRecv(void* recvbuff, size_t count, lowcommDataType_t datatype,
+                                        int peer, lowcommComm_t comm, lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t* request);
 
 /* *done = 1 when complete; the request is then freed and its result returned.
  * lowcommTest and lowcommWait stay valid after lowcommCommDestroy or lowcommCommAbort of the
  * request's communicator (e.g. one thread waits while a watchdog thread aborts): the request
  * returns its result, and a failure's text goes to lowcommGetLastError(NULL) of this thread. */
-lowcommResult_t lowcommTest(lowcommRequest_t request, int* done);
+LOWCOMM_API lowcommResult_t lowcommTest(lowcommRequest_t request, int* done);
 /* Waits for completion, frees the request, returns its result. */
-lowcommResult_t lowcommWait(lowcommRequest_t request);
+LOWCOMM_API lowcommResult_t lowcommWait(lowcommRequest_t request);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,8 @@
 #include <utility>
 #include <variant>
 
+#include "lowcomm/export.h"
+
 namespace lowcomm {
 
 enum class StatusCode {
@@ -20,7 +22,7 @@ enum class StatusCode {
   kAborted,
 };
 
-const char* status_code_name(StatusCode code);
+LOWCOMM_API const char* status_code_name(StatusCode code);
 
 class [[nodiscard]] Status {
  public:
@@ -34,7 +36,7 @@ class [[nodiscard]] Status {
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
   // "<code name>: <message>", for logs and exceptions at the edges.
-  std::string to_string() const;
+  LOWCOMM_API std::string to_string() const;
 
  private:
   StatusCode code_ = StatusCode::kOk;
