@@ -81,7 +81,8 @@ inline double bus_factor(Collective c, int P) {
 }
 
 struct Traffic {
-  uint64_t max_rank_bytes = 0;  // payload bytes the busiest rank sends per call
+  uint64_t max_rank_bytes = 0;       // payload bytes the busiest rank sends per call
+  uint64_t max_rank_recv_bytes = 0;  // payload bytes the busiest rank receives per call
   uint64_t max_peer_bytes = 0;  // payload bytes on the busiest (sender, receiver) pair per call
   uint64_t total_bytes = 0;     // all ranks together per call
 };
@@ -114,6 +115,9 @@ inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional
       for (uint64_t r = 0; r < p; ++r) {
         uint64_t sent = (all - enc[r]) + (p - 1) * enc[r];
         t.max_rank_bytes = std::max(t.max_rank_bytes, sent);
+        // Rank r receives every other rank's contribution to its chunk and every other owner's
+        // result: the same sum.
+        t.max_rank_recv_bytes = std::max(t.max_rank_recv_bytes, sent);
         t.total_bytes += sent;
         for (uint64_t j = 0; j < p; ++j)
           if (j != r) t.max_peer_bytes = std::max(t.max_peer_bytes, enc[j] + enc[r]);
@@ -122,16 +126,19 @@ inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional
     }
     case Collective::kAllGather:
       t.max_rank_bytes = (p - 1) * sh.send_elems * 4;
+      t.max_rank_recv_bytes = t.max_rank_bytes;
       t.max_peer_bytes = sh.send_elems * 4;
       t.total_bytes = p * t.max_rank_bytes;
       break;
     case Collective::kReduceScatter:
       t.max_rank_bytes = (p - 1) * sh.recv_elems * 4;
+      t.max_rank_recv_bytes = t.max_rank_bytes;
       t.max_peer_bytes = sh.recv_elems * 4;
       t.total_bytes = p * t.max_rank_bytes;
       break;
     case Collective::kBroadcast: {
       uint64_t b = sh.total_elems * 4;
+      t.max_rank_recv_bytes = b;  // every non-root rank receives the whole tensor
       if (P == 2 || b < (64u << 10)) {
         t.max_rank_bytes = (p - 1) * b;
         t.max_peer_bytes = b;
@@ -163,30 +170,53 @@ inline int rounds(Collective c, const Shape& sh, int P) {
 }
 
 // The link every rank's bytes cross:
-//  - kPerPeer: lowcomm's emulator (--wan), one paced link per (sender, receiver) pair, so the
-//    busiest pair's bytes set the time. Two lower bounds, the larger one is the limit: its last
-//    byte arrives one one-way delay after it was serialised (bytes * 8 / bw + delay), and the
-//    rounds on the critical path each take a delay (rounds * delay). Not their sum: pipelined
-//    segments send the second round's bytes while the first round's are still on the wire;
+//  - kSite: lowcomm's emulator (--wan), site model (the default): each rank has one uplink and
+//    one downlink shared by all its peers, so the busiest rank's bytes sent (at the uplink
+//    rate) or received (at the downlink rate) set the time. Two lower bounds, the larger one is
+//    the limit: its last byte arrives one one-way delay after it was serialised
+//    (bytes * 8 / rate + delay), and the rounds on the critical path each take a delay
+//    (rounds * delay). Not their sum: pipelined segments send the second round's bytes while
+//    the first round's are still on the wire;
+//  - kPerPeer: the emulator with model=pair, one link per (sender, receiver) pair, so the
+//    busiest pair's bytes set the time (same two bounds);
 //  - kAccess: a tbf-shaped access link per rank (--netns), each way; the busiest rank's bytes
 //    set the time (no delay on these kernels).
 struct LinkModel {
-  enum Kind { kNone, kPerPeer, kAccess } kind = kNone;
-  double bits_per_second = 0;
+  enum Kind { kNone, kSite, kPerPeer, kAccess } kind = kNone;
+  double bits_per_second = 0;       // uplink (site), pair link, or access link
+  double down_bits_per_second = 0;  // site: downlink; 0 = unlimited
   double one_way_delay_s = 0;
 
   double limit_seconds(const Traffic& t, int nrounds) const {
-    if (kind == kNone || bits_per_second <= 0) return 0;
-    double bytes = static_cast<double>(kind == kPerPeer ? t.max_peer_bytes : t.max_rank_bytes);
-    double serialised = bytes * 8 / bits_per_second;
-    if (kind == kAccess) return serialised;  // no delay on these links
-    return std::max(serialised + one_way_delay_s, nrounds * one_way_delay_s);
+    if (kind == kNone) return 0;
+    double wire = 0;
+    auto at = [](uint64_t bytes, double bps) {
+      return bps > 0 ? static_cast<double>(bytes) * 8 / bps : 0.0;
+    };
+    if (kind == kPerPeer) {
+      wire = at(t.max_peer_bytes, bits_per_second);
+    } else if (kind == kSite) {
+      wire = std::max(at(t.max_rank_bytes, bits_per_second),
+                      at(t.max_rank_recv_bytes, down_bits_per_second));
+    } else {
+      wire = at(std::max(t.max_rank_bytes, t.max_rank_recv_bytes), bits_per_second);
+    }
+    if (kind == kAccess) return wire;  // no delay on these links
+    if (wire == 0 && one_way_delay_s == 0) return 0;
+    return std::max(wire + one_way_delay_s, nrounds * one_way_delay_s);
   }
   std::string describe(const std::string& wan, const std::string& netns) const {
-    char buf[256];
-    if (kind == kPerPeer)
+    char buf[320];
+    if (kind == kSite)
       std::snprintf(buf, sizeof buf,
-                    "lowcomm emulator '%s' (%.3g Gbit/s per peer link, one-way %.1f ms)%s%s",
+                    "lowcomm emulator '%s' (site model: %.3g Gbit/s up, %.3g Gbit/s down per rank, "
+                    "shared by its peers; one-way %.1f ms)%s%s",
+                    wan.c_str(), bits_per_second / 1e9, down_bits_per_second / 1e9,
+                    one_way_delay_s * 1e3, netns.empty() ? "" : " inside ", netns.c_str());
+    else if (kind == kPerPeer)
+      std::snprintf(buf, sizeof buf,
+                    "lowcomm emulator '%s' (pair model: %.3g Gbit/s per peer link, one-way %.1f "
+                    "ms)%s%s",
                     wan.c_str(), bits_per_second / 1e9, one_way_delay_s * 1e3,
                     netns.empty() ? "" : " inside ", netns.c_str());
     else if (kind == kAccess)

@@ -120,7 +120,8 @@ void usage() {
       "                           all-reduce only: e.g. none,q8,q4,q2,q4:block=64:sr)\n"
       "      --ef                 error feedback on the senders' quantization (all-reduce)\n"
       "  -n, --ranks P            launch P local ranks (not under mpirun)\n"
-      "      --wan SPEC           lowcomm's link emulator, e.g. bw=1gbit,rtt=50ms (per peer link)\n"
+      "      --wan SPEC           lowcomm's link emulator, e.g. bw=1gbit,rtt=50ms (each rank's\n"
+      "                           uplink and downlink, shared by its peers; model=pair: per pair)\n"
       "      --netns PREFIX       rank k runs in namespace PREFIX<k> (scripts/wan_netns.sh up P)\n"
       "  -w, --warmup N           untimed calls per size (default 1)\n"
       "  -i, --iters N            timed calls per size (default 5)\n"
@@ -229,7 +230,7 @@ Options parse_args(int argc, char** argv) {
   if (!o.baseline.empty() && o.collective != Collective::kAllReduce)
     die("--baseline compares all-reduce only");
   if (!o.wan.empty()) {
-    auto w = transport::parse_wan(o.wan);
+    auto w = transport::parse_wan_plan(o.wan);
     if (!w) die("--wan: " + w.status().message());
   }
   return o;
@@ -390,12 +391,17 @@ int run_rank(const Options& o, int rank, int P) {
     if (!s) die("rank " + std::to_string(rank) + ": " + what + ": " + s.to_string());
   };
 
-  // The link model: per peer link of the emulator, or the rank's tbf access link.
+  // The link model: the emulator's site (or per-pair) links, or the rank's tbf access link.
+  // Per-rank and per-pair sections of --wan: the busiest rank's own link is not known here,
+  // so the model takes rank 0's defaults.
   bench::LinkModel link;
   if (!o.wan.empty()) {
-    auto w = *transport::parse_wan(o.wan);
-    link.kind = bench::LinkModel::kPerPeer;
+    auto plan = *transport::parse_wan_plan(o.wan);
+    auto w = *transport::parse_wan(plan.defaults);
+    link.kind = w.model == transport::WanModel::kPair ? bench::LinkModel::kPerPeer
+                                                      : bench::LinkModel::kSite;
     link.bits_per_second = w.bits_per_second;
+    link.down_bits_per_second = w.down_bits_per_second;
     link.one_way_delay_s = w.one_way_delay_s;
   } else if (ns) {
     link.kind = bench::LinkModel::kAccess;
@@ -588,7 +594,8 @@ int run_rank(const Options& o, int rank, int P) {
               P, static_cast<unsigned long long>(row.bytes), row.time_s, row.algbw, row.busbw,
               static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err, row.limit_s,
               row.limit_s > 0 ? row.limit_s / row.time_s : 0.0, row.cpu_ns_per_byte,
-              link.kind == bench::LinkModel::kPerPeer  ? "wan"
+              link.kind == bench::LinkModel::kPerPeer || link.kind == bench::LinkModel::kSite
+                  ? "wan"
               : link.kind == bench::LinkModel::kAccess ? "netns"
                                                        : "none");
           std::fflush(csv);

@@ -123,5 +123,54 @@ TEST(CollectivesLatency, SendRecvTakesOneOneWayDelay) {
   expect_all_ok(res);
 }
 
+// The site model (the default): a rank's sends to all its peers share its one uplink, and what
+// it receives from all of them shares its one downlink. 3 ranks all-gather 2 MiB each, so
+// every rank sends and receives 4 MiB: over bw=100mbit that is 4 MiB * 8 / 1e8 = 0.34 s, twice
+// what per-pair links (model=pair) take (each pair link carries 2 MiB). With fast uplinks and a
+// 100 Mbit/s downlink the downlink sets the time. The lower bounds are the model's own
+// arithmetic (nothing is faster than its link); the upper bounds leave room for a busy host.
+std::string site_rank(int rank, const UniqueId& id, const std::string& wan, double* took) {
+  CommOptions o = test_options();
+  o.wan = wan;
+  auto c = Communicator::init(id, rank, 3, o);
+  RANK_OK(c.status());
+  const uint64_t per = (2u << 20) / 4;
+  std::vector<float> x(per, static_cast<float>(rank)), y(3 * per);
+  RANK_OK(align_start(**c, rank));
+  auto t0 = Clock::now();
+  RANK_OK((*c)->all_gather(x.data(), y.data(), per, DType::kFloat32).wait());
+  *took = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (int r = 0; r < 3; ++r) RANK_CHECK(y[r * per + 7] == static_cast<float>(r), "payload");
+  return "ok";
+}
+
+double max_time(const std::string& wan) {
+  std::vector<RankResult> res = run_ranks(3, [wan](int rank, const UniqueId& id) -> std::string {
+    double took = 0;
+    std::string s = site_rank(rank, id, wan, &took);
+    return s == "ok" ? "ok " + std::to_string(took) : s;
+  });
+  expect_all_ok(res);
+  double worst = 0;
+  for (auto& r : res)
+    if (r.ok()) worst = std::max(worst, std::stod(r.text.substr(3)));
+  return worst;
+}
+
+TEST(CollectivesWanModel, SiteUplinkAndDownlinkAreSharedByEveryPeer) {
+  const double bytes = 4.0 * (1 << 20) * (1 + 48.0 / (512 << 10));  // chunk headers too
+  const double site = max_time("bw=100mbit");
+  const double pair = max_time("model=pair,bw=100mbit");
+  const double down = max_time("up=1gbit,down=100mbit");
+  std::printf("all-gather 3 x 2 MiB: site %.3f s, pair %.3f s, 100 Mbit/s downlink %.3f s\n", site,
+              pair, down);
+  EXPECT_GE(site, bytes * 8 / 1e8 * 0.97);
+  EXPECT_LE(site, bytes * 8 / 1e8 * 2.5);
+  EXPECT_GE(pair, bytes / 2 * 8 / 1e8 * 0.97);
+  EXPECT_LT(pair, site * 0.75) << "per-pair links must run in parallel";
+  EXPECT_GE(down, bytes * 8 / 1e8 * 0.97) << "the downlink must hold what arrives";
+  EXPECT_LE(down, bytes * 8 / 1e8 * 2.5);
+}
+
 }  // namespace
 }  // namespace lowcomm::testing

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <memory>
 #include <vector>
 
 #include "core/deadline.h"
@@ -68,6 +70,92 @@ TEST(TransportParseWan, FromEnv) {
   EXPECT_FALSE(wan_from_env().is_ok());
   unsetenv("LOWCOMM_WAN");
   EXPECT_FALSE(wan_from_env()->shaped());
+}
+
+TEST(TransportParseWan, SiteModelIsTheDefaultWithUpAndDown) {
+  auto w = *parse_wan("bw=1gbit,rtt=50ms");
+  EXPECT_EQ(w.model, WanModel::kSite);
+  EXPECT_DOUBLE_EQ(w.bits_per_second, 1e9);
+  EXPECT_DOUBLE_EQ(w.down_bits_per_second, 1e9);
+  auto a = *parse_wan("up=100mbit,down=1gbit");
+  EXPECT_DOUBLE_EQ(a.bits_per_second, 1e8);
+  EXPECT_DOUBLE_EQ(a.down_bits_per_second, 1e9);
+  EXPECT_TRUE(a.shaped());
+  auto p = *parse_wan("model=pair,bw=1gbit");
+  EXPECT_EQ(p.model, WanModel::kPair);
+  EXPECT_DOUBLE_EQ(p.down_bits_per_second, 0.0);  // the receiver adds nothing
+  for (const char* bad : {"bw=1gbit,up=1gbit", "model=pair,up=1gbit", "model=mesh", "down=x"})
+    EXPECT_FALSE(parse_wan(bad).is_ok()) << bad;
+}
+
+TEST(TransportParseWan, PlanSectionsOverrideRanksAndPairs) {
+  auto plan = parse_wan_plan("bw=1gbit,rtt=20ms;rank=4-5:bw=200mbit;pair=0-3/4-5:rtt=150ms");
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->has_pair_rules());
+  auto l01 = *plan->link(0, 1);
+  EXPECT_DOUBLE_EQ(l01.bits_per_second, 1e9);
+  EXPECT_DOUBLE_EQ(l01.one_way_delay_s, 0.010);
+  auto l04 = *plan->link(0, 4);  // rank 0's site, the far pair's delay
+  EXPECT_DOUBLE_EQ(l04.bits_per_second, 1e9);
+  EXPECT_DOUBLE_EQ(l04.one_way_delay_s, 0.075);
+  auto l40 = *plan->link(4, 0);  // both directions of a pair; rank 4's own slow site
+  EXPECT_DOUBLE_EQ(l40.bits_per_second, 2e8);
+  EXPECT_DOUBLE_EQ(l40.down_bits_per_second, 2e8);
+  EXPECT_DOUBLE_EQ(l40.one_way_delay_s, 0.075);
+  auto l45 = *plan->link(4, 5);
+  EXPECT_DOUBLE_EQ(l45.one_way_delay_s, 0.010);
+  auto own = *plan->link(5, -1);
+  EXPECT_DOUBLE_EQ(own.bits_per_second, 2e8);
+  for (const char* bad :
+       {"bw=1gbit;rank=x:bw=1gbit", "bw=1gbit;pair=1:rtt=1ms", "bw=1gbit;rank=1:rtt=5ms",
+        "bw=1gbit;pair=0/1:bw=5mbit", "model=pair,bw=1gbit;rank=0:bw=1mbit",
+        "bw=1gbit;site=1:bw=1gbit", "bw=1gbit;rank=3-1:bw=1gbit", "bw=1gbit;rank=1"}) {
+    auto b = parse_wan_plan(bad);
+    EXPECT_FALSE(b.is_ok()) << bad;
+    EXPECT_NE(b.status().message().find("LOWCOMM_WAN"), std::string::npos) << bad;
+  }
+  EXPECT_TRUE(parse_wan_plan("model=pair,bw=1gbit;pair=0/1:bw=5mbit").is_ok());
+}
+
+// Site model: two peers' pacers share one uplink clock, so a rank sending to both at once is
+// limited by its one uplink; with their own clocks (pair model) each link runs in parallel.
+TEST(TransportPacer, SharedUplinkSerialisesEveryPeersChunks) {
+  const auto link = *parse_wan("bw=8mbit");  // 1 byte per microsecond
+  auto up = std::make_shared<LinkClock>();
+  Pacer a(link, 1, 1, 0, up), b(link, 2, 1, 0, up);
+  Clock::time_point t0{};
+  Clock::time_point last{};
+  for (int i = 0; i < 10; ++i) {
+    last = std::max(last, a.submit(1000, t0).deliver);
+    last = std::max(last, b.submit(1000, t0).deliver);
+  }
+  EXPECT_NEAR(secs(last - t0), 0.020, 1e-9);  // 20 000 bytes through one link
+  Pacer c(link, 1), d(link, 2);
+  last = {};
+  for (int i = 0; i < 10; ++i) {
+    last = std::max(last, c.submit(1000, t0).deliver);
+    last = std::max(last, d.submit(1000, t0).deliver);
+  }
+  EXPECT_NEAR(secs(last - t0), 0.010, 1e-9);  // two links of 10 000 bytes each
+}
+
+// The downlink is cut-through: a chunk arriving at an idle downlink passes at once; chunks
+// arriving faster than it drains queue behind each other.
+TEST(TransportPacer, DownlinkQueuesOnlyWhenBusy) {
+  Downlink down;
+  down.bits_per_second = 8e6;  // 1 byte per microsecond
+  Clock::time_point t0{};
+  auto ms = [](double x) {
+    return std::chrono::duration_cast<Clock::duration>(duration<double, std::milli>(x));
+  };
+  EXPECT_NEAR(secs(down.pass(1000, t0 + ms(5)) - t0), 0.005, 1e-9);  // idle: no delay
+  EXPECT_NEAR(secs(down.pass(1000, t0 + ms(6)) - t0), 0.006, 1e-9);  // paced at its rate
+  // Three chunks arriving together (incast) leave one millisecond apart.
+  EXPECT_NEAR(secs(down.pass(1000, t0 + ms(10)) - t0), 0.010, 1e-9);
+  EXPECT_NEAR(secs(down.pass(1000, t0 + ms(10)) - t0), 0.011, 1e-9);
+  EXPECT_NEAR(secs(down.pass(1000, t0 + ms(10)) - t0), 0.012, 1e-9);
+  Downlink unlimited;
+  EXPECT_EQ(unlimited.pass(1 << 30, t0 + ms(1)), t0 + ms(1));
 }
 
 TEST(TransportPacer, SixtyFourMiBOverSlowLongLink) {
