@@ -186,12 +186,16 @@ struct LinkModel {
   double bits_per_second = 0;       // uplink (site), pair link, or access link
   double down_bits_per_second = 0;  // site: downlink; 0 = unlimited
   double one_way_delay_s = 0;
+  // TCP/IP framing per 1448 payload bytes the link also carries (emulator: its frame=, 66 by
+  // default; tbf: 66, the Ethernet, IP and TCP headers it counts).
+  double frame_bytes = 66;
 
   double limit_seconds(const Traffic& t, int nrounds) const {
     if (kind == kNone) return 0;
     double wire = 0;
-    auto at = [](uint64_t bytes, double bps) {
-      return bps > 0 ? static_cast<double>(bytes) * 8 / bps : 0.0;
+    const double framing = 1 + frame_bytes / 1448;
+    auto at = [framing](uint64_t bytes, double bps) {
+      return bps > 0 ? static_cast<double>(bytes) * framing * 8 / bps : 0.0;
     };
     if (kind == kPerPeer) {
       wire = at(t.max_peer_bytes, bits_per_second);

@@ -403,6 +403,7 @@ int run_rank(const Options& o, int rank, int P) {
     link.bits_per_second = w.bits_per_second;
     link.down_bits_per_second = w.down_bits_per_second;
     link.one_way_delay_s = w.one_way_delay_s;
+    link.frame_bytes = w.frame_bytes;
   } else if (ns) {
     link.kind = bench::LinkModel::kAccess;
     link.bits_per_second = ns->rate_bits;

@@ -117,10 +117,24 @@ TEST(TransportParseWan, PlanSectionsOverrideRanksAndPairs) {
   EXPECT_TRUE(parse_wan_plan("model=pair,bw=1gbit;pair=0/1:bw=5mbit").is_ok());
 }
 
+// The link carries TCP/IP framing too: 66 bytes per 1448-byte segment by default (what tbf
+// counts), so 1448 payload bytes take 1514 bytes of link time; frame=0 paces payload alone.
+TEST(TransportPacer, LinkTimeIncludesTcpFraming) {
+  auto link = *parse_wan("bw=8mbit");  // 1 byte per microsecond
+  EXPECT_DOUBLE_EQ(link.wire_bytes(1448), 1514.0);
+  EXPECT_DOUBLE_EQ(link.wire_bytes(1449), 1449.0 + 2 * 66);
+  EXPECT_DOUBLE_EQ(link.wire_bytes(0), 0.0);
+  Pacer p(link);
+  Clock::time_point t0{};
+  EXPECT_NEAR(secs(p.submit(1448 * 100, t0).deliver - t0), 1514e-6 * 100, 1e-9);
+  EXPECT_DOUBLE_EQ(parse_wan("bw=8mbit,frame=0")->wire_bytes(1448), 1448.0);
+  EXPECT_FALSE(parse_wan("frame=lots").is_ok());
+}
+
 // Site model: two peers' pacers share one uplink clock, so a rank sending to both at once is
 // limited by its one uplink; with their own clocks (pair model) each link runs in parallel.
 TEST(TransportPacer, SharedUplinkSerialisesEveryPeersChunks) {
-  const auto link = *parse_wan("bw=8mbit");  // 1 byte per microsecond
+  const auto link = *parse_wan("bw=8mbit,frame=0");  // 1 byte per microsecond
   auto up = std::make_shared<LinkClock>();
   Pacer a(link, 1, 1, 0, up), b(link, 2, 1, 0, up);
   Clock::time_point t0{};
@@ -159,7 +173,7 @@ TEST(TransportPacer, DownlinkQueuesOnlyWhenBusy) {
 }
 
 TEST(TransportPacer, SixtyFourMiBOverSlowLongLink) {
-  Pacer p(*parse_wan("bw=100mbit,rtt=100ms"));
+  Pacer p(*parse_wan("bw=100mbit,rtt=100ms,frame=0"));
   Clock::time_point t0{};
   const uint64_t chunk = 512 << 10;
   Clock::time_point last{};
@@ -169,7 +183,7 @@ TEST(TransportPacer, SixtyFourMiBOverSlowLongLink) {
 }
 
 TEST(TransportPacer, DepartsWhenLinkFreesAndIdlesBetween) {
-  Pacer p(*parse_wan("bw=8mbit,delay=10ms"));  // 1 byte per microsecond
+  Pacer p(*parse_wan("bw=8mbit,delay=10ms,frame=0"));  // 1 byte per microsecond
   Clock::time_point t0{};
   auto us = [](double x) {
     return std::chrono::duration_cast<Clock::duration>(duration<double, std::micro>(x));
@@ -221,7 +235,7 @@ TEST(TransportPacer, OneWindowLimitedStreamMovesWindowPerRtt) {
   // 1 Gbit/s, 100 ms RTT, one stream with a 2 MiB window: 2 MiB per round trip (the window's
   // four chunks take 16.8 ms on the link, then the first acknowledgement is 100 ms away), i.e.
   // ~0.14 Gbit/s, nowhere near the link rate: 64 MiB take ~3.7 s instead of 0.59 s.
-  const auto link = *parse_wan("bw=1gbit,rtt=100ms");
+  const auto link = *parse_wan("bw=1gbit,rtt=100ms,frame=0");  // payload arithmetic
   Pacer one(link, 1, 1, 2u << 20);
   const uint64_t total = 64ull << 20;
   const double round = 0.1 + 8.0 * (512 << 10) / 1e9;  // a chunk's departure to its ack

@@ -11,9 +11,9 @@ Pacer::Clock::duration seconds(double s) {
 
 }  // namespace
 
-PaceClock::time_point Downlink::pass(uint64_t bytes, PaceClock::time_point t) {
+PaceClock::time_point Downlink::pass(double wire_bytes, PaceClock::time_point t) {
   if (bits_per_second <= 0) return t;
-  free = std::max(t, free + seconds(8.0 * static_cast<double>(bytes) / bits_per_second));
+  free = std::max(t, free + seconds(8.0 * wire_bytes / bits_per_second));
   return free;
 }
 
@@ -71,7 +71,7 @@ Pacer::Slot Pacer::submit(uint64_t bytes, Clock::time_point now) {
   }
   Clock::time_point sent = depart;
   if (link_.bits_per_second > 0.0)
-    sent += seconds(8.0 * static_cast<double>(bytes) / link_.bits_per_second);
+    sent += seconds(8.0 * link_.wire_bytes(bytes) / link_.bits_per_second);
   up_->free = std::max(up_->free, sent);
   double delay = link_.one_way_delay_s;
   if (link_.jitter_s > 0.0) delay = std::max(0.0, delay + next_jitter_s());

@@ -5,7 +5,8 @@
 // A chunk of B bytes submitted at time t leaves the sender's end of the link at
 //   d = max(t, link_free)            (the link sends one chunk at a time)
 // occupies it until
-//   link_free = d + 8 B / bw         (serialisation at the link rate)
+//   link_free = d + 8 W(B) / bw      (serialisation at the link rate; W(B): B plus the TCP/IP
+//                                     framing of its segments, WanLink::wire_bytes)
 // and reaches the far end (the transport writes it to the socket) at
 //   deliver = link_free + one_way_delay + jitter,   jitter ~ U[-j, +j], clamped so that
 //   deliver >= link_free and deliver >= the previous chunk's deliver (a link never reorders).
@@ -52,7 +53,8 @@ struct LinkClock {
 struct Downlink {
   double bits_per_second = 0;  // 0: unlimited
   PaceClock::time_point free{};
-  PaceClock::time_point pass(uint64_t bytes, PaceClock::time_point t);
+  // wire_bytes: framing included (WanLink::wire_bytes).
+  PaceClock::time_point pass(double wire_bytes, PaceClock::time_point t);
 };
 
 // One rank's access link, shared by its peers (site model).

@@ -326,7 +326,8 @@ Status PeerCore::on_header(Stream& s) {
 
 void PeerCore::finish_payload(Stream& s) {
   if (config_.site && config_.site->down.bits_per_second > 0) {
-    auto passed = config_.site->down.pass(kChunkHeaderBytes + s.cur_chunk_len, Pacer::Clock::now());
+    auto passed = config_.site->down.pass(
+        config_.wan.wire_bytes(kChunkHeaderBytes + s.cur_chunk_len), Pacer::Clock::now());
     s.cur->ready_at = std::max(s.cur->ready_at, passed);
   }
   s.cur->received += s.cur_chunk_len;

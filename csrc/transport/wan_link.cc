@@ -105,6 +105,16 @@ Status apply_keys(std::string_view text, const std::vector<std::string>& allowed
       }
       continue;
     }
+    if (key == "frame") {
+      std::string v(trim(value));
+      char* end = nullptr;
+      double b = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !std::isfinite(b) || b < 0 || b > 1e4)
+        return invalid_argument(
+            "LOWCOMM_WAN: frame= takes bytes per segment (e.g. 66 or 0), not '" + v + "'");
+      link.frame_bytes = b;
+      continue;
+    }
     const bool rate = key == "bw" || key == "up" || key == "down";
     auto q = parse_quantity(key, value, rate);
     if (!q) return q.status();
@@ -118,8 +128,8 @@ Status apply_keys(std::string_view text, const std::vector<std::string>& allowed
   return Status::ok();
 }
 
-const std::vector<std::string> kDefaultKeys = {"bw",    "up",     "down", "rtt",
-                                               "delay", "jitter", "model"};
+const std::vector<std::string> kDefaultKeys = {"bw",    "up",     "down",  "rtt",
+                                               "delay", "jitter", "model", "frame"};
 const std::vector<std::string> kRankKeys = {"bw", "up", "down"};
 const std::vector<std::string> kPairKeys = {"bw", "rtt", "delay", "jitter"};
 
@@ -246,11 +256,12 @@ Result<WanLink> wan_from_env() {
 std::string WanLink::to_string() const {
   char buf[192];
   if (model == WanModel::kPair) {
-    std::snprintf(buf, sizeof(buf), "model=pair,bw=%.6gbit,rtt=%.6gms,jitter=%.6gms",
-                  bits_per_second, one_way_delay_s * 2e3, jitter_s * 1e3);
+    std::snprintf(buf, sizeof(buf), "model=pair,bw=%.6gbit,rtt=%.6gms,jitter=%.6gms,frame=%.6g",
+                  bits_per_second, one_way_delay_s * 2e3, jitter_s * 1e3, frame_bytes);
   } else {
-    std::snprintf(buf, sizeof(buf), "up=%.6gbit,down=%.6gbit,rtt=%.6gms,jitter=%.6gms",
-                  bits_per_second, down_bits_per_second, one_way_delay_s * 2e3, jitter_s * 1e3);
+    std::snprintf(buf, sizeof(buf), "up=%.6gbit,down=%.6gbit,rtt=%.6gms,jitter=%.6gms,frame=%.6g",
+                  bits_per_second, down_bits_per_second, one_way_delay_s * 2e3, jitter_s * 1e3,
+                  frame_bytes);
   }
   return buf;
 }

@@ -19,6 +19,9 @@
 //   jitter=<number><unit>  extra one-way delay drawn uniformly from [-jitter, +jitter], never
 //                          reordering (see pacer.h)
 //   model=site|pair
+//   frame=<bytes>          TCP/IP framing per 1448-byte segment the link also carries (default
+//                          66: Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12, what a
+//                          kernel's tbf counts); frame=0 paces the payload alone
 // Later sections override the defaults for some ranks or pairs (heterogeneous sites):
 //   rank=<ranks>:<keys>            rates of those ranks' sites (bw, up, down)
 //   pair=<ranks>/<ranks>:<keys>    delay and jitter (and bw, pair model) between any rank of
@@ -46,6 +49,14 @@ struct WanLink {
   double one_way_delay_s = 0.0;
   double jitter_s = 0.0;
   WanModel model = WanModel::kSite;
+  double frame_bytes = 66;  // per kTcpSegmentBytes of payload
+
+  static constexpr uint64_t kTcpSegmentBytes = 1448;
+  // The bytes `payload` bytes occupy on the link, framing included.
+  double wire_bytes(uint64_t payload) const {
+    return static_cast<double>(payload) +
+           static_cast<double>((payload + kTcpSegmentBytes - 1) / kTcpSegmentBytes) * frame_bytes;
+  }
 
   bool shaped() const {
     return bits_per_second > 0.0 || down_bits_per_second > 0.0 || one_way_delay_s > 0.0 ||
