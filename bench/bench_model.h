@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "collectives/algorithms.h"
 #include "collectives/partition.h"
 #include "lowcomm/codec.h"
 
@@ -83,6 +84,10 @@ inline double bus_factor(Collective c, int P) {
 struct Traffic {
   uint64_t max_rank_bytes = 0;       // payload bytes the busiest rank sends per call
   uint64_t max_rank_recv_bytes = 0;  // payload bytes the busiest rank receives per call
+  // Of those, the busiest rank's (pair's) bytes of the last round, which cannot leave before
+  // the previous round's first bytes have arrived (all-reduce results, broadcast relays).
+  uint64_t last_round_rank_bytes = 0;
+  uint64_t last_round_peer_bytes = 0;
   uint64_t max_peer_bytes = 0;  // payload bytes on the busiest (sender, receiver) pair per call
   uint64_t total_bytes = 0;     // all ranks together per call
 };
@@ -106,7 +111,8 @@ inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional
       std::optional<CodecSpec> s = spec;
       if (s && !s->quantized() && s->wire_dtype == DType::kFloat32) s.reset();
       uint64_t g = collectives::granule(s);
-      uint64_t seg = std::max<uint64_t>(g, segment_bytes / 4 / g * g);
+      uint64_t seg =
+          collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, s, sh.total_elems / p);
       auto chunks = collectives::owner_chunks(sh.total_elems, P, g);
       std::vector<uint64_t> enc(p);
       for (uint64_t j = 0; j < p; ++j) enc[j] = encoded_chunk(s, chunks[j], seg);
@@ -118,6 +124,8 @@ inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional
         // Rank r receives every other rank's contribution to its chunk and every other owner's
         // result: the same sum.
         t.max_rank_recv_bytes = std::max(t.max_rank_recv_bytes, sent);
+        t.last_round_rank_bytes = std::max(t.last_round_rank_bytes, (p - 1) * enc[r]);
+        t.last_round_peer_bytes = std::max(t.last_round_peer_bytes, enc[r]);
         t.total_bytes += sent;
         for (uint64_t j = 0; j < p; ++j)
           if (j != r) t.max_peer_bytes = std::max(t.max_peer_bytes, enc[j] + enc[r]);
@@ -145,6 +153,8 @@ inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional
         t.total_bytes = t.max_rank_bytes;
       } else {  // root scatters n/(P-1) slices, the others relay theirs to each other
         uint64_t slice = b / (p - 1);
+        t.last_round_rank_bytes = (p - 2) * slice;
+        t.last_round_peer_bytes = slice;
         t.max_rank_bytes = b;
         t.max_peer_bytes = slice;
         t.total_bytes = b + (p - 1) * (p - 2) * slice;
@@ -174,9 +184,11 @@ inline int rounds(Collective c, const Shape& sh, int P) {
 //    one downlink shared by all its peers, so the busiest rank's bytes sent (at the uplink
 //    rate) or received (at the downlink rate) set the time. Two lower bounds, the larger one is
 //    the limit: its last byte arrives one one-way delay after it was serialised
-//    (bytes * 8 / rate + delay), and the rounds on the critical path each take a delay
-//    (rounds * delay). Not their sum: pipelined segments send the second round's bytes while
-//    the first round's are still on the wire;
+//    (bytes * 8 / rate + delay), and the rounds on the critical path each take a delay, the
+//    last round's bytes leaving no earlier than the first round's arrive
+//    (rounds * delay + last round's bytes * 8 / rate). Not the sum of wire and rounds:
+//    pipelined segments send the second round's bytes while the first round's are still on
+//    the wire;
 //  - kPerPeer: the emulator with model=pair, one link per (sender, receiver) pair, so the
 //    busiest pair's bytes set the time (same two bounds);
 //  - kAccess: a tbf-shaped access link per rank (--netns), each way; the busiest rank's bytes
@@ -192,22 +204,26 @@ struct LinkModel {
 
   double limit_seconds(const Traffic& t, int nrounds) const {
     if (kind == kNone) return 0;
-    double wire = 0;
     const double framing = 1 + frame_bytes / 1448;
     auto at = [framing](uint64_t bytes, double bps) {
       return bps > 0 ? static_cast<double>(bytes) * framing * 8 / bps : 0.0;
     };
+    double wire = 0, last = 0;
     if (kind == kPerPeer) {
       wire = at(t.max_peer_bytes, bits_per_second);
+      last = at(t.last_round_peer_bytes, bits_per_second);
     } else if (kind == kSite) {
       wire = std::max(at(t.max_rank_bytes, bits_per_second),
                       at(t.max_rank_recv_bytes, down_bits_per_second));
+      last = std::max(at(t.last_round_rank_bytes, bits_per_second),
+                      at(t.last_round_rank_bytes, down_bits_per_second));
     } else {
       wire = at(std::max(t.max_rank_bytes, t.max_rank_recv_bytes), bits_per_second);
     }
     if (kind == kAccess) return wire;  // no delay on these links
     if (wire == 0 && one_way_delay_s == 0) return 0;
-    return std::max(wire + one_way_delay_s, nrounds * one_way_delay_s);
+    // The last round's bytes leave no earlier than (rounds - 1) delays after the start.
+    return std::max(wire + one_way_delay_s, nrounds * one_way_delay_s + last);
   }
   std::string describe(const std::string& wan, const std::string& netns) const {
     char buf[320];

@@ -435,7 +435,7 @@ int run_rank(const Options& o, int rank, int P) {
         "# time: slowest rank, median of the timed calls; algbw/busbw in Gbit/s; wire: payload "
         "bytes\n"
         "# sent per rank per call; limit: lower bound, max(wire time + one-way delay, rounds x "
-        "delay); eff = limit/time\n");
+        "delay + the last round's wire time); eff = limit/time\n");
   }
 
   InputGen gen{o.seed};

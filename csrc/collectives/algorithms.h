@@ -28,10 +28,15 @@ struct ReduceArgs {
   uint64_t step = 0;
 };
 
-// Pipeline segment length (elements) for a reduce over `codec`; carried in the descriptor so
-// ranks configured differently fail cleanly instead of disagreeing on message sizes.
+// Pipeline segment length (elements) of a reduce whose owner chunks hold about `chunk_elems`:
+// an eighth of a chunk, between 64 KiB and `segment_bytes` of input, on the codec's scale-group
+// boundaries. Carried in the descriptor so ranks configured differently fail cleanly instead
+// of disagreeing on message sizes. (A fixed 4 MiB left 1-4 MiB all-reduces unpipelined: each
+// owner's results waited for its whole chunk, 0.65-0.76 of the link limit.)
+inline constexpr uint64_t kSegmentsPerChunk = 8;
+inline constexpr uint64_t kMinSegmentBytes = 64 << 10;
 uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
-                              const std::optional<CodecSpec>& codec);
+                              const std::optional<CodecSpec>& codec, uint64_t chunk_elems);
 
 Status all_reduce(OpRun& run, const ReduceArgs& a);
 Status reduce_scatter(OpRun& run, const ReduceArgs& a);  // a.n = recv count * size

@@ -105,7 +105,8 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   // An uncompressed spec in the tensor's own dtype is the plain algorithm: one descriptor
   // for both spellings, so "none" on one rank and no codec on another agree.
   if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
-  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec);
+  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec,
+                                            count / static_cast<uint64_t>(size()));
   collectives::ReduceArgs a{send,         recv,    count,          dtype,
                             op,           d.codec, options.ef_key, options.owner_error_feedback,
                             options.seed, 0};
@@ -135,7 +136,8 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
   d.op = op;
   d.codec = codec;
   if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
-  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec);
+  d.tag =
+      collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec, recv_count);
   collectives::ReduceArgs a{send,
                             recv,
                             recv_count * static_cast<uint64_t>(size()),

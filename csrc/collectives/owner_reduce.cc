@@ -271,9 +271,15 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
 }  // namespace
 
 uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
-                              const std::optional<CodecSpec>& codec) {
-  uint64_t g = granule(codec);
-  uint64_t elems = segment_bytes / dtype_size(dtype);
+                              const std::optional<CodecSpec>& codec, uint64_t chunk_elems) {
+  const uint64_t g = granule(codec);
+  const uint64_t es = dtype_size(dtype);
+  // kSegmentsPerChunk segments per owner chunk, so the owner's results (step 3) start one
+  // segment after the first contributions arrive instead of after the whole chunk; at least
+  // kMinSegmentBytes (a message per peer per segment), at most segment_bytes.
+  const uint64_t hi = std::max<uint64_t>(1, segment_bytes / es);
+  const uint64_t lo = std::min(hi, std::max<uint64_t>(1, kMinSegmentBytes / es));
+  const uint64_t elems = std::clamp(chunk_elems / kSegmentsPerChunk, lo, hi);
   return std::max<uint64_t>(g, elems / g * g);
 }
 

@@ -85,8 +85,10 @@ struct CommOptions {
   // The codec of all_reduce and reduce_scatter calls that name none, where a codec can take
   // the call (fp32/bf16/fp16, sum or avg; other calls stay exact); unset: uncompressed.
   std::optional<CodecSpec> codec;
-  uint64_t segment_bytes = 4u << 20;  // pipelining unit of the reduce algorithms (input bytes)
-  int codec_threads = 0;              // CpuOptions::threads for encode/decode
+  // The reduce algorithms' largest pipelining unit (input bytes): segments are an eighth of an
+  // owner chunk, at least 64 KiB, at most this.
+  uint64_t segment_bytes = 4u << 20;
+  int codec_threads = 0;  // CpuOptions::threads for encode/decode
   // SO_SNDBUF/SO_RCVBUF per stream; 0: LOWCOMM_SOCKET_BUFFER, else 32 MiB; -1: the kernel's
   // autotuning (a default TCP socket).
   int socket_buffer_bytes = 0;
