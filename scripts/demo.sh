@@ -19,7 +19,8 @@ BYTES=${DEMO_BYTES:-64M} WAN=${DEMO_WAN:-bw=1gbit,rtt=50ms} RANKS=${DEMO_RANKS:-
 CSV=$(mktemp --suffix=.csv)
 trap 'rm -f "$CSV"' EXIT
 echo
-echo "== ${RANKS}-rank all-reduce of a $BYTES fp32 pseudo-gradient over the emulated WAN ($WAN per link)"
+echo "== ${RANKS}-rank all-reduce of a $BYTES fp32 pseudo-gradient over the emulated WAN ($WAN: each rank's"
+echo "   uplink and downlink, shared by all its peers)"
 echo "   build/bin/lowcomm-bench -n $RANKS -b $BYTES -e $BYTES --codec none,q8,q4,q2 --ef --wan $WAN -w 1 -i $ITERS"
 LOWCOMM_DEBUG=NONE build/bin/lowcomm-bench -n "$RANKS" -b "$BYTES" -e "$BYTES" --codec none,q8,q4,q2 --ef \
   --wan "$WAN" -w 1 -i "$ITERS" --csv "$CSV" >/dev/null
@@ -34,6 +35,6 @@ awk -F, 'NR == 1 { next }
   }' "$CSV"
 echo "time: slowest rank, median of $ITERS calls; rel_err: relative L2 error of the last call against the fp64"
 echo "sum (with error feedback a single call's output carries the residual of the call before, so its"
-echo "error is not smaller; feedback bounds the error of the sum over calls); limit: the busiest link's"
-echo "bytes at the link rate plus one one-way delay, or two one-way delays if more (the lower bounds"
-echo "for a pipelined all-reduce); eff = limit/time."
+echo "error is not smaller; feedback bounds the error of the sum over calls); limit: the busiest rank's"
+echo "bytes at its link rate plus one one-way delay, or two one-way delays plus the results' bytes if"
+echo "more (the lower bounds for the pipelined two-round all-reduce); eff = limit/time."
