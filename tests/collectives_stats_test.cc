@@ -55,6 +55,29 @@ Expected all_reduce_bytes(int P, int me, uint64_t n, const std::optional<CodecSp
   return e;
 }
 
+// Reduce-scatter: step 1 only, over P equal chunks of recv_count.
+Expected reduce_scatter_bytes(int P, int me, uint64_t recv_count,
+                              const std::optional<CodecSpec>& codec, uint64_t segment_bytes) {
+  auto bytes = [&](uint64_t count) { return codec ? encoded_size(*codec, count) : count * 4; };
+  const uint64_t seg = collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, codec);
+  const auto peers = static_cast<uint64_t>(P - 1);
+  Expected e;
+  e.sent = e.received = peers * on_wire(kDescriptor);
+  for (int j = 0; j < P; ++j) {
+    const collectives::Range chunk{recv_count * static_cast<uint64_t>(j), recv_count};
+    for (const auto& s : collectives::split_segments(chunk, seg)) {
+      if (j == me) {
+        e.received += peers * on_wire(bytes(s.count));
+      } else {
+        e.sent += on_wire(bytes(s.count));
+        e.payload += bytes(s.count);
+        e.uncompressed += s.count * 4;
+      }
+    }
+  }
+  return e;
+}
+
 double ms(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count() * 1e3;
 }
@@ -65,10 +88,9 @@ std::string describe(const OpStats& s) {
          " payload " + std::to_string(s.payload_bytes_sent) + " uncompressed " +
          std::to_string(s.uncompressed_bytes_sent) + " ratio " +
          std::to_string(s.compression_ratio) + " wall " + std::to_string(ms(s.wall)) +
-         " ms encode " + std::to_string(ms(s.encode)) + " decode " +
-         std::to_string(ms(s.decode)) + " wait " + std::to_string(ms(s.network_wait)) +
-         " limit " + std::to_string(ms(s.link_limit)) + " efficiency " +
-         std::to_string(s.link_efficiency);
+         " ms encode " + std::to_string(ms(s.encode)) + " decode " + std::to_string(ms(s.decode)) +
+         " wait " + std::to_string(ms(s.network_wait)) + " limit " +
+         std::to_string(ms(s.link_limit)) + " efficiency " + std::to_string(s.link_efficiency);
 }
 
 // The byte counts, the ratio and the codec times of one completed all-reduce.
@@ -99,10 +121,10 @@ std::string check_all_reduce(const OpStats& s, const Expected& e, bool compresse
   return "ok";
 }
 
-#define RANK_PASS(expr)                \
-  do {                                 \
-    std::string pass_ = (expr);        \
-    if (pass_ != "ok") return pass_;   \
+#define RANK_PASS(expr)              \
+  do {                               \
+    std::string pass_ = (expr);      \
+    if (pass_ != "ok") return pass_; \
   } while (0)
 
 // 3 ranks, n not a multiple of anything, several pipeline segments per owner (64 KiB).
@@ -131,9 +153,26 @@ TEST(CollectivesStats, AllReduceCountsExactlyTheAlgorithmsBytes) {
         check_all_reduce(*sp, all_reduce_bytes(3, rank, n, std::nullopt, o.segment_bytes), false));
     // The communicator's last operation is the uncompressed one.
     OpStats last = comm.last_op_stats();
-    RANK_CHECK(last.sequence == 1 && last.bytes_sent == sp->bytes_sent &&
-                   last.wall == sp->wall && last.network_wait == sp->network_wait,
+    RANK_CHECK(last.sequence == 1 && last.bytes_sent == sp->bytes_sent && last.wall == sp->wall &&
+                   last.network_wait == sp->network_wait,
                describe(last));
+    // A q4 reduce-scatter sends each contribution once and re-quantizes nothing.
+    const uint64_t rc = 40000;
+    Tensor in = make_input(DType::kFloat32, 3 * rc, 9, rank);
+    std::vector<float> out(rc);
+    Work wr =
+        comm.reduce_scatter(in.data(), out.data(), rc, DType::kFloat32, ReduceOp::kSum, with_q4);
+    RANK_OK(wr.wait());
+    auto sr = wr.stats();
+    RANK_OK(sr.status());
+    const Expected er = reduce_scatter_bytes(3, rank, rc, q4, o.segment_bytes);
+    RANK_CHECK(sr->kind == "reduce_scatter" && sr->count == rc && sr->codec == "q4", describe(*sr));
+    RANK_CHECK(sr->bytes_sent == er.sent && sr->bytes_received == er.received &&
+                   sr->payload_bytes_sent == er.payload &&
+                   sr->uncompressed_bytes_sent == er.uncompressed,
+               "expected sent " + std::to_string(er.sent) + " received " +
+                   std::to_string(er.received) + ": " + describe(*sr));
+    RANK_CHECK(sr->encode.count() > 0 && sr->decode.count() > 0, describe(*sr));
     return "ok";
   }));
 }
@@ -210,6 +249,37 @@ TEST(CollectivesStats, PointToPointInFlightAndRefused) {
   }));
 }
 
+// A failed operation reports what it issued before failing (its descriptors, at least); the
+// next one fails at once, never runs, and has zero counters.
+TEST(CollectivesStats, FailedOperationsKeepTheirStats) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.timeout = std::chrono::milliseconds(5000);
+    auto c = Communicator::init(id, rank, 2, o);
+    if (!c) return "init: " + c.status().to_string();
+    Communicator& comm = **c;
+    std::vector<float> x(2000, 1.0f);
+    const uint64_t n = rank == 0 ? 1000 : 1001;  // mismatched counts
+    Work w = comm.all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum);
+    RANK_CHECK(!w.wait().is_ok(), "a mismatched all_reduce succeeded");
+    auto s = w.stats();
+    RANK_OK(s.status());
+    RANK_CHECK(s->kind == "all_reduce" && s->count == n, describe(*s));
+    RANK_CHECK(s->bytes_sent >= on_wire(kDescriptor) && s->bytes_received >= on_wire(kDescriptor) &&
+                   s->wall.count() > 0,
+               describe(*s));
+    Work after = comm.barrier();
+    RANK_CHECK(!after.wait().is_ok(), "a barrier after the failure succeeded");
+    auto z = after.stats();
+    RANK_OK(z.status());
+    RANK_CHECK(z->kind == "barrier" && z->sequence == 1 && z->bytes_sent == 0 &&
+                   z->bytes_received == 0 && z->compression_ratio == 0.0,
+               describe(*z));
+    RANK_CHECK(comm.last_op_stats().kind == "barrier", describe(comm.last_op_stats()));
+    return "ok";
+  }));
+}
+
 // The C API: the same numbers through lowcommWaitStats and lowcommCommGetLastOpStats, with the
 // default 4 MiB segments (so an uncompressed owner chunk, 800 KB, is two transport chunks).
 TEST(CollectivesStats, CApiReportsTheSameNumbers) {
@@ -238,20 +308,18 @@ TEST(CollectivesStats, CApiReportsTheSameNumbers) {
       lowcommOpStats s;
       RANK_CHECK(lowcommWaitStats(nullptr, &s) == lowcommInvalidArgument, "NULL request");
       RANK_CHECK(lowcommWaitStats(req, &s) == lowcommSuccess, lowcommGetLastError(comm));
-      const Expected e =
-          all_reduce_bytes(3, rank, n, codec ? std::optional<CodecSpec>(q4) : std::nullopt,
-                           segment);
+      const Expected e = all_reduce_bytes(
+          3, rank, n, codec ? std::optional<CodecSpec>(q4) : std::nullopt, segment);
       const std::string d = std::string(s.kind) + " codec '" + s.codec + "' sent " +
                             std::to_string(s.bytesSent) + " expected " + std::to_string(e.sent);
       RANK_CHECK(std::string(s.kind) == "all_reduce" && s.count == n, d);
       RANK_CHECK(std::string(s.codec) == (codec ? "q4" : ""), d);
       RANK_CHECK(s.bytesSent == e.sent && s.bytesReceived == e.received, d);
       RANK_CHECK(s.payloadBytesSent == e.payload && s.uncompressedBytesSent == e.uncompressed, d);
-      RANK_CHECK(s.compressionRatio == static_cast<double>(e.uncompressed) /
-                                           static_cast<double>(e.payload),
+      RANK_CHECK(s.compressionRatio ==
+                     static_cast<double>(e.uncompressed) / static_cast<double>(e.payload),
                  d);
-      RANK_CHECK(codec ? s.encodeNs > 0 && s.decodeNs > 0 : s.encodeNs == 0 && s.decodeNs == 0,
-                 d);
+      RANK_CHECK(codec ? s.encodeNs > 0 && s.decodeNs > 0 : s.encodeNs == 0 && s.decodeNs == 0, d);
       RANK_CHECK(s.wallNs > 0 && s.encodeNs + s.decodeNs + s.networkWaitNs <= s.wallNs, d);
       RANK_CHECK(s.linkLimitNs == 0 && s.linkEfficiency == 0.0, d);
       lowcommOpStats last;

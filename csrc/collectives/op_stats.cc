@@ -75,8 +75,8 @@ OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::dur
   s.decode = ns(c.decode);
   s.network_wait = ns(c.wait);
   const double limit = link_limit_s(c, links);
-  s.link_limit = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(limit));
+  s.link_limit =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(limit));
   const double wall_s = std::chrono::duration<double>(wall).count();
   s.link_efficiency = limit > 0.0 && wall_s > 0.0 ? limit / wall_s : 0.0;
   return s;
