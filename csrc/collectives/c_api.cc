@@ -4,6 +4,8 @@
 
 #include "lowcomm/lowcomm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -185,6 +187,37 @@ lowcommResult_t finish(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* req
     return lowcommSuccess;
   }
   return record(comm, w.wait());
+}
+
+uint64_t to_ns(std::chrono::nanoseconds d) {
+  return d.count() > 0 ? static_cast<uint64_t>(d.count()) : 0;
+}
+
+// Copies `text` into a fixed C field, truncated and always NUL-terminated.
+template <size_t N>
+void copy_text(char (&field)[N], const std::string& text) {
+  const size_t n = std::min(text.size(), N - 1);
+  std::memcpy(field, text.data(), n);
+  std::memset(field + n, 0, N - n);
+}
+
+void to_c_stats(const lowcomm::OpStats& s, lowcommOpStats* out) {
+  std::memset(out, 0, sizeof(*out));
+  copy_text(out->kind, s.kind);
+  copy_text(out->codec, s.codec);
+  out->sequence = s.sequence;
+  out->count = s.count;
+  out->wallNs = to_ns(s.wall);
+  out->bytesSent = s.bytes_sent;
+  out->bytesReceived = s.bytes_received;
+  out->payloadBytesSent = s.payload_bytes_sent;
+  out->uncompressedBytesSent = s.uncompressed_bytes_sent;
+  out->compressionRatio = s.compression_ratio;
+  out->encodeNs = to_ns(s.encode);
+  out->decodeNs = to_ns(s.decode);
+  out->networkWaitNs = to_ns(s.network_wait);
+  out->linkLimitNs = to_ns(s.link_limit);
+  out->linkEfficiency = s.link_efficiency;
 }
 
 // Destroy and abort: from here on the comm's errors go to the completing thread (ErrorSink).
@@ -452,6 +485,28 @@ lowcommResult_t lowcommWait(lowcommRequest_t request) {
     Status s = request->work.wait();
     delete request;
     return record_to(sink.get(), s);
+  });
+}
+
+lowcommResult_t lowcommWaitStats(lowcommRequest_t request, lowcommOpStats* stats) {
+  std::shared_ptr<ErrorSink> sink = request ? request->errors : nullptr;
+  return guarded(sink.get(), [&] {
+    if (!request || !stats)
+      return record(nullptr, lowcomm::invalid_argument("NULL request or stats"));
+    Status s = request->work.wait();
+    auto st = request->work.stats();  // complete: never the in-flight error
+    to_c_stats(st.is_ok() ? *st : lowcomm::OpStats{}, stats);
+    delete request;
+    return record_to(sink.get(), s);
+  });
+}
+
+lowcommResult_t lowcommCommGetLastOpStats(lowcommComm_t comm, lowcommOpStats* stats) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    if (!stats) return record(comm, lowcomm::invalid_argument("NULL stats"));
+    to_c_stats(comm->comm->last_op_stats(), stats);
+    return lowcommSuccess;
   });
 }
 

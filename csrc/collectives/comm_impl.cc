@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -84,12 +85,15 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   }
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
+  c->chunk_bytes_ = cfg->chunk_bytes;
+  c->links_.assign(static_cast<size_t>(nranks), *own);
   if (plan->has_pair_rules()) {
     for (int r = 0; r < nranks; ++r) {
       if (r == rank) continue;
       auto l = plan->link(rank, r);
       if (!l) return invalid_argument("init: wan: " + l.status().message());
       c->peers_[r]->set_link(*l);
+      c->links_[static_cast<size_t>(r)] = *l;
     }
   }
   c->control_ = std::vector<Control>(nranks);
@@ -170,7 +174,7 @@ Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   op.body = std::move(body);
   std::lock_guard<std::mutex> lock(mu_);
   desc.seq = next_seq_++;
-  op.work = std::make_shared<WorkState>(desc.seq);
+  op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
   op.desc = desc;
   return enqueue_locked(std::move(op));
 }
@@ -185,7 +189,7 @@ Work CommImpl::submit_p2p(OpDescriptor desc, int peer, Body body) {
   desc.seq = p2p_seq_[{peer, desc.tag, is_send}]++;
   op.p2p_index =
       is_send ? p2p_sent_[static_cast<size_t>(peer)]++ : p2p_received_[static_cast<size_t>(peer)]++;
-  op.work = std::make_shared<WorkState>(desc.seq);
+  op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
   op.desc = desc;
   return enqueue_locked(std::move(op));
 }
@@ -224,17 +228,21 @@ void CommImpl::run_one(Op& op) {
     op.work->complete(op.local());
     return;
   }
+  const auto start = collectives::StatsClock::now();
   std::string what = op.desc.to_string();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.is_ok()) {
       // The first failure's code, as lowcomm.h promises (NCCL: the async error sticks).
+      last_stats_ = collectives::identity_stats(op.desc);
       op.work->complete(Status(failure_.code(),
-                               what + ": the communicator failed earlier: " + failure_.message()));
+                               what + ": the communicator failed earlier: " + failure_.message()),
+                        last_stats_);
       return;
     }
   }
   Status s;
+  OpStats stats;
   {
     OpRun run(*this, op.desc, op.peers, Deadline::after(timeout_));
     s = op.body(run);
@@ -245,8 +253,39 @@ void CommImpl::run_one(Op& op) {
       // must be finished, which aborting the peers guarantees.
       fail(s, s.code() != StatusCode::kAborted);
     }
+    stats = collectives::summarize(op.desc, run.counters(), collectives::StatsClock::now() - start,
+                                   links_);
   }
-  op.work->complete(s);
+  log_stats(op.desc, stats, s);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_stats_ = stats;
+  }
+  op.work->complete(s, std::move(stats));
+}
+
+void CommImpl::log_stats(const OpDescriptor& desc, const OpStats& st, const Status& s) const {
+  const bool p2p = desc.kind == OpKind::kSend || desc.kind == OpKind::kRecv;
+  if (p2p ? !log_enabled(LogLevel::kTrace) : !log_enabled(LogLevel::kInfo)) return;
+  auto ms = [](std::chrono::nanoseconds d) {
+    return std::chrono::duration<double>(d).count() * 1e3;
+  };
+  char efficiency[32] = "unshaped";
+  if (st.link_limit.count() > 0)
+    std::snprintf(efficiency, sizeof(efficiency), "%.2f", st.link_efficiency);
+  log_write(p2p ? LogLevel::kTrace : LogLevel::kInfo, __FILE__, __LINE__,
+            "rank %d: %s #%llu%s: count %llu, codec %s, %.3f ms, sent %.3f MB, received %.3f MB, "
+            "ratio %.2f, encode %.3f ms, decode %.3f ms, network wait %.3f ms, link efficiency %s",
+            rank_, st.kind.c_str(), static_cast<unsigned long long>(st.sequence),
+            s.is_ok() ? "" : " (failed)", static_cast<unsigned long long>(st.count),
+            st.codec.empty() ? "none" : st.codec.c_str(), ms(st.wall),
+            static_cast<double>(st.bytes_sent) / 1e6, static_cast<double>(st.bytes_received) / 1e6,
+            st.compression_ratio, ms(st.encode), ms(st.decode), ms(st.network_wait), efficiency);
+}
+
+OpStats CommImpl::last_op_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_stats_;
 }
 
 Status CommImpl::check_health(const std::vector<int>& involved) {

@@ -17,9 +17,13 @@
 // after everyone's goodbye). So a dead rank is noticed by every rank directly (its sockets
 // close), and a rank that failed for any other reason tells everyone why.
 //
-// Locking: mu_ guards queue_, running_, stop_, failure_, control_sent_ and the sequence and
-// completion counters. Peers are thread-safe (transport). The executor alone touches ef_,
-// current_ and runs OpRun.
+// Statistics: run_one times each operation, summarizes its OpRun's counters against this rank's
+// emulated links (collectives/op_stats.h) into its Work and last_stats_, and logs the summary
+// of each collective at INFO (point-to-point operations at TRACE).
+//
+// Locking: mu_ guards queue_, running_, stop_, failure_, control_sent_, last_stats_ and the
+// sequence and completion counters. Peers are thread-safe (transport). The executor alone touches
+// ef_, current_ and runs OpRun.
 
 #include <array>
 #include <condition_variable>
@@ -34,6 +38,7 @@
 
 #include "collectives/descriptor.h"
 #include "collectives/ef_store.h"
+#include "collectives/op_stats.h"
 #include "collectives/scratch_pool.h"
 #include "collectives/work_state.h"
 #include "core/deadline.h"
@@ -57,6 +62,8 @@ class CommImpl {
   int size() const { return nranks_; }
   const CommOptions& options() const { return options_; }
   Deadline::Clock::duration timeout() const { return timeout_; }
+  uint64_t chunk_bytes() const { return chunk_bytes_; }  // the transport's chunk size
+  OpStats last_op_stats() const;
 
   // Queues a collective (desc.seq assigned here) over every peer.
   Work submit_collective(collectives::OpDescriptor desc, Body body);
@@ -107,6 +114,8 @@ class CommImpl {
   Work enqueue(Op op);
   void executor_main();
   void run_one(Op& op);
+  // The INFO (collective) or TRACE (point-to-point) line summarizing a completed operation.
+  void log_stats(const collectives::OpDescriptor& desc, const OpStats& st, const Status& s) const;
   // Latches `why` as the communicator's failure; the first time, tells the peers and aborts
   // every connection (no request references any buffer afterwards).
   void fail(const Status& why, bool notify);
@@ -118,6 +127,8 @@ class CommImpl {
   int nranks_ = 0;
   CommOptions options_;
   Deadline::Clock::duration timeout_{};
+  uint64_t chunk_bytes_ = 0;
+  std::vector<transport::WanLink> links_;  // by rank: this rank's emulated link to each peer
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank
@@ -132,6 +143,7 @@ class CommImpl {
   bool stop_ = false;
   Status failure_;
   bool control_sent_ = false;
+  OpStats last_stats_;
   uint64_t next_seq_ = 0;
   std::map<std::tuple<int, uint64_t, bool>, uint64_t> p2p_seq_;
   std::vector<uint64_t> p2p_sent_, p2p_received_;  // by peer: point-to-point ops submitted

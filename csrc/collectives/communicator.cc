@@ -215,6 +215,9 @@ void Communicator::abort() {
 Status Communicator::status() const {
   return impl_->status();
 }
+OpStats Communicator::last_op_stats() const {
+  return impl_->last_op_stats();
+}
 
 Result<std::vector<uint8_t>> Communicator::save_error_feedback() {
   std::vector<uint8_t> out;

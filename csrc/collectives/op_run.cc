@@ -30,7 +30,9 @@ OpRun::OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, D
       desc_(desc),
       peers_(std::move(peers)),
       deadline_(deadline),
-      shape_hash_(shape_hash(desc)) {}
+      shape_hash_(shape_hash(desc)) {
+  counters_.wire.resize(static_cast<size_t>(comm.size()));
+}
 
 OpRun::~OpRun() {
   for (auto& b : scratch_) comm_.scratch_pool().give(std::move(b));
@@ -41,20 +43,33 @@ uint8_t* OpRun::scratch(uint64_t bytes) {
   return reinterpret_cast<uint8_t*>(scratch_.back().mem.get());
 }
 
-transport::Request OpRun::isend(int peer, uint64_t tag, const void* data, uint64_t len) {
+transport::Request OpRun::isend(int peer, uint64_t tag, const void* data, uint64_t len,
+                                std::optional<uint64_t> uncompressed_len) {
+  counters_.payload_sent += len;
+  counters_.uncompressed_sent += uncompressed_len.value_or(len);
+  return isend_wire(peer, tag, data, len);
+}
+
+transport::Request OpRun::isend_wire(int peer, uint64_t tag, const void* data, uint64_t len) {
+  counters_.wire[static_cast<size_t>(peer)].sent += wire_bytes(len, comm_.chunk_bytes());
   issued_.push_back(comm_.peer(peer).isend(tag, data, len));
   issued_peer_.push_back(peer);
   return issued_.back();
 }
 
 transport::Request OpRun::irecv(int peer, uint64_t tag, void* data, uint64_t len) {
+  counters_.wire[static_cast<size_t>(peer)].received += wire_bytes(len, comm_.chunk_bytes());
   issued_.push_back(comm_.peer(peer).irecv(tag, data, len));
   issued_peer_.push_back(peer);
   return issued_.back();
 }
 
 Status OpRun::wait(const transport::Request& r) {
-  Status s = wait_one(r);
+  Status s;
+  {
+    ScopedTimer t(counters_.wait);
+    s = wait_one(r);
+  }
   return s.is_ok() ? s : explain(std::move(s));
 }
 
@@ -134,7 +149,7 @@ Status OpRun::post_descriptors() {
   std::copy(mine.begin(), mine.end(), out);
   desc_in_ = scratch(kDescriptorBytes * static_cast<uint64_t>(size()));
   for (int p : peers_) {
-    isend(p, tags::kDescriptor, out, kDescriptorBytes);
+    isend_wire(p, tags::kDescriptor, out, kDescriptorBytes);
     desc_recvs_.emplace_back(
         p, irecv(p, tags::kDescriptor, desc_in_ + kDescriptorBytes * static_cast<uint64_t>(p),
                  kDescriptorBytes));
@@ -172,7 +187,7 @@ Status OpRun::send_descriptor(int peer, uint64_t tag) {
   auto mine = desc_.encode();
   uint8_t* out = scratch(kDescriptorBytes);
   std::copy(mine.begin(), mine.end(), out);
-  isend(peer, tag, out, kDescriptorBytes);
+  isend_wire(peer, tag, out, kDescriptorBytes);
   return Status::ok();
 }
 

@@ -19,13 +19,20 @@
 // extra one-way delay. A failed wait while the check is pending reports a mismatch among the
 // descriptors that did arrive, if there is one, in preference to its own error: the mismatch
 // is the cause, the transport error its echo.
+//
+// Statistics: isend and irecv count the bytes they hand to the transport (per peer, on the
+// wire: chunk headers included), wait() the time it blocks; the algorithms time their codec
+// calls into counters() (collectives/op_stats.h). The executor summarizes them into the Work's
+// OpStats when the operation completes.
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "collectives/comm_impl.h"
 #include "collectives/descriptor.h"
+#include "collectives/op_stats.h"
 #include "collectives/scratch_pool.h"
 #include "core/deadline.h"
 #include "transport/request.h"
@@ -51,7 +58,10 @@ class OpRun {
   // operations through the communicator's ScratchPool).
   uint8_t* scratch(uint64_t bytes);
 
-  transport::Request isend(int peer, uint64_t tag, const void* data, uint64_t len);
+  // `uncompressed_len`: the payload this message replaces in the uncompressed algorithm
+  // (statistics only); unset: len.
+  transport::Request isend(int peer, uint64_t tag, const void* data, uint64_t len,
+                           std::optional<uint64_t> uncompressed_len = std::nullopt);
   transport::Request irecv(int peer, uint64_t tag, void* data, uint64_t len);
   Status wait(const transport::Request& r);
   // Waits for every request issued so far (the end of a successful operation).
@@ -72,7 +82,13 @@ class OpRun {
   // Decodes the descriptor `peer` sent (kDescriptorBytes at `bytes`) and checks it is `expected`.
   Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
 
+  // What the operation has done so far; the algorithms add their encode and decode times.
+  OpCounters& counters() { return counters_; }
+  const OpCounters& counters() const { return counters_; }
+
  private:
+  // A send counted on the wire only (descriptors are not payload).
+  transport::Request isend_wire(int peer, uint64_t tag, const void* data, uint64_t len);
   Status wait_one(const transport::Request& r);
   // A mismatch among the peers' descriptors that have arrived, else `failure`.
   Status explain(Status failure);
@@ -94,6 +110,7 @@ class OpRun {
   bool desc_pending_ = false;  // posted, not yet checked
   bool desc_checked_ = false;
   Status desc_result_;
+  OpCounters counters_;
 };
 
 }  // namespace lowcomm::collectives

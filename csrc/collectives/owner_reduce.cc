@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
@@ -152,6 +153,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       if (!plan.plain) {
         uint8_t* b = run.scratch(plan.bytes(s.count));
         RoundingKey key{send_seed, s.begin};
+        ScopedTimer t(run.counters().encode);
         if (ef) {
           LOWCOMM_CHECK(encode_error_feedback(plan.wire, a.dtype, src, ef->sender.data() + s.begin,
                                               s.count, b, plan.bytes(s.count), key, cpu));
@@ -163,7 +165,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       if (j == me) {
         own_codes[k] = codes;
       } else {
-        run.isend(j, reduce_tag, codes, plan.bytes(s.count));
+        run.isend(j, reduce_tag, codes, plan.bytes(s.count), s.count * plan.es);
       }
     }
   }
@@ -192,6 +194,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       --results_left;
       if (plan.plain) continue;  // received in place
       const Range s = plan.segs[j][k];
+      ScopedTimer t(run.counters().decode);
       LOWCOMM_CHECK(decode(plan.wire, results[j][k], plan.bytes(s.count), s.count, a.dtype,
                            out + s.begin * plan.es, cpu));
     }
@@ -228,6 +231,9 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
         }
         continue;
       }
+      // Uncompressed, this is the reduction itself, not a decode.
+      std::optional<ScopedTimer> t;
+      if (!plan.plain) t.emplace(run.counters().decode);
       LOWCOMM_CHECK(decode_accumulate(plan.wire, codes, plan.bytes(s.count), s.count,
                                       DType::kFloat32, acc, cpu));
     }
@@ -246,6 +252,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       } else {
         uint8_t* b = run.scratch(plan.bytes(s.count));
         RoundingKey key{owner_seed, s.begin};
+        ScopedTimer t(run.counters().encode);
         if (owner_residual) {
           LOWCOMM_CHECK(encode_error_feedback(plan.wire, DType::kFloat32, acc,
                                               owner_residual + (s.begin - mine.begin), s.count, b,
@@ -258,10 +265,13 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       }
     }
     if (!all_gather) continue;
-    for (int d = 1; d < P; ++d) run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count));
+    for (int d = 1; d < P; ++d)
+      run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count), s.count * plan.es);
     // The owner decodes the very bytes it sent, like everyone else.
-    if (!plan.plain)
+    if (!plan.plain) {
+      ScopedTimer t(run.counters().decode);
       LOWCOMM_CHECK(decode(plan.wire, res, plan.bytes(s.count), s.count, a.dtype, dst, cpu));
+    }
   }
 
   // Step 3: the rest of everyone else's results.

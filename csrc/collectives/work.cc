@@ -17,6 +17,15 @@ void WorkState::complete(Status s) {
   cv_.notify_all();
 }
 
+void WorkState::complete(Status s, OpStats stats) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(s);
+  stats_ = std::move(stats);
+  cv_.notify_all();
+}
+
 bool WorkState::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
@@ -41,6 +50,12 @@ Status WorkState::status() const {
   return status_;
 }
 
+Result<OpStats> WorkState::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return internal_error("operation still in flight");
+  return stats_;
+}
+
 bool Work::refused() const {
   return state_ && state_->is_refused();
 }
@@ -55,6 +70,10 @@ Status Work::wait_for(std::chrono::milliseconds d) const {
 }
 Status Work::status() const {
   return state_ ? state_->status() : invalid_argument("empty Work");
+}
+Result<OpStats> Work::stats() const {
+  if (!state_) return invalid_argument("empty Work");
+  return state_->stats();
 }
 uint64_t Work::sequence() const {
   return state_ ? state_->seq() : 0;

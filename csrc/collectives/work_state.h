@@ -1,6 +1,7 @@
 #pragma once
 // WorkState: the completion of one communicator operation (behind lowcomm::Work).
-// Completes exactly once; test/wait from any thread (its own mutex).
+// Completes exactly once, with its status and its statistics (OpStats); test/wait from any
+// thread (its own mutex).
 
 #include <chrono>
 #include <condition_variable>
@@ -13,24 +14,30 @@ namespace lowcomm {
 
 class WorkState {
  public:
-  explicit WorkState(uint64_t seq) : seq_(seq) {}
+  // `identity`: the statistics of the operation before it runs (identity_stats).
+  explicit WorkState(uint64_t seq, OpStats identity = {})
+      : seq_(seq), stats_(std::move(identity)) {}
   // An operation refused before it was queued (Work::refused): complete with `why` already.
   static std::shared_ptr<WorkState> refused(Status why);
-  void complete(Status s);  // first completion wins
+  // First completion wins. Without stats (never ran): the identity, zero counters.
+  void complete(Status s);
+  void complete(Status s, OpStats stats);
   bool done() const;
   Status wait() const;
   Status wait_for(std::chrono::milliseconds d) const;
   Status status() const;
+  Result<OpStats> stats() const;  // kInternal "in flight" before completion, as status()
   uint64_t seq() const { return seq_; }
   bool is_refused() const { return refused_; }
 
  private:
   const uint64_t seq_;
   bool refused_ = false;   // set before the state is shared, constant after
-  mutable std::mutex mu_;  // guards done_ and status_
+  mutable std::mutex mu_;  // guards done_, status_ and stats_
   mutable std::condition_variable cv_;
   bool done_ = false;
   Status status_;
+  OpStats stats_;
 };
 
 }  // namespace lowcomm

@@ -120,6 +120,36 @@ struct AllReduceOptions {
 // sum is rounded to the dtype, never re-quantized) and is refused.
 using ReduceScatterOptions = AllReduceOptions;
 
+// What one operation did, as this rank saw it (docs/collectives.md, "Statistics"). Bytes are
+// counted where the operation hands them to the transport: on the wire is payload plus the
+// transport's 48-byte header per chunk (at least one chunk per message) plus the operation's
+// descriptors. Times are the executor's, on the steady clock.
+struct OpStats {
+  std::string kind;       // "all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                          // "barrier", "send", "recv"; "" for a refused call
+  uint64_t sequence = 0;  // Work::sequence()
+  uint64_t count = 0;     // the call's element count
+  std::string codec;      // the codec spec on the wire ("q4"); "" uncompressed
+  // From when the executor started the operation to its completion (not the time queued).
+  std::chrono::nanoseconds wall{0};
+  uint64_t bytes_sent = 0;          // on the wire, to all peers
+  uint64_t bytes_received = 0;      // on the wire, from all peers
+  uint64_t payload_bytes_sent = 0;  // bytes_sent less chunk headers and descriptors
+  // The payload the same operation sends uncompressed (its dtype's bytes, same schedule).
+  uint64_t uncompressed_bytes_sent = 0;
+  // uncompressed_bytes_sent / payload_bytes_sent: 1 for uncompressed operations and for
+  // operations that ran but sent no payload.
+  double compression_ratio = 0.0;
+  std::chrono::nanoseconds encode{0};        // in the codec's encodes (0 uncompressed)
+  std::chrono::nanoseconds decode{0};        // in the codec's decodes (0 uncompressed)
+  std::chrono::nanoseconds network_wait{0};  // blocked waiting for sends and receives
+  // On an emulated link (CommOptions::wan, LOWCOMM_WAN): the least time the link allows for
+  // these bytes, max(sent * 8 / uplink, received * 8 / downlink) + one one-way delay, and
+  // link_limit / wall. Both 0 on an unshaped link.
+  std::chrono::nanoseconds link_limit{0};
+  double link_efficiency = 0.0;
+};
+
 class WorkState;
 
 // The completion of one operation. Cheap to copy (shared state).
@@ -134,6 +164,11 @@ class LOWCOMM_API Work {
   Status wait_for(std::chrono::milliseconds d) const;
   Status status() const;      // the final status; kInternal "in flight" before completion
   uint64_t sequence() const;  // the collective's operation number (p2p: per peer and tag)
+  // What the operation did, once it is complete (failed operations count what they issued
+  // before failing); before: kInternal "in flight", as status(). An operation that never ran
+  // (refused, dropped by abort(), or failed at once because the communicator had failed) has
+  // zero counters and ratio; a refused one has no kind either.
+  Result<OpStats> stats() const;
   // Refused before it was queued, for arguments that are wrong on this rank alone (a peer or
   // root outside the group, a null buffer with a non-zero count, an invalid codec, a count too
   // large): already complete with that error (kInvalidArgument; kUnsupported for CUDA memory).
@@ -186,6 +221,9 @@ class LOWCOMM_API Communicator {
   void abort();
   // ok, or the failure that broke the communicator.
   Status status() const;
+  // The statistics of the operation the executor completed last (collective or point-to-point,
+  // succeeded or failed; not refused calls); all zero before the first.
+  OpStats last_op_stats() const;
 
   // Error-feedback residuals, all keys, as bytes (docs/collectives.md) / back. Waits for the
   // operations queued before the call.

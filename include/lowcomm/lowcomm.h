@@ -23,6 +23,7 @@
 #define LOWCOMM_LOWCOMM_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "lowcomm/export.h"
 #include "lowcomm/version.h"
@@ -92,6 +93,30 @@ typedef struct {
 typedef struct lowcommComm* lowcommComm_t;
 typedef struct lowcommRequest* lowcommRequest_t;
 
+/* lowcomm: what one operation did on this rank, as lowcomm::OpStats (docs/collectives.md,
+ * "Statistics"). Bytes on the wire are payload plus the transport's chunk headers plus the
+ * operation's descriptors; times are nanoseconds of the steady clock. */
+typedef struct {
+  char kind[16];  /* "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
+                     "send", "recv"; "" before any operation */
+  char codec[48]; /* the codec spec on the wire ("q4"); "" uncompressed */
+  uint64_t sequence;
+  uint64_t count;     /* the call's element count */
+  uint64_t wallNs;    /* from when it started running to its completion */
+  uint64_t bytesSent; /* on the wire, to all peers */
+  uint64_t bytesReceived;
+  uint64_t payloadBytesSent;      /* bytesSent less chunk headers and descriptors */
+  uint64_t uncompressedBytesSent; /* the payload the uncompressed algorithm sends */
+  double compressionRatio;        /* uncompressedBytesSent / payloadBytesSent; 1 uncompressed */
+  uint64_t encodeNs;              /* in the codec's encodes (0 uncompressed) */
+  uint64_t decodeNs;              /* in the codec's decodes (0 uncompressed) */
+  uint64_t networkWaitNs;         /* blocked waiting for sends and receives */
+  /* Emulated link (LOWCOMM_WAN) only, else 0: the least time the link allows for these bytes
+   * (max(sent * 8 / uplink, received * 8 / downlink) + one one-way delay), and that / wall. */
+  uint64_t linkLimitNs;
+  double linkEfficiency;
+} lowcommOpStats;
+
 LOWCOMM_API const char* lowcommGetErrorString(lowcommResult_t result);
 /* The message of the last failed call on comm (this thread's last failed call when comm is
  * NULL: an init, or a lowcommWait/lowcommTest completing after its comm was destroyed or
@@ -157,6 +182,13 @@ LOWCOMM_API lowcommResult_t lowcommBarrier(lowcommComm_t comm, lowcommRequest_t*
 LOWCOMM_API lowcommResult_t lowcommTest(lowcommRequest_t request, int* done);
 /* Waits for completion, frees the request, returns its result. */
 LOWCOMM_API lowcommResult_t lowcommWait(lowcommRequest_t request);
+/* lowcomm: lowcommWait that also fills *stats with the operation's statistics (a failed
+ * operation's too: what it issued before failing). NULL request or stats:
+ * lowcommInvalidArgument, and the request is neither waited for nor freed. */
+LOWCOMM_API lowcommResult_t lowcommWaitStats(lowcommRequest_t request, lowcommOpStats* stats);
+/* lowcomm: the statistics of the operation comm completed last (collective or point-to-point,
+ * succeeded or failed; not a call refused for its arguments); all zero before the first. */
+LOWCOMM_API lowcommResult_t lowcommCommGetLastOpStats(lowcommComm_t comm, lowcommOpStats* stats);
 
 #ifdef __cplusplus
 }

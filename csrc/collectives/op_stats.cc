@@ -1,0 +1,85 @@
+#include "collectives/op_stats.h"
+
+#include <algorithm>
+
+#include "transport/chunk_header.h"
+
+namespace lowcomm::collectives {
+namespace {
+
+std::chrono::nanoseconds ns(StatsClock::duration d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+}
+
+double seconds_at(uint64_t bytes, double bits_per_second) {
+  return bits_per_second > 0.0 ? static_cast<double>(bytes) * 8.0 / bits_per_second : 0.0;
+}
+
+// The link-limit time of the counted bytes, in seconds; 0 when no link is shaped.
+double link_limit_s(const OpCounters& c, const std::vector<transport::WanLink>& links) {
+  double limit = 0.0, delay = 0.0;
+  bool shaped = false;
+  uint64_t sent = 0, received = 0;
+  const transport::WanLink* site = nullptr;
+  for (size_t r = 0; r < c.wire.size() && r < links.size(); ++r) {
+    const OpCounters::Peer& p = c.wire[r];
+    if (p.sent == 0 && p.received == 0) continue;
+    const transport::WanLink& l = links[r];
+    if (!l.shaped()) continue;
+    shaped = true;
+    delay = std::max(delay, l.one_way_delay_s);
+    if (l.model == transport::WanModel::kPair) {
+      limit = std::max(limit, seconds_at(std::max(p.sent, p.received), l.bits_per_second));
+    } else {
+      site = &l;  // every peer's link carries the same site rates
+      sent += p.sent;
+      received += p.received;
+    }
+  }
+  if (site)
+    limit = std::max({limit, seconds_at(sent, site->bits_per_second),
+                      seconds_at(received, site->down_bits_per_second)});
+  return shaped ? limit + delay : 0.0;
+}
+
+}  // namespace
+
+uint64_t wire_bytes(uint64_t len, uint64_t chunk_bytes) {
+  const uint64_t chunks = len == 0 ? 1 : (len + chunk_bytes - 1) / chunk_bytes;
+  return len + chunks * transport::kChunkHeaderBytes;
+}
+
+OpStats identity_stats(const OpDescriptor& desc) {
+  OpStats s;
+  s.kind = op_kind_name(desc.kind);
+  s.sequence = desc.seq;
+  s.count = desc.count;
+  if (desc.codec) s.codec = to_string(*desc.codec);
+  return s;
+}
+
+OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::duration wall,
+                  const std::vector<transport::WanLink>& links) {
+  OpStats s = identity_stats(desc);
+  s.wall = ns(wall);
+  for (const OpCounters::Peer& p : c.wire) {
+    s.bytes_sent += p.sent;
+    s.bytes_received += p.received;
+  }
+  s.payload_bytes_sent = c.payload_sent;
+  s.uncompressed_bytes_sent = c.uncompressed_sent;
+  s.compression_ratio = c.payload_sent > 0 ? static_cast<double>(c.uncompressed_sent) /
+                                                 static_cast<double>(c.payload_sent)
+                                           : 1.0;
+  s.encode = ns(c.encode);
+  s.decode = ns(c.decode);
+  s.network_wait = ns(c.wait);
+  const double limit = link_limit_s(c, links);
+  s.link_limit =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(limit));
+  const double wall_s = std::chrono::duration<double>(wall).count();
+  s.link_efficiency = limit > 0.0 && wall_s > 0.0 ? limit / wall_s : 0.0;
+  return s;
+}
+
+}  // namespace lowcomm::collectives

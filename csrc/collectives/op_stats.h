@@ -1,0 +1,59 @@
+#pragma once
+// Per-operation statistics: OpCounters, what one running operation did, counted as it runs
+// (OpRun's sends, receives and waits; the algorithms' codec calls), and summarize(), which turns
+// them into the public OpStats when the operation completes (docs/collectives.md, "Statistics").
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "collectives/descriptor.h"
+#include "lowcomm/communicator.h"
+#include "transport/wan_link.h"
+
+namespace lowcomm::collectives {
+
+using StatsClock = std::chrono::steady_clock;
+
+struct OpCounters {
+  struct Peer {
+    uint64_t sent = 0;      // on the wire: payload + chunk headers
+    uint64_t received = 0;  // likewise
+  };
+  std::vector<Peer> wire;  // by rank
+  uint64_t payload_sent = 0;
+  uint64_t uncompressed_sent = 0;
+  StatsClock::duration encode{};
+  StatsClock::duration decode{};
+  StatsClock::duration wait{};
+};
+
+// A message of `len` bytes on the wire: the transport's 48-byte header per chunk of
+// `chunk_bytes`, one header for an empty message.
+uint64_t wire_bytes(uint64_t len, uint64_t chunk_bytes);
+
+// Adds the time from its construction to its destruction to `into`.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(StatsClock::duration& into) : into_(into), start_(StatsClock::now()) {}
+  ~ScopedTimer() { into_ += StatsClock::now() - start_; }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  StatsClock::duration& into_;
+  StatsClock::time_point start_;
+};
+
+// The operation's identity (kind, sequence, count, codec) and zero counters: a Work that never
+// ran.
+OpStats identity_stats(const OpDescriptor& desc);
+
+// `links[r]`: this rank's emulated link to rank r (unshaped: no link limit). Site model: the
+// sent bytes against this rank's uplink and the received ones against its downlink; pair model:
+// each peer's bytes against that pair's rate. Plus the largest one-way delay to a peer the
+// operation exchanged bytes with.
+OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::duration wall,
+                  const std::vector<transport::WanLink>& links);
+
+}  // namespace lowcomm::collectives
