@@ -39,7 +39,8 @@ Expected all_reduce_bytes(int P, int me, uint64_t n, const std::optional<CodecSp
                           uint64_t segment_bytes) {
   auto bytes = [&](uint64_t count) { return codec ? encoded_size(*codec, count) : count * 4; };
   const auto chunks = collectives::owner_chunks(n, P, collectives::granule(codec));
-  const uint64_t seg = collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, codec);
+  const uint64_t seg = collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, codec,
+                                                         n / static_cast<uint64_t>(P));
   const auto peers = static_cast<uint64_t>(P - 1);
   Expected e;
   e.sent = e.received = peers * on_wire(kDescriptor);
@@ -59,7 +60,8 @@ Expected all_reduce_bytes(int P, int me, uint64_t n, const std::optional<CodecSp
 Expected reduce_scatter_bytes(int P, int me, uint64_t recv_count,
                               const std::optional<CodecSpec>& codec, uint64_t segment_bytes) {
   auto bytes = [&](uint64_t count) { return codec ? encoded_size(*codec, count) : count * 4; };
-  const uint64_t seg = collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, codec);
+  const uint64_t seg =
+      collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, codec, recv_count);
   const auto peers = static_cast<uint64_t>(P - 1);
   Expected e;
   e.sent = e.received = peers * on_wire(kDescriptor);
