@@ -11,8 +11,14 @@ std::chrono::nanoseconds ns(StatsClock::duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d);
 }
 
-double seconds_at(uint64_t bytes, double bits_per_second) {
-  return bits_per_second > 0.0 ? static_cast<double>(bytes) * 8.0 / bits_per_second : 0.0;
+// bytes (chunk headers included) at the link's rate, with its TCP/IP framing
+// (WanLink::frame_bytes).
+double seconds_at(uint64_t bytes, double bits_per_second, const transport::WanLink& l) {
+  if (bits_per_second <= 0.0) return 0.0;
+  const double framed =
+      static_cast<double>(bytes) *
+      (1.0 + l.frame_bytes / static_cast<double>(transport::WanLink::kTcpSegmentBytes));
+  return framed * 8.0 / bits_per_second;
 }
 
 // The link-limit time of the counted bytes, in seconds; 0 when no link is shaped.
@@ -29,7 +35,7 @@ double link_limit_s(const OpCounters& c, const std::vector<transport::WanLink>& 
     shaped = true;
     delay = std::max(delay, l.one_way_delay_s);
     if (l.model == transport::WanModel::kPair) {
-      limit = std::max(limit, seconds_at(std::max(p.sent, p.received), l.bits_per_second));
+      limit = std::max(limit, seconds_at(std::max(p.sent, p.received), l.bits_per_second, l));
     } else {
       site = &l;  // every peer's link carries the same site rates
       sent += p.sent;
@@ -37,8 +43,8 @@ double link_limit_s(const OpCounters& c, const std::vector<transport::WanLink>& 
     }
   }
   if (site)
-    limit = std::max({limit, seconds_at(sent, site->bits_per_second),
-                      seconds_at(received, site->down_bits_per_second)});
+    limit = std::max({limit, seconds_at(sent, site->bits_per_second, *site),
+                      seconds_at(received, site->down_bits_per_second, *site)});
   return shaped ? limit + delay : 0.0;
 }
 
