@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collectives/op_run.h"
 #include "lowcomm/communicator.h"
@@ -39,9 +40,21 @@ uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
                               const std::optional<CodecSpec>& codec, uint64_t chunk_elems);
 
 Status all_reduce(OpRun& run, const ReduceArgs& a);
-Status reduce_scatter(OpRun& run, const ReduceArgs& a);  // a.n = recv count * size
+Status reduce(OpRun& run, const ReduceArgs& a, int root);  // the result on root only
+Status reduce_scatter(OpRun& run, const ReduceArgs& a);    // a.n = recv count * size
 Status all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype);
 Status broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root);
+Status gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root);
+Status scatter(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root);
+
+struct AllToAllArgs {
+  const void* send = nullptr;
+  std::vector<uint64_t> send_counts, send_offsets;  // elements, per rank
+  void* recv = nullptr;
+  std::vector<uint64_t> recv_counts, recv_offsets;
+  DType dtype = DType::kFloat32;
+};
+Status all_to_all(OpRun& run, const AllToAllArgs& a);
 Status send(OpRun& run, const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
 Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
 Status barrier(OpRun& run);

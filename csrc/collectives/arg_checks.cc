@@ -133,4 +133,65 @@ Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype
   return check_buffer(what, "recv", recv, count);
 }
 
+Status check_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
+                    int root, int rank, int size, const std::optional<CodecSpec>& codec,
+                    const std::string& ef_key) {
+  const char* what = "reduce";
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  LOWCOMM_CHECK(check_op(what, dtype, op));
+  LOWCOMM_CHECK(check_root(what, root, size));
+  LOWCOMM_CHECK(check_elements(what, count));
+  LOWCOMM_CHECK(check_buffer(what, "send", send, count));
+  if (rank == root) LOWCOMM_CHECK(check_buffer(what, "recv", recv, count));  // others: unused
+  LOWCOMM_CHECK(check_codec(what, codec, count, dtype, op));
+  return check_ef_key(what, codec, dtype, ef_key);
+}
+
+Status check_root(const char* what, int root, int size) {
+  if (root >= 0 && root < size) return Status::ok();
+  return invalid_argument(std::string(what) + ": root " + std::to_string(root) +
+                          " is outside [0, " + std::to_string(size) + ")");
+}
+
+// Gather (root_holds_all): every rank's send holds count, the root's recv count * size.
+// Scatter: the root's send holds count * size, every rank's recv count.
+Status check_rooted(const char* what, const void* send, void* recv, uint64_t count, DType dtype,
+                    int root, int rank, int size, bool root_holds_all) {
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  LOWCOMM_CHECK(check_root(what, root, size));
+  LOWCOMM_CHECK(check_elements(what, count, static_cast<uint64_t>(size)));
+  if (root_holds_all) {
+    LOWCOMM_CHECK(check_buffer(what, "send", send, count));
+    return rank == root ? check_buffer(what, "recv", recv, count) : Status::ok();
+  }
+  if (rank == root) LOWCOMM_CHECK(check_buffer(what, "send", send, count));
+  return check_buffer(what, "recv", recv, count);
+}
+
+Status check_all_to_all(const void* send, const std::vector<uint64_t>& send_counts,
+                        const std::vector<uint64_t>& send_offsets, void* recv,
+                        const std::vector<uint64_t>& recv_counts,
+                        const std::vector<uint64_t>& recv_offsets, DType dtype, int rank,
+                        int size) {
+  const char* what = "all_to_all";
+  LOWCOMM_CHECK(check_dtype(what, dtype));
+  const auto n = static_cast<size_t>(size);
+  if (send_counts.size() != n || send_offsets.size() != n || recv_counts.size() != n ||
+      recv_offsets.size() != n)
+    return invalid_argument(std::string(what) + ": counts and offsets need one entry per rank (" +
+                            std::to_string(size) + ")");
+  for (size_t j = 0; j < n; ++j) {
+    for (uint64_t v : {send_counts[j], send_offsets[j], recv_counts[j], recv_offsets[j]})
+      LOWCOMM_CHECK(check_elements(what, v));
+    LOWCOMM_CHECK(check_buffer(what, "send", send, send_counts[j]));
+    LOWCOMM_CHECK(check_buffer(what, "recv", recv, recv_counts[j]));
+  }
+  const auto me = static_cast<size_t>(rank);
+  if (send_counts[me] != recv_counts[me])
+    return invalid_argument(std::string(what) + ": this rank (" + std::to_string(rank) +
+                            ") sends itself " + std::to_string(send_counts[me]) +
+                            " elements but expects " + std::to_string(recv_counts[me]));
+  return Status::ok();
+}
+
 }  // namespace lowcomm::collectives

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "lowcomm/communicator.h"
 
@@ -31,6 +32,16 @@ Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, D
                             ReduceOp op, int size, const std::optional<CodecSpec>& codec,
                             const std::string& ef_key);
 Status check_all_gather(const void* send, void* recv, uint64_t send_count, DType dtype, int size);
+Status check_root(const char* what, int root, int size);
+Status check_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
+                    int root, int rank, int size, const std::optional<CodecSpec>& codec,
+                    const std::string& ef_key);
+Status check_rooted(const char* what, const void* send, void* recv, uint64_t count, DType dtype,
+                    int root, int rank, int size, bool root_holds_all);
+Status check_all_to_all(const void* send, const std::vector<uint64_t>& send_counts,
+                        const std::vector<uint64_t>& send_offsets, void* recv,
+                        const std::vector<uint64_t>& recv_counts,
+                        const std::vector<uint64_t>& recv_offsets, DType dtype, int rank, int size);
 Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root,
                        int rank, int size);
 

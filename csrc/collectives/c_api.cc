@@ -12,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "lowcomm/communicator.h"
 #include "lowcomm/version.h"
@@ -433,6 +434,64 @@ lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t co
     auto dt = to_dtype(datatype);
     if (!dt) return record(comm, dt.status());
     return finish(comm, comm->comm->broadcast(sendbuff, recvbuff, count, *dt, root), request);
+  });
+}
+
+lowcommResult_t lowcommReduce(const void* sendbuff, void* recvbuff, size_t count,
+                              lowcommDataType_t datatype, lowcommRedOp_t op, int root,
+                              const char* codec, lowcommComm_t comm, lowcommRequest_t* request) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    auto rop = to_op(op);
+    if (!rop) return record(comm, rop.status());
+    lowcomm::AllReduceOptions o;
+    if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
+    return finish(comm, comm->comm->reduce(sendbuff, recvbuff, count, *dt, *rop, root, o), request);
+  });
+}
+
+lowcommResult_t lowcommGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                              lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                              lowcommRequest_t* request) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish(comm, comm->comm->gather(sendbuff, recvbuff, sendcount, *dt, root), request);
+  });
+}
+
+lowcommResult_t lowcommScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                               lowcommRequest_t* request) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish(comm, comm->comm->scatter(sendbuff, recvbuff, recvcount, *dt, root), request);
+  });
+}
+
+lowcommResult_t lowcommAllToAllv(const void* sendbuff, const size_t* sendcounts,
+                                 const size_t* sdispls, void* recvbuff, const size_t* recvcounts,
+                                 const size_t* rdispls, lowcommDataType_t datatype,
+                                 lowcommComm_t comm, lowcommRequest_t* request) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+      return record(comm, lowcomm::invalid_argument(
+                              "lowcommAllToAllv: counts and displacements must not be NULL"));
+    const auto n = static_cast<size_t>(comm->comm->size());
+    std::vector<uint64_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n),
+        rc(recvcounts, recvcounts + n), rd(rdispls, rdispls + n);
+    return finish(comm,
+                  comm->comm->all_to_all(sendbuff, std::move(sc), std::move(sd), recvbuff,
+                                         std::move(rc), std::move(rd), *dt),
+                  request);
   });
 }
 

@@ -165,6 +165,87 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
       d, [=](OpRun& run) { return collectives::all_gather(run, send, recv, send_count, dtype); });
 }
 
+Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
+                          int root, const AllReduceOptions& options) {
+  if (Status s = host_only("reduce", options.memory); !s) return refused(s);
+  std::optional<CodecSpec> codec = resolve_codec(options.codec, impl_->options().codec, dtype, op);
+  if (Status s = collectives::check_reduce(send, recv, count, dtype, op, root, rank(), size(),
+                                           codec, options.ef_key);
+      !s)
+    return refused(s);
+  OpDescriptor d;
+  d.kind = OpKind::kReduce;
+  d.count = count;
+  d.dtype = dtype;
+  d.op = op;
+  d.root = root;
+  d.codec = codec;
+  if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
+  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec,
+                                            count / static_cast<uint64_t>(size()));
+  collectives::ReduceArgs a{send,         recv,    count,          dtype,
+                            op,           d.codec, options.ef_key, options.owner_error_feedback,
+                            options.seed, 0};
+  auto step = options.step;
+  return impl_->submit_collective(d, [a, step, root](OpRun& run) mutable {
+    a.step = step ? *step : run.desc().seq;
+    return collectives::reduce(run, a, root);
+  });
+}
+
+Work Communicator::gather(const void* send, void* recv, uint64_t send_count, DType dtype,
+                          int root) {
+  if (Status s = collectives::check_rooted("gather", send, recv, send_count, dtype, root, rank(),
+                                           size(), true);
+      !s)
+    return refused(s);
+  OpDescriptor d;
+  d.kind = OpKind::kGather;
+  d.count = send_count;
+  d.dtype = dtype;
+  d.root = root;
+  return impl_->submit_collective(
+      d, [=](OpRun& run) { return collectives::gather(run, send, recv, send_count, dtype, root); });
+}
+
+Work Communicator::scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
+                           int root) {
+  if (Status s = collectives::check_rooted("scatter", send, recv, recv_count, dtype, root, rank(),
+                                           size(), false);
+      !s)
+    return refused(s);
+  OpDescriptor d;
+  d.kind = OpKind::kScatter;
+  d.count = recv_count;
+  d.dtype = dtype;
+  d.root = root;
+  return impl_->submit_collective(d, [=](OpRun& run) {
+    return collectives::scatter(run, send, recv, recv_count, dtype, root);
+  });
+}
+
+Work Communicator::all_to_all(const void* send, std::vector<uint64_t> send_counts,
+                              std::vector<uint64_t> send_offsets, void* recv,
+                              std::vector<uint64_t> recv_counts, std::vector<uint64_t> recv_offsets,
+                              DType dtype) {
+  if (Status s = collectives::check_all_to_all(send, send_counts, send_offsets, recv, recv_counts,
+                                               recv_offsets, dtype, rank(), size());
+      !s)
+    return refused(s);
+  OpDescriptor d;
+  d.kind = OpKind::kAllToAll;
+  d.dtype = dtype;  // the splits are per pair: not part of what every rank must agree on
+  auto a = std::make_shared<collectives::AllToAllArgs>();
+  a->send = send;
+  a->send_counts = std::move(send_counts);
+  a->send_offsets = std::move(send_offsets);
+  a->recv = recv;
+  a->recv_counts = std::move(recv_counts);
+  a->recv_offsets = std::move(recv_offsets);
+  a->dtype = dtype;
+  return impl_->submit_collective(d, [a](OpRun& run) { return collectives::all_to_all(run, *a); });
+}
+
 Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root) {
   if (Status s = check_broadcast(send, recv, count, dtype, root, rank(), size()); !s)
     return refused(s);

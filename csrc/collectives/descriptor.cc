@@ -30,6 +30,14 @@ const char* op_kind_name(OpKind kind) {
       return "all_reduce";
     case OpKind::kSend:
       return "send";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kAllToAll:
+      return "all_to_all";
     case OpKind::kRecv:
       return "recv";
   }
@@ -68,7 +76,7 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
     return corrupt_data(who + ": operation descriptor has a bad magic");
   if (load_le32(p + 60) != fnv1a32(p, 60))
     return corrupt_data(who + ": operation descriptor checksum mismatch");
-  if (p[4] < 1 || p[4] > 6 || !valid_dtype_byte(p[5]) || p[6] > kMaxReduceOp ||
+  if (p[4] < 1 || p[4] > 11 || p[4] == 7 || !valid_dtype_byte(p[5]) || p[6] > kMaxReduceOp ||
       load_le32(p + 56) != 0)
     return corrupt_data(who + ": operation descriptor has out-of-range fields");
   OpDescriptor d;
@@ -99,11 +107,13 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
 std::string OpDescriptor::to_string() const {
   std::string s = std::string(op_kind_name(kind)) + " #" + std::to_string(seq) + " (count " +
                   std::to_string(count) + ", " + dtype_name(dtype);
-  if (kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter)
-    s += std::string(", ") + reduce_op_name(op);
-  if (kind == OpKind::kAllReduce)
-    s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
-  if (kind == OpKind::kBroadcast) s += ", root " + std::to_string(root);
+  const bool reduces =
+      kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
+  if (reduces) s += std::string(", ") + reduce_op_name(op);
+  if (reduces) s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
+  if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
+      kind == OpKind::kScatter)
+    s += ", root " + std::to_string(root);
   if (kind == OpKind::kSend)
     s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
   if (kind == OpKind::kRecv)

@@ -29,6 +29,10 @@ enum class OpKind : uint8_t {
   kAllReduce = 5,
   kSend = 6,  // a recv expects the sender's kSend descriptor
   kRecv = 7,  // local only (names the operation in errors); never on the wire
+  kReduce = 8,
+  kGather = 9,
+  kScatter = 10,
+  kAllToAll = 11,
 };
 const char* op_kind_name(OpKind kind);
 

@@ -87,10 +87,21 @@ Plan make_plan(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks
   return p;
 }
 
-// Steps 1 and 2 (and 3 when all_gather): see the file comment.
+// Where the owners' results go after step 2.
+struct Finish {
+  enum Kind { kScatter, kAllGather, kToRoot } kind = kAllGather;
+  int root = -1;  // kToRoot
+};
+
+// Steps 1 and 2, and 3 (to every rank, or to the root): see the file comment.
 Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks,
-                    bool all_gather) {
+                    Finish finish) {
   const int P = run.size(), me = run.rank();
+  const bool all_gather = finish.kind == Finish::kAllGather;
+  const bool to_root = finish.kind == Finish::kToRoot;
+  // Whether this rank receives other owners' results, and whether it sends its own (and to whom).
+  const bool gets_results = all_gather || (to_root && me == finish.root);
+  const bool sends_results = all_gather || (to_root && me != finish.root);
   Plan plan = make_plan(run, a, chunks);
   const auto* in = static_cast<const uint8_t*>(a.send);
   auto* out = static_cast<uint8_t*>(a.recv);
@@ -127,7 +138,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
   }
   std::vector<std::vector<uint8_t*>> results(P);  // [owner][segment] codes of owner's chunk
   std::vector<std::vector<transport::Request>> result_req(P);
-  if (all_gather) {
+  if (gets_results) {
     for (int j = 0; j < P; ++j) {
       if (j == me) continue;
       for (const Range& s : plan.segs[j]) {
@@ -177,7 +188,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
   // arrive, between the segments of step 2 and while it waits, so the end of the operation is
   // not one long decode of everything (on a busy host that tail was ~10% of a q4 all-reduce).
   std::vector<std::pair<int, size_t>> result_order;
-  if (all_gather) {
+  if (gets_results) {
     for (size_t k = 0; k < max_segs; ++k)
       for (int d = 1; d < P; ++d)
         if (k < plan.segs[(me + d) % P].size()) result_order.emplace_back((me + d) % P, k);
@@ -237,7 +248,11 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
       LOWCOMM_CHECK(decode_accumulate(plan.wire, codes, plan.bytes(s.count), s.count,
                                       DType::kFloat32, acc, cpu));
     }
-    uint8_t* dst = all_gather ? out + s.begin * plan.es : out + (s.begin - mine.begin) * plan.es;
+    // Where the rounded result goes: the output (the root's, for a reduce), or scratch on a
+    // non-root owner of a reduce, whose output is not there.
+    uint8_t* dst = finish.kind == Finish::kScatter ? out + (s.begin - mine.begin) * plan.es
+                   : gets_results                  ? out + s.begin * plan.es
+                                                   : run.scratch(s.count * plan.es);
     const uint8_t* res = dst;
     if (!fp32_sum) {
       reduce_finish(a.dtype, a.op, P, acc_bytes, dst, s.count);  // plain: the result is dst
@@ -246,7 +261,7 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
         const auto div = static_cast<float>(P);
         for (uint64_t i = 0; i < s.count; ++i) acc[i] /= div;
       }
-      if (!all_gather || plan.plain) {  // reduce-scatter, or plain: round the sum into dst
+      if (finish.kind == Finish::kScatter || plan.plain) {  // round the sum into dst
         LOWCOMM_CHECK(
             encode(dtype_out, DType::kFloat32, acc, s.count, dst, s.count * plan.es, {}, cpu));
       } else {
@@ -264,11 +279,15 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
         res = b;
       }
     }
-    if (!all_gather) continue;
-    for (int d = 1; d < P; ++d)
-      run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count), s.count * plan.es);
-    // The owner decodes the very bytes it sent, like everyone else.
-    if (!plan.plain) {
+    if (finish.kind == Finish::kScatter) continue;
+    if (all_gather) {
+      for (int d = 1; d < P; ++d)
+        run.isend((me + d) % P, gather_tag, res, plan.bytes(s.count), s.count * plan.es);
+    } else if (sends_results) {
+      run.isend(finish.root, gather_tag, res, plan.bytes(s.count), s.count * plan.es);
+    }
+    // The owner decodes the very bytes it sent, like everyone else (a reduce: the root only).
+    if (!plan.plain && gets_results) {
       ScopedTimer t(run.counters().decode);
       LOWCOMM_CHECK(decode(plan.wire, res, plan.bytes(s.count), s.count, a.dtype, dst, cpu));
     }
@@ -296,7 +315,16 @@ uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
 Status all_reduce(OpRun& run, const ReduceArgs& a) {
   LOWCOMM_CHECK(check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.ef_key));
   LOWCOMM_CHECK(run.post_descriptors());
-  return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)), true);
+  return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)),
+                      {Finish::kAllGather, -1});
+}
+
+Status reduce(OpRun& run, const ReduceArgs& a, int root) {
+  LOWCOMM_CHECK(check_reduce(a.send, a.recv, a.n, a.dtype, a.op, root, run.rank(), run.size(),
+                             a.codec, a.ef_key));
+  LOWCOMM_CHECK(run.post_descriptors());
+  return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)),
+                      {Finish::kToRoot, root});
 }
 
 Status reduce_scatter(OpRun& run, const ReduceArgs& a) {
@@ -306,7 +334,7 @@ Status reduce_scatter(OpRun& run, const ReduceArgs& a) {
   LOWCOMM_CHECK(run.post_descriptors());
   std::vector<Range> chunks;
   for (int j = 0; j < run.size(); ++j) chunks.push_back({rc * static_cast<uint64_t>(j), rc});
-  return owner_reduce(run, a, chunks, false);
+  return owner_reduce(run, a, chunks, {Finish::kScatter, -1});
 }
 
 }  // namespace lowcomm::collectives

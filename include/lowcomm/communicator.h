@@ -206,6 +206,23 @@ class LOWCOMM_API Communicator {
   // the result is deterministic; bytes sent per rank are (P-1)/P of the encoded tensor.
   Work reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op,
                       const ReduceScatterOptions& options = {});
+  // recv (on root) = op over ranks of send, as all_reduce's (options too, owner_error_feedback
+  // included), the result sent to root only; other ranks' recv is not used (may be null).
+  Work reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op, int root,
+              const AllReduceOptions& options = {});
+  // root's recv holds send_count * size() elements, rank r's at r * send_count (in place
+  // allowed); other ranks' recv is not used.
+  Work gather(const void* send, void* recv, uint64_t send_count, DType dtype, int root);
+  // root's send holds recv_count * size() elements; rank r receives the r-th block. Other
+  // ranks' send is not used.
+  Work scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, int root);
+  // Rank r sends send_counts[j] elements from send + send_offsets[j] to rank j, and receives
+  // recv_counts[j] from rank j at recv + recv_offsets[j] (offsets in elements; one entry per
+  // rank each). Both ranks of a pair must agree on the count between them: a message of
+  // another length fails the receive naming the peer. send_counts[rank] == recv_counts[rank].
+  Work all_to_all(const void* send, std::vector<uint64_t> send_counts,
+                  std::vector<uint64_t> send_offsets, void* recv, std::vector<uint64_t> recv_counts,
+                  std::vector<uint64_t> recv_offsets, DType dtype);
   // recv holds send_count * size() elements, rank r's at r * send_count (in place allowed).
   Work all_gather(const void* send, void* recv, uint64_t send_count, DType dtype);
   // recv = root's send (root: send == recv allowed; other ranks ignore send).

@@ -168,6 +168,26 @@ LOWCOMM_API lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* rec
 LOWCOMM_API lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                              lowcommDataType_t datatype, int root,
                                              lowcommComm_t comm, lowcommRequest_t* request);
+/* As ncclReduce: the result on root only (other ranks' recvbuff unused, may be NULL); codec as
+ * lowcommAllReduce's. */
+LOWCOMM_API lowcommResult_t lowcommReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                          lowcommDataType_t datatype, lowcommRedOp_t op, int root,
+                                          const char* codec, lowcommComm_t comm,
+                                          lowcommRequest_t* request);
+/* root's recvbuff holds sendcount * nranks elements, rank r's at r * sendcount. */
+LOWCOMM_API lowcommResult_t lowcommGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                          lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                                          lowcommRequest_t* request);
+/* root's sendbuff holds recvcount * nranks elements; rank r receives the r-th block. */
+LOWCOMM_API lowcommResult_t lowcommScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                           lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                                           lowcommRequest_t* request);
+/* As MPI_Alltoallv: arrays of nranks counts and displacements, in elements. */
+LOWCOMM_API lowcommResult_t lowcommAllToAllv(const void* sendbuff, const size_t* sendcounts,
+                                             const size_t* sdispls, void* recvbuff,
+                                             const size_t* recvcounts, const size_t* rdispls,
+                                             lowcommDataType_t datatype, lowcommComm_t comm,
+                                             lowcommRequest_t* request);
 LOWCOMM_API lowcommResult_t lowcommSend(const void* sendbuff, size_t count,
                                         lowcommDataType_t datatype, int peer, lowcommComm_t comm,
                                         lowcommRequest_t* request);
