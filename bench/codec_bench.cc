@@ -180,7 +180,8 @@ int register_all() {
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }
-  const char* codecs[] = {"q1", "q2", "q3", "q4", "q8", "minmax4", "bf16", "fp32"};
+  const char* codecs[] = {"q1",      "q2",      "q3",      "q4",   "q8",
+                          "minmax2", "minmax4", "minmax8", "bf16", "fp32"};
   const Op ops[] = {Op::kEncode, Op::kEncodeFeedback,   Op::kEncodeDelta,
                     Op::kDecode, Op::kDecodeAccumulate, Op::kDecodeDelta};
   for (Op op : ops) {
