@@ -57,53 +57,58 @@ void check_tensor(const Case& c, const std::vector<uint8_t>& x) {
   auto m0 = make_tensor(c.dtype, c.n, 2, false);
   std::vector<float> r0(c.n);
   for (uint64_t i = 0; i < c.n; ++i) r0[i] = 1e-3f * static_cast<float>(i % 17) - 0.008f;
-  RoundingKey key{1234, 77};
+  // Offsets off and on a multiple of 4 (the Philox counter holds 4 elements); the second key
+  // has both seed words and the counter's high word nonzero.
+  for (const RoundingKey key :
+       {RoundingKey{1234, 77}, RoundingKey{0xDEADBEEF00000003, 1ull << 40}}) {
+    CpuOptions simd{1, true}, plain{1, false};
+    for (int op = 0; op < 3; ++op) {
+      SCOPED_TRACE("encode op " + std::to_string(op));
+      std::vector<uint8_t> ca(bytes, 0xAA), cb(bytes, 0x55);
+      auto ma = m0, mb = m0;
+      auto ra = r0, rb = r0;
+      if (op == 0) {
+        ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, ca.data(), bytes, key, simd).is_ok());
+        ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, cb.data(), bytes, key, plain).is_ok());
+      } else if (op == 1) {
+        ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), ra.data(), c.n, ca.data(),
+                                          bytes, key, simd)
+                        .is_ok());
+        ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), rb.data(), c.n, cb.data(),
+                                          bytes, key, plain)
+                        .is_ok());
+      } else {
+        ASSERT_TRUE(
+            encode_delta(*spec, c.dtype, x.data(), ma.data(), c.n, ca.data(), bytes, key, simd)
+                .is_ok());
+        ASSERT_TRUE(
+            encode_delta(*spec, c.dtype, x.data(), mb.data(), c.n, cb.data(), bytes, key, plain)
+                .is_ok());
+      }
+      ASSERT_EQ(ca, cb);
+      ASSERT_EQ(ra, rb);
+      ASSERT_EQ(ma, mb);
 
-  CpuOptions simd{1, true}, plain{1, false};
-  for (int op = 0; op < 3; ++op) {
-    SCOPED_TRACE("encode op " + std::to_string(op));
-    std::vector<uint8_t> ca(bytes, 0xAA), cb(bytes, 0x55);
-    auto ma = m0, mb = m0;
-    auto ra = r0, rb = r0;
-    if (op == 0) {
-      ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, ca.data(), bytes, key, simd).is_ok());
-      ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, cb.data(), bytes, key, plain).is_ok());
-    } else if (op == 1) {
-      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), ra.data(), c.n, ca.data(), bytes,
-                                        key, simd)
-                      .is_ok());
-      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), rb.data(), c.n, cb.data(), bytes,
-                                        key, plain)
-                      .is_ok());
-    } else {
+      // Decodes of these codes.
+      auto oa = m0, ob = m0;
+      ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
+      ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
+      ASSERT_EQ(oa, ob);
+      oa = m0, ob = m0;
       ASSERT_TRUE(
-          encode_delta(*spec, c.dtype, x.data(), ma.data(), c.n, ca.data(), bytes, key, simd)
-              .is_ok());
+          decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
       ASSERT_TRUE(
-          encode_delta(*spec, c.dtype, x.data(), mb.data(), c.n, cb.data(), bytes, key, plain)
-              .is_ok());
+          decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
+      ASSERT_EQ(oa, ob);
+      auto da = m0, db = m0;
+      oa.assign(oa.size(), 0), ob.assign(ob.size(), 0);
+      ASSERT_TRUE(
+          decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, da.data(), oa.data(), simd).is_ok());
+      ASSERT_TRUE(
+          decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, db.data(), ob.data(), plain).is_ok());
+      ASSERT_EQ(da, db);
+      ASSERT_EQ(oa, ob);
     }
-    ASSERT_EQ(ca, cb);
-    ASSERT_EQ(ra, rb);
-    ASSERT_EQ(ma, mb);
-
-    // Decodes of these codes.
-    auto oa = m0, ob = m0;
-    ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
-    ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
-    ASSERT_EQ(oa, ob);
-    oa = m0, ob = m0;
-    ASSERT_TRUE(decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
-    ASSERT_TRUE(decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
-    ASSERT_EQ(oa, ob);
-    auto da = m0, db = m0;
-    oa.assign(oa.size(), 0), ob.assign(ob.size(), 0);
-    ASSERT_TRUE(
-        decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, da.data(), oa.data(), simd).is_ok());
-    ASSERT_TRUE(
-        decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, db.data(), ob.data(), plain).is_ok());
-    ASSERT_EQ(da, db);
-    ASSERT_EQ(oa, ob);
   }
 }
 

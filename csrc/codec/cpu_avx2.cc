@@ -1,9 +1,12 @@
 // AVX2 path for the absmax codecs (q1..q8), the hot path of the compressed all-reduce and of
-// AQ-SGD links. It computes exactly what cpu_scalar.cc computes, op for op in the same order
-// (compiled with -ffp-contract=off, no FMA), eight elements per instruction:
+// AQ-SGD links, and for the min-max codecs (minmax2/4/8). It computes exactly what
+// cpu_scalar.cc computes, op for op in the same order (compiled with -ffp-contract=off, no FMA),
+// eight elements per instruction (four for the min-max grid, which is computed in double):
 //   encodes: block groups, one pass over memory per group: y is staged in a block-sized buffer
-//            (stays in L1), the scale is reduced from it, then codes are packed from it;
-//   decodes: block or column groups (col= a multiple of 8).
+//            (stays in L1), the scale record is reduced from it, then codes are packed from it;
+//            stochastic rounding draws the group's Philox words first, four counters per
+//            instruction;
+//   decodes: block groups, and column groups of the absmax codecs (col= a multiple of 8).
 // Anything else, and the partial group at a tensor's end, is handed to the scalar path.
 
 #include <cpuid.h>
@@ -91,6 +94,10 @@ __m256 source8(const void* x, const void* state, uint64_t i) {
 // previous group is being quantized from L1.
 constexpr uint64_t kPrefetchBytes = 4096;
 
+// Sets of four Philox counters generated together (see philox4xN): 4 sets fill the vector
+// pipes; 2 leave them waiting on the multiplies' latency, 6 measured no faster.
+constexpr int kPhiloxSets = 4;
+
 // ---- the canonical tree sum (group_math.h) over a full block in t[0..g) ----
 
 float tree_sum8(float* t, uint32_t g) {
@@ -106,67 +113,62 @@ float tree_sum8(float* t, uint32_t g) {
   return _mm_cvtss_f32(a);
 }
 
-// ---- random words for a whole group, eight Philox counters per instruction ----
+// ---- random words for a whole group, four Philox counters per instruction ----
 
-// 32x32 -> 64-bit products of each lane of x with m: the low and high halves, lane by lane.
-inline void mulhilo8(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
-  const __m256i even = _mm256_mul_epu32(x, m);                        // lanes 0, 2, 4, 6
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);  // lanes 1, 3, 5, 7
-  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-}
-
-// Philox4x32-10 (qm::philox, the same rounds) for counters c .. c+8N-1; words[4*l + w] is word w
-// of counter c + l. N independent blocks of 8 are interleaved so that the multiplies' latency
-// overlaps (one block alone is a serial chain of ten rounds).
-template <int N>
-void philox8xN(uint64_t c, uint64_t seed, uint32_t* words) {
-  __m256i c0[N], c1[N], c2[N], c3[N];
-  for (int b = 0; b < N; ++b) {
-    alignas(32) uint32_t lo_words[8], hi_words[8];
-    for (int l = 0; l < 8; ++l) {
-      const uint64_t ctr = c + static_cast<uint64_t>(8 * b + l);
-      lo_words[l] = static_cast<uint32_t>(ctr);
-      hi_words[l] = static_cast<uint32_t>(ctr >> 32);
-    }
-    c0[b] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo_words));
-    c1[b] = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
-    c2[b] = _mm256_setzero_si256();
-    c3[b] = _mm256_setzero_si256();
-  }
+// The key schedule of Philox4x32-10 under `seed`: keys[2r], keys[2r+1] are round r's k0, k1.
+inline void philox_keys(uint64_t seed, __m256i keys[20]) {
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
   for (int round = 0; round < 10; ++round) {
-    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
-    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
-    for (int b = 0; b < N; ++b) {
-      __m256i hi0, lo0, hi1, lo1;
-      mulhilo8(c0[b], m0, hi0, lo0);
-      mulhilo8(c2[b], m1, hi1, lo1);
-      c0[b] = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[b]), key0);
-      c2[b] = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[b]), key1);
-      c1[b] = lo1;
-      c3[b] = lo0;
-    }
+    keys[2 * round] = _mm256_set1_epi32(static_cast<int>(k0));
+    keys[2 * round + 1] = _mm256_set1_epi32(static_cast<int>(k1));
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
+}
+
+// Philox4x32-10 (qm::philox, the same rounds) for counters c .. c+4N-1; words[4*l + w] is word w
+// of counter c + l. Each 64-bit lane carries one counter, its word in the low half: that is
+// where _mm256_mul_epu32 reads its factor and leaves the product's low word, so a round is two
+// multiplies, two shifts (the high words) and four xors, with no shuffling. The high halves of
+// the lanes hold junk that never reaches a low half. N independent sets of four counters are
+// interleaved so that the multiplies' latency overlaps. keys[2r], keys[2r+1]: round r's key
+// words (philox_keys).
+template <int N>
+[[gnu::always_inline]] inline void philox4xN(uint64_t c, const __m256i* keys, uint32_t* words) {
+  __m256i s0[N], s1[N], s2[N], s3[N];
+  const __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
   for (int b = 0; b < N; ++b) {
-    // Transpose the four word vectors into counter order: (w0 w1 w2 w3) per counter.
-    const __m256i a01lo = _mm256_unpacklo_epi32(c0[b], c1[b]);  // l0w0 l0w1 l1w0 l1w1 | l4.. l5..
-    const __m256i a01hi = _mm256_unpackhi_epi32(c0[b], c1[b]);  // l2.. l3.. | l6.. l7..
-    const __m256i a23lo = _mm256_unpacklo_epi32(c2[b], c3[b]);
-    const __m256i a23hi = _mm256_unpackhi_epi32(c2[b], c3[b]);
-    const __m256i q0 = _mm256_unpacklo_epi64(a01lo, a23lo);  // counter 0 | counter 4
-    const __m256i q1 = _mm256_unpackhi_epi64(a01lo, a23lo);  // counter 1 | counter 5
-    const __m256i q2 = _mm256_unpacklo_epi64(a01hi, a23hi);  // counter 2 | counter 6
-    const __m256i q3 = _mm256_unpackhi_epi64(a01hi, a23hi);  // counter 3 | counter 7
-    __m256i* out = reinterpret_cast<__m256i*>(words + 32 * b);
-    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(q0, q1, 0x20));  // counters 0, 1
-    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(q2, q3, 0x20));  // counters 2, 3
-    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(q0, q1, 0x31));  // counters 4, 5
-    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(q2, q3, 0x31));  // counters 6, 7
+    const __m256i ctr =
+        _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(c + 4 * b)), lane);
+    s0[b] = ctr;                         // low word of the counter
+    s1[b] = _mm256_srli_epi64(ctr, 32);  // high word
+    s2[b] = _mm256_setzero_si256();
+    s3[b] = _mm256_setzero_si256();
+  }
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+#pragma GCC unroll 10
+  for (int round = 0; round < 10; ++round) {
+    for (int b = 0; b < N; ++b) {
+      // The key is xored in off the multiplies' dependency chain.
+      const __m256i p0 = _mm256_mul_epu32(s0[b], m0);  // hi0:lo0
+      const __m256i p1 = _mm256_mul_epu32(s2[b], m1);  // hi1:lo1
+      s0[b] = _mm256_xor_si256(_mm256_srli_epi64(p1, 32), _mm256_xor_si256(s1[b], keys[2 * round]));
+      s2[b] =
+          _mm256_xor_si256(_mm256_srli_epi64(p0, 32), _mm256_xor_si256(s3[b], keys[2 * round + 1]));
+      s1[b] = p1;
+      s3[b] = p0;
+    }
+  }
+  for (int b = 0; b < N; ++b) {
+    // Low words to counter order: (w0 w1 w2 w3) per counter.
+    const __m256i w01 = _mm256_blend_epi32(s0[b], _mm256_slli_epi64(s1[b], 32), 0xAA);
+    const __m256i w23 = _mm256_blend_epi32(s2[b], _mm256_slli_epi64(s3[b], 32), 0xAA);
+    const __m256i even = _mm256_unpacklo_epi64(w01, w23);  // counter 0 | counter 2
+    const __m256i odd = _mm256_unpackhi_epi64(w01, w23);   // counter 1 | counter 3
+    __m256i* out = reinterpret_cast<__m256i*>(words + 16 * b);
+    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(even, odd, 0x20));  // counters 0, 1
+    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(even, odd, 0x31));  // counters 2, 3
   }
 }
 
@@ -176,10 +178,15 @@ const uint32_t* group_random_words(const RoundingKey& key, uint64_t start, uint3
                                    uint32_t* buf) {
   const uint64_t idx = key.offset + start;
   const uint64_t c = idx >> 2;
-  const uint64_t counters = (g + 3 + 4) / 4;  // covers a start that is not a multiple of 4
+  // One counter more when the start is not a multiple of 4.
+  const uint64_t counters = ((idx & 3) + g + 3) / 4;
+  __m256i keys[20];
+  philox_keys(key.seed, keys);
   uint64_t done = 0;
-  for (; done + 32 <= counters; done += 32) philox8xN<4>(c + done, key.seed, buf + 4 * done);
-  for (; done < counters; done += 8) philox8xN<1>(c + done, key.seed, buf + 4 * done);
+  for (; done + 4 * kPhiloxSets <= counters; done += 4 * kPhiloxSets) {
+    philox4xN<kPhiloxSets>(c + done, keys, buf + 4 * done);
+  }
+  for (; done < counters; done += 4) philox4xN<1>(c + done, keys, buf + 4 * done);
   return buf + (idx & 3);
 }
 
