@@ -77,7 +77,7 @@ template <int N>
 // Random words of elements start .. start+g-1 (random_word in group_math.h): returns a pointer
 // to element start's word inside `buf`, which holds at least g + 64 words.
 inline const uint32_t* group_random_words(const RoundingKey& key, uint64_t start, uint32_t g,
-                                   uint32_t* buf) {
+                                          uint32_t* buf) {
   const uint64_t idx = key.offset + start;
   const uint64_t c = idx >> 2;
   // One counter more when the start is not a multiple of 4.
