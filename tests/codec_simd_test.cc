@@ -49,65 +49,73 @@ std::vector<uint8_t> make_tensor(DType dtype, uint64_t n, uint32_t seed, bool sp
   return out;
 }
 
-// Runs every op with simd on and off and compares all bytes written.
-void check_case(const Case& c, bool specials) {
-  SCOPED_TRACE(c.spec + " " + dtype_name(c.dtype) + " n=" + std::to_string(c.n) +
-               (specials ? " specials" : ""));
+// Runs every op with simd on and off on input x and compares all bytes written.
+void check_tensor(const Case& c, const std::vector<uint8_t>& x) {
   auto spec = parse_codec_spec(c.spec);
   ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
   const uint64_t bytes = encoded_size(*spec, c.n);
-  auto x = make_tensor(c.dtype, c.n, 1, specials);
   auto m0 = make_tensor(c.dtype, c.n, 2, false);
   std::vector<float> r0(c.n);
   for (uint64_t i = 0; i < c.n; ++i) r0[i] = 1e-3f * static_cast<float>(i % 17) - 0.008f;
-  RoundingKey key{1234, 77};
+  // Offsets off and on a multiple of 4 (the Philox counter holds 4 elements); the second key
+  // has both seed words and the counter's high word nonzero.
+  for (const RoundingKey key :
+       {RoundingKey{1234, 77}, RoundingKey{0xDEADBEEF00000003, 1ull << 40}}) {
+    CpuOptions simd{1, true}, plain{1, false};
+    for (int op = 0; op < 3; ++op) {
+      SCOPED_TRACE("encode op " + std::to_string(op));
+      std::vector<uint8_t> ca(bytes, 0xAA), cb(bytes, 0x55);
+      auto ma = m0, mb = m0;
+      auto ra = r0, rb = r0;
+      if (op == 0) {
+        ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, ca.data(), bytes, key, simd).is_ok());
+        ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, cb.data(), bytes, key, plain).is_ok());
+      } else if (op == 1) {
+        ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), ra.data(), c.n, ca.data(),
+                                          bytes, key, simd)
+                        .is_ok());
+        ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), rb.data(), c.n, cb.data(),
+                                          bytes, key, plain)
+                        .is_ok());
+      } else {
+        ASSERT_TRUE(
+            encode_delta(*spec, c.dtype, x.data(), ma.data(), c.n, ca.data(), bytes, key, simd)
+                .is_ok());
+        ASSERT_TRUE(
+            encode_delta(*spec, c.dtype, x.data(), mb.data(), c.n, cb.data(), bytes, key, plain)
+                .is_ok());
+      }
+      ASSERT_EQ(ca, cb);
+      ASSERT_EQ(ra, rb);
+      ASSERT_EQ(ma, mb);
 
-  CpuOptions simd{1, true}, plain{1, false};
-  for (int op = 0; op < 3; ++op) {
-    SCOPED_TRACE("encode op " + std::to_string(op));
-    std::vector<uint8_t> ca(bytes, 0xAA), cb(bytes, 0x55);
-    auto ma = m0, mb = m0;
-    auto ra = r0, rb = r0;
-    if (op == 0) {
-      ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, ca.data(), bytes, key, simd).is_ok());
-      ASSERT_TRUE(encode(*spec, c.dtype, x.data(), c.n, cb.data(), bytes, key, plain).is_ok());
-    } else if (op == 1) {
-      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), ra.data(), c.n, ca.data(), bytes,
-                                        key, simd)
-                      .is_ok());
-      ASSERT_TRUE(encode_error_feedback(*spec, c.dtype, x.data(), rb.data(), c.n, cb.data(), bytes,
-                                        key, plain)
-                      .is_ok());
-    } else {
+      // Decodes of these codes.
+      auto oa = m0, ob = m0;
+      ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
+      ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
+      ASSERT_EQ(oa, ob);
+      oa = m0, ob = m0;
       ASSERT_TRUE(
-          encode_delta(*spec, c.dtype, x.data(), ma.data(), c.n, ca.data(), bytes, key, simd)
-              .is_ok());
+          decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
       ASSERT_TRUE(
-          encode_delta(*spec, c.dtype, x.data(), mb.data(), c.n, cb.data(), bytes, key, plain)
-              .is_ok());
+          decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
+      ASSERT_EQ(oa, ob);
+      auto da = m0, db = m0;
+      oa.assign(oa.size(), 0), ob.assign(ob.size(), 0);
+      ASSERT_TRUE(
+          decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, da.data(), oa.data(), simd).is_ok());
+      ASSERT_TRUE(
+          decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, db.data(), ob.data(), plain).is_ok());
+      ASSERT_EQ(da, db);
+      ASSERT_EQ(oa, ob);
     }
-    ASSERT_EQ(ca, cb);
-    ASSERT_EQ(ra, rb);
-    ASSERT_EQ(ma, mb);
-
-    // Decodes of these codes.
-    auto oa = m0, ob = m0;
-    ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
-    ASSERT_TRUE(decode(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
-    ASSERT_EQ(oa, ob);
-    oa = m0, ob = m0;
-    ASSERT_TRUE(decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, oa.data(), simd).is_ok());
-    ASSERT_TRUE(decode_accumulate(*spec, ca.data(), bytes, c.n, c.dtype, ob.data(), plain).is_ok());
-    ASSERT_EQ(oa, ob);
-    auto da = m0, db = m0;
-    oa.assign(oa.size(), 0), ob.assign(ob.size(), 0);
-    ASSERT_TRUE(
-        decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, da.data(), oa.data(), simd).is_ok());
-    ASSERT_TRUE(
-        decode_delta(*spec, ca.data(), bytes, c.n, c.dtype, db.data(), ob.data(), plain).is_ok());
-    ASSERT_EQ(da, db);
-    ASSERT_EQ(oa, ob);
   }
+}
+
+void check_case(const Case& c, bool specials) {
+  SCOPED_TRACE(c.spec + " " + dtype_name(c.dtype) + " n=" + std::to_string(c.n) +
+               (specials ? " specials" : ""));
+  check_tensor(c, make_tensor(c.dtype, c.n, 1, specials));
 }
 
 TEST(CodecSimd, MatchesPortablePathBitForBit) {
@@ -125,7 +133,14 @@ TEST(CodecSimd, MatchesPortablePathBitForBit) {
                          "q4:col=64",
                          "q2:col=24",
                          "q4:col=20",
+                         "minmax2",
                          "minmax4",
+                         "minmax8",
+                         "minmax4:sr",
+                         "minmax2:block=32:sr",
+                         "minmax8:block=4096:sr",
+                         "minmax4:col=16",
+                         "q8:sr",
                          "bf16",
                          "fp16",
                          "fp32",
@@ -141,6 +156,52 @@ TEST(CodecSimd, MatchesPortablePathBitForBit) {
         check_case({s, d, n}, true);
         if (HasFatalFailure()) return;
       }
+    }
+  }
+}
+
+// Min-max groups whose record is decided by ties: constant groups, and groups whose minimum or
+// maximum is a zero, where the portable path keeps the first zero it met (+0 or -0), so the
+// record's sign bit depends on element order.
+TEST(CodecSimd, MinmaxTiesAndSignedZeroExtremes) {
+  const uint32_t g = 32;
+  std::vector<std::vector<float>> groups;
+  auto group = [&](auto value) {
+    std::vector<float> v(g);
+    for (uint32_t k = 0; k < g; ++k) v[k] = value(k);
+    groups.push_back(v);
+  };
+  group([](uint32_t) { return 1.5f; });                    // constant
+  group([](uint32_t k) { return k % 3 ? 0.0f : -0.0f; });  // zeros, -0 first
+  group([](uint32_t k) { return k % 3 ? -0.0f : 0.0f; });  // zeros, +0 first
+  group([](uint32_t k) {
+    return k < 5 ? 1.0f + static_cast<float>(k) : (k % 2 ? 0.0f : -0.0f);
+  });                                                                       // min +0 first
+  group([](uint32_t k) { return k < 9 ? 2.0f : (k % 2 ? -0.0f : 0.0f); });  // min 0, -0 first
+  group([](uint32_t k) {
+    return k % 4 ? -static_cast<float>(k) : (k % 8 ? -0.0f : 0.0f);
+  });  // max 0, +0 first
+  group([](uint32_t k) {
+    return k == 20 ? -0.0f : -0.25f * static_cast<float>(k + 1);
+  });                                                                    // max a lone -0
+  group([](uint32_t k) { return k % 2 ? 3.0e38f : -3.0e38f; });          // range > FLT_MAX
+  group([](uint32_t k) { return 1e-41f * static_cast<float>(k % 5); });  // subnormals
+  std::vector<float> all;
+  for (const auto& v : groups) all.insert(all.end(), v.begin(), v.end());
+  for (const char* s : {"minmax2:block=32", "minmax4:block=32:sr", "minmax8:block=32"}) {
+    for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      SCOPED_TRACE(std::string(s) + " " + dtype_name(d));
+      std::vector<uint8_t> x(all.size() * dtype_size(d));
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (d == DType::kFloat32) {
+          std::memcpy(x.data() + 4 * i, &all[i], 4);
+        } else {
+          uint16_t h = d == DType::kBFloat16 ? qm::f32_to_bf16(all[i]) : qm::f32_to_f16(all[i]);
+          std::memcpy(x.data() + 2 * i, &h, 2);
+        }
+      }
+      check_tensor({s, d, all.size()}, x);
+      if (HasFatalFailure()) return;
     }
   }
 }

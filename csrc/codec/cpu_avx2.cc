@@ -1,9 +1,12 @@
 // AVX2 path for the absmax codecs (q1..q8), the hot path of the compressed all-reduce and of
-// AQ-SGD links. It computes exactly what cpu_scalar.cc computes, op for op in the same order
-// (compiled with -ffp-contract=off, no FMA), eight elements per instruction:
+// AQ-SGD links, and for the min-max codecs (minmax2/4/8). It computes exactly what
+// cpu_scalar.cc computes, op for op in the same order (compiled with -ffp-contract=off, no FMA),
+// eight elements per instruction (four for the min-max grid, which is computed in double):
 //   encodes: block groups, one pass over memory per group: y is staged in a block-sized buffer
-//            (stays in L1), the scale is reduced from it, then codes are packed from it;
-//   decodes: block or column groups (col= a multiple of 8).
+//            (stays in L1), the scale record is reduced from it, then codes are packed from it;
+//            stochastic rounding draws the group's Philox words first, four counters per
+//            instruction;
+//   decodes: block groups, and column groups of the absmax codecs (col= a multiple of 8).
 // Anything else, and the partial group at a tensor's end, is handed to the scalar path.
 
 #include <cpuid.h>
@@ -11,85 +14,14 @@
 
 #include <cstring>
 
+#include "codec/avx2_lanes.h"
+#include "codec/avx2_philox.h"
 #include "codec/cpu_kernels.h"
 #include "codec/element_io.h"
 #include "codec/group_math.h"
 
 namespace lowcomm::cpu {
 namespace {
-
-// ---- loads and stores of 8 elements ----
-
-template <DType D>
-__m256 load8(const void* base, uint64_t i) {
-  if constexpr (D == DType::kFloat32) {
-    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-  } else {
-    __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
-    if constexpr (D == DType::kBFloat16) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm256_cvtph_ps(h);
-    }
-  }
-}
-
-inline __m256 canonical8(__m256 v) {
-  __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(qm::kCanonicalNanF32)));
-  return _mm256_blendv_ps(v, nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-}
-
-template <DType D>
-void store8(void* base, uint64_t i, __m256 v) {
-  if constexpr (D == DType::kFloat32) {
-    _mm256_storeu_ps(static_cast<float*>(base) + i, canonical8(v));
-  } else {
-    __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    __m128i nan16 =
-        _mm_packs_epi32(_mm256_castsi256_si128(isnan), _mm256_extracti128_si256(isnan, 1));
-    __m128i h;
-    if constexpr (D == DType::kBFloat16) {
-      __m256i u = _mm256_castps_si256(v);
-      __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-      u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
-      u = _mm256_srli_epi32(u, 16);
-      h = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
-      h = _mm_blendv_epi8(h, _mm_set1_epi16(static_cast<short>(qm::kCanonicalNanBF16)), nan16);
-    } else {
-      h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      h = _mm_blendv_epi8(h, _mm_set1_epi16(static_cast<short>(qm::kCanonicalNanF16)), nan16);
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(base) + i), h);
-  }
-}
-
-inline __m256 abs8(__m256 v) {
-  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
-}
-
-// All ones where v is finite (|v| <= FLT_MAX; false for NaN and infinities).
-inline __m256 finite_mask8(__m256 v) {
-  return _mm256_cmp_ps(abs8(v), _mm256_set1_ps(qm::kFltMax), _CMP_LE_OQ);
-}
-
-// ---- the encode source: y = x, x + r, or a - m ----
-
-template <DType D, CodecOp Op>
-__m256 source8(const void* x, const void* state, uint64_t i) {
-  __m256 v = load8<D>(x, i);
-  if constexpr (Op == CodecOp::kEncodeFeedback) {
-    return _mm256_add_ps(v, _mm256_loadu_ps(static_cast<const float*>(state) + i));
-  } else if constexpr (Op == CodecOp::kEncodeDelta) {
-    return _mm256_sub_ps(v, load8<D>(state, i));
-  } else {
-    return v;
-  }
-}
-
-// How far ahead of the current group to prefetch: keeps the memory system busy while the
-// previous group is being quantized from L1.
-constexpr uint64_t kPrefetchBytes = 4096;
 
 // ---- the canonical tree sum (group_math.h) over a full block in t[0..g) ----
 
@@ -104,131 +36,6 @@ float tree_sum8(float* t, uint32_t g) {
   a = _mm_add_ps(a, _mm_movehl_ps(a, a));                                         // stride 2
   a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));                                     // stride 1
   return _mm_cvtss_f32(a);
-}
-
-// ---- random words for a whole group, eight Philox counters per instruction ----
-
-// 32x32 -> 64-bit products of each lane of x with m: the low and high halves, lane by lane.
-inline void mulhilo8(__m256i x, __m256i m, __m256i& hi, __m256i& lo) {
-  const __m256i even = _mm256_mul_epu32(x, m);                        // lanes 0, 2, 4, 6
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(x, 32), m);  // lanes 1, 3, 5, 7
-  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-}
-
-// Philox4x32-10 (qm::philox, the same rounds) for counters c .. c+8N-1; words[4*l + w] is word w
-// of counter c + l. N independent blocks of 8 are interleaved so that the multiplies' latency
-// overlaps (one block alone is a serial chain of ten rounds).
-template <int N>
-void philox8xN(uint64_t c, uint64_t seed, uint32_t* words) {
-  __m256i c0[N], c1[N], c2[N], c3[N];
-  for (int b = 0; b < N; ++b) {
-    alignas(32) uint32_t lo_words[8], hi_words[8];
-    for (int l = 0; l < 8; ++l) {
-      const uint64_t ctr = c + static_cast<uint64_t>(8 * b + l);
-      lo_words[l] = static_cast<uint32_t>(ctr);
-      hi_words[l] = static_cast<uint32_t>(ctr >> 32);
-    }
-    c0[b] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo_words));
-    c1[b] = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi_words));
-    c2[b] = _mm256_setzero_si256();
-    c3[b] = _mm256_setzero_si256();
-  }
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  for (int round = 0; round < 10; ++round) {
-    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
-    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
-    for (int b = 0; b < N; ++b) {
-      __m256i hi0, lo0, hi1, lo1;
-      mulhilo8(c0[b], m0, hi0, lo0);
-      mulhilo8(c2[b], m1, hi1, lo1);
-      c0[b] = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[b]), key0);
-      c2[b] = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[b]), key1);
-      c1[b] = lo1;
-      c3[b] = lo0;
-    }
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  for (int b = 0; b < N; ++b) {
-    // Transpose the four word vectors into counter order: (w0 w1 w2 w3) per counter.
-    const __m256i a01lo = _mm256_unpacklo_epi32(c0[b], c1[b]);  // l0w0 l0w1 l1w0 l1w1 | l4.. l5..
-    const __m256i a01hi = _mm256_unpackhi_epi32(c0[b], c1[b]);  // l2.. l3.. | l6.. l7..
-    const __m256i a23lo = _mm256_unpacklo_epi32(c2[b], c3[b]);
-    const __m256i a23hi = _mm256_unpackhi_epi32(c2[b], c3[b]);
-    const __m256i q0 = _mm256_unpacklo_epi64(a01lo, a23lo);  // counter 0 | counter 4
-    const __m256i q1 = _mm256_unpackhi_epi64(a01lo, a23lo);  // counter 1 | counter 5
-    const __m256i q2 = _mm256_unpacklo_epi64(a01hi, a23hi);  // counter 2 | counter 6
-    const __m256i q3 = _mm256_unpackhi_epi64(a01hi, a23hi);  // counter 3 | counter 7
-    __m256i* out = reinterpret_cast<__m256i*>(words + 32 * b);
-    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(q0, q1, 0x20));  // counters 0, 1
-    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(q2, q3, 0x20));  // counters 2, 3
-    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(q0, q1, 0x31));  // counters 4, 5
-    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(q2, q3, 0x31));  // counters 6, 7
-  }
-}
-
-// Random words of elements start .. start+g-1 (random_word in group_math.h): returns a pointer
-// to element start's word inside `buf`, which holds at least g + 64 words.
-const uint32_t* group_random_words(const RoundingKey& key, uint64_t start, uint32_t g,
-                                   uint32_t* buf) {
-  const uint64_t idx = key.offset + start;
-  const uint64_t c = idx >> 2;
-  const uint64_t counters = (g + 3 + 4) / 4;  // covers a start that is not a multiple of 4
-  uint64_t done = 0;
-  for (; done + 32 <= counters; done += 32) philox8xN<4>(c + done, key.seed, buf + 4 * done);
-  for (; done < counters; done += 8) philox8xN<1>(c + done, key.seed, buf + 4 * done);
-  return buf + (idx & 3);
-}
-
-// ---- packing 32 codes (four units) held as int32 in c[0..3] ----
-
-// Bytes of 32 codes in element order.
-[[gnu::always_inline]] inline __m256i codes_to_bytes(const __m256i c[4]) {
-  __m256i a = _mm256_packus_epi32(c[0], c[1]);
-  __m256i b = _mm256_packus_epi32(c[2], c[3]);
-  __m256i bytes = _mm256_packus_epi16(a, b);
-  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-// Writes 32 codes (4 * bits bytes) at dst.
-[[gnu::always_inline]] inline void pack32(const __m256i c[4], int bits, uint8_t* dst) {
-  __m256i bytes = codes_to_bytes(c);
-  if (bits == 8) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bytes);
-    return;
-  }
-  if (bits == 4) {
-    __m256i w = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(0x1001));  // c0 + 16 c1
-    __m128i p = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), p);
-    return;
-  }
-  // bits 2 or 3: four codes per 32-bit lane.
-  __m256i w = _mm256_maddubs_epi16(
-      bytes, _mm256_set1_epi16(static_cast<short>(bits == 2 ? 0x0401 : 0x0801)));
-  w = _mm256_madd_epi16(w, _mm256_set1_epi32(bits == 2 ? 0x00100001 : 0x00400001));
-  alignas(32) uint32_t quad[8];  // quad[q] = codes 4q..4q+3 packed in 4*bits bits
-  _mm256_store_si256(reinterpret_cast<__m256i*>(quad), w);
-  if (bits == 2) {
-    for (int q = 0; q < 8; ++q) dst[q] = static_cast<uint8_t>(quad[q]);
-    return;
-  }
-  uint64_t lo = 0, hi = 0;  // 96 bits: units of 24 bits
-  for (int u = 0; u < 4; ++u) {
-    uint64_t unit = quad[2 * u] | (static_cast<uint64_t>(quad[2 * u + 1]) << 12);
-    int bit = 24 * u;
-    if (bit < 64) lo |= unit << bit;
-    if (bit >= 64) {
-      hi |= unit << (bit - 64);
-    } else if (bit + 24 > 64) {
-      hi |= unit >> (64 - bit);
-    }
-  }
-  std::memcpy(dst, &lo, 8);
-  std::memcpy(dst + 8, &hi, 4);
 }
 
 // ---- block encode ----
@@ -325,9 +132,7 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint3
       __m256 s = _mm256_mul_ps(_mm256_mul_ps(v, pre), inv);
       __m256 q;
       if (sr) {
-        __m256i r = _mm256_srli_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rnd_words + (i - start))), 8);
-        __m256 uni = _mm256_mul_ps(_mm256_cvtepi32_ps(r), _mm256_set1_ps(5.9604644775390625e-08f));
+        const __m256 uni = uniform8(rnd_words + (i - start));
         __m256 f = _mm256_floor_ps(s);
         __m256 up = _mm256_and_ps(_mm256_cmp_ps(uni, _mm256_sub_ps(s, f), _CMP_LT_OQ),
                                   _mm256_set1_ps(1.0f));
@@ -363,37 +168,6 @@ void encode_blocks(const CodecJob& job, uint64_t begin, uint64_t end) {
 }
 
 // ---- decodes ----
-
-inline __m256i unpack8(const uint8_t* packed, uint64_t unit, int bits) {
-  const uint8_t* p = packed + unit * bits;
-  if (bits == 8) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  }
-  uint32_t w;  // fixed-size loads: a runtime-sized memcpy would be a library call per unit
-  switch (bits) {
-    case 1:
-      w = p[0];
-      break;
-    case 2: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      w = h;
-      break;
-    }
-    case 3: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      w = h | static_cast<uint32_t>(p[2]) << 16;
-      break;
-    }
-    default:
-      std::memcpy(&w, p, 4);
-  }
-  const __m256i shifts =
-      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bits));
-  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
-                          _mm256_set1_epi32((1 << bits) - 1));
-}
 
 template <DType D, CodecOp Op>
 void decode_units(const CodecJob& job, uint64_t begin, uint64_t end) {
@@ -533,14 +307,20 @@ bool avx2_supported() {
 
 bool avx2_range(const CodecJob& job, uint64_t begin, uint64_t end) {
   if (job.spec.kind == CodecKind::kNone) return passthrough_range(job, begin, end);
-  if (job.spec.kind != CodecKind::kAbsmax) return false;
+  const bool minmax = job.spec.kind == CodecKind::kMinmax;
   const bool encode = is_encode(job.op);
   if (encode && job.spec.grouping != Grouping::kBlock) return false;
-  if (!encode && job.spec.grouping == Grouping::kColumn && job.spec.cols % 8 != 0) return false;
+  if (!encode && job.spec.grouping == Grouping::kColumn && (minmax || job.spec.cols % 8 != 0))
+    return false;
   // Whole blocks (encode) or whole units (decode) here; the tensor's ragged end goes scalar.
   const uint64_t align = encode ? job.spec.block : 8;
   const uint64_t vec_end = end == job.n ? end / align * align : end;
   if (vec_end < begin) return false;
+  if (minmax) {
+    avx2_minmax_range(job, begin, vec_end);
+    if (vec_end < end) scalar_range(job, vec_end, end);
+    return true;
+  }
   with_dtype(job.dtype, [&]<DType D>() {
     if (job.op == CodecOp::kEncode) {
       encode_blocks<D, CodecOp::kEncode>(job, begin, vec_end);

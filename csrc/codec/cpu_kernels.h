@@ -16,5 +16,8 @@ void scalar_column_scales(const CodecJob& job, uint64_t c0, uint64_t c1);
 // AVX2 path; returns false (having done nothing) for jobs it does not cover.
 bool avx2_supported();
 bool avx2_range(const CodecJob& job, uint64_t begin, uint64_t end);
+// The min-max codecs' AVX2 kernels (cpu_avx2_minmax.cc), called by avx2_range: whole blocks
+// (encode) or whole units (decode) of block-grouped jobs.
+void avx2_minmax_range(const CodecJob& job, uint64_t begin, uint64_t end);
 
 }  // namespace lowcomm::cpu
