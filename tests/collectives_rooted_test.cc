@@ -25,8 +25,7 @@ std::string rooted_rank(int rank, const UniqueId& id, int P) {
     // Exact reduce (sum and max), result on root only; other ranks pass a null recv.
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
       std::vector<float> y(rank == root ? n : 0, -99.0f);
-      RANK_OK(comm.reduce(x.data(), rank == root ? y.data() : nullptr, n, DType::kFloat32, op,
-                          root)
+      RANK_OK(comm.reduce(x.data(), rank == root ? y.data() : nullptr, n, DType::kFloat32, op, root)
                   .wait());
       if (rank != root) continue;
       for (uint64_t i = 0; i < n; ++i) {
@@ -67,9 +66,9 @@ std::string rooted_rank(int rank, const UniqueId& id, int P) {
     // Scatter: rank r gets the root's r-th block.
     std::vector<float> all(rank == root ? per * P : 0), mine(per, -1.0f);
     for (uint64_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>(i);
-    RANK_OK(comm.scatter(rank == root ? all.data() : nullptr, mine.data(), per, DType::kFloat32,
-                         root)
-                .wait());
+    RANK_OK(
+        comm.scatter(rank == root ? all.data() : nullptr, mine.data(), per, DType::kFloat32, root)
+            .wait());
     for (uint64_t i = 0; i < per; ++i)
       RANK_CHECK(mine[i] == static_cast<float>(rank * per + i),
                  "scatter root " + std::to_string(root) + " element " + std::to_string(i));
@@ -100,8 +99,8 @@ class CollectivesRooted : public ::testing::TestWithParam<int> {};
 
 TEST_P(CollectivesRooted, ReduceGatherScatterAllToAllOnEveryRoot) {
   const int P = GetParam();
-  expect_all_ok(
-      run_ranks(P, [P](int rank, const UniqueId& id) { return rooted_rank(rank, id, P); }, 90));
+  expect_all_ok(run_ranks(
+      P, [P](int rank, const UniqueId& id) { return rooted_rank(rank, id, P); }, 90));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesRooted, ::testing::Values(2, 3, 4),
@@ -123,10 +122,9 @@ TEST(CollectivesRooted, BadArgumentsAndMismatchedSplits) {
                "gather into a null root buffer");
     RANK_CHECK(comm.all_to_all(x.data(), {1}, {0}, x.data(), {1}, {0}, DType::kFloat32).refused(),
                "all_to_all with one count for two ranks");
-    RANK_CHECK(
-        comm.all_to_all(x.data(), {1, 1}, {0, 1}, x.data(), {2, 2}, {2, 0}, DType::kFloat32)
-            .refused(),
-        "all_to_all sending itself another count than it expects");
+    RANK_CHECK(comm.all_to_all(x.data(), {1, 1}, {0, 1}, x.data(), {2, 2}, {2, 0}, DType::kFloat32)
+                   .refused(),
+               "all_to_all sending itself another count than it expects");
     // Rank 0 expects 3 elements from rank 1, which sends 2.
     std::vector<float> s(4, 2.0f), r(8, 0.0f);
     std::vector<uint64_t> sc = {2, 2}, so = {0, 2}, rc = {2, rank == 0 ? 3u : 2u}, ro = {0, 2};
@@ -158,10 +156,11 @@ TEST(CollectivesRooted, CApi) {
                              nullptr) == lowcommSuccess,
                lowcommGetLastError(comm));
     if (rank == 1)
-      for (int i = 0; i < 5; ++i) RANK_CHECK(out[i] == 6, "reduce product " + std::to_string(out[i]));
-    RANK_CHECK(lowcommGather(v.data(), out.data(), 5, lowcommInt64, 2, comm, nullptr) ==
-                   lowcommSuccess,
-               lowcommGetLastError(comm));
+      for (int i = 0; i < 5; ++i)
+        RANK_CHECK(out[i] == 6, "reduce product " + std::to_string(out[i]));
+    RANK_CHECK(
+        lowcommGather(v.data(), out.data(), 5, lowcommInt64, 2, comm, nullptr) == lowcommSuccess,
+        lowcommGetLastError(comm));
     if (rank == 2)
       for (int i = 0; i < 15; ++i) RANK_CHECK(out[i] == i / 5 + 1, "gather");
     std::vector<int64_t> blocks(15), mine(5);

@@ -24,8 +24,7 @@ Status all_to_all(OpRun& run, const AllToAllArgs& a) {
   const uint64_t tag = run.payload_tag(tags::kGather);
   const auto* in = static_cast<const uint8_t*>(a.send);
   auto* out = static_cast<uint8_t*>(a.recv);
-  for (int p : run.peers())
-    run.irecv(p, tag, out + a.recv_offsets[p] * es, a.recv_counts[p] * es);
+  for (int p : run.peers()) run.irecv(p, tag, out + a.recv_offsets[p] * es, a.recv_counts[p] * es);
   for (int d = 1; d < P; ++d) {
     const int j = (me + d) % P;
     run.isend(j, tag, in + a.send_offsets[j] * es, a.send_counts[j] * es);

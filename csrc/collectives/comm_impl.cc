@@ -64,8 +64,10 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   auto own = plan->link(rank, -1);
   if (!own) return invalid_argument("init: wan: " + own.status().message());
   cfg.value().wan = *own;
-  if (own->shaped() && own->model == transport::WanModel::kSite)
+  if (own->shaped() && own->model == transport::WanModel::kSite) {
     cfg.value().site = std::make_shared<transport::SiteLinks>();
+    cfg.value().site->down.bits_per_second = own->down_bits_per_second;
+  }
   if (options.socket_buffer_bytes > 0)
     cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
   if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning

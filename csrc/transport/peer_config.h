@@ -25,7 +25,8 @@ struct PeerConfig {
   uint32_t chunk_bytes = 512 << 10;  // striping unit; also the pacing unit
   WanLink wan;  // the emulated link to the peer: this side's sends, and (site model) receives
   // Site model: the rank's uplink and downlink, shared by every peer created with this config
-  // (they must share one engine thread). Null: the peer has a site of its own.
+  // (they must share one engine thread); its creator sets the downlink's rate. Null: the peer
+  // has a site of its own.
   std::shared_ptr<SiteLinks> site;
   double handshake_timeout_s = 10.0;  // a half-open or silent connection is dropped after this
   // Buffered messages nobody has posted a receive for yet, per peer (LOWCOMM_UNEXPECTED_LIMIT):

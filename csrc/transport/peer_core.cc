@@ -64,8 +64,12 @@ void PeerCore::plan_streams() {
     // The kernel sees loopback; the pacer models the emulated path's windows on every stream.
     std::shared_ptr<LinkClock> up;
     if (config_.wan.model == WanModel::kSite) {
-      if (!config_.site) config_.site = std::make_shared<SiteLinks>();
-      config_.site->down.bits_per_second = config_.wan.down_bits_per_second;
+      // A shared site is set up by its creator (and read by the engine thread meanwhile:
+      // never written here); a peer without one gets its own.
+      if (!config_.site) {
+        config_.site = std::make_shared<SiteLinks>();
+        config_.site->down.bits_per_second = config_.wan.down_bits_per_second;
+      }
       up = std::shared_ptr<LinkClock>(config_.site, &config_.site->up);
     }
     pacer_ = Pacer(config_.wan, 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank),
