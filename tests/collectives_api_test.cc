@@ -3,8 +3,10 @@
 // C API requests stay safe to wait on and test after their communicator is aborted or
 // destroyed (the watchdog pattern: one thread waits while another aborts).
 
+#include <condition_variable>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "collectives_test_util.h"
@@ -151,6 +153,48 @@ std::string c_init(int rank, const UniqueId& id, lowcommComm_t* comm) {
 
 // The C API returns lowcommInvalidArgument from the call itself, sets no request, and the
 // communicator goes on working (as NCCL's ncclInvalidArgument).
+// Work::on_complete: a callback registered before completion runs once, after the status is
+// visible; one registered after completion, or on a refused Work, runs at once.
+TEST(CollectivesWork, OnCompleteRunsOnceWithTheFinalStatus) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(c.status());
+    Communicator& comm = **c;
+    std::vector<float> x(1 << 20, 1.0f);
+    std::mutex mu;
+    std::condition_variable cv;
+    int calls = 0;
+    bool saw_done = false;
+    Status got = internal_error("not called");
+    Work w = comm.all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum);
+    w.on_complete([&, w](const Status& s) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++calls;
+      got = s;
+      saw_done = w.test() && w.status().is_ok() == s.is_ok();
+      cv.notify_all();
+    });
+    RANK_OK(w.wait());
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      RANK_CHECK(cv.wait_for(lock, std::chrono::seconds(10), [&] { return calls > 0; }),
+                 "callback never ran");
+      RANK_CHECK(got.is_ok() && saw_done, got.to_string());
+    }
+    int late = 0;
+    w.on_complete([&](const Status& s) { late += s.is_ok() ? 1 : 100; });
+    RANK_CHECK(late == 1, "a callback on a complete Work runs at once");
+    Work refused = comm.all_reduce(nullptr, nullptr, 4, DType::kFloat32, ReduceOp::kSum);
+    StatusCode code = StatusCode::kOk;
+    refused.on_complete([&](const Status& s) { code = s.code(); });
+    RANK_CHECK(code == StatusCode::kInvalidArgument, "refused Work's callback");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::lock_guard<std::mutex> lock(mu);
+    RANK_CHECK(calls == 1, "callback ran " + std::to_string(calls) + " times");
+    return "ok";
+  }));
+}
+
 TEST(CollectivesCApi, InvalidArgumentsReturnAtOnceWithoutARequest) {
   expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
     lowcommComm_t comm = nullptr;

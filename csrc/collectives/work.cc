@@ -10,20 +10,41 @@ std::shared_ptr<WorkState> WorkState::refused(Status why) {
 }
 
 void WorkState::complete(Status s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (done_) return;
-  done_ = true;
-  status_ = std::move(s);
-  cv_.notify_all();
+  finish(std::move(s), nullptr);
 }
 
 void WorkState::complete(Status s, OpStats stats) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (done_) return;
-  done_ = true;
-  status_ = std::move(s);
-  stats_ = std::move(stats);
-  cv_.notify_all();
+  finish(std::move(s), &stats);
+}
+
+void WorkState::finish(Status s, OpStats* stats) {
+  std::vector<std::function<void(const Status&)>> callbacks;
+  Status done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    done_ = true;
+    status_ = std::move(s);
+    if (stats) stats_ = std::move(*stats);
+    callbacks.swap(callbacks_);
+    done = status_;
+    cv_.notify_all();
+  }
+  // Outside the lock: a callback may read this Work (status, stats) or wait on it.
+  for (auto& fn : callbacks) fn(done);
+}
+
+void WorkState::on_complete(std::function<void(const Status&)> fn) {
+  Status done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      callbacks_.push_back(std::move(fn));
+      return;
+    }
+    done = status_;
+  }
+  fn(done);
 }
 
 bool WorkState::done() const {
@@ -74,6 +95,13 @@ Status Work::status() const {
 Result<OpStats> Work::stats() const {
   if (!state_) return invalid_argument("empty Work");
   return state_->stats();
+}
+void Work::on_complete(std::function<void(const Status&)> fn) const {
+  if (!state_) {
+    fn(invalid_argument("empty Work"));
+    return;
+  }
+  state_->on_complete(std::move(fn));
 }
 uint64_t Work::sequence() const {
   return state_ ? state_->seq() : 0;

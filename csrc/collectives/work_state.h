@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "lowcomm/communicator.h"
 
@@ -27,6 +29,8 @@ class WorkState {
   Status wait_for(std::chrono::milliseconds d) const;
   Status status() const;
   Result<OpStats> stats() const;  // kInternal "in flight" before completion, as status()
+  // Work::on_complete: runs fn(status) now if complete, else on the completing thread.
+  void on_complete(std::function<void(const Status&)> fn);
   uint64_t seq() const { return seq_; }
   bool is_refused() const { return refused_; }
 
@@ -38,6 +42,9 @@ class WorkState {
   bool done_ = false;
   Status status_;
   OpStats stats_;
+  std::vector<std::function<void(const Status&)>> callbacks_;  // until done_
+
+  void finish(Status s, OpStats* stats);
 };
 
 }  // namespace lowcomm

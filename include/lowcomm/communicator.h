@@ -21,6 +21,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -174,6 +175,11 @@ class LOWCOMM_API Work {
   // large): already complete with that error (kInvalidArgument; kUnsupported for CUDA memory).
   // Nothing was sent and no sequence number taken, so the communicator stays usable.
   bool refused() const;
+  // Runs fn(final status) once the operation completes: at once on this thread when it already
+  // has, else on the thread that completes it (the communicator's executor), after wait() and
+  // status() see the result. For futures (torch's Work::getFuture); fn must be short, must not
+  // throw, and must not wait for later operations of the same communicator.
+  void on_complete(std::function<void(const Status&)> fn) const;
 
  private:
   std::shared_ptr<WorkState> state_;
