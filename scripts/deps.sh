@@ -2,6 +2,7 @@
 # Installs the Debian packages lowcomm builds and tests with, skipping those already present.
 # Idempotent: a second run does no network I/O.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
@@ -30,4 +31,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The torch backend (plugins/torch): PyTorch from PyPI and pytest in a git-ignored virtual
+# environment, .venv. The wheel runs on machines without a GPU.
+TORCH_VERSION=${LOWCOMM_TORCH_VERSION:-2.15.0}
+if ! .venv/bin/python -c "import torch, pytest, setuptools, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "deps: installing torch $TORCH_VERSION and pytest into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q "torch==$TORCH_VERSION" pytest setuptools wheel
 fi

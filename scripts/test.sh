@@ -7,6 +7,8 @@
 #   3. ThreadSanitizer build of the transport and the collectives and their tests (the epoll
 #      engine, the executor, and their users).
 #   4. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
+#   5. The torch backend: built with pip into .venv (torch from scripts/deps.sh) and its pytest
+#      suite, real processes against Gloo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,5 +39,10 @@ TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 
 echo "== wire decoder fuzzing"
 scripts/fuzz.sh "${LOWCOMM_FUZZ_SECONDS:-60}"
+
+echo "== torch backend (plugins/torch)"
+.venv/bin/pip install -q --no-build-isolation ./plugins/torch
+# From outside the source tree, so the installed package is the one imported.
+(cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/plugins/torch/tests")
 
 echo "== all tests passed"

@@ -1,0 +1,386 @@
+#include "backend.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+#include "work.h"
+
+namespace lowcomm::torch_backend {
+namespace {
+
+constexpr const char* kIdKey = "lowcomm/unique_id";
+
+lowcomm::DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kChar:
+      return DType::kInt8;
+    case at::kByte:
+      return DType::kUInt8;
+    case at::kShort:
+      return DType::kInt16;
+    case at::kInt:
+      return DType::kInt32;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kBool:
+      return DType::kBool;
+    case at::kUInt32:
+      return DType::kUInt32;
+    case at::kUInt64:
+      return DType::kUInt64;
+    default:
+      TORCH_CHECK(false, "lowcomm: unsupported dtype ", t);
+  }
+}
+
+lowcomm::ReduceOp to_op(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return lowcomm::ReduceOp::kSum;
+    case c10d::ReduceOp::AVG:
+      return lowcomm::ReduceOp::kAverage;
+    case c10d::ReduceOp::PRODUCT:
+      return lowcomm::ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN:
+      return lowcomm::ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return lowcomm::ReduceOp::kMax;
+    case c10d::ReduceOp::BAND:
+      return lowcomm::ReduceOp::kBAnd;
+    case c10d::ReduceOp::BOR:
+      return lowcomm::ReduceOp::kBOr;
+    case c10d::ReduceOp::BXOR:
+      return lowcomm::ReduceOp::kBXor;
+    default:
+      TORCH_CHECK(false, "lowcomm: unsupported reduction (PREMUL_SUM is not implemented)");
+  }
+}
+
+void check_host(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), "lowcomm: this build takes CPU tensors, got ", t.device());
+}
+
+// A contiguous buffer for a user tensor: the tensor itself when contiguous (no copy), else a
+// contiguous copy that finish() writes back.
+struct Staged {
+  at::Tensor user, buf;
+  explicit Staged(const at::Tensor& t) : user(t), buf(t.is_contiguous() ? t : t.contiguous()) {
+    check_host(t);
+  }
+  void write_back() const {
+    if (!buf.is_same(user)) user.copy_(buf);
+  }
+};
+
+uint64_t elems(const at::Tensor& t) {
+  return static_cast<uint64_t>(t.numel());
+}
+
+c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
+                                      std::vector<lowcomm::Work> works,
+                                      std::function<void()> finish = {}) {
+  auto w = c10::make_intrusive<LowcommWork>(type, rank, std::move(outputs), std::move(finish));
+  w->start(std::move(works));
+  return w;
+}
+
+// A flat contiguous tensor holding `parts` (copied in when `fill`).
+at::Tensor flat_of(const std::vector<at::Tensor>& parts, const at::Tensor& like, bool fill) {
+  int64_t n = 0;
+  for (const auto& p : parts) n += p.numel();
+  at::Tensor flat = at::empty({n}, like.options());
+  if (fill) {
+    int64_t off = 0;
+    for (const auto& p : parts) {
+      flat.narrow(0, off, p.numel()).copy_(p.reshape({-1}));
+      off += p.numel();
+    }
+  }
+  return flat;
+}
+
+void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& parts) {
+  int64_t off = 0;
+  for (const auto& p : parts) {
+    p.copy_(flat.narrow(0, off, p.numel()).view(p.sizes()));
+    off += p.numel();
+  }
+}
+
+}  // namespace
+
+LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                               std::chrono::milliseconds timeout, BackendConfig config)
+    : c10d::Backend(rank, size), config_(std::move(config)) {
+  lowcomm::UniqueId id;
+  if (rank == 0) {
+    auto made = lowcomm::create_unique_id();
+    TORCH_CHECK(made.is_ok(), "lowcomm: ", made.status().to_string());
+    id = *made;
+    const std::string text = id.to_string();
+    store->set(kIdKey, std::vector<uint8_t>(text.begin(), text.end()));
+  } else {
+    std::vector<uint8_t> bytes = store->get(kIdKey);
+    auto parsed = lowcomm::UniqueId::parse(std::string(bytes.begin(), bytes.end()));
+    TORCH_CHECK(parsed.is_ok(), "lowcomm: the id in the store: ", parsed.status().to_string());
+    id = *parsed;
+  }
+  lowcomm::CommOptions o;
+  o.timeout = timeout;
+  auto comm = lowcomm::Communicator::init(id, rank, size, o);
+  if (!comm) C10_THROW_ERROR(DistBackendError, "lowcomm: " + comm.status().to_string());
+  comm_ = std::move(comm).value();
+}
+
+LowcommBackend::~LowcommBackend() = default;
+
+c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    const std::chrono::duration<float>& timeout) {
+  BackendConfig config;
+  if (const char* c = std::getenv("LOWCOMM_CODEC")) config.codec = c;
+  if (const char* t = std::getenv("LOWCOMM_CODEC_THRESHOLD"))
+    config.codec_threshold = std::atoll(t);
+  if (const char* e = std::getenv("LOWCOMM_ERROR_FEEDBACK"))
+    config.error_feedback = std::atoi(e) != 0;
+  return c10::make_intrusive<LowcommBackend>(
+      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), config);
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                         const c10d::BroadcastOptions& opts) {
+  std::vector<lowcomm::Work> works;
+  auto staged = std::make_shared<std::vector<Staged>>();
+  for (auto& t : tensors) {
+    staged->emplace_back(t);
+    const at::Tensor& b = staged->back().buf;
+    works.push_back(comm_->broadcast(b.data_ptr(), b.data_ptr(), elems(b),
+                                     to_dtype(b.scalar_type()), static_cast<int>(opts.rootRank)));
+  }
+  return launch(c10d::OpType::BROADCAST, rank_, tensors, std::move(works), [staged] {
+    for (auto& s : *staged) s.write_back();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::AllreduceOptions& opts) {
+  const lowcomm::ReduceOp op = to_op(opts.reduceOp);
+  std::vector<lowcomm::Work> works;
+  auto staged = std::make_shared<std::vector<Staged>>();
+  for (auto& t : tensors) {
+    staged->emplace_back(t);
+    const at::Tensor& b = staged->back().buf;
+    const lowcomm::DType dt = to_dtype(b.scalar_type());
+    lowcomm::AllReduceOptions ar;
+    if (!config_.codec.empty() && codec_dtype(dt) &&
+        (op == lowcomm::ReduceOp::kSum || op == lowcomm::ReduceOp::kAverage) &&
+        b.nbytes() >= static_cast<size_t>(config_.codec_threshold)) {
+      auto spec = lowcomm::parse_codec_spec(config_.codec);
+      TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", config_.codec,
+                  "': ", spec.status().to_string());
+      ar.codec = *spec;
+      if (config_.error_feedback) {
+        // One residual per gradient buffer: the same parameter's gradient lives at the same
+        // address with the same shape every step.
+        std::ostringstream key;
+        key << "ef/" << b.data_ptr() << "/" << b.sizes();
+        ar.ef_key = key.str();
+      }
+    }
+    works.push_back(comm_->all_reduce(b.data_ptr(), b.data_ptr(), elems(b), dt, op, ar));
+  }
+  return launch(c10d::OpType::ALLREDUCE, rank_, tensors, std::move(works), [staged] {
+    for (auto& s : *staged) s.write_back();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return allreduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::ReduceOptions& opts) {
+  TORCH_CHECK(tensors.size() == 1, "lowcomm: reduce takes one tensor");
+  auto staged = std::make_shared<Staged>(tensors[0]);
+  const at::Tensor& b = staged->buf;
+  const int root = static_cast<int>(opts.rootRank);
+  std::vector<lowcomm::Work> works{comm_->reduce(
+      b.data_ptr(), b.data_ptr(), elems(b), to_dtype(b.scalar_type()), to_op(opts.reduceOp), root)};
+  const bool is_root = root == rank_;
+  return launch(c10d::OpType::REDUCE, rank_, tensors, std::move(works), [staged, is_root] {
+    if (is_root) staged->write_back();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "lowcomm: allgather takes one tensor");
+  TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "lowcomm: allgather needs ", size_,
+              " output tensors");
+  auto in = std::make_shared<Staged>(inputs[0]);
+  for (const auto& o : outputs[0]) {
+    check_host(o);
+    TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == inputs[0].scalar_type(),
+                "lowcomm: allgather output tensors must match the input's size and dtype");
+  }
+  auto flat = std::make_shared<at::Tensor>(flat_of(outputs[0], in->buf, false));
+  std::vector<lowcomm::Work> works{comm_->all_gather(
+      in->buf.data_ptr(), flat->data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
+  auto outs = outputs[0];
+  return launch(c10d::OpType::ALLGATHER, rank_, outs, std::move(works),
+                [flat, outs, in] { unflatten(*flat, outs); });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+  TORCH_CHECK(output.numel() == input.numel() * size_,
+              "lowcomm: all_gather_into_tensor output must hold size() inputs");
+  auto in = std::make_shared<Staged>(input);
+  auto out = std::make_shared<Staged>(output);
+  std::vector<lowcomm::Work> works{comm_->all_gather(
+      in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
+  return launch(c10d::OpType::_ALLGATHER_BASE, rank_, {output}, std::move(works),
+                [in, out] { out->write_back(); });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::GatherOptions& opts) {
+  TORCH_CHECK(inputs.size() == 1, "lowcomm: gather takes one tensor");
+  const int root = static_cast<int>(opts.rootRank);
+  auto in = std::make_shared<Staged>(inputs[0]);
+  std::vector<at::Tensor> outs = rank_ == root ? outputs.at(0) : std::vector<at::Tensor>{};
+  TORCH_CHECK(rank_ != root || static_cast<int>(outs.size()) == size_, "lowcomm: gather needs ",
+              size_, " output tensors on the root");
+  auto flat =
+      std::make_shared<at::Tensor>(rank_ == root ? flat_of(outs, in->buf, false) : at::Tensor());
+  std::vector<lowcomm::Work> works{
+      comm_->gather(in->buf.data_ptr(), rank_ == root ? flat->data_ptr() : nullptr, elems(in->buf),
+                    to_dtype(in->buf.scalar_type()), root)};
+  return launch(c10d::OpType::GATHER, rank_, outs, std::move(works), [flat, outs, in] {
+    if (flat->defined()) unflatten(*flat, outs);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                                       const c10d::ScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == 1, "lowcomm: scatter takes one output tensor");
+  const int root = static_cast<int>(opts.rootRank);
+  auto out = std::make_shared<Staged>(outputs[0]);
+  at::Tensor flat;
+  if (rank_ == root) {
+    TORCH_CHECK(static_cast<int>(inputs.at(0).size()) == size_, "lowcomm: scatter needs ", size_,
+                " input tensors on the root");
+    flat = flat_of(inputs[0], out->buf, true);
+  }
+  auto keep = std::make_shared<at::Tensor>(flat);
+  std::vector<lowcomm::Work> works{comm_->scatter(rank_ == root ? keep->data_ptr() : nullptr,
+                                                  out->buf.data_ptr(), elems(out->buf),
+                                                  to_dtype(out->buf.scalar_type()), root)};
+  return launch(c10d::OpType::SCATTER, rank_, outputs, std::move(works),
+                [out, keep] { out->write_back(); });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1,
+              "lowcomm: reduce_scatter takes one tensor");
+  TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "lowcomm: reduce_scatter needs ", size_,
+              " input tensors");
+  auto out = std::make_shared<Staged>(outputs[0]);
+  auto flat = std::make_shared<at::Tensor>(flat_of(inputs[0], out->buf, true));
+  std::vector<lowcomm::Work> works{
+      comm_->reduce_scatter(flat->data_ptr(), out->buf.data_ptr(), elems(out->buf),
+                            to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
+  return launch(c10d::OpType::REDUCE_SCATTER, rank_, outputs, std::move(works),
+                [out, flat] { out->write_back(); });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK(input.numel() == output.numel() * size_,
+              "lowcomm: reduce_scatter_tensor input must hold size() outputs");
+  auto in = std::make_shared<Staged>(input);
+  auto out = std::make_shared<Staged>(output);
+  std::vector<lowcomm::Work> works{
+      comm_->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
+                            to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, rank_, {output}, std::move(works),
+                [in, out] { out->write_back(); });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
+  auto in = std::make_shared<Staged>(input);
+  auto out = std::make_shared<Staged>(output);
+  const auto P = static_cast<size_t>(size_);
+  // Splits are rows of dim 0; empty: equal rows per rank.
+  auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const uint64_t per_row = rows == 0 ? 0 : elems(t) / static_cast<uint64_t>(rows);
+    std::vector<uint64_t> c(P), off(P);
+    uint64_t at = 0;
+    for (size_t j = 0; j < P; ++j) {
+      const int64_t r = splits.empty() ? rows / static_cast<int64_t>(P) : splits.at(j);
+      c[j] = static_cast<uint64_t>(r) * per_row;
+      off[j] = at;
+      at += c[j];
+    }
+    TORCH_CHECK(at <= elems(t), "lowcomm: all_to_all splits exceed the tensor");
+    return std::make_pair(c, off);
+  };
+  TORCH_CHECK(input_splits.empty() || input_splits.size() == P, "lowcomm: input splits need ", P,
+              " entries");
+  TORCH_CHECK(output_splits.empty() || output_splits.size() == P, "lowcomm: output splits need ", P,
+              " entries");
+  auto [sc, so] = counts(in->buf, input_splits);
+  auto [rc, ro] = counts(out->buf, output_splits);
+  std::vector<lowcomm::Work> works{comm_->all_to_all(
+      in->buf.data_ptr(), sc, so, out->buf.data_ptr(), rc, ro, to_dtype(in->buf.scalar_type()))};
+  return launch(c10d::OpType::ALLTOALL_BASE, rank_, {output}, std::move(works),
+                [in, out] { out->write_back(); });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::send(std::vector<at::Tensor>& tensors, int dst,
+                                                    int tag) {
+  TORCH_CHECK(tensors.size() == 1, "lowcomm: send takes one tensor");
+  auto in = std::make_shared<Staged>(tensors[0]);
+  std::vector<lowcomm::Work> works{comm_->send(in->buf.data_ptr(), elems(in->buf),
+                                               to_dtype(in->buf.scalar_type()), dst,
+                                               static_cast<uint64_t>(tag))};
+  return launch(c10d::OpType::SEND, rank_, tensors, std::move(works), [in] {});
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& tensors, int src,
+                                                    int tag) {
+  TORCH_CHECK(tensors.size() == 1, "lowcomm: recv takes one tensor");
+  auto out = std::make_shared<Staged>(tensors[0]);
+  std::vector<lowcomm::Work> works{comm_->recv(out->buf.data_ptr(), elems(out->buf),
+                                               to_dtype(out->buf.scalar_type()), src,
+                                               static_cast<uint64_t>(tag))};
+  auto w = c10::make_intrusive<LowcommWork>(c10d::OpType::RECV, rank_, tensors,
+                                            [out] { out->write_back(); });
+  w->set_source_rank(src);
+  w->start(std::move(works));
+  return w;
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
+  return launch(c10d::OpType::BARRIER, rank_, {}, {comm_->barrier()});
+}
+
+}  // namespace lowcomm::torch_backend

@@ -1,0 +1,79 @@
+#pragma once
+// LowcommBackend: the c10d::Backend named "lowcomm" (issue 9). Rendezvous through the Store
+// torch hands the backend: rank 0 creates the communicator id (address and secret) and sets it
+// under the group's prefix; the others read it. Every op maps onto one lowcomm collective over
+// host tensors (no copy for contiguous ones; non-contiguous inputs are staged, outputs copied
+// back at completion). Exact by default; float sum/avg all-reduces at or above
+// codec_threshold bytes are compressed with `codec` when one is set.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "lowcomm/communicator.h"
+
+namespace lowcomm::torch_backend {
+
+struct BackendConfig {
+  std::string codec;                  // "": exact
+  int64_t codec_threshold = 1 << 20;  // bytes; smaller all-reduces stay exact
+  bool error_feedback = false;        // keys derived from the call order and the tensor's shape
+};
+
+class LowcommBackend : public c10d::Backend {
+ public:
+  LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                 std::chrono::milliseconds timeout, BackendConfig config);
+  ~LowcommBackend() override;
+
+  // torch.distributed.Backend.register_backend's creator.
+  static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  int rank, int size,
+                                                  const std::chrono::duration<float>& timeout);
+
+  const std::string getBackendName() const override { return "lowcomm"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // Python: per-op statistics of the last completed operation.
+  lowcomm::OpStats last_op_stats() const { return comm_->last_op_stats(); }
+
+ private:
+  std::unique_ptr<lowcomm::Communicator> comm_;
+  BackendConfig config_;
+};
+
+}  // namespace lowcomm::torch_backend

@@ -1,0 +1,39 @@
+// lowcomm._C: the backend class and its creator, for torch.distributed.Backend.register_backend.
+
+#include <pybind11/chrono.h>
+#include <torch/python.h>
+
+#include "backend.h"
+
+namespace py = pybind11;
+using lowcomm::torch_backend::LowcommBackend;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "lowcomm's torch.distributed backend";
+  py::module::import("torch.distributed");  // registers c10d::Backend's Python type
+  py::class_<LowcommBackend, c10d::Backend, c10::intrusive_ptr<LowcommBackend>>(m, "LowcommBackend")
+      .def("last_op_stats", [](const LowcommBackend& b) {
+        lowcomm::OpStats s = b.last_op_stats();
+        py::dict d;
+        d["kind"] = s.kind;
+        d["sequence"] = s.sequence;
+        d["count"] = s.count;
+        d["codec"] = s.codec;
+        d["bytes_sent"] = s.bytes_sent;
+        d["bytes_received"] = s.bytes_received;
+        d["payload_bytes_sent"] = s.payload_bytes_sent;
+        d["uncompressed_bytes_sent"] = s.uncompressed_bytes_sent;
+        d["compression_ratio"] = s.compression_ratio;
+        auto secs = [](std::chrono::nanoseconds ns) {
+          return std::chrono::duration<double>(ns).count();
+        };
+        d["wall_s"] = secs(s.wall);
+        d["encode_s"] = secs(s.encode);
+        d["decode_s"] = secs(s.decode);
+        d["network_wait_s"] = secs(s.network_wait);
+        d["link_limit_s"] = secs(s.link_limit);
+        d["link_efficiency"] = s.link_efficiency;
+        return d;
+      });
+  m.def("create_backend", &LowcommBackend::create, py::call_guard<py::gil_scoped_release>());
+}

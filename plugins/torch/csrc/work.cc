@@ -1,0 +1,87 @@
+#include "work.h"
+
+#include <c10/util/Exception.h>
+
+namespace lowcomm::torch_backend {
+
+LowcommWork::LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
+                         std::function<void()> finish)
+    : c10d::Work(rank, type),
+      outputs_(std::move(outputs)),
+      finish_(std::move(finish)),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
+
+void LowcommWork::start(std::vector<lowcomm::Work> works) {
+  works_ = std::move(works);
+  left_ = works_.size();
+  if (works_.empty()) {
+    on_one_done(lowcomm::Status::ok());  // nothing to wait for
+    return;
+  }
+  // Each callback holds a reference: the Work outlives its lowcomm works' completion.
+  for (auto& w : works_) {
+    c10::intrusive_ptr<LowcommWork> self =
+        c10::intrusive_ptr<LowcommWork>::unsafe_reclaim_from_nonowning(this);
+    w.on_complete([self](const lowcomm::Status& s) { self->on_one_done(s); });
+  }
+}
+
+void LowcommWork::on_one_done(const lowcomm::Status& s) {
+  if (!s.is_ok()) {
+    std::lock_guard<std::mutex> lock(first_error_mu_);
+    if (first_error_.is_ok()) first_error_ = s;
+  }
+  if (!works_.empty() && --left_ != 0) return;
+  lowcomm::Status err;
+  {
+    std::lock_guard<std::mutex> lock(first_error_mu_);
+    err = first_error_;
+  }
+  std::exception_ptr e;
+  if (err.is_ok()) {
+    try {
+      if (finish_) finish_();
+    } catch (...) {
+      e = std::current_exception();
+    }
+  } else {
+    e = std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "lowcomm: " + err.to_string()));
+  }
+  finish(e);  // c10d::Work: marks completed, wakes wait()
+  if (e) {
+    future_->setError(e);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+bool LowcommWork::isCompleted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool LowcommWork::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr LowcommWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+bool LowcommWork::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lock, [&] { return completed_; });
+  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    TORCH_CHECK(false, "lowcomm: operation timed out after ", timeout.count(), " ms");
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+}  // namespace lowcomm::torch_backend

@@ -1,0 +1,49 @@
+#pragma once
+// LowcommWork: torch's c10d::Work over one or more lowcomm::Work. It completes when all of them
+// have (then it copies staged outputs back into non-contiguous user tensors) and completes its
+// future at the same moment, from the communicator's executor thread, so DDP communication
+// hooks chain on it without a waiting thread. A failure becomes a C10 error naming the
+// operation, raised by wait() and set on the future.
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "lowcomm/communicator.h"
+
+namespace lowcomm::torch_backend {
+
+class LowcommWork : public c10d::Work {
+ public:
+  // `outputs`: what the future yields; `finish`: run once all works succeeded (copy-back).
+  LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
+              std::function<void()> finish = {});
+  // Call once, after the constructor, with the operation's works (may be empty: complete now).
+  void start(std::vector<lowcomm::Work> works);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override { return source_rank_; }
+  void set_source_rank(int r) { source_rank_ = r; }
+
+ private:
+  void on_one_done(const lowcomm::Status& s);
+
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> finish_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<lowcomm::Work> works_;
+  std::atomic<size_t> left_{0};
+  std::mutex first_error_mu_;
+  lowcomm::Status first_error_;
+  int source_rank_ = -1;
+};
+
+}  // namespace lowcomm::torch_backend

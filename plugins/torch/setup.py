@@ -1,0 +1,57 @@
+"""Builds lowcomm's torch.distributed backend (the `lowcomm` package) against the torch in the
+environment and the lowcomm core of this repository, offline:
+
+    pip install --no-build-isolation ./plugins/torch
+
+The core is configured and built with CMake into build/core (static, no tests, no CUDA) and
+linked into the extension; OpenSSL's libcrypto and xxHash come from the system.
+"""
+import os
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CORE = Path(os.environ.get("LOWCOMM_CORE_BUILD", HERE / "build" / "core"))
+
+
+def build_core():
+    CORE.mkdir(parents=True, exist_ok=True)
+    subprocess.check_call([
+        "cmake", "-S", str(ROOT), "-B", str(CORE), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+        "-DLOWCOMM_CUDA=OFF", "-DLOWCOMM_BUILD_TESTS=OFF", "-DLOWCOMM_BUILD_BENCH=OFF",
+    ])
+    subprocess.check_call(["cmake", "--build", str(CORE), "--target", "lowcomm_static",
+                           "-j", str(os.cpu_count() or 2)])
+    return CORE / "lib" / "liblowcomm.a"
+
+
+class BuildWithCore(BuildExtension):
+    def run(self):
+        lib = build_core()
+        for ext in self.extensions:
+            ext.extra_objects = [str(lib)]
+        super().run()
+
+
+setup(
+    name="lowcomm",
+    version="0.1.0",
+    description="lowcomm: compressed collectives over WAN links, as a torch.distributed backend",
+    packages=["lowcomm"],
+    ext_modules=[
+        CppExtension(
+            "lowcomm._C",
+            ["csrc/backend.cc", "csrc/work.cc", "csrc/bindings.cc"],
+            include_dirs=[str(ROOT / "include"), str(CORE / "include")],
+            libraries=["crypto", "xxhash"],
+            extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror",
+                                "-Wno-unused-parameter"],
+        )
+    ],
+    cmdclass={"build_ext": BuildWithCore},
+    python_requires=">=3.10",
+)
