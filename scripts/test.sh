@@ -41,7 +41,8 @@ echo "== wire decoder fuzzing"
 scripts/fuzz.sh "${LOWCOMM_FUZZ_SECONDS:-60}"
 
 echo "== torch backend (plugins/torch)"
-.venv/bin/pip install -q --no-build-isolation ./plugins/torch
+# Linked against the Release build's liblowcomm.a (no second build of the core).
+LOWCOMM_CORE_BUILD="$PWD/build" .venv/bin/pip install -q --no-build-isolation ./plugins/torch
 # From outside the source tree, so the installed package is the one imported.
 (cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/plugins/torch/tests")
 

@@ -4,7 +4,10 @@ environment and the lowcomm core of this repository, offline:
     pip install --no-build-isolation ./plugins/torch
 
 The core is configured and built with CMake into build/core (static, no tests, no CUDA) and
-linked into the extension; OpenSSL's libcrypto and xxHash come from the system.
+linked into the extension; OpenSSL's libcrypto and xxHash come from the system. With
+LOWCOMM_CORE_BUILD=<a build directory of this repository> the liblowcomm.a already built there
+is linked instead (scripts/test.sh uses its Release build; the extension calls no CUDA code, so
+a CUDA-enabled archive links the same).
 """
 import os
 import subprocess
@@ -15,10 +18,16 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-CORE = Path(os.environ.get("LOWCOMM_CORE_BUILD", HERE / "build" / "core"))
+PREBUILT = os.environ.get("LOWCOMM_CORE_BUILD")
+CORE = Path(PREBUILT) if PREBUILT else HERE / "build" / "core"
 
 
 def build_core():
+    if PREBUILT:
+        lib = CORE / "lib" / "liblowcomm.a"
+        if not lib.exists():
+            raise RuntimeError(f"LOWCOMM_CORE_BUILD={PREBUILT}: no {lib}; build target lowcomm_static")
+        return lib
     CORE.mkdir(parents=True, exist_ok=True)
     subprocess.check_call([
         "cmake", "-S", str(ROOT), "-B", str(CORE), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",

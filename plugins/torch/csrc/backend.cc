@@ -203,6 +203,36 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
   });
 }
 
+c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor,
+                                                              const std::string& codec,
+                                                              const std::string& ef_key,
+                                                              c10d::ReduceOp op) {
+  auto staged = std::make_shared<Staged>(tensor);
+  const at::Tensor& b = staged->buf;
+  lowcomm::AllReduceOptions ar;
+  if (!codec.empty()) {
+    auto spec = lowcomm::parse_codec_spec(codec);
+    TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
+    ar.codec = *spec;
+    ar.ef_key = ef_key;
+  }
+  std::vector<lowcomm::Work> works{comm_->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
+                                                     to_dtype(b.scalar_type()), to_op(op), ar)};
+  return launch(c10d::OpType::ALLREDUCE, rank_, {tensor}, std::move(works),
+                [staged] { staged->write_back(); });
+}
+
+std::vector<uint8_t> LowcommBackend::save_error_feedback() {
+  auto r = comm_->save_error_feedback();
+  TORCH_CHECK(r.is_ok(), "lowcomm: ", r.status().to_string());
+  return *r;
+}
+
+void LowcommBackend::restore_error_feedback(const std::vector<uint8_t>& bytes) {
+  lowcomm::Status s = comm_->restore_error_feedback(bytes.data(), bytes.size());
+  TORCH_CHECK(s.is_ok(), "lowcomm: ", s.to_string());
+}
+
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   return allreduce(tensors, opts);

@@ -71,6 +71,14 @@ class LowcommBackend : public c10d::Backend {
   // Python: per-op statistics of the last completed operation.
   lowcomm::OpStats last_op_stats() const { return comm_->last_op_stats(); }
 
+  // lowcomm.torch.all_reduce / the DDP hook: one all-reduce with its own codec ("" exact) and
+  // error-feedback key ("" none), whatever the group's defaults.
+  c10::intrusive_ptr<c10d::Work> allreduce_with(at::Tensor& tensor, const std::string& codec,
+                                                const std::string& ef_key, c10d::ReduceOp op);
+  // Error-feedback residuals of every key, as bytes (checkpoints), and back.
+  std::vector<uint8_t> save_error_feedback();
+  void restore_error_feedback(const std::vector<uint8_t>& bytes);
+
  private:
   std::unique_ptr<lowcomm::Communicator> comm_;
   BackendConfig config_;

@@ -12,6 +12,24 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "lowcomm's torch.distributed backend";
   py::module::import("torch.distributed");  // registers c10d::Backend's Python type
   py::class_<LowcommBackend, c10d::Backend, c10::intrusive_ptr<LowcommBackend>>(m, "LowcommBackend")
+      .def("allreduce_with", &LowcommBackend::allreduce_with, py::arg("tensor"), py::arg("codec"),
+           py::arg("ef_key"), py::arg("op"), py::call_guard<py::gil_scoped_release>())
+      .def("save_error_feedback",
+           [](LowcommBackend& b) {
+             std::vector<uint8_t> v;
+             {
+               py::gil_scoped_release nogil;
+               v = b.save_error_feedback();
+             }
+             return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+           })
+      .def("restore_error_feedback",
+           [](LowcommBackend& b, const py::bytes& data) {
+             std::string s = data;
+             std::vector<uint8_t> v(s.begin(), s.end());
+             py::gil_scoped_release nogil;
+             b.restore_error_feedback(v);
+           })
       .def("last_op_stats", [](const LowcommBackend& b) {
         lowcomm::OpStats s = b.last_op_stats();
         py::dict d;
