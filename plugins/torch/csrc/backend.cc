@@ -145,13 +145,16 @@ LowcommBackend::~LowcommBackend() = default;
 
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    const std::chrono::duration<float>& timeout) {
+    const std::chrono::duration<float>& timeout, const std::string& codec,
+    int64_t codec_threshold, bool error_feedback) {
   BackendConfig config;
-  if (const char* c = std::getenv("LOWCOMM_CODEC")) config.codec = c;
-  if (const char* t = std::getenv("LOWCOMM_CODEC_THRESHOLD"))
-    config.codec_threshold = std::atoll(t);
-  if (const char* e = std::getenv("LOWCOMM_ERROR_FEEDBACK"))
-    config.error_feedback = std::atoi(e) != 0;
+  config.codec = codec;
+  config.codec_threshold = codec_threshold;
+  config.error_feedback = error_feedback;
+  if (!codec.empty()) {
+    auto spec = lowcomm::parse_codec_spec(codec);
+    TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
+  }
   return c10::make_intrusive<LowcommBackend>(
       store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), config);
 }

@@ -29,10 +29,13 @@ class LowcommBackend : public c10d::Backend {
                  std::chrono::milliseconds timeout, BackendConfig config);
   ~LowcommBackend() override;
 
-  // torch.distributed.Backend.register_backend's creator.
+  // lowcomm.torch's creator (register_backend with the extended API): the group's store,
+  // rank, size and timeout, and the codec settings of its options (or the environment).
   static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store,
                                                   int rank, int size,
-                                                  const std::chrono::duration<float>& timeout);
+                                                  const std::chrono::duration<float>& timeout,
+                                                  const std::string& codec,
+                                                  int64_t codec_threshold, bool error_feedback);
 
   const std::string getBackendName() const override { return "lowcomm"; }
 

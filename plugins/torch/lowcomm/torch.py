@@ -4,10 +4,11 @@
     torch.distributed.init_process_group("lowcomm", ...)  # or new_group(backend="lowcomm")
 
 Rendezvous goes through the store torch hands the backend (torchrun, env://, tcp://, file://).
-Exact by default; LOWCOMM_CODEC (e.g. "q4") compresses floating-point sum/avg all-reduces of at
-least LOWCOMM_CODEC_THRESHOLD bytes (default 1 MiB), with error feedback per gradient buffer
-when LOWCOMM_ERROR_FEEDBACK=1.
+Exact by default; `pg_options=lowcomm.torch.Options(codec="q4")` (or LOWCOMM_CODEC) compresses
+floating-point sum/avg all-reduces of at least `codec_threshold` bytes (default 1 MiB).
 """
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -16,12 +17,37 @@ from lowcomm import _C
 BACKEND = "lowcomm"
 
 
-def _create(store, group_rank, group_size, timeout):
-    return _C.create_backend(store, group_rank, group_size, timeout)
+class Options:
+    """The group's options: pass as `pg_options` to `init_process_group` or `new_group`.
+
+    codec: all-reduces of floating-point SUM/AVG of at least `codec_threshold` bytes are
+      compressed with it ("q4", "q8:sr", "minmax4", ...); "" (the default) keeps every op exact.
+    error_feedback: keep a residual per gradient buffer across calls (keyed by the tensor's
+      address and shape, which a parameter's gradient keeps from step to step).
+    Unset fields come from LOWCOMM_CODEC, LOWCOMM_CODEC_THRESHOLD, LOWCOMM_ERROR_FEEDBACK.
+    """
+
+    def __init__(self, codec=None, codec_threshold=None, error_feedback=None):
+        env = os.environ
+        self.codec = codec if codec is not None else env.get("LOWCOMM_CODEC", "")
+        self.codec_threshold = int(codec_threshold if codec_threshold is not None
+                                   else env.get("LOWCOMM_CODEC_THRESHOLD", 1 << 20))
+        self.error_feedback = bool(error_feedback if error_feedback is not None
+                                   else int(env.get("LOWCOMM_ERROR_FEEDBACK", "0")))
+
+
+def _create(dist_opts, backend_options):
+    opts = backend_options if isinstance(backend_options, Options) else Options()
+    if backend_options is not None and not isinstance(backend_options, Options):
+        raise TypeError("lowcomm: pg_options must be lowcomm.torch.Options, got "
+                        f"{type(backend_options).__name__}")
+    return _C.create_backend(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
+                             dist_opts.timeout, opts.codec, opts.codec_threshold,
+                             opts.error_feedback)
 
 
 if BACKEND not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
 
 
 def last_op_stats(group=None):

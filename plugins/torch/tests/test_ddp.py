@@ -59,6 +59,22 @@ def body(rank, world):
     assert torch.allclose(t, torch.full((4096,), float(sum(range(1, world + 1)))), rtol=0.02)
     stats = lowcomm.torch.last_op_stats(lc)
     assert stats["codec"] == "q8" and stats["compression_ratio"] > 3, stats
+    # A group whose options compress every float all-reduce of at least 1 KiB; smaller and
+    # integer ones stay exact; a bad codec is refused when the group is made.
+    q4 = dist.new_group(backend="lowcomm",
+                        pg_options=lowcomm.torch.Options(codec="q4", codec_threshold=1024))
+    big = torch.linspace(-1, 1, 4096) * (rank + 1)
+    dist.all_reduce(big, group=q4)
+    assert lowcomm.torch.last_op_stats(q4)["codec"] == "q4"
+    small = torch.ones(16)
+    dist.all_reduce(small, group=q4)
+    assert lowcomm.torch.last_op_stats(q4)["codec"] == "" and torch.equal(small, torch.full((16,), 2.0))
+    try:
+        dist.new_group(backend="lowcomm", pg_options=lowcomm.torch.Options(codec="q3x"))
+    except Exception as e:  # noqa: BLE001
+        assert "q3x" in str(e), e
+    else:
+        raise AssertionError("a bad codec must be refused")
 
 
 def worker(rank, world, init_file, errors):
