@@ -13,6 +13,13 @@ import torch.multiprocessing as mp
 import lowcomm.torch  # noqa: F401
 
 
+def put(results, item):
+    # Flushed before os._exit, which would drop what the queue's feeder thread has not sent.
+    results.put(item)
+    results.close()
+    results.join_thread()
+
+
 def worker(rank, world, init_file, mode, results):
     try:
         dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
@@ -23,19 +30,19 @@ def worker(rank, world, init_file, mode, results):
             if mode == "killed":
                 os._exit(3)  # dies without a word, as a crash or an OOM kill
             time.sleep(8)  # "deadline": never calls the next operation
-            results.put((rank, "slept", 0.0))
+            put(results, (rank, "slept", 0.0))
             os._exit(0)
         t0 = time.monotonic()
         try:
             dist.all_reduce(x)
-            results.put((rank, "no exception", time.monotonic() - t0))
+            put(results, (rank, "no exception", time.monotonic() - t0))
         except dist.DistBackendError as e:
-            results.put((rank, f"DistBackendError: {e}", time.monotonic() - t0))
+            put(results, (rank, f"DistBackendError: {e}", time.monotonic() - t0))
         except RuntimeError as e:
-            results.put((rank, f"RuntimeError: {e}", time.monotonic() - t0))
+            put(results, (rank, f"RuntimeError: {e}", time.monotonic() - t0))
         os._exit(0)
     except Exception:  # noqa: BLE001
-        results.put((rank, traceback.format_exc(), -1.0))
+        put(results, (rank, traceback.format_exc(), -1.0))
         sys.exit(1)
 
 
