@@ -36,9 +36,9 @@ fi
 # The torch backend (plugins/torch): PyTorch from PyPI and pytest in a git-ignored virtual
 # environment, .venv. The wheel runs on machines without a GPU.
 TORCH_VERSION=${LOWCOMM_TORCH_VERSION:-2.15.0}
-if ! .venv/bin/python -c "import torch, pytest, setuptools, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, numpy, pytest, setuptools, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   echo "deps: installing torch $TORCH_VERSION and pytest into .venv"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q "torch==$TORCH_VERSION" pytest setuptools wheel
+  .venv/bin/pip install -q "torch==$TORCH_VERSION" numpy pytest setuptools wheel
 fi
