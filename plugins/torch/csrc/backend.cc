@@ -145,8 +145,8 @@ LowcommBackend::~LowcommBackend() = default;
 
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    const std::chrono::duration<float>& timeout, const std::string& codec,
-    int64_t codec_threshold, bool error_feedback) {
+    const std::chrono::duration<float>& timeout, const std::string& codec, int64_t codec_threshold,
+    bool error_feedback) {
   BackendConfig config;
   config.codec = codec;
   config.codec_threshold = codec_threshold;
@@ -166,8 +166,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>
   for (auto& t : tensors) {
     staged->emplace_back(t);
     const at::Tensor& b = staged->back().buf;
-    works.push_back(comm_->broadcast(b.data_ptr(), b.data_ptr(), elems(b),
-                                     to_dtype(b.scalar_type()), static_cast<int>(opts.rootRank)));
+    works.push_back(comm()->broadcast(b.data_ptr(), b.data_ptr(), elems(b),
+                                      to_dtype(b.scalar_type()), static_cast<int>(opts.rootRank)));
   }
   return launch(c10d::OpType::BROADCAST, rank_, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
@@ -199,7 +199,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
         ar.ef_key = key.str();
       }
     }
-    works.push_back(comm_->all_reduce(b.data_ptr(), b.data_ptr(), elems(b), dt, op, ar));
+    works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b), dt, op, ar));
   }
   return launch(c10d::OpType::ALLREDUCE, rank_, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
@@ -219,20 +219,20 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
     ar.codec = *spec;
     ar.ef_key = ef_key;
   }
-  std::vector<lowcomm::Work> works{comm_->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
-                                                     to_dtype(b.scalar_type()), to_op(op), ar)};
+  std::vector<lowcomm::Work> works{comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
+                                                      to_dtype(b.scalar_type()), to_op(op), ar)};
   return launch(c10d::OpType::ALLREDUCE, rank_, {tensor}, std::move(works),
                 [staged] { staged->write_back(); });
 }
 
 std::vector<uint8_t> LowcommBackend::save_error_feedback() {
-  auto r = comm_->save_error_feedback();
+  auto r = comm()->save_error_feedback();
   TORCH_CHECK(r.is_ok(), "lowcomm: ", r.status().to_string());
   return *r;
 }
 
 void LowcommBackend::restore_error_feedback(const std::vector<uint8_t>& bytes) {
-  lowcomm::Status s = comm_->restore_error_feedback(bytes.data(), bytes.size());
+  lowcomm::Status s = comm()->restore_error_feedback(bytes.data(), bytes.size());
   TORCH_CHECK(s.is_ok(), "lowcomm: ", s.to_string());
 }
 
@@ -247,7 +247,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& t
   auto staged = std::make_shared<Staged>(tensors[0]);
   const at::Tensor& b = staged->buf;
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<lowcomm::Work> works{comm_->reduce(
+  std::vector<lowcomm::Work> works{comm()->reduce(
       b.data_ptr(), b.data_ptr(), elems(b), to_dtype(b.scalar_type()), to_op(opts.reduceOp), root)};
   const bool is_root = root == rank_;
   return launch(c10d::OpType::REDUCE, rank_, tensors, std::move(works), [staged, is_root] {
@@ -268,7 +268,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
                 "lowcomm: allgather output tensors must match the input's size and dtype");
   }
   auto flat = std::make_shared<at::Tensor>(flat_of(outputs[0], in->buf, false));
-  std::vector<lowcomm::Work> works{comm_->all_gather(
+  std::vector<lowcomm::Work> works{comm()->all_gather(
       in->buf.data_ptr(), flat->data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
   auto outs = outputs[0];
   return launch(c10d::OpType::ALLGATHER, rank_, outs, std::move(works),
@@ -281,7 +281,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
               "lowcomm: all_gather_into_tensor output must hold size() inputs");
   auto in = std::make_shared<Staged>(input);
   auto out = std::make_shared<Staged>(output);
-  std::vector<lowcomm::Work> works{comm_->all_gather(
+  std::vector<lowcomm::Work> works{comm()->all_gather(
       in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
   return launch(c10d::OpType::_ALLGATHER_BASE, rank_, {output}, std::move(works),
                 [in, out] { out->write_back(); });
@@ -299,8 +299,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at
   auto flat =
       std::make_shared<at::Tensor>(rank_ == root ? flat_of(outs, in->buf, false) : at::Tensor());
   std::vector<lowcomm::Work> works{
-      comm_->gather(in->buf.data_ptr(), rank_ == root ? flat->data_ptr() : nullptr, elems(in->buf),
-                    to_dtype(in->buf.scalar_type()), root)};
+      comm()->gather(in->buf.data_ptr(), rank_ == root ? flat->data_ptr() : nullptr, elems(in->buf),
+                     to_dtype(in->buf.scalar_type()), root)};
   return launch(c10d::OpType::GATHER, rank_, outs, std::move(works), [flat, outs, in] {
     if (flat->defined()) unflatten(*flat, outs);
   });
@@ -319,9 +319,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& 
     flat = flat_of(inputs[0], out->buf, true);
   }
   auto keep = std::make_shared<at::Tensor>(flat);
-  std::vector<lowcomm::Work> works{comm_->scatter(rank_ == root ? keep->data_ptr() : nullptr,
-                                                  out->buf.data_ptr(), elems(out->buf),
-                                                  to_dtype(out->buf.scalar_type()), root)};
+  std::vector<lowcomm::Work> works{comm()->scatter(rank_ == root ? keep->data_ptr() : nullptr,
+                                                   out->buf.data_ptr(), elems(out->buf),
+                                                   to_dtype(out->buf.scalar_type()), root)};
   return launch(c10d::OpType::SCATTER, rank_, outputs, std::move(works),
                 [out, keep] { out->write_back(); });
 }
@@ -336,8 +336,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter(
   auto out = std::make_shared<Staged>(outputs[0]);
   auto flat = std::make_shared<at::Tensor>(flat_of(inputs[0], out->buf, true));
   std::vector<lowcomm::Work> works{
-      comm_->reduce_scatter(flat->data_ptr(), out->buf.data_ptr(), elems(out->buf),
-                            to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
+      comm()->reduce_scatter(flat->data_ptr(), out->buf.data_ptr(), elems(out->buf),
+                             to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
   return launch(c10d::OpType::REDUCE_SCATTER, rank_, outputs, std::move(works),
                 [out, flat] { out->write_back(); });
 }
@@ -349,8 +349,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
   auto in = std::make_shared<Staged>(input);
   auto out = std::make_shared<Staged>(output);
   std::vector<lowcomm::Work> works{
-      comm_->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
-                            to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
+      comm()->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
+                             to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, rank_, {output}, std::move(works),
                 [in, out] { out->write_back(); });
 }
@@ -382,7 +382,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
               " entries");
   auto [sc, so] = counts(in->buf, input_splits);
   auto [rc, ro] = counts(out->buf, output_splits);
-  std::vector<lowcomm::Work> works{comm_->all_to_all(
+  std::vector<lowcomm::Work> works{comm()->all_to_all(
       in->buf.data_ptr(), sc, so, out->buf.data_ptr(), rc, ro, to_dtype(in->buf.scalar_type()))};
   return launch(c10d::OpType::ALLTOALL_BASE, rank_, {output}, std::move(works),
                 [in, out] { out->write_back(); });
@@ -392,9 +392,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::send(std::vector<at::Tensor>& ten
                                                     int tag) {
   TORCH_CHECK(tensors.size() == 1, "lowcomm: send takes one tensor");
   auto in = std::make_shared<Staged>(tensors[0]);
-  std::vector<lowcomm::Work> works{comm_->send(in->buf.data_ptr(), elems(in->buf),
-                                               to_dtype(in->buf.scalar_type()), dst,
-                                               static_cast<uint64_t>(tag))};
+  std::vector<lowcomm::Work> works{comm()->send(in->buf.data_ptr(), elems(in->buf),
+                                                to_dtype(in->buf.scalar_type()), dst,
+                                                static_cast<uint64_t>(tag))};
   return launch(c10d::OpType::SEND, rank_, tensors, std::move(works), [in] {});
 }
 
@@ -402,9 +402,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& ten
                                                     int tag) {
   TORCH_CHECK(tensors.size() == 1, "lowcomm: recv takes one tensor");
   auto out = std::make_shared<Staged>(tensors[0]);
-  std::vector<lowcomm::Work> works{comm_->recv(out->buf.data_ptr(), elems(out->buf),
-                                               to_dtype(out->buf.scalar_type()), src,
-                                               static_cast<uint64_t>(tag))};
+  std::vector<lowcomm::Work> works{comm()->recv(out->buf.data_ptr(), elems(out->buf),
+                                                to_dtype(out->buf.scalar_type()), src,
+                                                static_cast<uint64_t>(tag))};
   auto w = c10::make_intrusive<LowcommWork>(c10d::OpType::RECV, rank_, tensors,
                                             [out] { out->write_back(); });
   w->set_source_rank(src);
@@ -413,7 +413,33 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& ten
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return launch(c10d::OpType::BARRIER, rank_, {}, {comm_->barrier()});
+  return launch(c10d::OpType::BARRIER, rank_, {}, {comm()->barrier()});
+}
+
+}  // namespace lowcomm::torch_backend
+
+namespace lowcomm::torch_backend {
+
+void LowcommBackend::abort() {
+  if (comm_) comm_->abort();
+}
+
+void LowcommBackend::shutdown() {
+  comm_.reset();  // the destructor finishes queued work and says goodbye
+}
+
+c10d::ErrorType LowcommBackend::getError() {
+  if (!comm_) return c10d::ErrorType::SUCCESS;
+  switch (comm_->status().code()) {
+    case lowcomm::StatusCode::kOk:
+      return c10d::ErrorType::SUCCESS;
+    case lowcomm::StatusCode::kTimeout:
+      return c10d::ErrorType::TIMEOUT;
+    case lowcomm::StatusCode::kRemoteError:
+      return c10d::ErrorType::REMOTE_ERROR;
+    default:
+      return c10d::ErrorType::COMM_ERROR;
+  }
 }
 
 }  // namespace lowcomm::torch_backend

@@ -34,8 +34,8 @@ class LowcommBackend : public c10d::Backend {
   static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store,
                                                   int rank, int size,
                                                   const std::chrono::duration<float>& timeout,
-                                                  const std::string& codec,
-                                                  int64_t codec_threshold, bool error_feedback);
+                                                  const std::string& codec, int64_t codec_threshold,
+                                                  bool error_feedback);
 
   const std::string getBackendName() const override { return "lowcomm"; }
 
@@ -71,8 +71,16 @@ class LowcommBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // Fails everything in flight with an error and closes the connections (torch's abort).
+  void abort() override;
+  // Finishes queued operations, says goodbye to every peer and closes (destroy_process_group).
+  void shutdown() override;
+  // SUCCESS, or why the group broke: TIMEOUT for a deadline, REMOTE_ERROR for a peer's
+  // failure or disconnection, COMM_ERROR otherwise.
+  c10d::ErrorType getError() override;
+
   // Python: per-op statistics of the last completed operation.
-  lowcomm::OpStats last_op_stats() const { return comm_->last_op_stats(); }
+  lowcomm::OpStats last_op_stats() const { return comm()->last_op_stats(); }
 
   // lowcomm.torch.all_reduce / the DDP hook: one all-reduce with its own codec ("" exact) and
   // error-feedback key ("" none), whatever the group's defaults.
@@ -83,6 +91,11 @@ class LowcommBackend : public c10d::Backend {
   void restore_error_feedback(const std::vector<uint8_t>& bytes);
 
  private:
+  lowcomm::Communicator* comm() const {
+    TORCH_CHECK(comm_ != nullptr, "lowcomm: the process group was shut down");
+    return comm_.get();
+  }
+
   std::unique_ptr<lowcomm::Communicator> comm_;
   BackendConfig config_;
 };

@@ -158,6 +158,15 @@ def body(rank, world, lc):
             got = torch.empty(10)
             dist.recv(got, src=0, group=lc)
             assert torch.equal(got, torch.arange(10, dtype=torch.float32))
+    # batch_isend_irecv: a ring, every rank sends to the next and receives from the previous
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    send_t = torch.full((100,), float(rank))
+    recv_t = torch.empty(100)
+    ops = [dist.P2POp(dist.isend, send_t, nxt, group=lc),
+           dist.P2POp(dist.irecv, recv_t, prv, group=lc)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(recv_t, torch.full((100,), float(prv))), recv_t[:4]
     x = torch.ones(1 << 16)
     work = dist.all_reduce(x, group=lc, async_op=True)
     fut = work.get_future().then(lambda f: f.value()[0] * 2)
