@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""All-reduce through torch.distributed: lowcomm (uncompressed and with codecs) against Gloo,
+in the same processes, over the same links (docs/torch.md).
+
+    .venv/bin/python bench/torch_bench.py -n 4 --netns lc -b 1M -e 256M --codecs none,q8,q4
+    .venv/bin/python bench/torch_bench.py -n 4 -b 1M -e 16M          # loopback, no namespaces
+
+The launcher starts P ranks (under --netns PREFIX as `ip netns exec PREFIX<k>`, addresses from
+scripts/wan_netns.sh's /run/lowcomm-wan/PREFIX.conf). Every rank joins a default Gloo group and
+one lowcomm group per codec (pg_options=lowcomm.torch.Options(codec=..., codec_threshold=0)).
+Per size and library: -w untimed calls, then -i calls each after a Gloo barrier; a call's time
+is the slowest rank's (all-reduced MAX over Gloo); the row is the median. Both libraries are
+timed the same way in the same processes, alternating per size. Rank 0 prints a table and
+writes --csv.
+"""
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def parse_size(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def sizes(lo, hi, factor):
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def worker(a):
+    import torch
+    import torch.distributed as dist
+
+    import lowcomm.torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{a.addr}:{a.port}", rank=a.rank,
+                            world_size=a.ranks)
+    groups = {"gloo": None}
+    for codec in a.codecs.split(","):
+        opts = lowcomm.torch.Options(codec="" if codec == "none" else codec, codec_threshold=0)
+        groups[f"lowcomm-{codec}"] = dist.new_group(backend="lowcomm", pg_options=opts)
+    rows = []
+    for size in sizes(parse_size(a.b), parse_size(a.e), a.f):
+        n = size // 4
+        x = torch.randn(n, generator=torch.Generator().manual_seed(a.rank))
+        for name, group in groups.items():
+            times = []
+            for it in range(a.w + a.i):
+                t = x.clone()
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(t, group=group)
+                took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(took, op=dist.ReduceOp.MAX)
+                if it >= a.w:
+                    times.append(took.item())
+            rows.append((name, size, statistics.median(times)))
+    if a.rank == 0:
+        gloo = {s: t for (nm, s, t) in rows if nm == "gloo"}
+        print(f"# torch {torch.__version__}, {a.ranks} ranks, fp32 sum, medians of {a.i} calls"
+              f"{', netns ' + a.netns if a.netns else ', loopback'}")
+        print(f"{'library':<16}{'bytes':>12}{'time(s)':>10}{'vs gloo':>9}")
+        for nm, s, t in rows:
+            print(f"{nm:<16}{s:>12}{t:>10.4f}{gloo[s] / t:>8.2f}x")
+        if a.csv:
+            with open(a.csv, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["library", "bytes", "time_s", "speedup_vs_gloo"])
+                for nm, s, t in rows:
+                    w.writerow([nm, s, f"{t:.6f}", f"{gloo[s] / t:.4f}"])
+    dist.destroy_process_group()
+
+
+def launch(a):
+    env = dict(os.environ, OMP_NUM_THREADS="1", LOWCOMM_DEBUG="NONE")
+    addr = "127.0.0.1"
+    if a.netns:
+        conf = open(f"/run/lowcomm-wan/{a.netns}.conf").read()
+        subnet = [l.split("=", 1)[1] for l in conf.splitlines() if l.startswith("SUBNET=")][0]
+        addr = f"{subnet}.1"
+        env.update(GLOO_SOCKET_IFNAME=f"{a.netns}eth0", LOWCOMM_SOCKET_IFNAME=f"={a.netns}eth0")
+    else:
+        env.update(GLOO_SOCKET_IFNAME="lo", LOWCOMM_SOCKET_IFNAME="=lo")
+    procs = []
+    for r in range(a.ranks):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
+               "--addr", addr] + sys.argv[1:]
+        if a.netns:
+            cmd = ["ip", "netns", "exec", f"{a.netns}{r}"] + cmd
+        procs.append(subprocess.Popen(cmd, env=env))
+    rc = 0
+    for p in procs:
+        rc |= p.wait(timeout=a.timeout)
+    return rc
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-n", "--ranks", type=int, default=4)
+    p.add_argument("-b", default="1M")
+    p.add_argument("-e", default="16M")
+    p.add_argument("-f", type=int, default=4)
+    p.add_argument("-w", type=int, default=1)
+    p.add_argument("-i", type=int, default=3)
+    p.add_argument("--codecs", default="none,q8,q4")
+    p.add_argument("--netns", default="")
+    p.add_argument("--csv", default="")
+    p.add_argument("--port", type=int, default=29561)
+    p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--addr", default="127.0.0.1")
+    a = p.parse_args()
+    if a.worker:
+        worker(a)
+        return 0
+    return launch(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
