@@ -4,6 +4,8 @@
 #include "lowcomm/communicator.h"
 #include "collectives/work_state.h"
 
+#include <functional>
+
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
 #include "collectives/comm_impl.h"
@@ -39,6 +41,26 @@ std::optional<CodecSpec> resolve_codec(const std::optional<CodecSpec>& call,
   if (fallback && codec_dtype(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage))
     return fallback;
   return std::nullopt;
+}
+
+// What all_reduce, reduce_scatter and reduce share once their arguments are checked: the
+// descriptor (a plain spec dropped, so "none" on one rank and no codec on another agree; the
+// segment size from the owner chunk) and the algorithm's arguments, the rounding step taken
+// from the sequence number when the call names none.
+Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> codec,
+                   uint64_t chunk_elems, collectives::ReduceArgs a, std::optional<uint64_t> step,
+                   std::function<Status(OpRun&, const collectives::ReduceArgs&)> body) {
+  d.dtype = a.dtype;
+  d.op = a.op;
+  d.codec = std::move(codec);
+  if (collectives::plain_codec(d.codec, a.dtype)) d.codec.reset();
+  d.tag = collectives::reduce_segment_elems(impl.options().segment_bytes, a.dtype, d.codec,
+                                            chunk_elems);
+  a.codec = d.codec;
+  return impl.submit_collective(d, [a, step, body = std::move(body)](OpRun& run) mutable {
+    a.step = step ? *step : run.desc().seq;
+    return body(run, a);
+  });
 }
 
 Status host_only(const char* what, MemoryKind memory) {
@@ -99,22 +121,13 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   OpDescriptor d;
   d.kind = OpKind::kAllReduce;
   d.count = count;
-  d.dtype = dtype;
-  d.op = op;
-  d.codec = codec;
-  // An uncompressed spec in the tensor's own dtype is the plain algorithm: one descriptor
-  // for both spellings, so "none" on one rank and no codec on another agree.
-  if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
-  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec,
-                                            count / static_cast<uint64_t>(size()));
-  collectives::ReduceArgs a{send,         recv,    count,          dtype,
-                            op,           d.codec, options.ef_key, options.owner_error_feedback,
+  collectives::ReduceArgs a{send,         recv, count,          dtype,
+                            op,           {},   options.ef_key, options.owner_error_feedback,
                             options.seed, 0};
-  auto step = options.step;
-  return impl_->submit_collective(d, [a, step](OpRun& run) mutable {
-    a.step = step ? *step : run.desc().seq;
-    return collectives::all_reduce(run, a);
-  });
+  return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
+                       [](OpRun& run, const collectives::ReduceArgs& args) {
+                         return collectives::all_reduce(run, args);
+                       });
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
@@ -132,27 +145,20 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
   OpDescriptor d;
   d.kind = OpKind::kReduceScatter;
   d.count = recv_count;
-  d.dtype = dtype;
-  d.op = op;
-  d.codec = codec;
-  if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
-  d.tag =
-      collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec, recv_count);
   collectives::ReduceArgs a{send,
                             recv,
                             recv_count * static_cast<uint64_t>(size()),
                             dtype,
                             op,
-                            d.codec,
+                            {},
                             options.ef_key,
                             false,
                             options.seed,
                             0};
-  auto step = options.step;
-  return impl_->submit_collective(d, [a, step](OpRun& run) mutable {
-    a.step = step ? *step : run.desc().seq;
-    return collectives::reduce_scatter(run, a);
-  });
+  return submit_reduce(*impl_, d, codec, recv_count, a, options.step,
+                       [](OpRun& run, const collectives::ReduceArgs& args) {
+                         return collectives::reduce_scatter(run, args);
+                       });
 }
 
 Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype) {
@@ -176,21 +182,14 @@ Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dt
   OpDescriptor d;
   d.kind = OpKind::kReduce;
   d.count = count;
-  d.dtype = dtype;
-  d.op = op;
   d.root = root;
-  d.codec = codec;
-  if (collectives::plain_codec(d.codec, dtype)) d.codec.reset();
-  d.tag = collectives::reduce_segment_elems(impl_->options().segment_bytes, dtype, d.codec,
-                                            count / static_cast<uint64_t>(size()));
-  collectives::ReduceArgs a{send,         recv,    count,          dtype,
-                            op,           d.codec, options.ef_key, options.owner_error_feedback,
+  collectives::ReduceArgs a{send,         recv, count,          dtype,
+                            op,           {},   options.ef_key, options.owner_error_feedback,
                             options.seed, 0};
-  auto step = options.step;
-  return impl_->submit_collective(d, [a, step, root](OpRun& run) mutable {
-    a.step = step ? *step : run.desc().seq;
-    return collectives::reduce(run, a, root);
-  });
+  return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
+                       [root](OpRun& run, const collectives::ReduceArgs& args) {
+                         return collectives::reduce(run, args, root);
+                       });
 }
 
 Work Communicator::gather(const void* send, void* recv, uint64_t send_count, DType dtype,
