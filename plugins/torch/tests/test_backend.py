@@ -13,7 +13,8 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from _spawn import run_world
 
 import lowcomm.torch  # noqa: F401  (registers the backend)
 
@@ -189,19 +190,4 @@ def worker(rank, world, init_file, errors):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_op_matches_gloo(world, tmp_path):
-    ctx = mp.get_context("spawn")
-    errors = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, str(tmp_path / "init"), errors))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    msgs = []
-    while not errors.empty():
-        msgs.append(errors.get())
-    assert not msgs, "\n".join(msgs)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    run_world(worker, world, tmp_path)

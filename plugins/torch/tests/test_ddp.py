@@ -8,8 +8,9 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from _spawn import run_world
 
 import lowcomm.torch
 
@@ -90,19 +91,4 @@ def worker(rank, world, init_file, errors):
 
 def test_ddp_exact_matches_gloo_and_the_compressed_hook_trains(tmp_path):
     world = 2
-    ctx = mp.get_context("spawn")
-    errors = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, str(tmp_path / "init"), errors))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    msgs = []
-    while not errors.empty():
-        msgs.append(errors.get())
-    assert not msgs, "\n".join(msgs)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    run_world(worker, world, tmp_path)
