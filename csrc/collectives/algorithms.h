@@ -57,6 +57,8 @@ struct AllToAllArgs {
 Status all_to_all(OpRun& run, const AllToAllArgs& a);
 Status send(OpRun& run, const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
 Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
+// From whichever peer's message on `tag` comes first (OpRun::set_source records it).
+Status recv_any(OpRun& run, void* buf, uint64_t count, DType dtype, uint64_t tag);
 Status barrier(OpRun& run);
 
 }  // namespace lowcomm::collectives

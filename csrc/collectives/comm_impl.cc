@@ -196,6 +196,29 @@ Work CommImpl::submit_p2p(OpDescriptor desc, int peer, Body body) {
   return enqueue_locked(std::move(op));
 }
 
+Work CommImpl::submit_recv_any(OpDescriptor desc, Body body) {
+  Op op;
+  desc.nranks = static_cast<uint32_t>(nranks_);
+  desc.root = -1;
+  for (int r = 0; r < nranks_; ++r)
+    if (r != rank_) op.peers.push_back(r);
+  op.body = std::move(body);
+  op.any_source = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  desc.seq = any_source_seq_++;
+  op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
+  op.desc = desc;
+  return enqueue_locked(std::move(op));
+}
+
+uint64_t CommImpl::take_recv_seq(int peer, uint64_t tag) {
+  if (current_ && current_->any_source) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++p2p_received_[static_cast<size_t>(peer)];
+  }
+  return recv_run_seq_[{peer, tag}]++;
+}
+
 Work CommImpl::submit_local(std::function<Status()> fn) {
   Op op;
   op.local = std::move(fn);
@@ -245,6 +268,7 @@ void CommImpl::run_one(Op& op) {
   }
   Status s;
   OpStats stats;
+  int source = -1;
   {
     OpRun run(*this, op.desc, op.peers, Deadline::after(timeout_));
     s = op.body(run);
@@ -255,6 +279,7 @@ void CommImpl::run_one(Op& op) {
       // must be finished, which aborting the peers guarantees.
       fail(s, s.code() != StatusCode::kAborted);
     }
+    source = run.source();
     stats = collectives::summarize(op.desc, run.counters(), collectives::StatsClock::now() - start,
                                    links_);
   }
@@ -263,7 +288,7 @@ void CommImpl::run_one(Op& op) {
     std::lock_guard<std::mutex> lock(mu_);
     last_stats_ = stats;
   }
-  op.work->complete(s, std::move(stats));
+  op.work->complete(s, std::move(stats), source);
 }
 
 void CommImpl::log_stats(const OpDescriptor& desc, const OpStats& st, const Status& s) const {
@@ -337,7 +362,8 @@ bool CommImpl::needs_departed(int r, const Departure& d) const {
   if (!op) return true;
   const bool p2p = op->desc.kind == OpKind::kSend || op->desc.kind == OpKind::kRecv;
   if (!p2p) return op->desc.seq >= d.collectives;
-  if (op->peers.empty() || op->peers[0] != r) return false;
+  // Any-source: another peer may still send; the deadline bounds the wait.
+  if (op->any_source || op->peers.empty() || op->peers[0] != r) return false;
   // Counted over all tags: a message on another tag keeps this one waiting, to the deadline.
   return op->desc.kind == OpKind::kSend ? op->p2p_index >= d.received_from_us
                                         : op->p2p_index >= d.sent_to_us;

@@ -70,6 +70,9 @@ class CommImpl {
   // Queues a point-to-point operation (desc.kind kSend or kRecv) with `peer`; desc.seq is the
   // per (peer, tag, direction) message number.
   Work submit_p2p(collectives::OpDescriptor desc, int peer, Body body);
+  // Queues a receive from any peer (desc.kind kRecv, desc.root -1); desc.seq counts the
+  // any-source receives on the tag.
+  Work submit_recv_any(collectives::OpDescriptor desc, Body body);
   // Queues a local operation (EF save/restore) ordered with the others; never fails the group.
   Work submit_local(std::function<Status()> fn);
 
@@ -84,6 +87,9 @@ class CommImpl {
   collectives::ScratchPool& scratch_pool() { return scratch_pool_; }
   // ok, or why the running operation (involving `involved` peers) must stop now.
   Status check_health(const std::vector<int>& involved);
+  // The sender's per (peer, tag) number the next receive from `peer` matches; counts the
+  // receive (goodbye's totals include any-source receives once their sender is known).
+  uint64_t take_recv_seq(int peer, uint64_t tag);
 
  private:
   struct Op {
@@ -92,7 +98,8 @@ class CommImpl {
     Body body;
     std::function<Status()> local;
     std::shared_ptr<WorkState> work;
-    uint64_t p2p_index = 0;  // point-to-point ops with this peer in this direction before it
+    uint64_t p2p_index = 0;   // point-to-point ops with this peer in this direction before it
+    bool any_source = false;  // a receive from any peer: its sender is known once it runs
   };
   // What a goodbye says: the departed rank's totals, to this rank.
   struct Departure {
@@ -147,6 +154,8 @@ class CommImpl {
   uint64_t next_seq_ = 0;
   std::map<std::tuple<int, uint64_t, bool>, uint64_t> p2p_seq_;
   std::vector<uint64_t> p2p_sent_, p2p_received_;  // by peer: point-to-point ops submitted
+  uint64_t any_source_seq_ = 0;                    // any-source receives submitted
+  std::map<std::pair<int, uint64_t>, uint64_t> recv_run_seq_;  // executor: receives run
   std::thread executor_;
 };
 

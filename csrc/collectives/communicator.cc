@@ -283,6 +283,20 @@ Work Communicator::recv(void* buf, uint64_t count, DType dtype, int peer, uint64
       d, peer, [=](OpRun& run) { return collectives::recv(run, buf, count, dtype, peer, tag); });
 }
 
+Work Communicator::recv_any(void* buf, uint64_t count, DType dtype, uint64_t tag) {
+  if (size() < 2)
+    return refused(invalid_argument("recv from any rank: the group has no other rank"));
+  if (Status s = check_p2p("recv", buf, count, dtype, rank() == 0 ? 1 : 0, tag, rank(), size()); !s)
+    return refused(s);
+  OpDescriptor d;
+  d.kind = OpKind::kRecv;
+  d.count = count;
+  d.dtype = dtype;
+  d.tag = tag;
+  return impl_->submit_recv_any(
+      d, [=](OpRun& run) { return collectives::recv_any(run, buf, count, dtype, tag); });
+}
+
 Work Communicator::barrier() {
   OpDescriptor d;
   d.kind = OpKind::kBarrier;

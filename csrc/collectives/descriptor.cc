@@ -117,7 +117,8 @@ std::string OpDescriptor::to_string() const {
   if (kind == OpKind::kSend)
     s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
   if (kind == OpKind::kRecv)
-    s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
+    s += (root < 0 ? std::string(", from any rank") : ", from rank " + std::to_string(root)) +
+         ", tag " + std::to_string(tag);
   s += ", " + std::to_string(nranks) + " ranks)";
   return s;
 }

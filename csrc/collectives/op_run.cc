@@ -100,9 +100,25 @@ Status OpRun::wait_one(const transport::Request& r) {
   }
 }
 
+Result<int> OpRun::wait_arrival(uint64_t tag) {
+  auto watch = std::make_shared<transport::ArrivalWatch>();
+  for (int p : peers_) comm_.peer(p).watch_arrival(tag, watch);
+  any_source_wait_ = true;
+  Status s;
+  {
+    ScopedTimer t(counters_.wait);
+    s = wait_one(watch->request());
+  }
+  any_source_wait_ = false;
+  if (!s) return s;
+  return watch->first();
+}
+
 Status OpRun::deadline_error(const transport::Request& r) const {
   const double t = std::chrono::duration<double>(comm_.timeout()).count();
   std::string head = "deadline passed (timeout " + std::to_string(t) + " s): ";
+  if (any_source_wait_)
+    return Status(StatusCode::kTimeout, head + "no rank sent a message on this tag");
   auto names = [](const std::vector<int>& ranks) {
     std::string list;
     for (int p : ranks) list += (list.empty() ? "rank " : ", rank ") + std::to_string(p);

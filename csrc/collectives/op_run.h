@@ -82,6 +82,16 @@ class OpRun {
   // Decodes the descriptor `peer` sent (kDescriptorBytes at `bytes`) and checks it is `expected`.
   Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
 
+  // Any-source receives: the first peer (of peers()) whose next unclaimed message on `tag` has
+  // begun to arrive; waits as wait() does (deadline, health), claims nothing.
+  Result<int> wait_arrival(uint64_t tag);
+  // Point-to-point receives: the per (peer, tag) number the next receive from `peer` expects in
+  // the sender's descriptor (receives are numbered in the order they run: the transport's order).
+  uint64_t take_recv_seq(int peer, uint64_t tag) { return comm_.take_recv_seq(peer, tag); }
+  // The rank a receive took its message from (Work::source).
+  void set_source(int peer) { source_ = peer; }
+  int source() const { return source_; }
+
   // What the operation has done so far; the algorithms add their encode and decode times.
   OpCounters& counters() { return counters_; }
   const OpCounters& counters() const { return counters_; }
@@ -111,6 +121,8 @@ class OpRun {
   bool desc_checked_ = false;
   Status desc_result_;
   OpCounters counters_;
+  int source_ = -1;
+  bool any_source_wait_ = false;  // deadline_error: waiting in wait_arrival
 };
 
 }  // namespace lowcomm::collectives

@@ -13,6 +13,11 @@
 // lengths. The receiver detects a mismatch; the sender learns of it through the receiver's
 // failure notice (its next operation fails).
 //
+// recv_any: waits for the first peer whose next unclaimed descriptor on the tag begins to arrive
+// (transport/arrival_watch.h), then receives from it exactly as recv does; a message already
+// buffered counts. The k-th receive from a peer on a tag, any-source or not, meets that peer's
+// k-th send on it, in the order the receives run.
+//
 // barrier: the descriptor exchange of every collective is already a full all-to-all; a barrier
 // is only that.
 
@@ -28,17 +33,35 @@ Status send(OpRun& run, const void* buf, uint64_t count, DType dtype, int peer, 
   return Status::ok();
 }
 
-Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
-  LOWCOMM_CHECK(check_p2p("recv", buf, count, dtype, peer, tag, run.rank(), run.size()));
+namespace {
+Status recv_from(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
+  run.set_source(peer);
   OpDescriptor expected = run.desc();
   expected.kind = OpKind::kSend;
   expected.root = peer;
+  expected.seq = run.take_recv_seq(peer, tag);
   uint8_t* desc = run.scratch(kDescriptorBytes);
   transport::Request d = run.irecv(peer, tags::p2p_descriptor(tag), desc, kDescriptorBytes);
   transport::Request data = run.irecv(peer, tags::p2p_data(tag), buf, count * dtype_size(dtype));
   LOWCOMM_CHECK(run.wait(d));
   LOWCOMM_CHECK(run.check_descriptor(peer, desc, expected));
   return run.wait(data);
+}
+}  // namespace
+
+Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
+  LOWCOMM_CHECK(check_p2p("recv", buf, count, dtype, peer, tag, run.rank(), run.size()));
+  return recv_from(run, buf, count, dtype, peer, tag);
+}
+
+Status recv_any(OpRun& run, void* buf, uint64_t count, DType dtype, uint64_t tag) {
+  if (run.size() < 2) return invalid_argument("recv from any rank: the group has no other rank");
+  // Any peer is valid here; check_p2p checks the rest.
+  const int any_peer = run.rank() == 0 ? 1 : 0;
+  LOWCOMM_CHECK(check_p2p("recv", buf, count, dtype, any_peer, tag, run.rank(), run.size()));
+  auto from = run.wait_arrival(tags::p2p_descriptor(tag));
+  if (!from) return from.status();
+  return recv_from(run, buf, count, dtype, *from, tag);
 }
 
 Status barrier(OpRun& run) {

@@ -13,11 +13,16 @@ void WorkState::complete(Status s) {
   finish(std::move(s), nullptr);
 }
 
-void WorkState::complete(Status s, OpStats stats) {
-  finish(std::move(s), &stats);
+void WorkState::complete(Status s, OpStats stats, int source) {
+  finish(std::move(s), &stats, source);
 }
 
-void WorkState::finish(Status s, OpStats* stats) {
+int WorkState::source() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return source_;
+}
+
+void WorkState::finish(Status s, OpStats* stats, int source) {
   std::vector<std::function<void(const Status&)>> callbacks;
   Status done;
   {
@@ -26,6 +31,7 @@ void WorkState::finish(Status s, OpStats* stats) {
     done_ = true;
     status_ = std::move(s);
     if (stats) stats_ = std::move(*stats);
+    source_ = source;
     callbacks.swap(callbacks_);
     done = status_;
     cv_.notify_all();
@@ -102,6 +108,9 @@ void Work::on_complete(std::function<void(const Status&)> fn) const {
     return;
   }
   state_->on_complete(std::move(fn));
+}
+int Work::source() const {
+  return state_ ? state_->source() : -1;
 }
 uint64_t Work::sequence() const {
   return state_ ? state_->seq() : 0;

@@ -23,7 +23,8 @@ class WorkState {
   static std::shared_ptr<WorkState> refused(Status why);
   // First completion wins. Without stats (never ran): the identity, zero counters.
   void complete(Status s);
-  void complete(Status s, OpStats stats);
+  // `source`: the rank a receive took its message from (-1: not a receive).
+  void complete(Status s, OpStats stats, int source = -1);
   bool done() const;
   Status wait() const;
   Status wait_for(std::chrono::milliseconds d) const;
@@ -32,6 +33,7 @@ class WorkState {
   // Work::on_complete: runs fn(status) now if complete, else on the completing thread.
   void on_complete(std::function<void(const Status&)> fn);
   uint64_t seq() const { return seq_; }
+  int source() const;
   bool is_refused() const { return refused_; }
 
  private:
@@ -42,9 +44,10 @@ class WorkState {
   bool done_ = false;
   Status status_;
   OpStats stats_;
+  int source_ = -1;
   std::vector<std::function<void(const Status&)>> callbacks_;  // until done_
 
-  void finish(Status s, OpStats* stats);
+  void finish(Status s, OpStats* stats, int source = -1);
 };
 
 }  // namespace lowcomm

@@ -50,6 +50,11 @@ Request Peer::irecv(uint64_t tag, void* data, uint64_t len) {
   return Request(state);
 }
 
+void Peer::watch_arrival(uint64_t tag, std::shared_ptr<ArrivalWatch> w) {
+  auto core = core_;
+  engine_->post([core, tag, w = std::move(w)]() mutable { core->watch(tag, std::move(w)); });
+}
+
 Status Peer::send(uint64_t tag, const void* data, uint64_t len, Deadline deadline) {
   Request r = isend(tag, data, len);
   Status s = r.wait(deadline);

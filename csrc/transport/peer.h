@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "transport/arrival_watch.h"
 #include "transport/peer_config.h"
 #include "transport/progress_engine.h"
 #include "transport/request.h"
@@ -41,6 +42,9 @@ class Peer {
 
   Request isend(uint64_t tag, const void* data, uint64_t len);
   Request irecv(uint64_t tag, void* data, uint64_t len);
+  // Any-source receives: reports this peer's rank to `w` when the next message on `tag` that no
+  // irecv has claimed has begun to arrive (arrival_watch.h). Claims nothing.
+  void watch_arrival(uint64_t tag, std::shared_ptr<ArrivalWatch> w);
   // Blocking conveniences: isend/irecv then wait(deadline); on kTimeout they abort the peer
   // (the buffer must not stay in use after a blocking call returns).
   Status send(uint64_t tag, const void* data, uint64_t len, Deadline deadline = {});

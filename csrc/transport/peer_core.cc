@@ -299,6 +299,7 @@ Status PeerCore::on_header(Stream& s) {
     }
     m.has_header = true;
     m.msg_len = h->msg_len;
+    if (!m.req && !m.discard) notify_watches(key);
   } else if (m.msg_len != h->msg_len) {
     return corrupt_data(stream_name(s) + ": chunks of one message disagree on its length");
   }
@@ -396,6 +397,28 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<
   try_complete(key);
 }
 
+void PeerCore::watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w) {
+  if (w->done()) return;
+  auto next = recv_post_seq_.find(tag);
+  auto msg = in_msgs_.find({tag, next == recv_post_seq_.end() ? 0 : next->second});
+  if (msg != in_msgs_.end() && msg->second->has_header && !msg->second->req) {
+    w->report(remote_rank_);
+    return;
+  }
+  auto& list = watches_[tag];
+  std::erase_if(list, [](const auto& x) { return x->done(); });
+  list.push_back(std::move(w));
+}
+
+void PeerCore::notify_watches(const MsgKey& key) {
+  auto it = watches_.find(key.first);
+  if (it == watches_.end()) return;
+  auto next = recv_post_seq_.find(key.first);
+  if (key.second != (next == recv_post_seq_.end() ? 0 : next->second)) return;
+  for (auto& w : it->second) w->report(remote_rank_);
+  watches_.erase(it);
+}
+
 void PeerCore::reject_length(InMsg& m, uint64_t tag, uint64_t msg_len) {
   // The application's error, not the stream's: fail that receive, drop the message's bytes as
   // they come, and keep the connection (the layers above still talk over it, e.g. to tell the
@@ -455,6 +478,7 @@ void PeerCore::fail(Status why) {
 void PeerCore::shutdown(Status why) {
   fail(std::move(why));
   shut_down_ = true;
+  watches_.clear();
   for (auto& s : streams_) s.fd.reset();
 }
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/unique_fd.h"
+#include "transport/arrival_watch.h"
 #include "transport/chunk_header.h"
 #include "transport/pacer.h"
 #include "transport/peer_config.h"
@@ -49,6 +50,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void start();  // registers the streams with the engine
   void isend(uint64_t tag, const uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
   void irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
+  // Reports to `w` (this peer's rank) when the next unclaimed message on `tag` has arrived:
+  // now, if it already has (arrival_watch.h).
+  void watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w);
   // Latches `why` (if nothing is latched yet) and fails everything; idempotent.
   void fail(Status why);
   // A later failure is an agreed close: logged at INFO.
@@ -113,6 +117,10 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void finish_payload(Stream& s);
   void try_complete(const MsgKey& key);
   void release_held(uint64_t key);  // a held message's downlink time has come
+  // The message `key` has begun to arrive unclaimed: report it to the watches on its tag if no
+  // earlier message on that tag is still unclaimed.
+  void notify_watches(const MsgKey& key);
+
  public:
   void set_link(const WanLink& link);  // Peer::set_link, on the engine thread
 
@@ -148,6 +156,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::map<uint64_t, Held> held_;
   uint64_t held_seq_ = 0;
   uint64_t unexpected_bytes_ = 0;
+  std::map<uint64_t, std::vector<std::shared_ptr<ArrivalWatch>>> watches_;  // by tag
   uint8_t sink_[64 << 10];  // where discarded payload is read to
   Status failure_;
   bool shut_down_ = false;

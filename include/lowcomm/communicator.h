@@ -164,7 +164,11 @@ class LOWCOMM_API Work {
   // kTimeout when not complete within `d`; the operation keeps running (buffers still lent).
   Status wait_for(std::chrono::milliseconds d) const;
   Status status() const;      // the final status; kInternal "in flight" before completion
-  uint64_t sequence() const;  // the collective's operation number (p2p: per peer and tag)
+  uint64_t sequence() const;  // the collective's operation number (p2p: per peer and tag;
+                              // any-source receives: per communicator)
+  // A receive, once complete: the rank its message came from (recv_any: the sender it matched;
+  // set on failure too, once the sender was known); -1 before, or for other operations.
+  int source() const;
   // What the operation did, once it is complete (failed operations count what they issued
   // before failing); before: kInternal "in flight", as status(). An operation that never ran
   // (refused, dropped by abort(), or failed at once because the communicator had failed) has
@@ -237,6 +241,11 @@ class LOWCOMM_API Communicator {
   // tag < 2^60. A send completes once its bytes are handed to the kernel.
   Work send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag = 0);
   Work recv(void* buf, uint64_t count, DType dtype, int peer, uint64_t tag = 0);
+  // Receives the first message on `tag` from any rank (MPI_ANY_SOURCE): the peer whose next send
+  // on the tag begins to arrive first, or one already waiting; Work::source() names it. Then as
+  // recv from that peer (it counts as that peer's next receive on the tag, in the order receives
+  // run). A peer's failure fails it; peers that leave do not (the deadline bounds the wait).
+  Work recv_any(void* buf, uint64_t count, DType dtype, uint64_t tag = 0);
   Work barrier();
 
   // Fails everything in flight and queued with kAborted, tells the peers (best effort), closes
