@@ -748,7 +748,7 @@ int run_baseline(const Options& o, const std::string& csv) {
     return 2;
   }
   std::printf(
-      "#\n# speedup of lowcomm over %s (baseline time: its slowest rank's mean; lowcomm: median)\n",
+      "#\n# speedup of lowcomm over %s (both: median over the calls of the slowest rank's time)\n",
       lib.c_str());
   std::printf("#%13s %-14s %10s %10s %8s\n", "bytes", "codec", "lowcomm(s)", "base(s)", "speedup");
   for (const auto& r : read_lowcomm_csv(csv)) {

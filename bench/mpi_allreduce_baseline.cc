@@ -1,10 +1,11 @@
 // Open MPI baseline for lowcomm's all-reduce: MPI_Allreduce (fp32, sum, out of place) over a
 // size sweep. Per size: `warmup` untimed calls, then `iters` calls, each started after a barrier
 // and timed alone (as scripts/baselines/gloo_allreduce.py times Gloo, so the two compare); the
-// time reported is the slowest rank's mean (MPI_MAX over ranks), so a fast rank cannot flatter
-// the result. Inputs are
-// small integers, so the fp32 sum is exact whatever order MPI reduces in, and every element of
-// the result is checked on every rank after the timed calls; a wrong element fails the run.
+// time reported is, as lowcomm-bench reports its own rows, the median over the calls of the
+// slowest rank's time in each call (MPI_MAX over ranks), so a fast rank cannot flatter the result.
+// Inputs are small integers, so the fp32 sum is exact whatever order MPI reduces in, and every
+// element of the result is checked on every rank after the timed calls; a wrong element fails the
+// run.
 //
 // Output (rank 0, stdout): one CSV row per size,
 //   library,ranks,bytes,seconds,algbw_gbit_s,busbw_gbit_s
@@ -160,16 +161,19 @@ bool run_size(const Options& opt, int rank, int nranks, uint64_t bytes) {
     MPI_Allreduce(send.data(), recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   }
   std::fill(recv.begin(), recv.end(), 0.0f);
-  double total = 0.0;
+  std::vector<double> mine(static_cast<size_t>(opt.iters));
   for (int it = 0; it < opt.iters; ++it) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     MPI_Allreduce(send.data(), recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    total += MPI_Wtime() - t0;
+    mine[static_cast<size_t>(it)] = MPI_Wtime() - t0;
   }
-  const double mine = total / opt.iters;
-  double slowest = 0.0;
-  MPI_Reduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  std::vector<double> per_call(mine.size(), 0.0);  // each call's slowest rank
+  MPI_Reduce(mine.data(), per_call.data(), opt.iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  std::sort(per_call.begin(), per_call.end());
+  const size_t mid = per_call.size() / 2;
+  const double slowest =
+      per_call.size() % 2 ? per_call[mid] : 0.5 * (per_call[mid - 1] + per_call[mid]);
 
   uint64_t wrong = 0, first_wrong = 0;
   for (uint64_t i = 0; i < count; ++i) {

@@ -8,10 +8,12 @@ in the same processes, over the same links (docs/torch.md).
 The launcher starts P ranks (under --netns PREFIX as `ip netns exec PREFIX<k>`, addresses from
 scripts/wan_netns.sh's /run/lowcomm-wan/PREFIX.conf). Every rank joins a default Gloo group and
 one lowcomm group per codec (pg_options=lowcomm.torch.Options(codec=..., codec_threshold=0)).
-Per size and library: -w untimed calls, then -i calls each after a Gloo barrier; a call's time
-is the slowest rank's (all-reduced MAX over Gloo); the row is the median. Both libraries are
-timed the same way in the same processes, alternating per size. Rank 0 prints a table and
-writes --csv.
+Per size and library: -w untimed calls, then -i calls each after a barrier of the group being
+timed (as lowcomm-bench does: ranks leave a barrier of their own group together); a call's time
+is the slowest rank's (all-reduced MAX over Gloo, untimed); the row is the median: the statistic
+of lowcomm-bench's rows. Both libraries are timed the same way in the same processes,
+alternating per size. Rank 0 prints a table, writes --csv (lowcomm-bench's columns where they
+apply) and --plot (a PNG through bench/plot_bench.py, which needs Debian's python3-matplotlib).
 """
 import argparse
 import csv
@@ -56,7 +58,7 @@ def worker(a):
             times = []
             for it in range(a.w + a.i):
                 t = x.clone()
-                dist.barrier()
+                dist.barrier(group=group)
                 t0 = time.perf_counter()
                 dist.all_reduce(t, group=group)
                 took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
@@ -71,12 +73,21 @@ def worker(a):
         print(f"{'library':<16}{'bytes':>12}{'time(s)':>10}{'vs gloo':>9}")
         for nm, s, t in rows:
             print(f"{nm:<16}{s:>12}{t:>10.4f}{gloo[s] / t:>8.2f}x")
-        if a.csv:
-            with open(a.csv, "w", newline="") as f:
+        out = a.csv or (a.plot + ".csv" if a.plot else "")
+        if out:
+            link = f"tbf netns {a.netns}" if a.netns else "loopback"
+            with open(out, "w", newline="") as f:
                 w = csv.writer(f)
-                w.writerow(["library", "bytes", "time_s", "speedup_vs_gloo"])
+                w.writerow(["library", "codec", "collective", "ranks", "bytes", "time_s",
+                            "limit_s", "link", "speedup_vs_gloo"])
                 for nm, s, t in rows:
-                    w.writerow([nm, s, f"{t:.6f}", f"{gloo[s] / t:.4f}"])
+                    lib, _, codec = nm.partition("-")
+                    w.writerow([lib, codec or "none", "all_reduce via torch.distributed",
+                                a.ranks, s, f"{t:.6f}", "", link, f"{gloo[s] / t:.4f}"])
+        if a.plot:
+            plot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot_bench.py")
+            if subprocess.call(["/usr/bin/python3", plot, out, a.plot]) != 0:
+                print(f"torch_bench: plotting {a.plot} failed", file=sys.stderr)
     dist.destroy_process_group()
 
 
@@ -114,6 +125,8 @@ def main():
     p.add_argument("--codecs", default="none,q8,q4")
     p.add_argument("--netns", default="")
     p.add_argument("--csv", default="")
+    p.add_argument("--plot", default="", help="PNG of time against size (/usr/bin/python3 with "
+                   "matplotlib); the CSV goes to --csv or PLOT.csv")
     p.add_argument("--port", type=int, default=29561)
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--worker", action="store_true")

@@ -13,8 +13,6 @@ PACKAGES=(
   libssl-dev                       # OpenSSL 3: HMAC authentication of transport streams
   iproute2 iperf3                  # scripts/wan_netns.sh: namespaces, veth, tbf; its selftest
   openmpi-bin libopenmpi-dev       # Open MPI 4.1 baseline (scripts/baselines/mpi_allreduce.sh)
-  python3-torch                    # Gloo baseline via torch.distributed (/usr/bin/python3)
-  libopenblas0-pthread             # OpenBLAS as the system BLAS for Debian's torch
   python3-matplotlib               # lowcomm-bench --plot (bench/plot_bench.py)
 )
 

@@ -2,11 +2,12 @@
 fp32 tensor over a size sweep, one process per rank. Launched per network namespace by
 gloo_allreduce.sh; runs anywhere torch.distributed does:
 
-  /usr/bin/python3 gloo_allreduce.py --rank R --world-size P --master-addr A [--master-port 29500]
+  .venv/bin/python gloo_allreduce.py --rank R --world-size P --master-addr A [--master-port 29500]
       [-b 1M] [-e 256M] [-f 4] [-w 1] [-n 3]
 
 Timing matches bench/mpi_allreduce_baseline.cc: per size, `warmup` untimed calls, then `iters`
-calls each started after a barrier and timed alone; reported is the slowest rank's mean. The
+calls each started after a barrier and timed alone; reported is, as lowcomm-bench reports its
+own rows, the median over the calls of the slowest rank's time in each call. The
 all-reduce is in place, so the input is restored (untimed) before each call. Inputs are small
 integers, so the sum is exact and every element is checked on every rank.
 
@@ -43,15 +44,17 @@ def run_size(args, rank, world, nbytes):
     for _ in range(args.warmup):
         work.copy_(source)
         dist.all_reduce(work)
-    total = 0.0
-    for _ in range(args.iters):
+    times = torch.zeros(args.iters, dtype=torch.float64)
+    for i in range(args.iters):
         work.copy_(source)
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(work)
-        total += time.perf_counter() - t0
-    mine = torch.tensor([total / args.iters], dtype=torch.float64)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        times[i] = time.perf_counter() - t0
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # per call: the slowest rank
+    mine = times.median()  # torch's median of an even count is the lower middle: take both
+    if args.iters % 2 == 0:
+        mine = times.sort().values[args.iters // 2 - 1:args.iters // 2 + 1].mean()
 
     wrong = (work != expected).nonzero()
     bad = torch.tensor([wrong.numel()], dtype=torch.int64)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Gloo baseline: torch.distributed all_reduce (backend gloo, Debian's python3-torch) of P ranks,
+# Gloo baseline: torch.distributed all_reduce (backend gloo, the repository's .venv torch) of P ranks,
 # each in its own network namespace, over the tbf-shaped links of scripts/wan_netns.sh. Prints
 # CSV rows and a summary.
 #   sudo scripts/baselines/gloo_allreduce.sh [--ranks 4] [--rate 1gbit] [--prefix lc]
 #        [-b 1M] [-e 256M] [-f 4] [-w 1] [-n 3] [--timeout 900]
 # Rank r runs in namespace PREFIX<r> with GLOO_SOCKET_IFNAME=PREFIXeth0; the TCP store listens on
-# rank 0's address. $LOWCOMM_PYTHON picks the interpreter (default /usr/bin/python3, which sees
-# Debian's torch). Details: docs/wan-emulation.md.
+# rank 0's address. $LOWCOMM_PYTHON picks the interpreter (default: .venv/bin/python, the torch
+# from PyPI that scripts/deps.sh installs and the torch backend uses). Details:
+# docs/wan-emulation.md.
 set -euo pipefail
 # shellcheck disable=SC2034  # read by common.sh
 BL_NAME=gloo_allreduce
@@ -14,9 +15,9 @@ BL_NAME=gloo_allreduce
 source "$(dirname "$0")/common.sh"
 bl_parse_args "$@"
 
-PY=${LOWCOMM_PYTHON:-/usr/bin/python3}
+PY=${LOWCOMM_PYTHON:-$BL_ROOT/.venv/bin/python}
 "$PY" -c 'import torch.distributed as d; assert d.is_available() and d.is_gloo_available()' 2>/dev/null ||
-  bl_die "$PY cannot import torch.distributed with Gloo; apt-get install python3-torch"
+  bl_die "$PY cannot import torch.distributed with Gloo; run scripts/deps.sh (or set LOWCOMM_PYTHON)"
 PORT=${LOWCOMM_GLOO_PORT:-29500}
 
 bl_setup_links

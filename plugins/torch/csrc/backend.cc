@@ -10,6 +10,9 @@ namespace lowcomm::torch_backend {
 namespace {
 
 constexpr const char* kIdKey = "lowcomm/unique_id";
+// monitoredBarrier's messages: above every tag torch can pass (an int), below the core's 2^60.
+constexpr uint64_t kMonitorArriveTag = 1ull << 40;
+constexpr uint64_t kMonitorReleaseTag = kMonitorArriveTag + 1;
 
 lowcomm::DType to_dtype(at::ScalarType t) {
   switch (t) {
@@ -275,6 +278,40 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
                 [flat, outs, in] { unflatten(*flat, outs); });
 }
 
+c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  // output_lists[r][i] receives rank r's inputs[i]: one all-gather of the inputs laid end to end.
+  TORCH_CHECK(!inputs.empty(), "lowcomm: allgather_coalesced needs at least one input");
+  TORCH_CHECK(static_cast<int>(output_lists.size()) == size_, "lowcomm: allgather_coalesced needs ",
+              size_, " output lists");
+  for (const auto& in : inputs) {
+    check_host(in);
+    TORCH_CHECK(in.scalar_type() == inputs[0].scalar_type(),
+                "lowcomm: allgather_coalesced inputs must share one dtype");
+  }
+  for (const auto& list : output_lists) {
+    TORCH_CHECK(list.size() == inputs.size(),
+                "lowcomm: allgather_coalesced output lists must have one tensor per input");
+    for (size_t i = 0; i < list.size(); ++i) {
+      check_host(list[i]);
+      TORCH_CHECK(
+          list[i].numel() == inputs[i].numel() && list[i].scalar_type() == inputs[i].scalar_type(),
+          "lowcomm: allgather_coalesced output ", i, " must match input ", i, "'s size and dtype");
+    }
+  }
+  auto send = std::make_shared<at::Tensor>(flat_of(inputs, inputs[0], true));
+  const int64_t per_rank = send->numel();
+  auto flat = std::make_shared<at::Tensor>(at::empty({per_rank * size_}, send->options()));
+  std::vector<lowcomm::Work> works{comm()->all_gather(send->data_ptr(), flat->data_ptr(),
+                                                      static_cast<uint64_t>(per_rank),
+                                                      to_dtype(send->scalar_type()))};
+  std::vector<at::Tensor> outs;
+  for (const auto& list : output_lists) outs.insert(outs.end(), list.begin(), list.end());
+  return launch(c10d::OpType::ALLGATHER_COALESCED, rank_, outs, std::move(works),
+                [send, flat, outs] { unflatten(*flat, outs); });
+}
+
 c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
   TORCH_CHECK(output.numel() == input.numel() * size_,
@@ -388,6 +425,38 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
                 [in, out] { out->write_back(); });
 }
 
+c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::AllToAllOptions& /*opts*/) {
+  // inputs[j] goes to rank j, outputs[j] comes from rank j (sizes may differ per rank): one
+  // all_to_all over the tensors laid end to end.
+  const auto P = static_cast<size_t>(size_);
+  TORCH_CHECK(inputs.size() == P && outputs.size() == P, "lowcomm: alltoall needs ", P,
+              " input and ", P, " output tensors");
+  std::vector<uint64_t> sc(P), so(P), rc(P), ro(P);
+  uint64_t s_at = 0, r_at = 0;
+  for (size_t j = 0; j < P; ++j) {
+    check_host(inputs[j]);
+    check_host(outputs[j]);
+    TORCH_CHECK(inputs[j].scalar_type() == inputs[0].scalar_type() &&
+                    outputs[j].scalar_type() == inputs[0].scalar_type(),
+                "lowcomm: alltoall tensors must share one dtype");
+    sc[j] = elems(inputs[j]);
+    so[j] = s_at;
+    s_at += sc[j];
+    rc[j] = elems(outputs[j]);
+    ro[j] = r_at;
+    r_at += rc[j];
+  }
+  auto send = std::make_shared<at::Tensor>(flat_of(inputs, inputs[0], true));
+  auto recv = std::make_shared<at::Tensor>(flat_of(outputs, inputs[0], false));
+  std::vector<lowcomm::Work> works{comm()->all_to_all(send->data_ptr(), sc, so, recv->data_ptr(),
+                                                      rc, ro, to_dtype(inputs[0].scalar_type()))};
+  auto outs = outputs;
+  return launch(c10d::OpType::ALLTOALL, rank_, outs, std::move(works),
+                [send, recv, outs] { unflatten(*recv, outs); });
+}
+
 c10::intrusive_ptr<c10d::Work> LowcommBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                     int tag) {
   TORCH_CHECK(tensors.size() == 1, "lowcomm: send takes one tensor");
@@ -410,6 +479,90 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& ten
   w->set_source_rank(src);
   w->start(std::move(works));
   return w;
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                             int tag) {
+  TORCH_CHECK(tensors.size() == 1, "lowcomm: recv takes one tensor");
+  auto out = std::make_shared<Staged>(tensors[0]);
+  std::vector<lowcomm::Work> works{comm()->recv_any(out->buf.data_ptr(), elems(out->buf),
+                                                    to_dtype(out->buf.scalar_type()),
+                                                    static_cast<uint64_t>(tag))};
+  return launch(c10d::OpType::RECVANYSOURCE, rank_, tensors, std::move(works),
+                [out] { out->write_back(); });
+}
+
+void LowcommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  using Clock = std::chrono::steady_clock;
+  const auto timeout = opts.timeout;
+  const auto deadline = Clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(0),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  lowcomm::Communicator* c = comm();
+  uint8_t token = 1;
+  if (rank_ != 0) {
+    Status s = c->send(&token, 1, DType::kUInt8, 0, kMonitorArriveTag).wait_for(left());
+    if (s.is_ok()) s = c->recv(&token, 1, DType::kUInt8, 0, kMonitorReleaseTag).wait_for(left());
+    if (!s.is_ok()) {
+      c->abort();  // a send or receive may still hold `token`
+      C10_THROW_ERROR(DistBackendError,
+                      "lowcomm: Rank " + std::to_string(rank_) +
+                          " successfully reached monitoredBarrier, but received errors while "
+                          "waiting for send/recv from rank 0 (" +
+                          s.to_string() + "). Please check rank 0 logs for faulty rank.");
+    }
+    return;
+  }
+  // Rank 0: one any-source receive per other rank, so a missing rank does not hold up the
+  // accounting of the others.
+  std::vector<uint8_t> got(static_cast<size_t>(size_), 0);
+  std::vector<lowcomm::Work> arrivals;
+  for (int r = 1; r < size_; ++r)
+    arrivals.push_back(
+        c->recv_any(&got[static_cast<size_t>(r)], 1, DType::kUInt8, kMonitorArriveTag));
+  std::vector<bool> came(static_cast<size_t>(size_), false);
+  came[0] = true;
+  Status failure;
+  for (auto& w : arrivals) {
+    Status s = w.wait_for(left());
+    if (!s.is_ok()) {
+      failure = s;
+      break;
+    }
+    came[static_cast<size_t>(w.source())] = true;
+  }
+  if (!failure.is_ok()) {
+    c->abort();  // receives still hold `got`
+    std::vector<int> missing;
+    for (int r = 1; r < size_; ++r)
+      if (!came[static_cast<size_t>(r)]) missing.push_back(r);
+    std::string what;
+    if (failure.code() != StatusCode::kTimeout || missing.empty()) {
+      what = "monitoredBarrier failed: " + failure.to_string();
+    } else if (!waitAllRanks) {
+      what = "Rank " + std::to_string(missing[0]) + " failed to pass monitoredBarrier in " +
+             std::to_string(timeout.count()) + " ms";
+    } else {
+      std::string list;
+      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      what = (missing.size() == 1 ? "Rank " : "Ranks ") + list +
+             " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) + " ms";
+    }
+    C10_THROW_ERROR(DistBackendError, "lowcomm: [Rank 0]: " + what);
+  }
+  std::vector<lowcomm::Work> releases;
+  for (int r = 1; r < size_; ++r)
+    releases.push_back(c->send(&token, 1, DType::kUInt8, r, kMonitorReleaseTag));
+  for (auto& w : releases) {
+    Status s = w.wait_for(left());
+    if (!s.is_ok()) {
+      c->abort();
+      C10_THROW_ERROR(DistBackendError,
+                      "lowcomm: [Rank 0]: monitoredBarrier release failed: " + s.to_string());
+    }
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::barrier(const c10d::BarrierOptions& /*opts*/) {

@@ -39,6 +39,7 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
     std::lock_guard<std::mutex> lock(first_error_mu_);
     err = first_error_;
   }
+  if (source_rank_.load() < 0 && works_.size() == 1) source_rank_ = works_[0].source();
   std::exception_ptr e;
   if (err.is_ok()) {
     try {

@@ -30,7 +30,8 @@ class LowcommWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  int sourceRank() const override { return source_rank_; }
+  // recv: the peer; recvAnysource: the sender it matched, once complete.
+  int sourceRank() const override { return source_rank_.load(); }
   void set_source_rank(int r) { source_rank_ = r; }
 
  private:
@@ -43,7 +44,7 @@ class LowcommWork : public c10d::Work {
   std::atomic<size_t> left_{0};
   std::mutex first_error_mu_;
   lowcomm::Status first_error_;
-  int source_rank_ = -1;
+  std::atomic<int> source_rank_{-1};
 };
 
 }  // namespace lowcomm::torch_backend

@@ -7,6 +7,7 @@ Rendezvous goes through the store torch hands the backend (torchrun, env://, tcp
 Exact by default; `pg_options=lowcomm.torch.Options(codec="q4")` (or LOWCOMM_CODEC) compresses
 floating-point sum/avg all-reduces of at least `codec_threshold` bytes (default 1 MiB).
 """
+import datetime
 import os
 
 import torch
@@ -62,6 +63,20 @@ def _backend(group=None):
         raise RuntimeError("lowcomm.torch: the group's CPU backend is not lowcomm "
                            f"({type(backend).__name__})")
     return backend
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch.distributed.monitored_barrier for a lowcomm group, on every torch this package
+    supports (before 2.15, torch's own function accepts only Gloo groups): every rank reports
+    to rank 0, which raises naming the rank (wait_all_ranks: every rank) that did not come within
+    `timeout` (default: torch's default process-group timeout, as torch's own function). A
+    failure aborts the group."""
+    pg = group if group is not None else dist.group.WORLD
+    if timeout is None:
+        timeout = dist.default_pg_timeout
+    elif not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=timeout)
+    pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, codec="", error_feedback_key="", group=None,

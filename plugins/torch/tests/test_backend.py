@@ -5,10 +5,12 @@ new_group(backend="lowcomm") beside it. Inputs are seeded per rank, so every ran
 every op's exact result itself; where Gloo supports the dtype and op, the same call through
 Gloo must give the same result too. Integers and bool must match exactly; floats to rounding.
 """
+import datetime
 import functools
 import os
 import sys
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -150,6 +152,23 @@ def body(rank, world, lc):
         want = torch.cat([src_of(j)[sum(k + j + 1 for k in range(rank)):][:rank + j + 1]
                           for j in range(world)])
         same(o, want, dtype, f"all_to_all_single {dtype}")
+        # all_to_all (lists): rank j sends rank k a tensor of k + 2 * j + 1 elements
+        def piece(j, k):
+            return rand((k + 2 * j + 1,), dtype, 900 + 10 * j + k)
+        outs = [torch.empty(rank + 2 * j + 1, dtype=dtype) for j in range(world)]
+        dist.all_to_all(outs, [piece(rank, k) for k in range(world)], group=lc)
+        for j in range(world):
+            same(outs[j], piece(j, rank), dtype, f"all_to_all {dtype} from {j}")
+        # all_gather_coalesced: two inputs of different shapes, one list per rank
+        def coalesced_in(r):
+            return [rand((3, 2), dtype, 1000 + r), rand((5,), dtype, 1100 + r)]
+        lists = [[torch.empty_like(t) for t in coalesced_in(rank)] for _ in range(world)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the call, not the op
+            dist.all_gather_coalesced(lists, coalesced_in(rank), group=lc)
+        for r in range(world):
+            for got, want in zip(lists[r], coalesced_in(r)):
+                same(got, want, dtype, f"all_gather_coalesced {dtype} rank {r}")
     # point to point, async, futures
     if world >= 2:
         t = torch.arange(10, dtype=torch.float32) * (rank + 1)
@@ -159,6 +178,25 @@ def body(rank, world, lc):
             got = torch.empty(10)
             dist.recv(got, src=0, group=lc)
             assert torch.equal(got, torch.arange(10, dtype=torch.float32))
+    # receives from any rank: every other rank sends its rank to rank 0, which learns the sender
+    # from dist.recv's return value (and irecv's Work); each arrives once
+    if rank == 0:
+        seen = set()
+        for i in range(world - 1):
+            got = torch.empty(4, dtype=torch.int64)
+            if i % 2 == 0:
+                src = dist.recv(got, group=lc)
+            else:
+                w = dist.irecv(got, group=lc)
+                w.wait()
+                src = w._source_rank()
+            assert torch.equal(got, torch.full((4,), src, dtype=torch.int64)), (src, got)
+            seen.add(src)
+        assert seen == set(range(1, world)), seen
+    else:
+        dist.send(torch.full((4,), rank, dtype=torch.int64), dst=0, group=lc)
+    lowcomm.torch.monitored_barrier(group=lc, timeout=datetime.timedelta(seconds=30))
+    dist.monitored_barrier(group=lc, timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
     # batch_isend_irecv: a ring, every rank sends to the next and receives from the previous
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     send_t = torch.full((100,), float(rank))
