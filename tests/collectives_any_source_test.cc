@@ -3,9 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <map>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "collectives_test_util.h"
@@ -49,8 +49,8 @@ TEST(CollectivesAnySource, TakesEveryMessageOnceInEachSendersOrder) {
                    " holds " + std::to_string(got[j][i]) + ", want " + std::to_string(want);
       }
       for (int r = 1; r < P; ++r)
-        if (next[r] != kPerRank) return "rank " + std::to_string(r) + " matched " +
-                                        std::to_string(next[r]) + " times";
+        if (next[r] != kPerRank)
+          return "rank " + std::to_string(r) + " matched " + std::to_string(next[r]) + " times";
     }
     if (Status s = c.barrier().wait(); !s) return "barrier: " + s.to_string();
     return "ok";
@@ -146,8 +146,8 @@ TEST(CollectivesAnySource, DeadPeerFailsTheWaitNamingIt) {
     const double secs = static_cast<double>(now_ns() - t0) * 1e-9;
     if (s.is_ok()) return "recv_any succeeded with no sender";
     if (secs > 10) return "took " + std::to_string(secs) + " s";
-    if (s.message().find("rank 1") == std::string::npos) return "does not name rank 1: " +
-                                                                s.to_string();
+    if (s.message().find("rank 1") == std::string::npos)
+      return "does not name rank 1: " + s.to_string();
     return "ok";
   });
   ASSERT_EQ(res.size(), 3u);
