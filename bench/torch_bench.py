@@ -70,9 +70,9 @@ def worker(a):
         gloo = {s: t for (nm, s, t) in rows if nm == "gloo"}
         print(f"# torch {torch.__version__}, {a.ranks} ranks, fp32 sum, medians of {a.i} calls"
               f"{', netns ' + a.netns if a.netns else ', loopback'}")
-        print(f"{'library':<16}{'bytes':>12}{'time(s)':>10}{'vs gloo':>9}")
+        print(f"{'library':<16}{'bytes':>12}{'time(s)':>12}{'vs gloo':>9}")
         for nm, s, t in rows:
-            print(f"{nm:<16}{s:>12}{t:>10.4f}{gloo[s] / t:>8.2f}x")
+            print(f"{nm:<16}{s:>12}{t:>12.6f}{gloo[s] / t:>8.2f}x")
         out = a.csv or (a.plot + ".csv" if a.plot else "")
         if out:
             link = f"tbf netns {a.netns}" if a.netns else "loopback"

@@ -40,3 +40,13 @@ if ! .venv/bin/python -c "import torch, numpy, pytest, setuptools, sys; sys.exit
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q "torch==$TORCH_VERSION" numpy pytest setuptools wheel
 fi
+
+# The oldest torch the backend supports, tested by scripts/test.sh too: 2.11, what the GPU
+# machines carry. LOWCOMM_TORCH_OLDEST=none skips it.
+OLDEST=${LOWCOMM_TORCH_OLDEST:-2.11.0}
+if [ "$OLDEST" != none ] && ! .venv-torch-oldest/bin/python -c "import torch, numpy, pytest, setuptools, sys; sys.exit(torch.__version__.split('+')[0] != '$OLDEST')" 2>/dev/null; then
+  echo "deps: installing torch $OLDEST (the oldest supported) and pytest into .venv-torch-oldest"
+  python3 -m venv .venv-torch-oldest
+  .venv-torch-oldest/bin/pip install -q --upgrade pip
+  .venv-torch-oldest/bin/pip install -q "torch==$OLDEST" numpy pytest setuptools wheel
+fi

@@ -8,7 +8,8 @@
 #      engine, the executor, and their users).
 #   4. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
 #   5. The torch backend: built with pip into .venv (torch from scripts/deps.sh) and its pytest
-#      suite, real processes against Gloo.
+#      suite, real processes against Gloo; then the same on the oldest supported torch
+#      (.venv-torch-oldest, 2.11).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,5 +46,11 @@ echo "== torch backend (plugins/torch)"
 LOWCOMM_CORE_BUILD="$PWD/build" .venv/bin/pip install -q --no-build-isolation ./plugins/torch
 # From outside the source tree, so the installed package is the one imported.
 (cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/plugins/torch/tests")
+
+if [ -x .venv-torch-oldest/bin/python ]; then
+  echo "== torch backend on the oldest supported torch ($(.venv-torch-oldest/bin/python -c 'import torch; print(torch.__version__)'))"
+  LOWCOMM_CORE_BUILD="$PWD/build" .venv-torch-oldest/bin/pip install -q --no-build-isolation ./plugins/torch
+  (cd /tmp && "$OLDPWD/.venv-torch-oldest/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/plugins/torch/tests")
+fi
 
 echo "== all tests passed"

@@ -39,6 +39,12 @@ def build_core():
 
 
 class BuildWithCore(BuildExtension):
+    def finalize_options(self):
+        super().finalize_options()
+        # pip builds in the source tree: an extension left in build/ by another torch would
+        # count as up to date and be installed against the wrong torch's ABI.
+        self.force = True
+
     def run(self):
         lib = build_core()
         for ext in self.extensions:

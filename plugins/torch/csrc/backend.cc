@@ -88,14 +88,6 @@ uint64_t elems(const at::Tensor& t) {
   return static_cast<uint64_t>(t.numel());
 }
 
-c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
-                                      std::vector<lowcomm::Work> works,
-                                      std::function<void()> finish = {}) {
-  auto w = c10::make_intrusive<LowcommWork>(type, rank, std::move(outputs), std::move(finish));
-  w->start(std::move(works));
-  return w;
-}
-
 // A flat contiguous tensor holding `parts` (copied in when `fill`).
 at::Tensor flat_of(const std::vector<at::Tensor>& parts, const at::Tensor& like, bool fill) {
   int64_t n = 0;
@@ -146,6 +138,18 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
 
 LowcommBackend::~LowcommBackend() = default;
 
+c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(c10d::OpType type,
+                                                      std::vector<at::Tensor> outputs,
+                                                      std::vector<lowcomm::Work> works,
+                                                      std::function<void()> finish) {
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
+      type != c10d::OpType::RECVANYSOURCE)
+    ++seq_;
+  auto w = c10::make_intrusive<LowcommWork>(type, rank_, std::move(outputs), std::move(finish));
+  w->start(std::move(works));
+  return w;
+}
+
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const std::chrono::duration<float>& timeout, const std::string& codec, int64_t codec_threshold,
@@ -172,7 +176,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>
     works.push_back(comm()->broadcast(b.data_ptr(), b.data_ptr(), elems(b),
                                       to_dtype(b.scalar_type()), static_cast<int>(opts.rootRank)));
   }
-  return launch(c10d::OpType::BROADCAST, rank_, tensors, std::move(works), [staged] {
+  return launch(c10d::OpType::BROADCAST, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
   });
 }
@@ -204,7 +208,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
     }
     works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b), dt, op, ar));
   }
-  return launch(c10d::OpType::ALLREDUCE, rank_, tensors, std::move(works), [staged] {
+  return launch(c10d::OpType::ALLREDUCE, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
   });
 }
@@ -224,7 +228,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
   }
   std::vector<lowcomm::Work> works{comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
                                                       to_dtype(b.scalar_type()), to_op(op), ar)};
-  return launch(c10d::OpType::ALLREDUCE, rank_, {tensor}, std::move(works),
+  return launch(c10d::OpType::ALLREDUCE, {tensor}, std::move(works),
                 [staged] { staged->write_back(); });
 }
 
@@ -253,7 +257,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& t
   std::vector<lowcomm::Work> works{comm()->reduce(
       b.data_ptr(), b.data_ptr(), elems(b), to_dtype(b.scalar_type()), to_op(opts.reduceOp), root)};
   const bool is_root = root == rank_;
-  return launch(c10d::OpType::REDUCE, rank_, tensors, std::move(works), [staged, is_root] {
+  return launch(c10d::OpType::REDUCE, tensors, std::move(works), [staged, is_root] {
     if (is_root) staged->write_back();
   });
 }
@@ -274,7 +278,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
   std::vector<lowcomm::Work> works{comm()->all_gather(
       in->buf.data_ptr(), flat->data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
   auto outs = outputs[0];
-  return launch(c10d::OpType::ALLGATHER, rank_, outs, std::move(works),
+  return launch(c10d::OpType::ALLGATHER, outs, std::move(works),
                 [flat, outs, in] { unflatten(*flat, outs); });
 }
 
@@ -308,7 +312,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
                                                       to_dtype(send->scalar_type()))};
   std::vector<at::Tensor> outs;
   for (const auto& list : output_lists) outs.insert(outs.end(), list.begin(), list.end());
-  return launch(c10d::OpType::ALLGATHER_COALESCED, rank_, outs, std::move(works),
+  return launch(c10d::OpType::ALLGATHER_COALESCED, outs, std::move(works),
                 [send, flat, outs] { unflatten(*flat, outs); });
 }
 
@@ -320,7 +324,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
   auto out = std::make_shared<Staged>(output);
   std::vector<lowcomm::Work> works{comm()->all_gather(
       in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
-  return launch(c10d::OpType::_ALLGATHER_BASE, rank_, {output}, std::move(works),
+  return launch(c10d::OpType::_ALLGATHER_BASE, {output}, std::move(works),
                 [in, out] { out->write_back(); });
 }
 
@@ -338,7 +342,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at
   std::vector<lowcomm::Work> works{
       comm()->gather(in->buf.data_ptr(), rank_ == root ? flat->data_ptr() : nullptr, elems(in->buf),
                      to_dtype(in->buf.scalar_type()), root)};
-  return launch(c10d::OpType::GATHER, rank_, outs, std::move(works), [flat, outs, in] {
+  return launch(c10d::OpType::GATHER, outs, std::move(works), [flat, outs, in] {
     if (flat->defined()) unflatten(*flat, outs);
   });
 }
@@ -359,7 +363,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& 
   std::vector<lowcomm::Work> works{comm()->scatter(rank_ == root ? keep->data_ptr() : nullptr,
                                                    out->buf.data_ptr(), elems(out->buf),
                                                    to_dtype(out->buf.scalar_type()), root)};
-  return launch(c10d::OpType::SCATTER, rank_, outputs, std::move(works),
+  return launch(c10d::OpType::SCATTER, outputs, std::move(works),
                 [out, keep] { out->write_back(); });
 }
 
@@ -375,7 +379,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter(
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(flat->data_ptr(), out->buf.data_ptr(), elems(out->buf),
                              to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
-  return launch(c10d::OpType::REDUCE_SCATTER, rank_, outputs, std::move(works),
+  return launch(c10d::OpType::REDUCE_SCATTER, outputs, std::move(works),
                 [out, flat] { out->write_back(); });
 }
 
@@ -388,7 +392,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
                              to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
-  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, rank_, {output}, std::move(works),
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(works),
                 [in, out] { out->write_back(); });
 }
 
@@ -421,7 +425,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
   auto [rc, ro] = counts(out->buf, output_splits);
   std::vector<lowcomm::Work> works{comm()->all_to_all(
       in->buf.data_ptr(), sc, so, out->buf.data_ptr(), rc, ro, to_dtype(in->buf.scalar_type()))};
-  return launch(c10d::OpType::ALLTOALL_BASE, rank_, {output}, std::move(works),
+  return launch(c10d::OpType::ALLTOALL_BASE, {output}, std::move(works),
                 [in, out] { out->write_back(); });
 }
 
@@ -453,7 +457,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>&
   std::vector<lowcomm::Work> works{comm()->all_to_all(send->data_ptr(), sc, so, recv->data_ptr(),
                                                       rc, ro, to_dtype(inputs[0].scalar_type()))};
   auto outs = outputs;
-  return launch(c10d::OpType::ALLTOALL, rank_, outs, std::move(works),
+  return launch(c10d::OpType::ALLTOALL, outs, std::move(works),
                 [send, recv, outs] { unflatten(*recv, outs); });
 }
 
@@ -464,7 +468,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::send(std::vector<at::Tensor>& ten
   std::vector<lowcomm::Work> works{comm()->send(in->buf.data_ptr(), elems(in->buf),
                                                 to_dtype(in->buf.scalar_type()), dst,
                                                 static_cast<uint64_t>(tag))};
-  return launch(c10d::OpType::SEND, rank_, tensors, std::move(works), [in] {});
+  return launch(c10d::OpType::SEND, tensors, std::move(works), [in] {});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& tensors, int src,
@@ -488,7 +492,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::recvAnysource(std::vector<at::Ten
   std::vector<lowcomm::Work> works{comm()->recv_any(out->buf.data_ptr(), elems(out->buf),
                                                     to_dtype(out->buf.scalar_type()),
                                                     static_cast<uint64_t>(tag))};
-  return launch(c10d::OpType::RECVANYSOURCE, rank_, tensors, std::move(works),
+  return launch(c10d::OpType::RECVANYSOURCE, tensors, std::move(works),
                 [out] { out->write_back(); });
 }
 
@@ -566,7 +570,7 @@ void LowcommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wai
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return launch(c10d::OpType::BARRIER, rank_, {}, {comm()->barrier()});
+  return launch(c10d::OpType::BARRIER, {}, {comm()->barrier()});
 }
 
 }  // namespace lowcomm::torch_backend

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +83,11 @@ class LowcommBackend : public c10d::Backend {
   // failure the group is aborted (a receive is left waiting), so later operations fail at once.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
 
+  // The group's collectives so far (the same on every rank of a healthy group): torch's
+  // ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) puts it in each op's fingerprint.
+  void setSequenceNumberForGroup() override {}  // numbering starts at 0 on every rank
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+
   // Fails everything in flight with an error and closes the connections (torch's abort).
   void abort() override;
   // Finishes queued operations, says goodbye to every peer and closes (destroy_process_group).
@@ -107,7 +113,13 @@ class LowcommBackend : public c10d::Backend {
     return comm_.get();
   }
 
+  // A Work over `works` (completes when they all have; `finish` then runs); counts collectives.
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                        std::vector<lowcomm::Work> works,
+                                        std::function<void()> finish = {});
+
   std::unique_ptr<lowcomm::Communicator> comm_;
+  std::atomic<uint64_t> seq_{0};
   BackendConfig config_;
 };
 

@@ -30,6 +30,20 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              b.restore_error_feedback(v);
            })
+      // getError() by name, for every torch (older ones do not bind Backend.get_error).
+      .def("error_type",
+           [](LowcommBackend& b) {
+             switch (b.getError()) {
+               case c10d::ErrorType::SUCCESS:
+                 return "SUCCESS";
+               case c10d::ErrorType::TIMEOUT:
+                 return "TIMEOUT";
+               case c10d::ErrorType::REMOTE_ERROR:
+                 return "REMOTE_ERROR";
+               default:
+                 return "COMM_ERROR";
+             }
+           })
       .def("last_op_stats", [](const LowcommBackend& b) {
         lowcomm::OpStats s = b.last_op_stats();
         py::dict d;

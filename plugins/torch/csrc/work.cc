@@ -6,11 +6,24 @@ namespace lowcomm::torch_backend {
 
 LowcommWork::LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
                          std::function<void()> finish)
-    : c10d::Work(rank, type),
-      outputs_(std::move(outputs)),
-      finish_(std::move(finish)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+    : c10d::Work(rank, type), outputs_(std::move(outputs)), finish_(std::move(finish)) {}
+
+c10::intrusive_ptr<c10::ivalue::Future> LowcommWork::getFuture() {
+  std::lock_guard<std::mutex> lock(future_mu_);
+  if (!future_) {
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    if (finished_) complete_future(future_);
+  }
+  return future_;
+}
+
+void LowcommWork::complete_future(const c10::intrusive_ptr<c10::ivalue::Future>& f) const {
+  if (error_) {
+    f->setError(error_);
+  } else {
+    f->markCompleted(c10::IValue(outputs_));
+  }
 }
 
 void LowcommWork::start(std::vector<lowcomm::Work> works) {
@@ -52,11 +65,14 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "lowcomm: " + err.to_string()));
   }
   finish(e);  // c10d::Work: marks completed, wakes wait()
-  if (e) {
-    future_->setError(e);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    finished_ = true;
+    error_ = e;
+    f = future_;
   }
+  if (f) complete_future(f);  // outside the lock: its callbacks may call getFuture()
 }
 
 bool LowcommWork::isCompleted() {

@@ -29,7 +29,9 @@ class LowcommWork : public c10d::Work {
   std::exception_ptr exception() const override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // Made on the first call (most works are only waited on; a future costs an allocation and a
+  // completion on the executor's thread), completed when the work is, or at once if it was.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   // recv: the peer; recvAnysource: the sender it matched, once complete.
   int sourceRank() const override { return source_rank_.load(); }
   void set_source_rank(int r) { source_rank_ = r; }
@@ -39,7 +41,11 @@ class LowcommWork : public c10d::Work {
 
   std::vector<at::Tensor> outputs_;
   std::function<void()> finish_;
+  void complete_future(const c10::intrusive_ptr<c10::ivalue::Future>& f) const;
+  std::mutex future_mu_;  // guards future_, finished_, error_
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool finished_ = false;
+  std::exception_ptr error_;
   std::vector<lowcomm::Work> works_;
   std::atomic<size_t> left_{0};
   std::mutex first_error_mu_;

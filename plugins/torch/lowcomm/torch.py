@@ -59,10 +59,19 @@ def last_op_stats(group=None):
 def _backend(group=None):
     pg = group if group is not None else dist.group.WORLD
     backend = pg._get_backend(torch.device("cpu"))
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps the backend in its checking wrapper
+    while hasattr(backend, "wrapped_pg") and not isinstance(backend, _C.LowcommBackend):
+        backend = backend.wrapped_pg
     if not isinstance(backend, _C.LowcommBackend):
         raise RuntimeError("lowcomm.torch: the group's CPU backend is not lowcomm "
                            f"({type(backend).__name__})")
     return backend
+
+
+def get_error(group=None):
+    """The group's Backend::getError() by name: "SUCCESS", or why the group broke ("TIMEOUT",
+    "REMOTE_ERROR", "COMM_ERROR"); torch 2.15's Backend.get_error() says the same."""
+    return _backend(group).error_type()
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
