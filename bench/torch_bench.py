@@ -10,8 +10,8 @@ scripts/wan_netns.sh's /run/lowcomm-wan/PREFIX.conf). Every rank joins a default
 one lowcomm group per codec (pg_options=lowcomm.torch.Options(codec=..., codec_threshold=0)).
 Per size and library: -w untimed calls, then -i calls each after a barrier of the group being
 timed (as lowcomm-bench does: ranks leave a barrier of their own group together); a call's time
-is the slowest rank's (all-reduced MAX over Gloo, untimed); the row is the median: the statistic
-of lowcomm-bench's rows. Both libraries are timed the same way in the same processes,
+is the slowest rank's (MAX over Gloo of every rank's times, after the timed calls); the row is
+the median: the statistic of lowcomm-bench's rows. --back-to-back drops the per-call barrier. Both libraries are timed the same way in the same processes,
 alternating per size. Rank 0 prints a table, writes --csv (lowcomm-bench's columns where they
 apply) and --plot (a PNG through bench/plot_bench.py, which needs Debian's python3-matplotlib).
 """
@@ -56,16 +56,20 @@ def worker(a):
         x = torch.randn(n, generator=torch.Generator().manual_seed(a.rank))
         for name, group in groups.items():
             times = []
+            if a.back_to_back:
+                dist.barrier(group=group)
             for it in range(a.w + a.i):
                 t = x.clone()
-                dist.barrier(group=group)
+                if not a.back_to_back:
+                    dist.barrier(group=group)
                 t0 = time.perf_counter()
                 dist.all_reduce(t, group=group)
-                took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                dist.all_reduce(took, op=dist.ReduceOp.MAX)
                 if it >= a.w:
-                    times.append(took.item())
-            rows.append((name, size, statistics.median(times)))
+                    times.append(time.perf_counter() - t0)
+            # per call, the slowest rank (gathered after the timed calls, as lowcomm-bench does)
+            slowest = torch.tensor(times, dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            rows.append((name, size, statistics.median(slowest.tolist())))
     if a.rank == 0:
         gloo = {s: t for (nm, s, t) in rows if nm == "gloo"}
         print(f"# torch {torch.__version__}, {a.ranks} ranks, fp32 sum, medians of {a.i} calls"
@@ -125,6 +129,8 @@ def main():
     p.add_argument("--codecs", default="none,q8,q4")
     p.add_argument("--netns", default="")
     p.add_argument("--csv", default="")
+    p.add_argument("--back-to-back", action="store_true",
+                   help="no barrier before each timed call (as lowcomm-bench --back-to-back)")
     p.add_argument("--plot", default="", help="PNG of time against size (/usr/bin/python3 with "
                    "matplotlib); the CSV goes to --csv or PLOT.csv")
     p.add_argument("--port", type=int, default=29561)
