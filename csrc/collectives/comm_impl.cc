@@ -211,6 +211,30 @@ Work CommImpl::submit_recv_any(OpDescriptor desc, Body body) {
   return enqueue_locked(std::move(op));
 }
 
+void CommImpl::run_overtaking_sends() {
+  while (true) {
+    Op send;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.is_ok()) return;
+      auto it = queue_.begin();
+      for (; it != queue_.end(); ++it) {
+        const bool p2p =
+            !it->local && (it->desc.kind == OpKind::kSend || it->desc.kind == OpKind::kRecv);
+        if (!p2p) return;
+        if (it->desc.kind == OpKind::kSend) break;
+      }
+      if (it == queue_.end()) return;
+      send = std::move(*it);
+      queue_.erase(it);
+    }
+    const Op* outer = current_;
+    current_ = &send;
+    run_one(send);
+    current_ = outer;
+  }
+}
+
 uint64_t CommImpl::take_recv_seq(int peer, uint64_t tag) {
   if (current_ && current_->any_source) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -90,6 +90,11 @@ class CommImpl {
   // The sender's per (peer, tag) number the next receive from `peer` matches; counts the
   // receive (goodbye's totals include any-source receives once their sender is known).
   uint64_t take_recv_seq(int peer, uint64_t tag);
+  // While a receive waits: runs the sends queued behind it that have only point-to-point
+  // operations ahead of them, in queue order (a send may overtake receives, as an eager send
+  // does in MPI, never a collective or a local operation, which may write its buffer). So
+  // "irecv from p; isend to p" on both sides cannot deadlock on the one executor.
+  void run_overtaking_sends();
 
  private:
   struct Op {

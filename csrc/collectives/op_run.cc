@@ -12,6 +12,7 @@ namespace {
 // How often a wait looks at the deadline and the peers' health: short enough that a failure
 // anywhere reaches every rank well within a second, long enough to cost nothing.
 constexpr auto kWaitSlice = std::chrono::milliseconds(20);
+constexpr auto kRecvSlice = std::chrono::milliseconds(1);
 
 // FNV-1a 64 of the descriptor less its sequence number, folded so every byte reaches the low
 // bits that tags::payload keeps.
@@ -84,9 +85,13 @@ Status OpRun::explain(Status failure) {
 }
 
 Status OpRun::wait_one(const transport::Request& r) {
+  // A receive looks for sends queued behind it every millisecond (CommImpl::run_overtaking_sends).
+  const bool receive = desc_.kind == OpKind::kRecv;
   while (true) {
+    if (receive) comm_.run_overtaking_sends();
     auto now = Deadline::Clock::now();
-    auto slice = std::min<Deadline::Clock::duration>(kWaitSlice, deadline_.remaining(now));
+    auto slice = std::min<Deadline::Clock::duration>(receive ? kRecvSlice : kWaitSlice,
+                                                     deadline_.remaining(now));
     (void)r.wait(Deadline::after(slice, now));
     if (r.test()) {
       Status s = r.status();
