@@ -62,7 +62,11 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
     }
   } else {
     e = std::make_exception_ptr(c10::DistBackendError(
-        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "lowcomm: " + err.to_string()));
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        // "Timed out": the words torch's own backends use, which scripts and torch's tests match
+        err.code() == lowcomm::StatusCode::kTimeout
+            ? "lowcomm: Timed out at the group's timeout: " + err.message()
+            : "lowcomm: " + err.to_string()));
   }
   finish(e);  // c10d::Work: marks completed, wakes wait()
   c10::intrusive_ptr<c10::ivalue::Future> f;
