@@ -42,3 +42,8 @@ if ! .venv/bin/python -c "import torch, numpy, pytest, setuptools, sys; sys.exit
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q "torch==$TORCH_VERSION" numpy pytest setuptools wheel
 fi
+# PyTorch's distributed suite (scripts/torch_suite.sh) imports expecttest and hypothesis.
+if ! .venv/bin/python -c "import expecttest, hypothesis" 2>/dev/null; then
+  echo "deps: installing expecttest and hypothesis into .venv"
+  .venv/bin/pip install -q expecttest hypothesis
+fi
