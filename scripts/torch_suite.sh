@@ -15,6 +15,7 @@ python=${PYTHON:-$root/.venv/bin/python}
 mkdir -p "$out"
 cd /tmp  # import the installed lowcomm package, not plugins/torch/lowcomm
 for backend in gloo lowcomm; do
-  "$python" "$root/plugins/torch/tests/torch_suite/run_suite.py" --backend "$backend" --out "$out" "$@"
+  "$python" "$root/plugins/torch/tests/torch_suite/run_suite.py" --backend "$backend" \
+    --out "$out" "$@"
 done
 "$python" "$root/plugins/torch/tests/torch_suite/run_suite.py" --compare "$out"

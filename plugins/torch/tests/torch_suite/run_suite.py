@@ -27,7 +27,6 @@ import os
 import re
 import sys
 import time
-import traceback
 import unittest
 
 SUITE_BACKEND = os.environ.get("LOWCOMM_SUITE_BACKEND")
@@ -163,22 +162,26 @@ def _compare(out):
         with open(os.path.join(out, f"{b}.json")) as f:
             runs[b] = json.load(f)
     by_test = {b: {r["test"]: r for r in runs[b]["tests"]} for b in runs}
-    lines = ["| backend | pass | fail | error | skip | total | time |", "|---|---|---|---|---|---|---|"]
+
+    def passes_only(b, other):
+        return sorted(t for t, r in by_test[b].items() if r["outcome"] == "pass"
+                      and by_test[other].get(t, {}).get("outcome") != "pass")
+
+    lines = ["| backend | pass | fail | error | skip | total | time |",
+             "|---|---|---|---|---|---|---|"]
     for b, run in runs.items():
         c = run["counts"]
         lines.append(f"| {b} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} | "
                      f"{c['total']} | {run['seconds']} s |")
-    gloo_only = [t for t, r in by_test["gloo"].items()
-                 if r["outcome"] == "pass" and by_test["lowcomm"].get(t, {}).get("outcome") != "pass"]
+    gloo_only = passes_only("gloo", "lowcomm")
     lines += ["", f"Tests Gloo passes that lowcomm does not: {len(gloo_only)}", ""]
-    for t in sorted(gloo_only):
+    for t in gloo_only:
         r = by_test["lowcomm"].get(t, {"outcome": "missing", "reason": ""})
         lines.append(f"- `{t}` ({r['outcome']}): {r['reason']}")
-    lowcomm_only = [t for t, r in by_test["lowcomm"].items()
-                    if r["outcome"] == "pass" and by_test["gloo"].get(t, {}).get("outcome") != "pass"]
+    lowcomm_only = passes_only("lowcomm", "gloo")
     lines += ["", f"Tests lowcomm passes that Gloo does not: {len(lowcomm_only)}", ""]
     lines += [f"- `{t}` (gloo {by_test['gloo'].get(t, {}).get('outcome', 'missing')})"
-              for t in sorted(lowcomm_only)]
+              for t in lowcomm_only]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text)
@@ -186,7 +189,7 @@ def _compare(out):
     return 0
 
 
-def main():
+def _parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", choices=["gloo", "lowcomm"])
     p.add_argument("--compare", metavar="DIR", help="summarize DIR/gloo.json and DIR/lowcomm.json")
@@ -194,37 +197,34 @@ def main():
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--timeout", type=int, default=180, help="per-test seconds")
     p.add_argument("-k", action="append", help="run only tests whose name matches (regex)")
+    p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main():
+    p = _parser()
     args = p.parse_args()
     if args.compare:
         return _compare(args.compare)
     if not args.backend:
         p.error("--backend or --compare")
+    if args._child:
+        _run(args)
+        return 0
     os.environ.update({"BACKEND": "gloo", "LOWCOMM_SUITE_BACKEND": args.backend,
                        "WORLD_SIZE": str(args.world_size), "CUDA_VISIBLE_DEVICES": "",
                        "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": str(args.timeout)})
+    # As PyTorch's run_test.py does for its file-init variant: tests gated on a file:// init
+    # method at import time run (each test's setUp then points INIT_METHOD at its own file).
+    os.environ["INIT_METHOD"] = "file://" + os.path.join(os.path.abspath(args.out), "init_file")
     os.environ.setdefault("LOWCOMM_SOCKET_IFNAME", "lo")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     for var in ("LOWCOMM_CODEC", "LOWCOMM_CODEC_THRESHOLD", "LOWCOMM_ERROR_FEEDBACK"):
         os.environ.pop(var, None)  # compression off: every lowcomm op exact
     # Re-run this file with the environment set: the module-level code above then imports the
     # suite as the spawned ranks will (they re-import this file as __mp_main__).
-    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "--_child"] +
-             [a for a in sys.argv[1:]])
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "--_child"] + sys.argv[1:])
 
 
 if __name__ == "__main__":
-    if "--_child" in sys.argv:
-        sys.argv.remove("--_child")
-        p = argparse.ArgumentParser()
-        p.add_argument("--backend")
-        p.add_argument("--out", default="torch_suite_out")
-        p.add_argument("--world-size", type=int, default=2)
-        p.add_argument("--timeout", type=int, default=180)
-        p.add_argument("-k", action="append")
-        try:
-            _run(p.parse_args())
-        except Exception:
-            traceback.print_exc()
-            sys.exit(1)
-    else:
-        sys.exit(main())
+    sys.exit(main())
