@@ -59,8 +59,17 @@ if SUITE_BACKEND is not None:
 
         c10d._new_process_group_helper = _new_process_group_helper
 
+    from torch.testing._internal.distributed import distributed_test as _suite  # noqa: E402
     from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
         DistributedTest, TestDistBackend)
+
+    if SUITE_BACKEND == "lowcomm":
+        # Tests check profiler events ("gloo:all_reduce", read as f"{dist.get_backend()}:...")
+        # only for the backends in these lists; hold lowcomm to the same checks as Gloo.
+        for _listed in (_suite.PROFILING_SUPPORTED_BACKENDS,
+                        _suite.CUDA_PROFILING_SUPPORTED_BACKENDS,
+                        _suite.SEND_RECV_PROFILING_SUPPORTED_BACKENDS):
+            _listed.append("lowcomm")
 
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
 
