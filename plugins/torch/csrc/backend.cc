@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "work.h"
@@ -138,14 +139,15 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
 
 LowcommBackend::~LowcommBackend() = default;
 
-c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(c10d::OpType type,
-                                                      std::vector<at::Tensor> outputs,
-                                                      std::vector<lowcomm::Work> works,
-                                                      std::function<void()> finish) {
+c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(
+    c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<lowcomm::Work> works,
+    std::function<void()> finish, std::optional<std::vector<at::Tensor>> inputs) {
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
       type != c10d::OpType::RECVANYSOURCE)
     ++seq_;
-  auto w = c10::make_intrusive<LowcommWork>(type, rank_, std::move(outputs), std::move(finish));
+  if (!inputs) inputs = outputs;  // in-place operations: the same tensors
+  auto w =
+      c10::make_intrusive<LowcommWork>(type, rank_, std::move(outputs), std::move(finish), *inputs);
   w->start(std::move(works));
   return w;
 }
@@ -183,6 +185,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].is_sparse()) return allreduce_sparse(tensors[0], opts);
   const lowcomm::ReduceOp op = to_op(opts.reduceOp);
   std::vector<lowcomm::Work> works;
   auto staged = std::make_shared<std::vector<Staged>>();
@@ -211,6 +214,55 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
   return launch(c10d::OpType::ALLREDUCE, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
   });
+}
+
+c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
+    at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+  // As Gloo does: every rank's (indices, values) to every rank, summed there. The counts come
+  // first (one small all-gather), then indices and values padded to the largest count; the
+  // call returns once they are here (a completed Work).
+  TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "lowcomm: sparse all_reduce supports SUM only");
+  check_host(tensor);
+  at::Tensor c = tensor.coalesce();
+  const int64_t sparse_dim = c.sparse_dim();
+  at::Tensor idx = c._indices().contiguous();
+  at::Tensor val = c._values().contiguous();
+  const int64_t nnz = idx.size(1);
+  std::vector<int64_t> counts(static_cast<size_t>(size_));
+  auto wait = [](lowcomm::Work w, const char* what) {
+    lowcomm::Status s = w.wait();
+    if (!s.is_ok())
+      C10_THROW_ERROR(DistBackendError,
+                      std::string("lowcomm: sparse all_reduce (") + what + "): " + s.to_string());
+  };
+  int64_t mine = nnz;
+  wait(comm()->all_gather(&mine, counts.data(), 1, DType::kInt64), "counts");
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  std::vector<int64_t> dense_shape{most};
+  for (int64_t d = 1; d < val.dim(); ++d) dense_shape.push_back(val.size(d));
+  at::Tensor idx_pad = at::zeros({sparse_dim, most}, idx.options());
+  at::Tensor val_pad = at::zeros(dense_shape, val.options());
+  idx_pad.narrow(1, 0, nnz).copy_(idx);
+  val_pad.narrow(0, 0, nnz).copy_(val);
+  at::Tensor idx_all = at::empty({size_, sparse_dim, most}, idx.options());
+  std::vector<int64_t> val_all_shape{size_};
+  val_all_shape.insert(val_all_shape.end(), dense_shape.begin(), dense_shape.end());
+  at::Tensor val_all = at::empty(val_all_shape, val.options());
+  wait(comm()->all_gather(idx_pad.data_ptr(), idx_all.data_ptr(), elems(idx_pad), DType::kInt64),
+       "indices");
+  wait(comm()->all_gather(val_pad.data_ptr(), val_all.data_ptr(), elems(val_pad),
+                          to_dtype(val.scalar_type())),
+       "values");
+  std::vector<at::Tensor> idx_parts, val_parts;
+  for (int r = 0; r < size_; ++r) {
+    idx_parts.push_back(idx_all[r].narrow(1, 0, counts[static_cast<size_t>(r)]));
+    val_parts.push_back(val_all[r].narrow(0, 0, counts[static_cast<size_t>(r)]));
+  }
+  at::Tensor sum = at::sparse_coo_tensor(at::cat(idx_parts, 1), at::cat(val_parts, 0),
+                                         tensor.sizes(), tensor.options())
+                       .coalesce();
+  tensor.copy_(sum);
+  return launch(c10d::OpType::ALLREDUCE, {tensor}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor,
@@ -278,8 +330,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
   std::vector<lowcomm::Work> works{comm()->all_gather(
       in->buf.data_ptr(), flat->data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
   auto outs = outputs[0];
-  return launch(c10d::OpType::ALLGATHER, outs, std::move(works),
-                [flat, outs, in] { unflatten(*flat, outs); });
+  return launch(
+      c10d::OpType::ALLGATHER, outs, std::move(works), [flat, outs, in] { unflatten(*flat, outs); },
+      inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
@@ -312,8 +365,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
                                                       to_dtype(send->scalar_type()))};
   std::vector<at::Tensor> outs;
   for (const auto& list : output_lists) outs.insert(outs.end(), list.begin(), list.end());
-  return launch(c10d::OpType::ALLGATHER_COALESCED, outs, std::move(works),
-                [send, flat, outs] { unflatten(*flat, outs); });
+  return launch(
+      c10d::OpType::ALLGATHER_COALESCED, outs, std::move(works),
+      [send, flat, outs] { unflatten(*flat, outs); }, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
@@ -324,8 +378,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
   auto out = std::make_shared<Staged>(output);
   std::vector<lowcomm::Work> works{comm()->all_gather(
       in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
-  return launch(c10d::OpType::_ALLGATHER_BASE, {output}, std::move(works),
-                [in, out] { out->write_back(); });
+  return launch(
+      c10d::OpType::_ALLGATHER_BASE, {output}, std::move(works), [in, out] { out->write_back(); },
+      std::vector<at::Tensor>{input});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -342,9 +397,12 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at
   std::vector<lowcomm::Work> works{
       comm()->gather(in->buf.data_ptr(), rank_ == root ? flat->data_ptr() : nullptr, elems(in->buf),
                      to_dtype(in->buf.scalar_type()), root)};
-  return launch(c10d::OpType::GATHER, outs, std::move(works), [flat, outs, in] {
-    if (flat->defined()) unflatten(*flat, outs);
-  });
+  return launch(
+      c10d::OpType::GATHER, outs, std::move(works),
+      [flat, outs, in] {
+        if (flat->defined()) unflatten(*flat, outs);
+      },
+      inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -379,8 +437,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter(
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(flat->data_ptr(), out->buf.data_ptr(), elems(out->buf),
                              to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
-  return launch(c10d::OpType::REDUCE_SCATTER, outputs, std::move(works),
-                [out, flat] { out->write_back(); });
+  return launch(
+      c10d::OpType::REDUCE_SCATTER, outputs, std::move(works), [out, flat] { out->write_back(); },
+      inputs.at(0));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
@@ -392,8 +451,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
                              to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
-  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(works),
-                [in, out] { out->write_back(); });
+  return launch(
+      c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(works),
+      [in, out] { out->write_back(); }, std::vector<at::Tensor>{input});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
@@ -425,8 +485,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
   auto [rc, ro] = counts(out->buf, output_splits);
   std::vector<lowcomm::Work> works{comm()->all_to_all(
       in->buf.data_ptr(), sc, so, out->buf.data_ptr(), rc, ro, to_dtype(in->buf.scalar_type()))};
-  return launch(c10d::OpType::ALLTOALL_BASE, {output}, std::move(works),
-                [in, out] { out->write_back(); });
+  return launch(
+      c10d::OpType::ALLTOALL_BASE, {output}, std::move(works), [in, out] { out->write_back(); },
+      std::vector<at::Tensor>{input});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -457,8 +518,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>&
   std::vector<lowcomm::Work> works{comm()->all_to_all(send->data_ptr(), sc, so, recv->data_ptr(),
                                                       rc, ro, to_dtype(inputs[0].scalar_type()))};
   auto outs = outputs;
-  return launch(c10d::OpType::ALLTOALL, outs, std::move(works),
-                [send, recv, outs] { unflatten(*recv, outs); });
+  return launch(
+      c10d::OpType::ALLTOALL, outs, std::move(works),
+      [send, recv, outs] { unflatten(*recv, outs); }, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::send(std::vector<at::Tensor>& tensors, int dst,
@@ -478,8 +540,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& ten
   std::vector<lowcomm::Work> works{comm()->recv(out->buf.data_ptr(), elems(out->buf),
                                                 to_dtype(out->buf.scalar_type()), src,
                                                 static_cast<uint64_t>(tag))};
-  auto w = c10::make_intrusive<LowcommWork>(c10d::OpType::RECV, rank_, tensors,
-                                            [out] { out->write_back(); });
+  auto w = c10::make_intrusive<LowcommWork>(
+      c10d::OpType::RECV, rank_, tensors, [out] { out->write_back(); }, tensors);
   w->set_source_rank(src);
   w->start(std::move(works));
   return w;
@@ -530,6 +592,13 @@ void LowcommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wai
   came[0] = true;
   Status failure;
   for (auto& w : arrivals) {
+    if (!waitAllRanks && left().count() <= 0 && !w.test()) {
+      // As Gloo: the time ran out before this rank's turn (a zero timeout, or slow arrivals)
+      c->abort();  // receives still hold `got`
+      C10_THROW_ERROR(DistBackendError,
+                      "lowcomm: [Rank 0]: Rank 0 timed out in monitoredBarrier after " +
+                          std::to_string(timeout.count()) + " ms");
+    }
     Status s = w.wait_for(left());
     if (!s.is_ok()) {
       failure = s;

@@ -113,10 +113,15 @@ class LowcommBackend : public c10d::Backend {
     return comm_.get();
   }
 
+  // Sparse COO tensors (SUM): all-gathers of the counts, indices and values, summed locally.
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(at::Tensor& tensor,
+                                                  const c10d::AllreduceOptions& opts);
   // A Work over `works` (completes when they all have; `finish` then runs); counts collectives.
+  // `inputs`: the tensors the profiler records (unset: `outputs`, for in-place operations).
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
                                         std::vector<lowcomm::Work> works,
-                                        std::function<void()> finish = {});
+                                        std::function<void()> finish = {},
+                                        std::optional<std::vector<at::Tensor>> inputs = {});
 
   std::unique_ptr<lowcomm::Communicator> comm_;
   std::atomic<uint64_t> seq_{0};

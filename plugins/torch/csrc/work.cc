@@ -4,9 +4,53 @@
 
 namespace lowcomm::torch_backend {
 
+namespace {
+// String literals: the profiler keeps the pointer.
+const char* profiling_title(c10d::OpType type) {
+  switch (type) {
+    case c10d::OpType::BROADCAST:
+      return "lowcomm:broadcast";
+    case c10d::OpType::ALLREDUCE:
+    case c10d::OpType::ALLREDUCE_COALESCED:
+      return "lowcomm:all_reduce";
+    case c10d::OpType::REDUCE:
+      return "lowcomm:reduce";
+    case c10d::OpType::ALLGATHER:
+    case c10d::OpType::ALLGATHER_COALESCED:
+      return "lowcomm:all_gather";
+    case c10d::OpType::_ALLGATHER_BASE:
+      return "lowcomm:all_gather_into_tensor";
+    case c10d::OpType::GATHER:
+      return "lowcomm:gather";
+    case c10d::OpType::SCATTER:
+      return "lowcomm:scatter";
+    case c10d::OpType::REDUCE_SCATTER:
+      return "lowcomm:reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE:
+      return "lowcomm:reduce_scatter_tensor";
+    case c10d::OpType::ALLTOALL_BASE:
+    case c10d::OpType::ALLTOALL:
+      return "lowcomm:all_to_all";
+    case c10d::OpType::SEND:
+      return "lowcomm:send";
+    case c10d::OpType::RECV:
+      return "lowcomm:recv";
+    case c10d::OpType::RECVANYSOURCE:
+      return "lowcomm:recvAnySource";
+    case c10d::OpType::BARRIER:
+      return "lowcomm:barrier";
+    default:
+      return "lowcomm:op";
+  }
+}
+}  // namespace
+
 LowcommWork::LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
-                         std::function<void()> finish)
-    : c10d::Work(rank, type), outputs_(std::move(outputs)), finish_(std::move(finish)) {}
+                         std::function<void()> finish,
+                         const std::optional<std::vector<at::Tensor>>& inputs)
+    : c10d::Work(rank, type, profiling_title(type), inputs),
+      outputs_(std::move(outputs)),
+      finish_(std::move(finish)) {}
 
 c10::intrusive_ptr<c10::ivalue::Future> LowcommWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mu_);

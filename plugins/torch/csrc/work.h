@@ -10,6 +10,7 @@
 #include <atomic>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "lowcomm/communicator.h"
@@ -18,9 +19,12 @@ namespace lowcomm::torch_backend {
 
 class LowcommWork : public c10d::Work {
  public:
-  // `outputs`: what the future yields; `finish`: run once all works succeeded (copy-back).
+  // `outputs`: what the future yields; `finish`: run once all works succeeded (copy-back);
+  // `inputs`: the shapes torch's profiler records, under the event "lowcomm:<op>" (Gloo's
+  // naming), open from here to completion.
   LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
-              std::function<void()> finish = {});
+              std::function<void()> finish = {},
+              const std::optional<std::vector<at::Tensor>>& inputs = std::nullopt);
   // Call once, after the constructor, with the operation's works (may be empty: complete now).
   void start(std::vector<lowcomm::Work> works);
 

@@ -178,6 +178,14 @@ def body(rank, world, lc):
             got = torch.empty(10)
             dist.recv(got, src=0, group=lc)
             assert torch.equal(got, torch.arange(10, dtype=torch.float32))
+    # sparse COO all_reduce (SUM), as Gloo does it: indices may coincide across ranks
+    def sparse_of(r):
+        return torch.sparse_coo_tensor(torch.tensor([[r % 4, 2], [0, (r + 1) % 4]]),
+                                       torch.tensor([float(r + 1), 2.0]), (4, 4))
+    sp = sparse_of(rank)
+    dist.all_reduce(sp, group=lc)
+    assert sp.is_sparse
+    assert torch.equal(sp.to_dense(), sum(sparse_of(r).to_dense() for r in range(world)))
     # receives from any rank: every other rank sends its rank to rank 0, which learns the sender
     # from dist.recv's return value (and irecv's Work); each arrives once
     if rank == 0:
