@@ -75,6 +75,12 @@ Status check_p2p(const char* what, const void* buf, uint64_t count, DType dtype,
   return check_elements(what, count);
 }
 
+Status check_recv_any(const void* buf, uint64_t count, DType dtype, uint64_t tag, int rank,
+                      int size) {
+  if (size < 2) return invalid_argument("recv from any rank: the group has no other rank");
+  return check_p2p("recv", buf, count, dtype, rank == 0 ? 1 : 0, tag, rank, size);
+}
+
 // `codec` is the one the call resolves to (its own or CommOptions::codec), before an
 // uncompressed spec in the tensor's dtype is dropped. Validated before anything divides by its
 // block size.

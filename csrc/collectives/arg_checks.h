@@ -24,6 +24,9 @@ Status check_ef_key(const char* what, const std::optional<CodecSpec>& codec, DTy
 Status check_elements(const char* what, uint64_t count, uint64_t per = 1);
 Status check_buffer(const char* what, const char* name, const void* buf, uint64_t count);
 Status check_peer(const char* what, int peer, int rank, int size);
+// A receive from any rank: the group has another rank, and check_p2p's checks but the peer's.
+Status check_recv_any(const void* buf, uint64_t count, DType dtype, uint64_t tag, int rank,
+                      int size);
 Status check_p2p(const char* what, const void* buf, uint64_t count, DType dtype, int peer,
                  uint64_t tag, int rank, int size);
 Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,

@@ -21,6 +21,7 @@ using collectives::check_all_gather;
 using collectives::check_all_reduce;
 using collectives::check_broadcast;
 using collectives::check_p2p;
+using collectives::check_recv_any;
 using collectives::check_reduce_scatter;
 
 namespace {
@@ -284,10 +285,7 @@ Work Communicator::recv(void* buf, uint64_t count, DType dtype, int peer, uint64
 }
 
 Work Communicator::recv_any(void* buf, uint64_t count, DType dtype, uint64_t tag) {
-  if (size() < 2)
-    return refused(invalid_argument("recv from any rank: the group has no other rank"));
-  if (Status s = check_p2p("recv", buf, count, dtype, rank() == 0 ? 1 : 0, tag, rank(), size()); !s)
-    return refused(s);
+  if (Status s = check_recv_any(buf, count, dtype, tag, rank(), size()); !s) return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kRecv;
   d.count = count;

@@ -108,22 +108,13 @@ Status OpRun::wait_one(const transport::Request& r) {
 Result<int> OpRun::wait_arrival(uint64_t tag) {
   auto watch = std::make_shared<transport::ArrivalWatch>();
   for (int p : peers_) comm_.peer(p).watch_arrival(tag, watch);
-  any_source_wait_ = true;
-  Status s;
-  {
-    ScopedTimer t(counters_.wait);
-    s = wait_one(watch->request());
-  }
-  any_source_wait_ = false;
-  if (!s) return s;
+  LOWCOMM_CHECK(wait(watch->request()));
   return watch->first();
 }
 
 Status OpRun::deadline_error(const transport::Request& r) const {
   const double t = std::chrono::duration<double>(comm_.timeout()).count();
   std::string head = "deadline passed (timeout " + std::to_string(t) + " s): ";
-  if (any_source_wait_)
-    return Status(StatusCode::kTimeout, head + "no rank sent a message on this tag");
   auto names = [](const std::vector<int>& ranks) {
     std::string list;
     for (int p : ranks) list += (list.empty() ? "rank " : ", rank ") + std::to_string(p);
@@ -142,8 +133,10 @@ Status OpRun::deadline_error(const transport::Request& r) const {
   std::vector<int> on;
   for (size_t i = 0; i < issued_.size(); ++i)
     if (issued_[i] == r) on.push_back(issued_peer_[i]);
+  // The one request waited on that this run did not issue is an any-source arrival watch.
   return Status(StatusCode::kTimeout,
-                head + "waiting for data from " + (on.empty() ? std::string("a peer") : names(on)));
+                head + (on.empty() ? std::string("no rank sent a message on this tag")
+                                   : "waiting for data from " + names(on)));
 }
 
 Status OpRun::wait_all() {

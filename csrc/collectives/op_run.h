@@ -122,7 +122,6 @@ class OpRun {
   Status desc_result_;
   OpCounters counters_;
   int source_ = -1;
-  bool any_source_wait_ = false;  // deadline_error: waiting in wait_arrival
 };
 
 }  // namespace lowcomm::collectives

@@ -55,10 +55,7 @@ Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64
 }
 
 Status recv_any(OpRun& run, void* buf, uint64_t count, DType dtype, uint64_t tag) {
-  if (run.size() < 2) return invalid_argument("recv from any rank: the group has no other rank");
-  // Any peer is valid here; check_p2p checks the rest.
-  const int any_peer = run.rank() == 0 ? 1 : 0;
-  LOWCOMM_CHECK(check_p2p("recv", buf, count, dtype, any_peer, tag, run.rank(), run.size()));
+  LOWCOMM_CHECK(check_recv_any(buf, count, dtype, tag, run.rank(), run.size()));
   auto from = run.wait_arrival(tags::p2p_descriptor(tag));
   if (!from) return from.status();
   return recv_from(run, buf, count, dtype, *from, tag);
