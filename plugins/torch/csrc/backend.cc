@@ -590,7 +590,6 @@ void LowcommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wai
         c->recv_any(&got[static_cast<size_t>(r)], 1, DType::kUInt8, kMonitorArriveTag));
   std::vector<bool> came(static_cast<size_t>(size_), false);
   came[0] = true;
-  Status failure;
   for (auto& w : arrivals) {
     if (!waitAllRanks && left().count() <= 0 && !w.test()) {
       // As Gloo: the time ran out before this rank's turn (a zero timeout, or slow arrivals)
@@ -600,30 +599,24 @@ void LowcommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wai
                           std::to_string(timeout.count()) + " ms");
     }
     Status s = w.wait_for(left());
-    if (!s.is_ok()) {
-      failure = s;
-      break;
+    if (s.is_ok()) {
+      came[static_cast<size_t>(w.source())] = true;
+      continue;
     }
-    came[static_cast<size_t>(w.source())] = true;
-  }
-  if (!failure.is_ok()) {
     c->abort();  // receives still hold `got`
     std::vector<int> missing;
     for (int r = 1; r < size_; ++r)
       if (!came[static_cast<size_t>(r)]) missing.push_back(r);
-    std::string what;
-    if (failure.code() != StatusCode::kTimeout || missing.empty()) {
-      what = "monitoredBarrier failed: " + failure.to_string();
-    } else if (!waitAllRanks) {
-      what = "Rank " + std::to_string(missing[0]) + " failed to pass monitoredBarrier in " +
-             std::to_string(timeout.count()) + " ms";
-    } else {
-      std::string list;
-      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
-      what = (missing.size() == 1 ? "Rank " : "Ranks ") + list +
-             " failed to pass monitoredBarrier in " + std::to_string(timeout.count()) + " ms";
-    }
-    C10_THROW_ERROR(DistBackendError, "lowcomm: [Rank 0]: " + what);
+    if (s.code() != StatusCode::kTimeout || missing.empty())
+      C10_THROW_ERROR(DistBackendError,
+                      "lowcomm: [Rank 0]: monitoredBarrier failed: " + s.to_string());
+    if (!waitAllRanks) missing.resize(1);  // Gloo names the first
+    std::string list;
+    for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    C10_THROW_ERROR(DistBackendError, std::string("lowcomm: [Rank 0]: ") +
+                                          (missing.size() == 1 ? "Rank " : "Ranks ") + list +
+                                          " failed to pass monitoredBarrier in " +
+                                          std::to_string(timeout.count()) + " ms");
   }
   std::vector<lowcomm::Work> releases;
   for (int r = 1; r < size_; ++r)
