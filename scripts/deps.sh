@@ -41,10 +41,11 @@ if ! .venv/bin/python -c "import torch, numpy, pytest, setuptools, sys; sys.exit
   .venv/bin/pip install -q "torch==$TORCH_VERSION" numpy pytest setuptools wheel
 fi
 
-# PyTorch's distributed suite (scripts/torch_suite.sh) imports expecttest and hypothesis.
-if ! .venv/bin/python -c "import expecttest, hypothesis" 2>/dev/null; then
-  echo "deps: installing expecttest and hypothesis into .venv"
-  .venv/bin/pip install -q expecttest hypothesis
+# PyTorch's distributed suite (scripts/torch_suite.sh) imports expecttest and hypothesis; the
+# training examples (examples/) plot with matplotlib.
+if ! .venv/bin/python -c "import expecttest, hypothesis, matplotlib" 2>/dev/null; then
+  echo "deps: installing expecttest, hypothesis and matplotlib into .venv"
+  .venv/bin/pip install -q expecttest hypothesis matplotlib
 fi
 
 # The oldest torch the backend supports, tested by scripts/test.sh too: 2.11, what the GPU

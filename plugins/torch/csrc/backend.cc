@@ -155,11 +155,20 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const std::chrono::duration<float>& timeout, const std::string& codec, int64_t codec_threshold,
-    bool error_feedback) {
+    const std::string& error_feedback) {
   BackendConfig config;
   config.codec = codec;
   config.codec_threshold = codec_threshold;
-  config.error_feedback = error_feedback;
+  if (error_feedback == "address") {
+    config.error_feedback = BackendConfig::ErrorFeedback::kAddress;
+  } else if (error_feedback == "order") {
+    config.error_feedback = BackendConfig::ErrorFeedback::kCallOrder;
+  } else {
+    TORCH_CHECK_VALUE(error_feedback.empty(),
+                      "lowcomm: error_feedback must be \"address\", "
+                      "\"order\" or off, got '",
+                      error_feedback, "'");
+  }
   if (!codec.empty()) {
     auto spec = lowcomm::parse_codec_spec(codec);
     TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
@@ -201,12 +210,16 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
       TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", config_.codec,
                   "': ", spec.status().to_string());
       ar.codec = *spec;
-      if (config_.error_feedback) {
+      if (config_.error_feedback == BackendConfig::ErrorFeedback::kAddress) {
         // One residual per gradient buffer: the same parameter's gradient lives at the same
         // address with the same shape every step.
         std::ostringstream key;
         key << "ef/" << b.data_ptr() << "/" << b.sizes();
         ar.ef_key = key.str();
+      } else if (config_.error_feedback == BackendConfig::ErrorFeedback::kCallOrder) {
+        std::ostringstream sig;
+        sig << b.scalar_type() << b.sizes();
+        ar.ef_key = order_keys_.next(sig.str());
       }
     }
     works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b), dt, op, ar));
@@ -268,7 +281,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor,
                                                               const std::string& codec,
                                                               const std::string& ef_key,
-                                                              c10d::ReduceOp op) {
+                                                              c10d::ReduceOp op, int64_t step) {
   auto staged = std::make_shared<Staged>(tensor);
   const at::Tensor& b = staged->buf;
   lowcomm::AllReduceOptions ar;
@@ -278,6 +291,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
     ar.codec = *spec;
     ar.ef_key = ef_key;
   }
+  if (step >= 0) ar.step = static_cast<uint64_t>(step);
   std::vector<lowcomm::Work> works{comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
                                                       to_dtype(b.scalar_type()), to_op(op), ar)};
   return launch(c10d::OpType::ALLREDUCE, {tensor}, std::move(works),

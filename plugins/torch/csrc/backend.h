@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "call_order_keys.h"
 #include "lowcomm/communicator.h"
 
 namespace lowcomm::torch_backend {
@@ -21,7 +22,12 @@ namespace lowcomm::torch_backend {
 struct BackendConfig {
   std::string codec;                  // "": exact
   int64_t codec_threshold = 1 << 20;  // bytes; smaller all-reduces stay exact
-  bool error_feedback = false;        // keys derived from the call order and the tensor's shape
+  // Error feedback on the compressed ones, one residual per gradient buffer, keyed by:
+  enum class ErrorFeedback { kOff, kAddress, kCallOrder };
+  // kAddress: the tensor's address and shape (a buffer that lives across steps: DDP's buckets,
+  // gradients accumulated in place); kCallOrder: the call's place in the repeating sequence of
+  // compressed calls (a fresh tensor per parameter every step; call_order_keys.h).
+  ErrorFeedback error_feedback = ErrorFeedback::kOff;
 };
 
 class LowcommBackend : public c10d::Backend {
@@ -36,7 +42,7 @@ class LowcommBackend : public c10d::Backend {
                                                   int rank, int size,
                                                   const std::chrono::duration<float>& timeout,
                                                   const std::string& codec, int64_t codec_threshold,
-                                                  bool error_feedback);
+                                                  const std::string& error_feedback);
 
   const std::string getBackendName() const override { return "lowcomm"; }
 
@@ -100,9 +106,11 @@ class LowcommBackend : public c10d::Backend {
   lowcomm::OpStats last_op_stats() const { return comm()->last_op_stats(); }
 
   // lowcomm.torch.all_reduce / the DDP hook: one all-reduce with its own codec ("" exact) and
-  // error-feedback key ("" none), whatever the group's defaults.
+  // error-feedback key ("" none), whatever the group's defaults. step >= 0: the stochastic
+  // rounding step (else the operation's sequence number), so a resumed run rounds alike.
   c10::intrusive_ptr<c10d::Work> allreduce_with(at::Tensor& tensor, const std::string& codec,
-                                                const std::string& ef_key, c10d::ReduceOp op);
+                                                const std::string& ef_key, c10d::ReduceOp op,
+                                                int64_t step = -1);
   // Error-feedback residuals of every key, as bytes (checkpoints), and back.
   std::vector<uint8_t> save_error_feedback();
   void restore_error_feedback(const std::vector<uint8_t>& bytes);
@@ -126,6 +134,7 @@ class LowcommBackend : public c10d::Backend {
   std::unique_ptr<lowcomm::Communicator> comm_;
   std::atomic<uint64_t> seq_{0};
   BackendConfig config_;
+  CallOrderKeys order_keys_;
 };
 
 }  // namespace lowcomm::torch_backend

@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "backend.h"
+#include "codec_bindings.h"
 
 namespace py = pybind11;
 using lowcomm::torch_backend::LowcommBackend;
@@ -13,7 +14,8 @@ PYBIND11_MODULE(_C, m) {
   py::module::import("torch.distributed");  // registers c10d::Backend's Python type
   py::class_<LowcommBackend, c10d::Backend, c10::intrusive_ptr<LowcommBackend>>(m, "LowcommBackend")
       .def("allreduce_with", &LowcommBackend::allreduce_with, py::arg("tensor"), py::arg("codec"),
-           py::arg("ef_key"), py::arg("op"), py::call_guard<py::gil_scoped_release>())
+           py::arg("ef_key"), py::arg("op"), py::arg("step") = -1,
+           py::call_guard<py::gil_scoped_release>())
       .def("save_error_feedback",
            [](LowcommBackend& b) {
              std::vector<uint8_t> v;
@@ -67,5 +69,6 @@ PYBIND11_MODULE(_C, m) {
         d["link_efficiency"] = s.link_efficiency;
         return d;
       });
+  lowcomm::torch_backend::bind_codecs(m);
   m.def("create_backend", &LowcommBackend::create, py::call_guard<py::gil_scoped_release>());
 }

@@ -23,9 +23,15 @@ class Options:
 
     codec: all-reduces of floating-point SUM/AVG of at least `codec_threshold` bytes are
       compressed with it ("q4", "q8:sr", "minmax4", ...); "" (the default) keeps every op exact.
-    error_feedback: keep a residual per gradient buffer across calls (keyed by the tensor's
-      address and shape, which a parameter's gradient keeps from step to step).
-    Unset fields come from LOWCOMM_CODEC, LOWCOMM_CODEC_THRESHOLD, LOWCOMM_ERROR_FEEDBACK.
+    error_feedback: keep a residual per gradient buffer across the compressed calls, keyed by
+      "address" (True): the tensor's address and shape, for buffers that live across steps
+        (DDP's buckets, gradients accumulated in place);
+      "order": the call's place in the repeating sequence of compressed calls, for trainers
+        that all-reduce a fresh tensor per parameter every step (`p.grad = a - b;
+        dist.all_reduce(p.grad)`, as DiLoCo scripts do), whose addresses mean nothing;
+      False / None / "" (the default): off.
+    Unset fields come from LOWCOMM_CODEC, LOWCOMM_CODEC_THRESHOLD, LOWCOMM_ERROR_FEEDBACK
+    (0, 1 = address, address, order).
     """
 
     def __init__(self, codec=None, codec_threshold=None, error_feedback=None):
@@ -33,8 +39,20 @@ class Options:
         self.codec = codec if codec is not None else env.get("LOWCOMM_CODEC", "")
         self.codec_threshold = int(codec_threshold if codec_threshold is not None
                                    else env.get("LOWCOMM_CODEC_THRESHOLD", 1 << 20))
-        self.error_feedback = bool(error_feedback if error_feedback is not None
-                                   else int(env.get("LOWCOMM_ERROR_FEEDBACK", "0")))
+        ef = error_feedback if error_feedback is not None else env.get(
+            "LOWCOMM_ERROR_FEEDBACK", "")
+        self.error_feedback = _ef_mode(ef)
+
+
+def _ef_mode(value):
+    if value is True or value in ("1", "address"):
+        return "address"
+    if value in (False, None, "", "0"):
+        return ""
+    if value == "order":
+        return "order"
+    raise ValueError(f"lowcomm: error_feedback must be 'address' (True), 'order' or off, got "
+                     f"{value!r}")
 
 
 def _create(dist_opts, backend_options):
@@ -89,10 +107,13 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, codec="", error_feedback_key="", group=None,
-               async_op=False):
+               async_op=False, step=None):
     """One all-reduce with its own codec ("q4", "q8:sr", ...; "" exact) and error-feedback key
-    (residual kept across calls under that key; "" none), on a lowcomm group."""
-    work = _backend(group).allreduce_with(tensor, codec, error_feedback_key, op)
+    (residual kept across calls under that key; "" none), on a lowcomm group. `step` fixes
+    the stochastic-rounding step (default: the group's operation number), so a run resumed
+    in a new group rounds as the uninterrupted one did."""
+    work = _backend(group).allreduce_with(tensor, codec, error_feedback_key, op,
+                                          -1 if step is None else int(step))
     if async_op:
         return work
     work.wait()

@@ -1,0 +1,146 @@
+#include "codec_bindings.h"
+
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include <optional>
+#include <string>
+
+#include "lowcomm/codec.h"
+
+namespace py = pybind11;
+
+namespace lowcomm::torch_backend {
+namespace {
+
+lowcomm::CodecSpec spec_of(const std::string& text) {
+  auto spec = lowcomm::parse_codec_spec(text);
+  TORCH_CHECK_VALUE(spec.is_ok(), "lowcomm: codec '", text, "': ", spec.status().to_string());
+  return *spec;
+}
+
+// The codecs take fp32, bf16 and fp16 host tensors, contiguous (the caller's to make them so:
+// a silent copy would hide that an in-place cache was not updated).
+lowcomm::DType value_dtype(const at::Tensor& t, const char* what) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "lowcomm: ", what, " must be a CPU tensor, got ",
+                    t.device());
+  TORCH_CHECK_VALUE(t.is_contiguous(), "lowcomm: ", what, " must be contiguous");
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return lowcomm::DType::kFloat32;
+    case at::kBFloat16:
+      return lowcomm::DType::kBFloat16;
+    case at::kHalf:
+      return lowcomm::DType::kFloat16;
+    default:
+      TORCH_CHECK_VALUE(false, "lowcomm: ", what, " must be float32, bfloat16 or float16, got ",
+                        t.scalar_type());
+  }
+}
+
+uint64_t count(const at::Tensor& t) {
+  return static_cast<uint64_t>(t.numel());
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type() && a.numel() == b.numel(), "lowcomm: ",
+                    what, " must match the tensor (", a.scalar_type(), " x ", a.numel(),
+                    "), got ", b.scalar_type(), " x ", b.numel());
+}
+
+void check_codes(const at::Tensor& codes, const lowcomm::CodecSpec& spec, uint64_t n) {
+  TORCH_CHECK_VALUE(codes.device().is_cpu() && codes.is_contiguous() &&
+                        codes.scalar_type() == at::kByte,
+                    "lowcomm: codes must be a contiguous CPU uint8 tensor");
+  const uint64_t need = lowcomm::encoded_size(spec, n);
+  TORCH_CHECK_VALUE(static_cast<uint64_t>(codes.numel()) == need, "lowcomm: ", need,
+                    " code bytes expected for ", n, " elements of ", lowcomm::to_string(spec),
+                    ", got ", codes.numel());
+}
+
+void ok(const lowcomm::Status& s) {
+  TORCH_CHECK_VALUE(s.is_ok(), "lowcomm: ", s.to_string());
+}
+
+at::Tensor new_codes(const lowcomm::CodecSpec& spec, uint64_t n) {
+  ok(lowcomm::check_count(spec, n));
+  return at::empty({static_cast<int64_t>(lowcomm::encoded_size(spec, n))}, at::kByte);
+}
+
+}  // namespace
+
+void bind_codecs(py::module_& m) {
+  m.def(
+      "encoded_size",
+      [](const std::string& codec, uint64_t n) {
+        lowcomm::CodecSpec spec = spec_of(codec);
+        ok(lowcomm::check_count(spec, n));
+        return lowcomm::encoded_size(spec, n);
+      },
+      py::arg("codec"), py::arg("n"), "Exact payload bytes of n elements in `codec`.");
+  m.def(
+      "encode",
+      [](const std::string& codec, const at::Tensor& x, uint64_t seed, uint64_t offset) {
+        lowcomm::CodecSpec spec = spec_of(codec);
+        const lowcomm::DType dt = value_dtype(x, "x");
+        at::Tensor codes = new_codes(spec, count(x));
+        py::gil_scoped_release nogil;
+        ok(lowcomm::encode(spec, dt, x.data_ptr(), count(x), codes.data_ptr(),
+                           static_cast<uint64_t>(codes.numel()), {seed, offset}));
+        return codes;
+      },
+      py::arg("codec"), py::arg("x"), py::arg("seed") = 0, py::arg("offset") = 0,
+      "codes = Q(x), as a uint8 tensor of encoded_size(codec, x.numel()) bytes.");
+  m.def(
+      "decode",
+      [](const std::string& codec, const at::Tensor& codes, at::Tensor& out) {
+        lowcomm::CodecSpec spec = spec_of(codec);
+        const lowcomm::DType dt = value_dtype(out, "out");
+        check_codes(codes, spec, count(out));
+        py::gil_scoped_release nogil;
+        ok(lowcomm::decode(spec, codes.data_ptr(), static_cast<uint64_t>(codes.numel()),
+                           count(out), dt, out.data_ptr()));
+      },
+      py::arg("codec"), py::arg("codes"), py::arg("out"), "out = D(codes).");
+  m.def(
+      "encode_delta",
+      [](const std::string& codec, const at::Tensor& a, at::Tensor& m, uint64_t seed,
+         uint64_t offset) {
+        lowcomm::CodecSpec spec = spec_of(codec);
+        const lowcomm::DType dt = value_dtype(a, "a");
+        value_dtype(m, "m");
+        check_same(a, m, "the cache m");
+        at::Tensor codes = new_codes(spec, count(a));
+        py::gil_scoped_release nogil;
+        ok(lowcomm::encode_delta(spec, dt, a.data_ptr(), m.data_ptr(), count(a),
+                                 codes.data_ptr(), static_cast<uint64_t>(codes.numel()),
+                                 {seed, offset}));
+        return codes;
+      },
+      py::arg("codec"), py::arg("a"), py::arg("m"), py::arg("seed") = 0, py::arg("offset") = 0,
+      "AQ-SGD sender: codes = Q(a - m); m += D(codes) in place. Returns the codes.");
+  m.def(
+      "decode_delta",
+      [](const std::string& codec, const at::Tensor& codes, at::Tensor& m,
+         std::optional<at::Tensor> out) {
+        lowcomm::CodecSpec spec = spec_of(codec);
+        const lowcomm::DType dt = value_dtype(m, "m");
+        check_codes(codes, spec, count(m));
+        void* out_ptr = nullptr;
+        if (out) {
+          value_dtype(*out, "out");
+          check_same(m, *out, "out");
+          TORCH_CHECK_VALUE(!out->is_same(m) && out->data_ptr() != m.data_ptr(),
+                            "lowcomm: out must not alias the cache m");
+          out_ptr = out->data_ptr();
+        }
+        py::gil_scoped_release nogil;
+        ok(lowcomm::decode_delta(spec, codes.data_ptr(), static_cast<uint64_t>(codes.numel()),
+                                 count(m), dt, m.data_ptr(), out_ptr));
+      },
+      py::arg("codec"), py::arg("codes"), py::arg("m"), py::arg("out") = py::none(),
+      "AQ-SGD receiver: m += D(codes) in place; out = m (a non-finite scale group resets m "
+      "to 0 and writes NaN to out).");
+}
+
+}  // namespace lowcomm::torch_backend

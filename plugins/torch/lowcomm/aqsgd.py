@@ -1,0 +1,363 @@
+"""AQ-SGD (Wang et al., NeurIPS 2022) on a pipeline link: activations travel as b-bit deltas
+against what the receiver already holds for the same sample.
+
+    import lowcomm.aqsgd as aq
+    link = aq.Link(peer=1, sample_shape=(seq, d), bits=2)           # stage 0, and on stage 1
+    link.send(hidden.detach(), ids)     # stage 0: forward activation of samples `ids`
+    h = link.recv(ids)                  # stage 1: the decoded activation
+    link.send_grad(h.grad, ids)         # stage 1: gradient back, 8-bit
+    g = link.recv_grad(ids)             # stage 0: hidden.backward(g)
+
+Both ends keep a cache m(ξ) per sample id ξ: the sender encodes codes = Q_b(x − m), sets
+m ← m + D(codes) (exactly what the receiver decodes), and sends the codes; the receiver
+computes x̂ = m + D(codes) and sets m ← x̂. So the caches stay bit-identical and the error of
+x̂ is one quantization of a delta that shrinks as training converges. A sample's first
+appearance is sent at full precision (first="fp32") or 8-bit (first="q8"), which seeds m.
+Gradients go back directly quantized (backward="q8" by default; fewer than 8 bits is
+refused: 4-bit backward gradients hurt convergence badly).
+
+The quantizer is lowcomm's CPU codec ("q{bits}:block=..", absmax, round to nearest), the same
+bytes as the CUDA kernels. mode="direct" sends Q_b(x) (the baseline AQ-SGD improves on) and
+mode="fp32" the activation itself, for comparisons on the same link.
+
+Cache cost: numel(sample_shape) × element size per sample at each end (fp32 activations of
+[128, 256]: 128 KiB per sample); in RAM (grown as ids arrive) or in a memory-mapped file
+(`cache_path`, fixed `capacity`) for datasets larger than RAM, served from the page cache.
+
+Messages (torch.distributed point-to-point on `group`, tags tag..tag+3): a header of int64s
+(magic, direction, count, number of new samples, the ids) then the payload. The receiver
+checks the ids against its own and which samples are new against its cache, so a pair whose
+caches diverged (one end restored from another checkpoint) fails with a clear error instead
+of decoding garbage.
+"""
+import hashlib
+import math
+import os
+
+import torch
+import torch.distributed as dist
+
+from lowcomm import _C
+
+_MAGIC = 0x4C4341515347  # "LCAQSG"
+_FWD, _BWD = 1, 2
+_BACKWARD_OK = ("fp32", "none", "bf16", "fp16", "q8", "minmax8")
+
+
+class ActivationCache:
+    """m(ξ) for every sample id ξ seen: rows of a [capacity, numel] tensor, in RAM or in a
+    memory-mapped file. Rows are assigned in order of first appearance, so both ends of a
+    link assign the same rows."""
+
+    def __init__(self, sample_shape, dtype=torch.float32, capacity=None, path=None):
+        self.sample_shape = tuple(int(s) for s in sample_shape)
+        self.numel = math.prod(self.sample_shape)
+        self.dtype = dtype
+        self.path = path
+        self.slots = {}  # sample id -> row
+        self.updates = 0
+        if path is not None:
+            if not capacity:
+                raise ValueError("lowcomm.aqsgd: a file-backed cache needs a capacity")
+            self.data = torch.from_file(path, shared=True, size=capacity * self.numel,
+                                        dtype=dtype).view(capacity, self.numel)
+        else:
+            self.data = torch.zeros(capacity or 64, self.numel, dtype=dtype)
+
+    @property
+    def bytes_per_sample(self):
+        return self.numel * self.data.element_size()
+
+    def __len__(self):
+        return len(self.slots)
+
+    def rows(self, ids):
+        """(rows of ids already cached, their positions in ids, positions of new ids); the new
+        ids get the next rows, in order."""
+        old_pos, old_rows, new_pos = [], [], []
+        for i, s in enumerate(ids):
+            r = self.slots.get(s)
+            if r is None:
+                new_pos.append(i)
+            else:
+                old_pos.append(i)
+                old_rows.append(r)
+        return old_rows, old_pos, new_pos
+
+    def add(self, new_ids):
+        need = len(self.slots) + len(new_ids)
+        if need > self.data.shape[0]:
+            if self.path is not None:
+                raise RuntimeError(f"lowcomm.aqsgd: the cache file {self.path} holds "
+                                   f"{self.data.shape[0]} samples; {need} needed (raise "
+                                   "capacity)")
+            grown = torch.zeros(max(need, 2 * self.data.shape[0]), self.numel, dtype=self.dtype)
+            grown[:self.data.shape[0]] = self.data
+            self.data = grown
+        rows = []
+        for s in new_ids:
+            self.slots[s] = len(self.slots)
+            rows.append(self.slots[s])
+        return rows
+
+    def ids(self):
+        out = [0] * len(self.slots)
+        for s, r in self.slots.items():
+            out[r] = s
+        return out
+
+    def digest(self, data=True):
+        """A hash of the ids (in row order) and, with data, of every cached row."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(torch.tensor(self.ids(), dtype=torch.int64).numpy().tobytes())
+        if data and self.slots:
+            h.update(self.data[:len(self.slots)].contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def state_dict(self, with_data=True):
+        n = len(self.slots)
+        st = {"ids": self.ids(), "updates": self.updates, "sample_shape": self.sample_shape,
+              "dtype": str(self.dtype)}
+        if with_data or self.path is None:
+            st["data"] = self.data[:n].clone()
+        else:
+            st["path"] = self.path  # the rows live in the file
+        return st
+
+    def load_state_dict(self, st):
+        if tuple(st["sample_shape"]) != self.sample_shape or st["dtype"] != str(self.dtype):
+            raise ValueError(f"lowcomm.aqsgd: cache state of {st['sample_shape']} "
+                             f"{st['dtype']}, this cache holds {self.sample_shape} {self.dtype}")
+        self.slots = {}
+        self.add(list(st["ids"]))
+        if "data" in st:
+            self.data[:len(self.slots)] = st["data"]
+        elif st["path"] != self.path:
+            raise ValueError(f"lowcomm.aqsgd: the cache state refers to {st['path']}, this "
+                             f"cache is {self.path}")
+        self.updates = int(st["updates"])
+
+
+class Link:
+    """One end of an AQ-SGD pipeline link to `peer` (a global rank); see the module doc.
+
+    mode: "aqsgd" (deltas against the per-sample cache), "direct" (Q_b of the activation),
+      "fp32" (the activation as it is).
+    bits: 2, 3, 4 (or 8) for the forward codes; block: elements per scale.
+    first: how a sample's first appearance travels: "fp32" or "q8".
+    backward: the gradients' codec, 8 bits or more ("q8", "bf16", "fp32", ...).
+    cache_dtype: the cache's (and decoded activation's) dtype; activations are converted.
+    capacity / cache_path: the cache's initial rows / a file for a memory-mapped cache.
+    """
+
+    def __init__(self, peer, sample_shape, *, group=None, mode="aqsgd", bits=2, block=128,
+                 first="fp32", backward="q8", cache_dtype=torch.float32, capacity=None,
+                 cache_path=None, tag=100):
+        if mode not in ("aqsgd", "direct", "fp32"):
+            raise ValueError(f"lowcomm.aqsgd: mode must be aqsgd, direct or fp32, got {mode!r}")
+        if bits not in (1, 2, 3, 4, 8):
+            raise ValueError(f"lowcomm.aqsgd: bits must be 1, 2, 3, 4 or 8, got {bits}")
+        if first not in ("fp32", "q8"):
+            raise ValueError(f"lowcomm.aqsgd: first must be 'fp32' or 'q8', got {first!r}")
+        if backward.split(":")[0] not in _BACKWARD_OK:
+            raise ValueError(f"lowcomm.aqsgd: backward gradients need 8 bits or more "
+                             f"({', '.join(_BACKWARD_OK)}), got {backward!r}: fewer bits on "
+                             "the backward pass hurt convergence badly")
+        self.peer = int(peer)
+        self.group = group
+        self.mode = mode
+        self.codec = f"q{bits}:block={block}"
+        self.first_codec = None if first == "fp32" else f"q8:block={block}"
+        self.backward = None if backward in ("fp32", "none") else backward
+        self.sample_shape = tuple(int(s) for s in sample_shape)
+        self.cache = ActivationCache(self.sample_shape, cache_dtype, capacity, cache_path)
+        self.tag = int(tag)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    # -- forward ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def send(self, x, sample_ids):
+        """Send the activations x [len(sample_ids), *sample_shape] of these samples."""
+        ids = _ids(sample_ids)
+        x = self._rows(x, len(ids))
+        old_rows, old_pos, new_pos = self.cache.rows(ids) if self.mode == "aqsgd" else (
+            [], [], list(range(len(ids))))
+        parts = []
+        if self.mode == "aqsgd":
+            if old_pos:
+                m = self.cache.data[old_rows]
+                parts.append(_C.encode_delta(self.codec, x[old_pos].contiguous(), m))
+                self.cache.data[old_rows] = m
+            if new_pos:
+                fresh = x[new_pos].contiguous()
+                if self.first_codec is None:
+                    parts.append(fresh.view(torch.uint8).reshape(-1))
+                else:
+                    codes = _C.encode(self.first_codec, fresh)
+                    parts.append(codes)
+                    _C.decode(self.first_codec, codes, fresh)
+                self.cache.data[self.cache.add([ids[i] for i in new_pos])] = fresh
+            self.cache.updates += 1
+        elif self.mode == "direct":
+            parts.append(_C.encode(self.codec, x))
+        else:
+            parts.append(x.view(torch.uint8).reshape(-1))
+        self._post(_FWD, ids, len(new_pos) if self.mode == "aqsgd" else 0, parts)
+
+    @torch.no_grad()
+    def recv(self, sample_ids):
+        """The activations of these samples, as the sender sent them: [len, *sample_shape]."""
+        ids = _ids(sample_ids)
+        old_rows, old_pos, new_pos = self.cache.rows(ids) if self.mode == "aqsgd" else (
+            [], [], list(range(len(ids))))
+        self._header(_FWD, ids, len(new_pos) if self.mode == "aqsgd" else 0)
+        n = self.cache.numel
+        out = torch.empty(len(ids), n, dtype=self.cache.dtype)
+        if self.mode == "aqsgd":
+            sizes = [_C.encoded_size(self.codec, len(old_pos) * n) if old_pos else 0,
+                     self._first_size(len(new_pos) * n) if new_pos else 0]
+            payload = self._payload(sum(sizes))
+            if old_pos:
+                m = self.cache.data[old_rows]
+                dec = torch.empty_like(m)
+                _C.decode_delta(self.codec, payload[:sizes[0]], m, dec)
+                self.cache.data[old_rows] = m
+                out[old_pos] = dec
+            if new_pos:
+                fresh = torch.empty(len(new_pos), n, dtype=self.cache.dtype)
+                codes = payload[sizes[0]:]
+                if self.first_codec is None:
+                    fresh.view(torch.uint8).reshape(-1).copy_(codes)
+                else:
+                    _C.decode(self.first_codec, codes, fresh)
+                self.cache.data[self.cache.add([ids[i] for i in new_pos])] = fresh
+                out[new_pos] = fresh
+            self.cache.updates += 1
+        elif self.mode == "direct":
+            _C.decode(self.codec, self._payload(_C.encoded_size(self.codec, out.numel())), out)
+        else:
+            out.view(torch.uint8).reshape(-1).copy_(self._payload(out.numel() *
+                                                                  out.element_size()))
+        return out.view(len(ids), *self.sample_shape)
+
+    # -- backward -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def send_grad(self, grad, sample_ids):
+        """Send the gradient w.r.t. the received activation of these samples back."""
+        ids = _ids(sample_ids)
+        g = self._rows(grad, len(ids))
+        if self.backward is None:
+            part = g.view(torch.uint8).reshape(-1)
+        else:
+            part = _C.encode(self.backward, g)
+        self._post(_BWD, ids, 0, [part])
+
+    @torch.no_grad()
+    def recv_grad(self, sample_ids):
+        ids = _ids(sample_ids)
+        self._header(_BWD, ids, 0)
+        out = torch.empty(len(ids), self.cache.numel, dtype=self.cache.dtype)
+        if self.backward is None:
+            out.view(torch.uint8).reshape(-1).copy_(self._payload(out.numel() *
+                                                                  out.element_size()))
+        else:
+            _C.decode(self.backward, self._payload(_C.encoded_size(self.backward, out.numel())),
+                      out)
+        return out.view(len(ids), *self.sample_shape)
+
+    # -- checkpoints and checks ---------------------------------------------------------------
+
+    def state_dict(self, with_data=True):
+        return {"mode": self.mode, "codec": self.codec, "cache": self.cache.state_dict(with_data)}
+
+    def load_state_dict(self, st, verify=True):
+        """Restore the cache; with verify (both ends at once) the two ends compare digests."""
+        if (st["mode"], st["codec"]) != (self.mode, self.codec):
+            raise ValueError(f"lowcomm.aqsgd: state of a {st['mode']} {st['codec']} link, "
+                             f"this is {self.mode} {self.codec}")
+        self.cache.load_state_dict(st["cache"])
+        if verify:
+            self.verify()
+
+    def verify(self, data=True):
+        """Both ends at once: raise unless the two caches hold the same samples (and, with
+        data, the same bytes)."""
+        mine = bytes.fromhex(self.cache.digest(data)) + self.cache.updates.to_bytes(8, "little")
+        out = torch.tensor(list(mine), dtype=torch.uint8)
+        theirs = torch.empty_like(out)
+        reqs = [dist.isend(out, self.peer, group=self.group, tag=self.tag + 4),
+                dist.irecv(theirs, self.peer, group=self.group, tag=self.tag + 4)]
+        for r in reqs:
+            r.wait()
+        if not torch.equal(out, theirs):
+            raise RuntimeError(
+                f"lowcomm.aqsgd: the caches of this rank and rank {self.peer} differ "
+                f"({len(self.cache)} samples, {self.cache.updates} updates here; digests "
+                f"{bytes(out.tolist()).hex()} vs {bytes(theirs.tolist()).hex()}): restore both "
+                "ends from the same checkpoint")
+
+    # -- wire ---------------------------------------------------------------------------------
+
+    def _rows(self, x, count):
+        if tuple(x.shape) != (count, *self.sample_shape):
+            raise ValueError(f"lowcomm.aqsgd: expected a tensor of shape "
+                             f"{(count, *self.sample_shape)}, got {tuple(x.shape)}")
+        if x.device.type != "cpu":
+            x = x.cpu()
+        return x.to(self.cache.dtype).reshape(count, self.cache.numel).contiguous()
+
+    def _first_size(self, n):
+        if self.first_codec is None:
+            return n * torch.tensor([], dtype=self.cache.dtype).element_size()
+        return _C.encoded_size(self.first_codec, n)
+
+    def _post(self, direction, ids, n_new, parts):
+        head = torch.tensor([_MAGIC, direction, len(ids), n_new] + ids, dtype=torch.int64)
+        payload = parts[0] if len(parts) == 1 else torch.cat(parts)
+        reqs = [dist.isend(head, self.peer, group=self.group, tag=self.tag + 2 * (direction - 1)),
+                dist.isend(payload, self.peer, group=self.group,
+                           tag=self.tag + 2 * (direction - 1) + 1)]
+        for r in reqs:
+            r.wait()
+        self.bytes_sent += head.numel() * 8 + payload.numel()
+
+    def _header(self, direction, ids, n_new):
+        head = torch.empty(4 + len(ids), dtype=torch.int64)
+        dist.recv(head, self.peer, group=self.group, tag=self.tag + 2 * (direction - 1))
+        self._payload_tag = self.tag + 2 * (direction - 1) + 1
+        got = head.tolist()
+        what = "activations" if direction == _FWD else "gradients"
+        if got[0] != _MAGIC or got[1] != direction or got[2] != len(ids):
+            raise RuntimeError(f"lowcomm.aqsgd: rank {self.peer} sent no {what} header for "
+                               f"{len(ids)} samples (got {got[:4]})")
+        if got[4:] != ids:
+            raise RuntimeError(f"lowcomm.aqsgd: rank {self.peer} sent {what} of samples "
+                               f"{got[4:]}, this rank expected {ids}")
+        if got[3] != n_new:
+            raise RuntimeError(f"lowcomm.aqsgd: the caches differ: rank {self.peer} sent "
+                               f"{got[3]} of samples {ids} as new, this rank's cache has "
+                               f"{n_new} of them new; restore both ends from the same "
+                               "checkpoint")
+        self.bytes_received += head.numel() * 8
+
+    def _payload(self, nbytes):
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        dist.recv(buf, self.peer, group=self.group, tag=self._payload_tag)
+        self.bytes_received += nbytes
+        return buf
+
+
+def _ids(sample_ids):
+    ids = [int(s) for s in (sample_ids.tolist() if torch.is_tensor(sample_ids) else sample_ids)]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"lowcomm.aqsgd: a sample appears twice in one micro-batch: {ids}")
+    return ids
+
+
+def cache_file(directory, name):
+    """A path for a memory-mapped cache under `directory`."""
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, f"{name}.aqsgd-cache")

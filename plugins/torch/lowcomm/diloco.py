@@ -1,0 +1,294 @@
+"""DiLoCo's outer step over a lowcomm group: H inner steps apart, sites average a compressed
+pseudo-gradient and take one outer Nesterov step.
+
+    import lowcomm.torch, lowcomm.diloco
+    sites = dist.new_group(ranks, backend="lowcomm")        # one rank per site
+    outer = lowcomm.diloco.DiLoCo(model, group=sites, sync_every=500, codec="q4")
+    for batch in data:
+        loss(model, batch).backward(); inner_opt.step(); inner_opt.zero_grad()
+        outer.step()                      # every sync_every calls: the outer step
+    outer.finish()                        # the model holds the global parameters
+
+The algorithm (Douillard et al. 2023; the OpenDiLoCo trainers): every worker keeps the global
+parameters θ_g (fp32, identical everywhere) and trains its own copy θ from them. Every H inner
+steps, Δ = θ_start − θ (θ_start: where this round began) is averaged over the group (compressed,
+with optional error feedback), the outer optimizer (SGD, lr 0.7, momentum 0.9, Nesterov by
+default) steps θ_g with Δ̄ as its gradient, and θ ← θ_g.
+
+overlap=True (the one-step-delayed outer update of Streaming DiLoCo with full overlap): the
+average of round t is computed while round t+1 trains; at the end of round t+1 it is applied to
+θ_g, and θ ← θ_g − Δ_{t+1}: each worker continues from the newest global parameters plus its
+own progress that is still on the wire. The link then has H inner steps to move a round.
+
+fragments=F (Streaming DiLoCo): the parameters, in order, are cut into F fragments of about
+equal size; fragment f synchronises at steps (f+1)·H/F + kH, so at most 1/F of the model is on
+the wire at once. Each fragment is an independent DiLoCo with its own round.
+
+Each rank's own contribution is quantized with `codec`; error feedback keeps what its
+quantization lost (one residual per fragment, in lowcomm's error-feedback store) and adds it to
+the next round's Δ. state_dict() holds the global parameters, round starts, outer optimizer,
+pending averages and residuals: resuming reproduces the bits of an uninterrupted run.
+The inner model may be DDP/FSDP on a site's own group (NCCL, Gloo): give DiLoCo the module
+whose parameters this rank holds, and a group of the ranks holding the same ones on the other
+sites.
+"""
+import io
+import time
+
+import torch
+import torch.distributed as dist
+
+from lowcomm import torch as lowcomm_torch
+
+
+def _is_lowcomm(group):
+    try:
+        lowcomm_torch._backend(group)
+        return True
+    except RuntimeError:
+        return False
+
+
+class DiLoCo:
+    """The outer loop of DiLoCo around any model and inner optimizer (see the module doc).
+
+    model: the nn.Module trained by the inner optimizer (its trainable parameters are synced).
+    group: the process group of the sites (default: the world); compressed averages need a
+      lowcomm group, codec=None works on any backend (e.g. to compare with Gloo).
+    sync_every: H, the inner steps between outer steps (per fragment).
+    outer_lr, outer_momentum, nesterov: the outer SGD; outer_optimizer: instead, a function
+      from a list of tensors to a torch.optim.Optimizer.
+    codec: lowcomm codec of the pseudo-gradient ("q4", "q2:block=64", "q4:sr", ...; None/"none"
+      exact). error_feedback: keep each rank's quantization error and add it to the next
+      round's pseudo-gradient.
+    overlap: average round t while round t+1 trains (delayed outer update).
+    fragments: synchronise F slices of the parameters at staggered steps.
+    """
+
+    def __init__(self, model, *, group=None, sync_every=500, outer_lr=0.7, outer_momentum=0.9,
+                 nesterov=True, outer_optimizer=None, codec=None, error_feedback=False,
+                 overlap=False, fragments=1, name="diloco"):
+        if sync_every < 1:
+            raise ValueError(f"lowcomm.diloco: sync_every must be >= 1, got {sync_every}")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("lowcomm.diloco: the model has no trainable parameters")
+        if fragments < 1 or fragments > len(self.params) or fragments > sync_every:
+            raise ValueError(f"lowcomm.diloco: fragments must be in [1, min(#parameters "
+                             f"{len(self.params)}, sync_every {sync_every})], got {fragments}")
+        self.group = group
+        self.sync_every = int(sync_every)
+        self.codec = "" if codec in (None, "", "none", "fp32") else codec
+        self.error_feedback = bool(error_feedback)
+        if self.error_feedback and not self.codec:
+            raise ValueError("lowcomm.diloco: error_feedback needs a lossy codec")
+        self.on_lowcomm = _is_lowcomm(group)
+        if self.codec and not self.on_lowcomm:
+            raise ValueError("lowcomm.diloco: a codec needs a lowcomm group "
+                             "(dist.new_group(backend='lowcomm'))")
+        self.overlap = bool(overlap)
+        self.name = name
+        self.world = dist.get_world_size(group)
+        self.inner_steps = 0
+        self.fragments = _cut(self.params, fragments)
+        self.offsets = [(f + 1) * self.sync_every // fragments for f in range(fragments)]
+        self.global_params = []  # per fragment: fp32 flat θ_g
+        self.starts = []         # per fragment: fp32 flat θ_start of the current round
+        for frag in self.fragments:
+            flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in frag])
+            self.global_params.append(flat)
+            self.starts.append(flat.clone())
+        self.rounds = [0] * fragments          # outer steps taken per fragment
+        self.pending = [None] * fragments      # overlap: (lowcomm Work or None, buffer)
+        if outer_optimizer is None:
+            self.outer = torch.optim.SGD(self.global_params, lr=outer_lr,
+                                         momentum=outer_momentum, nesterov=nesterov)
+        else:
+            self.outer = outer_optimizer(self.global_params)
+        self.comm_wait_s = 0.0
+        self.bytes_sent = 0
+        self.last_stats = None
+
+    # -- the training loop's calls ------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self):
+        """Call once after every inner optimizer step. Returns the fragments synchronised."""
+        self.inner_steps += 1
+        done = []
+        for f, off in enumerate(self.offsets):
+            if self.inner_steps >= off and (self.inner_steps - off) % self.sync_every == 0:
+                self._sync(f)
+                done.append(f)
+        return done
+
+    @torch.no_grad()
+    def finish(self):
+        """Apply every average still on the wire and load the global parameters into the model
+        (what every rank then holds bit for bit). Progress since a fragment's last round start
+        is dropped, as at any outer step."""
+        for f in range(len(self.fragments)):
+            self._apply_pending(f)
+            self.starts[f].copy_(self.global_params[f])
+            self._load(f, self.global_params[f])
+
+    # -- one fragment's outer step ------------------------------------------------------------
+
+    def _sync(self, f):
+        delta = self.starts[f] - self._flat(f)  # Δ = θ_start − θ, fp32
+        key = f"{self.name}/frag{f}" if self.error_feedback else ""
+        step = self.rounds[f] * len(self.fragments) + f  # stochastic rounding: resumable
+        self.rounds[f] += 1
+        if not self.overlap:
+            self._wait(self._launch(delta, key, step))
+            self._outer_step(f, delta)
+            self.starts[f].copy_(self.global_params[f])
+            self._load(f, self.global_params[f])
+            return
+        self._apply_pending(f)
+        new_start = self.global_params[f] - delta  # the newest θ_g plus own unsent progress
+        self.starts[f].copy_(new_start)
+        self._load(f, new_start)
+        self.pending[f] = (self._launch(delta, key, step), delta)
+
+    def _launch(self, delta, key, step):
+        """Start averaging delta in place over the group; returns its work."""
+        if not self.codec:
+            # Exact: lowcomm averages (fp32 sum in rank order, then / P); other backends (Gloo
+            # has no AVG) sum, and _wait divides.
+            op = dist.ReduceOp.AVG if self.on_lowcomm else dist.ReduceOp.SUM
+            work = dist.all_reduce(delta, op=op, group=self.group, async_op=True)
+            return work if self.on_lowcomm else _DivideAfter(work, delta, self.world)
+        return lowcomm_torch.all_reduce(delta, op=dist.ReduceOp.AVG, codec=self.codec,
+                                        error_feedback_key=key, group=self.group,
+                                        async_op=True, step=step)
+
+    def _apply_pending(self, f):
+        if self.pending[f] is None:
+            return
+        work, avg = self.pending[f]
+        if work is not None:
+            self._wait(work)
+        self.pending[f] = None
+        self._outer_step(f, avg)
+
+    def _wait(self, work):
+        t0 = time.perf_counter()
+        work.wait()
+        self.comm_wait_s += time.perf_counter() - t0
+        if self.on_lowcomm:
+            self.last_stats = lowcomm_torch.last_op_stats(self.group)
+            self.bytes_sent += int(self.last_stats["bytes_sent"])
+
+    def _outer_step(self, f, avg):
+        g = self.global_params[f]
+        g.grad = avg
+        self.outer.step()
+        g.grad = None
+
+    def _flat(self, f):
+        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32)
+                          for p in self.fragments[f]])
+
+    def _load(self, f, flat):
+        i = 0
+        for p in self.fragments[f]:
+            n = p.numel()
+            p.copy_(flat[i:i + n].view_as(p))
+            i += n
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def state_dict(self):
+        """Everything besides the model and the inner optimizer that a resumed run needs to
+        continue bit for bit: waits for averages on the wire (their results are saved)."""
+        pending = []
+        for f in range(len(self.fragments)):
+            if self.pending[f] is None:
+                pending.append(None)
+                continue
+            work, avg = self.pending[f]
+            if work is not None:
+                self._wait(work)
+            self.pending[f] = (None, avg)
+            pending.append(avg.clone())
+        ef = b""
+        if self.error_feedback:
+            ef = lowcomm_torch._backend(self.group).save_error_feedback()
+        return {
+            "version": 1,
+            "config": self._config(),
+            "inner_steps": self.inner_steps,
+            "rounds": list(self.rounds),
+            "global_params": [g.clone() for g in self.global_params],
+            "starts": [s.clone() for s in self.starts],
+            "pending": pending,
+            "outer_optimizer": self.outer.state_dict(),
+            "error_feedback": ef,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state):
+        if state.get("version") != 1:
+            raise ValueError(f"lowcomm.diloco: unknown state version {state.get('version')}")
+        if state["config"] != self._config():
+            raise ValueError(f"lowcomm.diloco: the state is of another configuration: saved "
+                             f"{state['config']}, this one {self._config()}")
+        for f in range(len(self.fragments)):
+            if self.pending[f] is not None and self.pending[f][0] is not None:
+                self._wait(self.pending[f][0])
+        self.inner_steps = int(state["inner_steps"])
+        self.rounds = list(state["rounds"])
+        for dst, src in zip(self.global_params, state["global_params"]):
+            dst.copy_(src)
+        for dst, src in zip(self.starts, state["starts"]):
+            dst.copy_(src)
+        self.pending = [None if p is None else (None, p.clone()) for p in state["pending"]]
+        self.outer.load_state_dict(state["outer_optimizer"])
+        if self.error_feedback and state["error_feedback"]:
+            lowcomm_torch._backend(self.group).restore_error_feedback(state["error_feedback"])
+
+    def _config(self):
+        return {
+            "sizes": [int(g.numel()) for g in self.global_params],
+            "sync_every": self.sync_every,
+            "codec": self.codec,
+            "error_feedback": self.error_feedback,
+            "overlap": self.overlap,
+            "world": self.world,
+        }
+
+
+class _DivideAfter:
+    """A sum's work that turns the sum into the average once complete."""
+
+    def __init__(self, work, buf, n):
+        self.work, self.buf, self.n = work, buf, n
+
+    def wait(self):
+        self.work.wait()
+        self.buf.div_(self.n)
+
+
+def _cut(params, n):
+    """Parameters in order, cut into n runs of about equal element count (none empty)."""
+    total = sum(p.numel() for p in params)
+    frags, cur, acc = [], [], 0
+    for i, p in enumerate(params):
+        cur.append(p)
+        acc += p.numel()
+        left_params = len(params) - i - 1
+        left_frags = n - len(frags) - 1
+        if left_frags > 0 and (acc >= total * (len(frags) + 1) / n or left_params == left_frags):
+            frags.append(cur)
+            cur = []
+    frags.append(cur)
+    return frags
+
+
+def state_bytes(diloco):
+    """The DiLoCo state as bytes (torch.save), e.g. to compare two runs."""
+    buf = io.BytesIO()
+    torch.save(diloco.state_dict(), buf)
+    return buf.getvalue()
