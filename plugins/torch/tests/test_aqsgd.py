@@ -1,0 +1,172 @@
+"""lowcomm.aqsgd: the two ends' caches stay bit-identical over many steps, across a restart
+from state_dict() and with a memory-mapped cache; a sample's first appearance travels at full
+precision (or 8-bit), later ones as b-bit deltas whose error shrinks as activations settle;
+diverged caches, wrong samples and sub-8-bit gradients are refused with clear errors."""
+import sys
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _spawn import run_world
+
+import lowcomm.torch  # noqa: F401
+from lowcomm import _C
+from lowcomm.aqsgd import Link
+
+SHAPE = (4, 64)
+
+
+def activation(sample, step):
+    """A sample's activation drifting slowly with the training step, as AQ-SGD assumes."""
+    base = torch.Generator().manual_seed(sample)
+    drift = torch.Generator().manual_seed(10_000 * step + sample)
+    return torch.randn(*SHAPE, generator=base) + 0.01 * step * torch.randn(*SHAPE,
+                                                                           generator=drift)
+
+
+def batches(steps, n_samples=12, per=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randperm(n_samples, generator=g)[:per].tolist() for _ in range(steps)]
+
+
+def run_steps(link, rank, plan, first_step=0):
+    """Stage 0 sends activations and receives gradients; stage 1 the other way. Returns the
+    largest error of a delta-coded (already cached) sample's activation on the receiver."""
+    worst = 0.0
+    for k, ids in enumerate(plan):
+        step = first_step + k
+        x = torch.stack([activation(s, step) for s in ids])
+        if rank == 0:
+            link.send(x, ids)
+            g = link.recv_grad(ids)
+            assert torch.allclose(g, 0.5 * x, atol=0.05 * x.abs().max().item())
+        else:
+            out = link.recv(ids)
+            worst = max(worst, (out - x).abs().max().item())
+            link.send_grad(0.5 * x, ids)
+    return worst
+
+
+def _caches(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        peer = 1 - rank
+        plan = batches(40)
+        straight = Link(peer, SHAPE, bits=2)
+        run_steps(straight, rank, plan)
+        straight.verify()
+        # The same plan stopped at step 17: state saved, fresh links (one memory-mapped)
+        # loaded and checked against each other, and run to the end.
+        first = Link(peer, SHAPE, bits=2, tag=200)
+        run_steps(first, rank, plan[:17])
+        state = first.state_dict()
+        path = f"{init_file}.cache{rank}"
+        resumed = Link(peer, SHAPE, bits=2, tag=300, capacity=16, cache_path=path)
+        resumed.load_state_dict(state)  # verifies with the peer
+        run_steps(resumed, rank, plan[17:], first_step=17)
+        resumed.verify()
+        assert resumed.cache.digest() == straight.cache.digest()
+        assert resumed.cache.updates == straight.cache.updates == 40
+        # A pair whose ends restored different checkpoints is told so.
+        stale = Link(peer, SHAPE, bits=2, tag=400)
+        stale.load_state_dict(state if rank == 0 else straight.state_dict(), verify=False)
+        with pytest.raises(RuntimeError, match="caches of this rank and rank"):
+            stale.verify()
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_caches_identical_on_both_ends_across_restart(tmp_path):
+    run_world(_caches, 2, tmp_path)
+
+
+def _first_appearance(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        peer = 1 - rank
+        n = SHAPE[0] * SHAPE[1]
+        for first, tag in (("fp32", 100), ("q8", 200)):
+            link = Link(peer, SHAPE, bits=2, first=first, tag=tag)
+            x0 = torch.stack([activation(s, 0) for s in (0, 1)])
+            x1 = torch.stack([activation(s, 1) for s in (1, 2)])  # sample 1 again, 2 new
+            if rank == 0:
+                link.send(x0, [0, 1])
+                sent0 = link.bytes_sent
+                link.send(x1, [1, 2])
+                sent1 = link.bytes_sent - sent0
+                head = (4 + 2) * 8
+                per_new = 4 * n if first == "fp32" else _C.encoded_size("q8", n)
+                assert sent0 == head + 2 * per_new
+                assert sent1 == head + _C.encoded_size("q2", n) + per_new
+            else:
+                out0 = link.recv([0, 1])
+                if first == "fp32":
+                    assert torch.equal(out0, x0)  # first appearance: exact
+                else:
+                    q = torch.empty(2 * n)
+                    _C.decode("q8", _C.encode("q8", x0.reshape(-1)), q)
+                    assert torch.equal(out0.reshape(-1), q)
+                out1 = link.recv([1, 2])
+                assert not torch.equal(out1[0], x1[0])  # a 2-bit delta: close, not exact
+                assert (out1[0] - x1[0]).abs().max() < 0.1
+                assert link.cache.slots == {0: 0, 1: 1, 2: 2}
+        # Asked for other samples than were sent: refused, naming both.
+        link = Link(peer, SHAPE, bits=2, tag=300)
+        if rank == 0:
+            link.send(torch.zeros(1, *SHAPE), [5])
+        else:
+            with pytest.raises(RuntimeError, match=r"sent activations of samples \[5\], this "
+                                                   r"rank expected \[6\]"):
+                link.recv([6])
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_first_appearance_travels_at_full_precision_or_8_bit(tmp_path):
+    run_world(_first_appearance, 2, tmp_path)
+
+
+def _deltas_shrink(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        peer = 1 - rank
+        plan = [[0, 1, 2, 3]] * 6  # the same samples every step: only deltas after the first
+        errs = {}
+        for mode, tag in (("aqsgd", 100), ("direct", 200)):
+            link = Link(peer, SHAPE, bits=2, mode=mode, tag=tag)
+            run_steps(link, rank, plan[:1])
+            errs[mode] = run_steps(link, rank, plan[1:], first_step=1)
+        if rank == 1:
+            # Deltas of 0.01 per step quantize to far less error than the activations do.
+            assert errs["aqsgd"] < errs["direct"] / 10, errs
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_aqsgd_error_far_below_direct_quantization(tmp_path):
+    run_world(_deltas_shrink, 2, tmp_path)
+
+
+def test_arguments_refused():
+    with pytest.raises(ValueError, match="8 bits or more"):
+        Link(1, SHAPE, backward="q4")
+    with pytest.raises(ValueError, match="bits must be"):
+        Link(1, SHAPE, bits=5)
+    with pytest.raises(ValueError, match="capacity"):
+        Link(1, SHAPE, cache_path="/tmp/x")
+    link = Link(1, SHAPE)
+    with pytest.raises(ValueError, match="twice in one micro-batch"):
+        link.send(torch.zeros(2, *SHAPE), [3, 3])
+    with pytest.raises(ValueError, match="expected a tensor of shape"):
+        link.send(torch.zeros(2, 5), [3, 4])
