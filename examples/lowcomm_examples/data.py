@@ -148,7 +148,11 @@ class Corpus:
         self, step: int, worker: int = 0, n_workers: int = 1, batch: int = 16, seq: int = 128
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Training inputs and targets, int64 [batch, seq], a pure function of
-        ``(seed, step, worker, n_workers, batch, seq)``.
+        ``(seed, step, worker, n_workers, batch, seq)``; windows at ``train_starts``."""
+        return _windows(self.train, self.train_starts(step, worker, n_workers, batch, seq), seq)
+
+    def train_starts(self, step: int, worker: int, n_workers: int, batch: int, seq: int) -> np.ndarray:
+        """Offsets in the training split of the ``seq + 1``-byte windows of one batch.
 
         Worker ``w`` of ``n_workers`` draws only from training chunks ``c`` with
         ``c % n_workers == w``; each window lies inside one chunk.
@@ -164,7 +168,7 @@ class Corpus:
         rng = np.random.default_rng([self.seed, step, worker, n_workers])
         chunk = rng.choice(mine, size=batch)
         offset = rng.integers(0, CHUNK_BYTES - seq, size=batch)
-        return _windows(self.train, chunk * CHUNK_BYTES + offset, seq)
+        return chunk * CHUNK_BYTES + offset
 
     def val_batches(self, batch: int = 16, seq: int = 128, n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``n`` fixed validation batches: ``n * batch`` windows evenly spaced over the split."""
