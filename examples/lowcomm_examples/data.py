@@ -14,13 +14,16 @@ Selection (``select_files``), relative to ``sysconfig.get_paths()["stdlib"]``:
   code), ``pydoc_data`` and ``encodings`` (generated help text and codec tables), and
   ``__phello__`` (import-system test fixtures);
 * skipped at any depth: directories named ``test``, ``tests`` or ``__pycache__``;
-* skipped files: ``_sysconfigdata*.py`` (generated at build time, holds machine paths).
+* skipped files: ``_sysconfigdata*.py`` (generated at build time, holds machine paths);
+* skipped because distributions add or remove them: ``sitecustomize.py`` and
+  ``_distutils_system_mod.py`` (Debian adds them), ``ctypes/macholib`` (Debian drops it).
 
-The files are concatenated (each followed by one ``\\n``) and cut at ``max_bytes``; CPython 3.11
-gives about 8.0 MiB from 433 files, so the default cap of 8 MiB keeps nearly all of it. The
-result depends only on the installed standard library, which is the same for one Python patch
-release (a distribution that patches the standard library may differ): ``Corpus.sha256``
-identifies it, and runs should record it.
+The files are concatenated (each followed by one ``\\n``) and cut at ``max_bytes``; CPython
+3.11.7 gives 8,386,068 bytes from 429 files, just under the default cap of 8 MiB. The result
+depends only on the installed standard library, which is the same for one Python patch release
+built from python.org's sources; another patch release, or a distribution's patches, change
+the contents (Debian's 3.11.2 selects the same 429 files as pyenv's 3.11.7, with a different
+hash). ``Corpus.sha256`` identifies the corpus, and runs should record it.
 
 Split: the first 90 % of the bytes are training data, the last 10 % validation. Because the
 files are sorted, validation is whole held-out modules (the end of the alphabet), which
@@ -68,6 +71,8 @@ _SKIP_TOP = {
     "__phello__",
 }
 _SKIP_ANY_DIR = {"test", "tests", "__pycache__"}
+_SKIP_FILES = {"sitecustomize.py", "_distutils_system_mod.py"}
+_SKIP_PREFIXES = ("ctypes/macholib/",)
 
 
 def stdlib_root() -> Path:
@@ -90,8 +95,11 @@ def select_files(root: Path) -> list[str]:
         for name in filenames:
             if not name.endswith(".py") or name.startswith("_sysconfigdata"):
                 continue
+            rel = (rel_dir / name).as_posix()
+            if name in _SKIP_FILES or rel.startswith(_SKIP_PREFIXES):
+                continue
             if (Path(dirpath) / name).is_file():
-                chosen.append((rel_dir / name).as_posix())
+                chosen.append(rel)
     chosen.sort(key=lambda s: s.encode())
     return chosen
 
@@ -148,7 +156,13 @@ class Corpus:
         self, step: int, worker: int = 0, n_workers: int = 1, batch: int = 16, seq: int = 128
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Training inputs and targets, int64 [batch, seq], a pure function of
-        ``(seed, step, worker, n_workers, batch, seq)``.
+        ``(seed, step, worker, n_workers, batch, seq)``; windows at ``train_starts``."""
+        return _windows(self.train, self.train_starts(step, worker, n_workers, batch, seq), seq)
+
+    def train_starts(
+        self, step: int, worker: int, n_workers: int, batch: int, seq: int
+    ) -> np.ndarray:
+        """Offsets in the training split of the ``seq + 1``-byte windows of one batch.
 
         Worker ``w`` of ``n_workers`` draws only from training chunks ``c`` with
         ``c % n_workers == w``; each window lies inside one chunk.
@@ -164,9 +178,11 @@ class Corpus:
         rng = np.random.default_rng([self.seed, step, worker, n_workers])
         chunk = rng.choice(mine, size=batch)
         offset = rng.integers(0, CHUNK_BYTES - seq, size=batch)
-        return _windows(self.train, chunk * CHUNK_BYTES + offset, seq)
+        return chunk * CHUNK_BYTES + offset
 
-    def val_batches(self, batch: int = 16, seq: int = 128, n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def val_batches(
+        self, batch: int = 16, seq: int = 128, n: int = 8
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``n`` fixed validation batches: ``n * batch`` windows evenly spaced over the split."""
         count = n * batch
         last = len(self.val) - (seq + 1)
