@@ -281,7 +281,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor,
                                                               const std::string& codec,
                                                               const std::string& ef_key,
-                                                              c10d::ReduceOp op, int64_t step) {
+                                                              c10d::ReduceOp op, int64_t step,
+                                                              bool owner_ef) {
   auto staged = std::make_shared<Staged>(tensor);
   const at::Tensor& b = staged->buf;
   lowcomm::AllReduceOptions ar;
@@ -290,6 +291,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
     TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
     ar.codec = *spec;
     ar.ef_key = ef_key;
+    ar.owner_error_feedback = owner_ef && !ef_key.empty();
   }
   if (step >= 0) ar.step = static_cast<uint64_t>(step);
   std::vector<lowcomm::Work> works{comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),

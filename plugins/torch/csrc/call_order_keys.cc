@@ -32,8 +32,10 @@ std::string CallOrderKeys::next(const std::string& signature) {
     }
   } else if (period_ == 0 || history_[i % period_] != signature) {
     lost_ = true;
-    TORCH_WARN("lowcomm: error feedback by call order stops: the compressed all-reduces of the "
-               "last ", kMaxHistory, " calls do not repeat in a fixed order");
+    TORCH_WARN(
+        "lowcomm: error feedback by call order stops: the compressed all-reduces of the "
+        "last ",
+        kMaxHistory, " calls do not repeat in a fixed order");
     return "";
   }
   const size_t slot = period_ != 0 ? i % period_ : i;

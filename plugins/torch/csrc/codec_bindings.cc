@@ -43,15 +43,15 @@ uint64_t count(const at::Tensor& t) {
 }
 
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
-  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type() && a.numel() == b.numel(), "lowcomm: ",
-                    what, " must match the tensor (", a.scalar_type(), " x ", a.numel(),
-                    "), got ", b.scalar_type(), " x ", b.numel());
+  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type() && a.numel() == b.numel(), "lowcomm: ", what,
+                    " must match the tensor (", a.scalar_type(), " x ", a.numel(), "), got ",
+                    b.scalar_type(), " x ", b.numel());
 }
 
 void check_codes(const at::Tensor& codes, const lowcomm::CodecSpec& spec, uint64_t n) {
-  TORCH_CHECK_VALUE(codes.device().is_cpu() && codes.is_contiguous() &&
-                        codes.scalar_type() == at::kByte,
-                    "lowcomm: codes must be a contiguous CPU uint8 tensor");
+  TORCH_CHECK_VALUE(
+      codes.device().is_cpu() && codes.is_contiguous() && codes.scalar_type() == at::kByte,
+      "lowcomm: codes must be a contiguous CPU uint8 tensor");
   const uint64_t need = lowcomm::encoded_size(spec, n);
   TORCH_CHECK_VALUE(static_cast<uint64_t>(codes.numel()) == need, "lowcomm: ", need,
                     " code bytes expected for ", n, " elements of ", lowcomm::to_string(spec),
@@ -98,8 +98,8 @@ void bind_codecs(py::module_& m) {
         const lowcomm::DType dt = value_dtype(out, "out");
         check_codes(codes, spec, count(out));
         py::gil_scoped_release nogil;
-        ok(lowcomm::decode(spec, codes.data_ptr(), static_cast<uint64_t>(codes.numel()),
-                           count(out), dt, out.data_ptr()));
+        ok(lowcomm::decode(spec, codes.data_ptr(), static_cast<uint64_t>(codes.numel()), count(out),
+                           dt, out.data_ptr()));
       },
       py::arg("codec"), py::arg("codes"), py::arg("out"), "out = D(codes).");
   m.def(
@@ -112,9 +112,8 @@ void bind_codecs(py::module_& m) {
         check_same(a, m, "the cache m");
         at::Tensor codes = new_codes(spec, count(a));
         py::gil_scoped_release nogil;
-        ok(lowcomm::encode_delta(spec, dt, a.data_ptr(), m.data_ptr(), count(a),
-                                 codes.data_ptr(), static_cast<uint64_t>(codes.numel()),
-                                 {seed, offset}));
+        ok(lowcomm::encode_delta(spec, dt, a.data_ptr(), m.data_ptr(), count(a), codes.data_ptr(),
+                                 static_cast<uint64_t>(codes.numel()), {seed, offset}));
         return codes;
       },
       py::arg("codec"), py::arg("a"), py::arg("m"), py::arg("seed") = 0, py::arg("offset") = 0,

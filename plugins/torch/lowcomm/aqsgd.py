@@ -148,7 +148,10 @@ class Link:
     backward: the gradients' codec, 8 bits or more ("q8", "bf16", "fp32", ...).
     cache_dtype: the cache's (and decoded activation's) dtype; activations are converted.
     capacity / cache_path: the cache's initial rows / a file for a memory-mapped cache.
+    Sends return at once (the tensors are copied or encoded first); flush() waits for them.
     """
+
+    max_in_flight = 64  # micro-batches sent and not yet waited for
 
     def __init__(self, peer, sample_shape, *, group=None, mode="aqsgd", bits=2, block=128,
                  first="fp32", backward="q8", cache_dtype=torch.float32, capacity=None,
@@ -172,6 +175,7 @@ class Link:
         self.sample_shape = tuple(int(s) for s in sample_shape)
         self.cache = ActivationCache(self.sample_shape, cache_dtype, capacity, cache_path)
         self.tag = int(tag)
+        self.in_flight = []  # sends not yet known complete: (requests, buffers they read)
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -198,12 +202,13 @@ class Link:
                     codes = _C.encode(self.first_codec, fresh)
                     parts.append(codes)
                     _C.decode(self.first_codec, codes, fresh)
-                self.cache.data[self.cache.add([ids[i] for i in new_pos])] = fresh
+                rows = self.cache.add([ids[i] for i in new_pos])  # may grow the cache
+                self.cache.data[rows] = fresh
             self.cache.updates += 1
         elif self.mode == "direct":
             parts.append(_C.encode(self.codec, x))
         else:
-            parts.append(x.view(torch.uint8).reshape(-1))
+            parts.append(x.view(torch.uint8).reshape(-1).clone())
         self._post(_FWD, ids, len(new_pos) if self.mode == "aqsgd" else 0, parts)
 
     @torch.no_grad()
@@ -232,7 +237,8 @@ class Link:
                     fresh.view(torch.uint8).reshape(-1).copy_(codes)
                 else:
                     _C.decode(self.first_codec, codes, fresh)
-                self.cache.data[self.cache.add([ids[i] for i in new_pos])] = fresh
+                rows = self.cache.add([ids[i] for i in new_pos])  # may grow the cache
+                self.cache.data[rows] = fresh
                 out[new_pos] = fresh
             self.cache.updates += 1
         elif self.mode == "direct":
@@ -250,7 +256,7 @@ class Link:
         ids = _ids(sample_ids)
         g = self._rows(grad, len(ids))
         if self.backward is None:
-            part = g.view(torch.uint8).reshape(-1)
+            part = g.view(torch.uint8).reshape(-1).clone()
         else:
             part = _C.encode(self.backward, g)
         self._post(_BWD, ids, 0, [part])
@@ -320,9 +326,21 @@ class Link:
         reqs = [dist.isend(head, self.peer, group=self.group, tag=self.tag + 2 * (direction - 1)),
                 dist.isend(payload, self.peer, group=self.group,
                            tag=self.tag + 2 * (direction - 1) + 1)]
+        self.in_flight.append((reqs, (head, payload)))
+        while len(self.in_flight) > self.max_in_flight:
+            self._complete_oldest()
+        self.bytes_sent += head.numel() * 8 + payload.numel()
+
+    def _complete_oldest(self):
+        reqs, _ = self.in_flight.pop(0)
         for r in reqs:
             r.wait()
-        self.bytes_sent += head.numel() * 8 + payload.numel()
+
+    def flush(self):
+        """Wait until every send of this end has completed (sends return at once; at most
+        max_in_flight micro-batches are outstanding)."""
+        while self.in_flight:
+            self._complete_oldest()
 
     def _header(self, direction, ids, n_new):
         head = torch.empty(4 + len(ids), dtype=torch.int64)

@@ -59,8 +59,9 @@ class DiLoCo:
     outer_lr, outer_momentum, nesterov: the outer SGD; outer_optimizer: instead, a function
       from a list of tensors to a torch.optim.Optimizer.
     codec: lowcomm codec of the pseudo-gradient ("q4", "q2:block=64", "q4:sr", ...; None/"none"
-      exact). error_feedback: keep each rank's quantization error and add it to the next
-      round's pseudo-gradient.
+      exact). error_feedback: True / "sender": keep each rank's quantization error of its
+      contribution and add it to the next round's pseudo-gradient; "both": also the error of
+      the owners' re-quantization of the average (docs/training.md compares them).
     overlap: average round t while round t+1 trains (delayed outer update).
     fragments: synchronise F slices of the parameters at staggered steps.
     """
@@ -79,7 +80,11 @@ class DiLoCo:
         self.group = group
         self.sync_every = int(sync_every)
         self.codec = "" if codec in (None, "", "none", "fp32") else codec
+        if error_feedback not in (False, True, None, "sender", "both"):
+            raise ValueError(f"lowcomm.diloco: error_feedback must be False, True (= 'sender') "
+                             f"or 'both', got {error_feedback!r}")
         self.error_feedback = bool(error_feedback)
+        self.owner_error_feedback = error_feedback == "both"
         if self.error_feedback and not self.codec:
             raise ValueError("lowcomm.diloco: error_feedback needs a lossy codec")
         self.on_lowcomm = _is_lowcomm(group)
@@ -161,7 +166,8 @@ class DiLoCo:
             return work if self.on_lowcomm else _DivideAfter(work, delta, self.world)
         return lowcomm_torch.all_reduce(delta, op=dist.ReduceOp.AVG, codec=self.codec,
                                         error_feedback_key=key, group=self.group,
-                                        async_op=True, step=step)
+                                        async_op=True, step=step,
+                                        owner_error_feedback=self.owner_error_feedback)
 
     def _apply_pending(self, f):
         if self.pending[f] is None:
@@ -179,6 +185,22 @@ class DiLoCo:
         if self.on_lowcomm:
             self.last_stats = lowcomm_torch.last_op_stats(self.group)
             self.bytes_sent += int(self.last_stats["bytes_sent"])
+
+    @torch.no_grad()
+    def load_global(self, module):
+        """Copy the global parameters (what finish() leaves in every rank's model) into
+        `module`, a model of the same architecture, e.g. to evaluate them mid-training."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        if [p.shape for p in params] != [p.shape for p in self.params]:
+            raise ValueError("lowcomm.diloco: load_global needs a module shaped like the model")
+        i = 0
+        for f, frag in enumerate(self.fragments):
+            j = 0
+            for _ in frag:
+                p = params[i]
+                p.copy_(self.global_params[f][j:j + p.numel()].view_as(p))
+                i += 1
+                j += p.numel()
 
     def _outer_step(self, f, avg):
         g = self.global_params[f]
@@ -255,6 +277,7 @@ class DiLoCo:
             "sync_every": self.sync_every,
             "codec": self.codec,
             "error_feedback": self.error_feedback,
+            "owner_error_feedback": self.owner_error_feedback,
             "overlap": self.overlap,
             "world": self.world,
         }

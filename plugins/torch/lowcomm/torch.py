@@ -107,13 +107,15 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 def all_reduce(tensor, op=dist.ReduceOp.SUM, codec="", error_feedback_key="", group=None,
-               async_op=False, step=None):
+               async_op=False, step=None, owner_error_feedback=False):
     """One all-reduce with its own codec ("q4", "q8:sr", ...; "" exact) and error-feedback key
     (residual kept across calls under that key; "" none), on a lowcomm group. `step` fixes
     the stochastic-rounding step (default: the group's operation number), so a run resumed
-    in a new group rounds as the uninterrupted one did."""
+    in a new group rounds as the uninterrupted one did. owner_error_feedback: the owners'
+    re-quantization of the average keeps a residual too (under the same key)."""
     work = _backend(group).allreduce_with(tensor, codec, error_feedback_key, op,
-                                          -1 if step is None else int(step))
+                                          -1 if step is None else int(step),
+                                          bool(owner_error_feedback))
     if async_op:
         return work
     work.wait()

@@ -60,7 +60,7 @@ def _caches(rank, world, init_file, errors):
         straight.verify()
         # The same plan stopped at step 17: state saved, fresh links (one memory-mapped)
         # loaded and checked against each other, and run to the end.
-        first = Link(peer, SHAPE, bits=2, tag=200)
+        first = Link(peer, SHAPE, bits=2, tag=200, capacity=2)  # grows as samples arrive
         run_steps(first, rank, plan[:17])
         state = first.state_dict()
         path = f"{init_file}.cache{rank}"
