@@ -60,8 +60,8 @@ def stage_main(rank, args, run, seed, port, queue):
     stage = gpt.split_stages(model, 2)[rank]
     opt = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.0)
     shape = (cfg.seq, cfg.d_model)
-    link = Link(1 - rank, shape, mode="fp32" if mode == "fp32" else mode, bits=min(bits, 8),
-                backward="fp32" if mode == "fp32" else "q8")
+    link = Link(1 - rank, shape, mode=mode, bits=min(bits, 8), block=args.block,
+                backward="fp32" if mode == "fp32" else f"q8:block={args.block}")
     probe = Link(1 - rank, shape, mode="fp32", tag=500)  # validation: exact, not timed
 
     def evaluate():
@@ -156,6 +156,9 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--micro-batches", type=int, default=4, help="per step (GPipe)")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--block", type=int, default=1024,
+                    help="elements per quantization scale (AQ-SGD's code: one scale per "
+                         "channel over a micro-batch's tokens, ~1024 values)")
     ap.add_argument("--model", choices=("quick", "full"), default="quick")
     ap.add_argument("--data-bytes", type=int, default=8 << 20)
     ap.add_argument("--val-batches", type=int, default=16)

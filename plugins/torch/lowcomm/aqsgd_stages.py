@@ -1,0 +1,105 @@
+"""An AQ-SGD link inside a torch.distributed.pipelining trainer (PipelineStage, ScheduleGPipe,
+Schedule1F1B), with public APIs only.
+
+PipelineStage's own send/recv cannot carry AQ-SGD: its messages name no samples (so no
+per-sample cache can be addressed), and the gradient it sends back always has the shape of the
+tensor sent forward. So the activation travels over a lowcomm.aqsgd.Link from inside the
+stage modules, and PipelineStage carries a 1-element token per micro-batch:
+
+    link = lowcomm.aqsgd.Link(peer, sample_shape, group=link_group, bits=2)
+    # stage k:   nn.Sequential(..., aqsgd_stages.SendActivations(link))    forward(x, ids)
+    # stage k+1: aqsgd_stages.RecvActivations(link) first                  forward(token, ids)
+    schedule.step(x, ids=ids)        # ids: int64 [batch], split into micro-batches like x
+
+SendActivations sends its input's b-bit deltas (sends do not block) and returns the token;
+its backward receives the 8-bit gradient. RecvActivations returns the decoded activation and
+sends the gradient back in its backward. Give PipelineStage the token's shape up front
+(input_args / output_args, `token_like()`), or wrap the metadata-inference pass in
+`fence(stage)`: that pass must not touch the link (it would desynchronise the caches).
+The link needs a group of its own whose backend honours tags (lowcomm or Gloo; NCCL ignores
+tags).
+"""
+import contextlib
+
+import torch
+from torch import nn
+
+
+def token_like():
+    """The tensor PipelineStage moves between the two stages: one float needing a gradient."""
+    return torch.zeros(1, requires_grad=True)
+
+
+class _Quiet:
+    probe = False  # True while PipelineStage infers shapes: the link stays untouched
+
+
+class _Send(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ids, link, quiet):
+        ctx.live, ctx.link, ctx.ids, ctx.shape = not quiet.probe, link, ids.tolist(), x.shape
+        if ctx.live:
+            link.send(x.detach(), ctx.ids)
+        return x.new_zeros(1)
+
+    @staticmethod
+    def backward(ctx, _token_grad):
+        if not ctx.live:
+            return torch.zeros(ctx.shape), None, None, None
+        return ctx.link.recv_grad(ctx.ids).reshape(ctx.shape), None, None, None
+
+
+class _Recv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, token, ids, link, quiet):
+        ctx.live, ctx.link, ctx.ids = not quiet.probe, link, ids.tolist()
+        if not ctx.live:
+            return torch.zeros(len(ctx.ids), *link.sample_shape)
+        return link.recv(ctx.ids)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.live:
+            ctx.link.send_grad(grad.contiguous(), ctx.ids)
+        return torch.zeros(1), None, None, None
+
+
+class SendActivations(nn.Module):
+    """The last module of stage k: forward(x, ids) sends x over the link, returns the token."""
+
+    def __init__(self, link):
+        super().__init__()
+        self.link = link
+        self.quiet = _Quiet()
+
+    def forward(self, x, ids):
+        return _Send.apply(x, ids, self.link, self.quiet)
+
+
+class RecvActivations(nn.Module):
+    """The first module of stage k+1: forward(token, ids) returns the activation."""
+
+    def __init__(self, link):
+        super().__init__()
+        self.link = link
+        self.quiet = _Quiet()
+
+    def forward(self, token, ids):
+        return _Recv.apply(token, ids, self.link, self.quiet)
+
+
+def fence(stage, *link_modules):
+    """torch >= 2.15: keep PipelineStage's metadata-inference pass away from the link (for
+    stages built without input_args / output_args)."""
+
+    @contextlib.contextmanager
+    def ctx(info):
+        for m in link_modules:
+            m.quiet.probe = info.is_metadata_inference
+        try:
+            yield
+        finally:
+            for m in link_modules:
+                m.quiet.probe = False
+
+    stage.register_forward_context(ctx)
