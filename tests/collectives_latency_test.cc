@@ -73,6 +73,25 @@ TEST(CollectivesLatency, AllReduceTakesTwoOneWayDelays) {
   expect_all_ok(res);
 }
 
+TEST(CollectivesLatency, OneHopAllReduceTakesOneOneWayDelay) {
+  constexpr int P = 3;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = wan_options();
+    o.direct_bytes = 1024;
+    auto c = Communicator::init(id, rank, P, o);
+    RANK_OK(c.status());
+    RANK_OK(align_start(**c, rank));
+    std::vector<float> x(64, static_cast<float>(rank + 1));
+    auto t0 = Clock::now();
+    RANK_OK((*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+    double took = delays_since(t0);
+    for (float v : x) RANK_CHECK(v == 6.0f, std::to_string(v));
+    return expect_delays(took, 0.8, 1.5);
+  });
+  report("one-hop all_reduce", res);
+  expect_all_ok(res);
+}
+
 TEST(CollectivesLatency, BroadcastAndAllGatherTakeOneOneWayDelay) {
   constexpr int P = 3;
   auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {

@@ -40,6 +40,8 @@ uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
                               const std::optional<CodecSpec>& codec, uint64_t chunk_elems);
 
 Status all_reduce(OpRun& run, const ReduceArgs& a);
+// Every rank's contribution to every rank, reduced there (one_hop_reduce.cc).
+Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a);
 Status reduce(OpRun& run, const ReduceArgs& a, int root);  // the result on root only
 Status reduce_scatter(OpRun& run, const ReduceArgs& a);    // a.n = recv count * size
 Status all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype);

@@ -45,6 +45,19 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                             std::to_string(nranks) + ")");
   if (options.segment_bytes < 4096)
     return invalid_argument("init: segment_bytes must be at least 4096");
+  CommOptions opts = options;
+  if (opts.direct_bytes < 0) {
+    opts.direct_bytes = 0;
+    if (const char* env = std::getenv("LOWCOMM_DIRECT_BYTES"); env && *env) {
+      char* end = nullptr;
+      const long long v = std::strtoll(env, &end, 10);
+      if (*end != '\0' || v < 0)
+        return invalid_argument(std::string("init: LOWCOMM_DIRECT_BYTES must be a byte count, "
+                                            "got '") +
+                                env + "'");
+      opts.direct_bytes = v;
+    }
+  }
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(rank, secret);
   if (!cfg) return cfg.status();
@@ -75,7 +88,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   std::unique_ptr<CommImpl> c(new CommImpl());
   c->rank_ = rank;
   c->nranks_ = nranks;
-  c->options_ = options;
+  c->options_ = opts;
   c->timeout_ =
       options.timeout.count() > 0 ? Deadline::Clock::duration(options.timeout) : default_timeout();
   Deadline deadline = Deadline::after(c->timeout_);

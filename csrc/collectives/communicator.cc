@@ -48,15 +48,19 @@ std::optional<CodecSpec> resolve_codec(const std::optional<CodecSpec>& call,
 // descriptor (a plain spec dropped, so "none" on one rank and no codec on another agree; the
 // segment size from the owner chunk) and the algorithm's arguments, the rounding step taken
 // from the sequence number when the call names none.
+// An all-reduce may take the one-hop algorithm instead (one_hop): its descriptor says so with a
+// segment of 0, so ranks configured differently fail the descriptor check.
 Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> codec,
                    uint64_t chunk_elems, collectives::ReduceArgs a, std::optional<uint64_t> step,
-                   std::function<Status(OpRun&, const collectives::ReduceArgs&)> body) {
+                   std::function<Status(OpRun&, const collectives::ReduceArgs&)> body,
+                   bool one_hop = false) {
   d.dtype = a.dtype;
   d.op = a.op;
   d.codec = std::move(codec);
   if (collectives::plain_codec(d.codec, a.dtype)) d.codec.reset();
-  d.tag = collectives::reduce_segment_elems(impl.options().segment_bytes, a.dtype, d.codec,
-                                            chunk_elems);
+  d.tag = one_hop ? 0
+                  : collectives::reduce_segment_elems(impl.options().segment_bytes, a.dtype,
+                                                      d.codec, chunk_elems);
   a.codec = d.codec;
   return impl.submit_collective(d, [a, step, body = std::move(body)](OpRun& run) mutable {
     a.step = step ? *step : run.desc().seq;
@@ -125,10 +129,15 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   collectives::ReduceArgs a{send,         recv, count,          dtype,
                             op,           {},   options.ef_key, options.owner_error_feedback,
                             options.seed, 0};
-  return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
-                       [](OpRun& run, const collectives::ReduceArgs& args) {
-                         return collectives::all_reduce(run, args);
-                       });
+  const bool one_hop = size() > 1 && count * dtype_size(dtype) <=
+                                         static_cast<uint64_t>(impl_->options().direct_bytes);
+  return submit_reduce(
+      *impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
+      [](OpRun& run, const collectives::ReduceArgs& args) {
+        return run.desc().tag == 0 ? collectives::one_hop_all_reduce(run, args)
+                                   : collectives::all_reduce(run, args);
+      },
+      one_hop);
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,

@@ -111,6 +111,7 @@ std::string OpDescriptor::to_string() const {
       kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
   if (reduces) s += std::string(", ") + reduce_op_name(op);
   if (reduces) s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
+  if (kind == OpKind::kAllReduce && tag == 0) s += ", one hop";
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter)
     s += ", root " + std::to_string(root);

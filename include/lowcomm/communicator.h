@@ -89,6 +89,13 @@ struct CommOptions {
   // The reduce algorithms' largest pipelining unit (input bytes): segments are an eighth of an
   // owner chunk, at least 64 KiB, at most this.
   uint64_t segment_bytes = 4u << 20;
+  // All-reduces of at most this many input bytes take the one-hop algorithm: every rank sends
+  // its (encoded) tensor to every other and reduces the P contributions itself, in rank order.
+  // One one-way delay instead of two, (P-1)·n·w bytes sent instead of 2(P-1)/P·n·w, one
+  // quantization instead of two (uncompressed: the same bits as the owner reduction). For
+  // small tensors on long links, e.g. a trainer that all-reduces each parameter synchronously.
+  // -1: LOWCOMM_DIRECT_BYTES, else 0 (never). Ranks must agree (the descriptor check says so).
+  int64_t direct_bytes = -1;
   int codec_threads = 0;  // CpuOptions::threads for encode/decode
   // SO_SNDBUF/SO_RCVBUF per stream; 0: LOWCOMM_SOCKET_BUFFER, else 32 MiB; -1: the kernel's
   // autotuning (a default TCP socket).

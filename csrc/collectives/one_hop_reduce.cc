@@ -1,0 +1,104 @@
+// The one-hop all-reduce, for small tensors on long links (CommOptions::direct_bytes).
+//
+// Schedule: every rank encodes its whole tensor once (error feedback optional: the sender
+// residual, as in the owner reduction) and sends the codes to every other rank; every rank
+// decode-accumulates the P contributions in rank order in fp32, divides by P for an average and
+// rounds once to the dtype. Every rank reduces the same bytes in the same order, so every rank
+// ends bitwise identical; the error is one quantization per contribution (the owner reduction
+// has a second, the owners' re-quantization). Uncompressed, the arithmetic is the owner
+// reduction's (rank order, fp32, one rounding): the same bits.
+//
+// Cost: one one-way delay (the owner reduction takes two), (P-1)·n·w bytes sent per rank
+// (instead of 2(P-1)/P·n·w). A trainer that all-reduces each parameter synchronously pays the
+// delay once per tensor, so for tensors below the bandwidth-delay product this halves its time.
+//
+// As in the owner reduction, the descriptors are posted with the payload and checked before any
+// received byte is read; contributions land in scratch; the input is copied before it is sent
+// when it is also the output (a send may still be reading it when the result is written).
+
+#include <cstring>
+
+#include "collectives/algorithms.h"
+#include "collectives/arg_checks.h"
+#include "collectives/reduce_common.h"
+#include "collectives/reduce_kernels.h"
+#include "collectives/tags.h"
+
+namespace lowcomm::collectives {
+
+Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
+  LOWCOMM_CHECK(check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.ef_key));
+  LOWCOMM_CHECK(run.post_descriptors());
+  const int P = run.size(), me = run.rank();
+  const uint64_t es = dtype_size(a.dtype);
+  const bool plain = plain_codec(a.codec, a.dtype);
+  const CodecSpec wire =
+      a.codec ? *a.codec : passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32);
+  const uint64_t bytes = plain ? a.n * es : encoded_size(wire, a.n);
+  const uint64_t tag = run.payload_tag(tags::kReduce);
+  const CpuOptions cpu = run.cpu();
+
+  std::vector<uint8_t*> codes(static_cast<size_t>(P), nullptr);
+  std::vector<transport::Request> req(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    if (r == me) continue;
+    codes[r] = run.scratch(bytes);
+    req[r] = run.irecv(r, tag, codes[r], bytes);
+  }
+
+  uint8_t* own = run.scratch(bytes);
+  if (plain) {
+    std::memcpy(own, a.send, bytes);
+  } else {
+    RoundingKey key{rounding_seed(a.seed, a.step, me, 1), 0};
+    ScopedTimer t(run.counters().encode);
+    if (!a.ef_key.empty()) {
+      auto e = run.ef().sender(a.ef_key, a.n);
+      if (!e) return e.status();
+      LOWCOMM_CHECK(encode_error_feedback(wire, a.dtype, a.send, (*e)->sender.data(), a.n, own,
+                                          bytes, key, cpu));
+    } else {
+      LOWCOMM_CHECK(encode(wire, a.dtype, a.send, a.n, own, bytes, key, cpu));
+    }
+  }
+  codes[me] = own;
+  for (int d = 1; d < P; ++d) run.isend((me + d) % P, tag, own, bytes, a.n * es);
+
+  LOWCOMM_CHECK(run.check_descriptors());
+
+  const bool fp32_sum =
+      codec_dtype(a.dtype) && (a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage);
+  uint8_t* acc_bytes = run.scratch(a.n * dtype_size(acc_dtype(a.dtype)));
+  auto* acc = reinterpret_cast<float*>(acc_bytes);
+  float* widen = !fp32_sum && acc_dtype(a.dtype) != a.dtype
+                     ? reinterpret_cast<float*>(run.scratch(a.n * sizeof(float)))
+                     : nullptr;
+  if (fp32_sum) std::memset(acc, 0, a.n * sizeof(float));
+  for (int r = 0; r < P; ++r) {
+    if (r != me) LOWCOMM_CHECK(run.wait(req[r]));
+    if (!fp32_sum) {
+      if (r == 0) {
+        reduce_first(a.dtype, acc_bytes, codes[r], a.n);
+      } else {
+        reduce_next(a.dtype, a.op, acc_bytes, codes[r], a.n, widen);
+      }
+      continue;
+    }
+    std::optional<ScopedTimer> t;
+    if (!plain) t.emplace(run.counters().decode);
+    LOWCOMM_CHECK(decode_accumulate(wire, codes[r], bytes, a.n, DType::kFloat32, acc, cpu));
+  }
+  auto* out = static_cast<uint8_t*>(a.recv);
+  if (!fp32_sum) {
+    reduce_finish(a.dtype, a.op, P, acc_bytes, out, a.n);
+    return Status::ok();
+  }
+  if (a.op == ReduceOp::kAverage) {
+    const auto div = static_cast<float>(P);
+    for (uint64_t i = 0; i < a.n; ++i) acc[i] /= div;
+  }
+  return encode(passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32), DType::kFloat32,
+                acc, a.n, out, a.n * es, {}, cpu);
+}
+
+}  // namespace lowcomm::collectives
