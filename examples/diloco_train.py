@@ -13,7 +13,8 @@ training, evaluation excluded), and writes <out>/diloco-loss-vs-step.png,
 
 Runs: "fp32" (exact), a lowcomm codec ("q8", "q4", "q4:sr", "q2", "q2:block=32", "q1"),
 "+ef" for error feedback on each worker's quantization, "+ef2" for error feedback on the
-workers' and the owners' quantizations. The data is the Python standard library's sources
+workers' and the owners' quantizations, "+ef<decay>" (e.g. "+ef0.5") for worker error feedback
+whose residual is scaled by <decay> before it is carried over (docs/training.md). The data is the Python standard library's sources
 (examples/lowcomm_examples/data.py); every worker draws its own shard.
 """
 import argparse
@@ -33,11 +34,19 @@ from lowcomm_examples.launch import run_ranks  # noqa: E402
 
 
 def parse_run(name):
-    """'q2+ef' -> (codec 'q2', error feedback 'sender'); 'fp32' -> (None, False)."""
+    """'q2+ef' -> ('q2', True, None); 'q2+ef0.5' -> ('q2', True, 0.5); 'fp32' -> (None, False,
+    None)."""
     codec, _, ef = name.partition("+")
-    if ef not in ("", "ef", "ef2"):
+    codec = None if codec == "fp32" else codec
+    if ef in ("", "ef", "ef2"):
+        return codec, {"": False, "ef": True, "ef2": "both"}[ef], None
+    try:
+        decay = float(ef[2:]) if ef.startswith("ef") else None
+    except ValueError:
+        decay = None
+    if decay is None:
         raise SystemExit(f"diloco_train: unknown run suffix '+{ef}' in {name!r}")
-    return (None if codec == "fp32" else codec), {"": False, "ef": True, "ef2": "both"}[ef]
+    return codec, True, decay
 
 
 def worker(rank, args, run, seed, port, queue):
@@ -49,7 +58,7 @@ def worker(rank, args, run, seed, port, queue):
 
     dist.init_process_group("lowcomm", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.workers)
-    codec, ef = parse_run(run)
+    codec, ef, decay = parse_run(run)
     cfg = gpt.QUICK if args.model == "quick" else gpt.FULL
     corpus = data.Corpus(args.data_bytes, seed=seed)
     val = corpus.val_batches(args.batch, cfg.seq, args.val_batches)[rank::args.workers]
@@ -59,7 +68,8 @@ def worker(rank, args, run, seed, port, queue):
                               betas=(0.9, 0.95))
     warm = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: min(1.0, (s + 1) / args.warmup))
     outer = DiLoCo(model, sync_every=args.H, codec=codec, error_feedback=ef,
-                   overlap=args.overlap, fragments=args.fragments, outer_lr=args.outer_lr)
+                   error_feedback_decay=decay, overlap=args.overlap, fragments=args.fragments,
+                   outer_lr=args.outer_lr)
 
     def evaluate():
         outer.load_global(probe)

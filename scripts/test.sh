@@ -9,7 +9,7 @@
 #   4. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
 #   5. The torch backend: built with pip into .venv (torch from scripts/deps.sh) and its pytest
 #      suite, real processes against Gloo; then the same on the oldest supported torch
-#      (.venv-torch-oldest, 2.11).
+#      (.venv-torch-oldest, 2.11). The training examples' tests (examples/tests) on .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +46,9 @@ echo "== torch backend (plugins/torch)"
 LOWCOMM_CORE_BUILD="$PWD/build" .venv/bin/pip install -q --no-build-isolation ./plugins/torch
 # From outside the source tree, so the installed package is the one imported.
 (cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/plugins/torch/tests")
+
+echo "== training examples (examples/: shared pieces, --quick modes, the OpenDiLoCo-style script)"
+(cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/examples/tests")
 
 if [ -x .venv-torch-oldest/bin/python ]; then
   echo "== torch backend on the oldest supported torch ($(.venv-torch-oldest/bin/python -c 'import torch; print(torch.__version__)'))"

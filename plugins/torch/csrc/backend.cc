@@ -132,6 +132,7 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   }
   lowcomm::CommOptions o;
   o.timeout = timeout;
+  o.direct_bytes = config_.direct_bytes;
   auto comm = lowcomm::Communicator::init(id, rank, size, o);
   if (!comm) C10_THROW_ERROR(DistBackendError, "lowcomm: " + comm.status().to_string());
   comm_ = std::move(comm).value();
@@ -155,8 +156,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const std::chrono::duration<float>& timeout, const std::string& codec, int64_t codec_threshold,
-    const std::string& error_feedback) {
+    const std::string& error_feedback, int64_t direct_bytes) {
   BackendConfig config;
+  config.direct_bytes = direct_bytes;
   config.codec = codec;
   config.codec_threshold = codec_threshold;
   if (error_feedback == "address") {

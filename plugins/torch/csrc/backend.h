@@ -28,6 +28,9 @@ struct BackendConfig {
   // gradients accumulated in place); kCallOrder: the call's place in the repeating sequence of
   // compressed calls (a fresh tensor per parameter every step; call_order_keys.h).
   ErrorFeedback error_feedback = ErrorFeedback::kOff;
+  // All-reduces of at most this many bytes take one hop (CommOptions::direct_bytes); -1: the
+  // core's default (LOWCOMM_DIRECT_BYTES, else never).
+  int64_t direct_bytes = -1;
 };
 
 class LowcommBackend : public c10d::Backend {
@@ -42,7 +45,8 @@ class LowcommBackend : public c10d::Backend {
                                                   int rank, int size,
                                                   const std::chrono::duration<float>& timeout,
                                                   const std::string& codec, int64_t codec_threshold,
-                                                  const std::string& error_feedback);
+                                                  const std::string& error_feedback,
+                                                  int64_t direct_bytes);
 
   const std::string getBackendName() const override { return "lowcomm"; }
 

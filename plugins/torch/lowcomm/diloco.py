@@ -38,6 +38,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from lowcomm import _C
 from lowcomm import torch as lowcomm_torch
 
 
@@ -68,7 +69,7 @@ class DiLoCo:
 
     def __init__(self, model, *, group=None, sync_every=500, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, outer_optimizer=None, codec=None, error_feedback=False,
-                 overlap=False, fragments=1, name="diloco"):
+                 overlap=False, fragments=1, error_feedback_decay=None, name="diloco"):
         if sync_every < 1:
             raise ValueError(f"lowcomm.diloco: sync_every must be >= 1, got {sync_every}")
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -87,6 +88,14 @@ class DiLoCo:
         self.owner_error_feedback = error_feedback == "both"
         if self.error_feedback and not self.codec:
             raise ValueError("lowcomm.diloco: error_feedback needs a lossy codec")
+        self.ef_decay = None if error_feedback_decay is None else float(error_feedback_decay)
+        if self.ef_decay is not None:
+            if error_feedback not in (True, "sender") or ":sr" in self.codec:
+                raise ValueError("lowcomm.diloco: error_feedback_decay needs error_feedback="
+                                 "True and a round-to-nearest codec")
+            if not 0.0 <= self.ef_decay <= 1.0:
+                raise ValueError(f"lowcomm.diloco: error_feedback_decay must be in [0, 1], "
+                                 f"got {self.ef_decay}")
         self.on_lowcomm = _is_lowcomm(group)
         if self.codec and not self.on_lowcomm:
             raise ValueError("lowcomm.diloco: a codec needs a lowcomm group "
@@ -104,6 +113,9 @@ class DiLoCo:
             self.global_params.append(flat)
             self.starts.append(flat.clone())
         self.rounds = [0] * fragments          # outer steps taken per fragment
+        # error_feedback_decay: the residuals kept here (the core's store keeps them otherwise)
+        self.residuals = ([torch.zeros_like(g) for g in self.global_params]
+                          if self.ef_decay is not None else None)
         self.pending = [None] * fragments      # overlap: (lowcomm Work or None, buffer)
         if outer_optimizer is None:
             self.outer = torch.optim.SGD(self.global_params, lr=outer_lr,
@@ -140,8 +152,18 @@ class DiLoCo:
     # -- one fragment's outer step ------------------------------------------------------------
 
     def _sync(self, f):
-        delta = self.starts[f] - self._flat(f)  # Δ = θ_start − θ, fp32
+        progress = self.starts[f] - self._flat(f)  # Δ = θ_start − θ, fp32
         key = f"{self.name}/frag{f}" if self.error_feedback else ""
+        delta = progress
+        if self.residuals is not None:
+            # What this rank's quantization will lose, computed as lowcomm will quantize it
+            # (block codecs: owner chunks start on block boundaries, so the bits agree), kept
+            # scaled by the decay for the next round.
+            delta = progress + self.residuals[f]
+            sent = torch.empty_like(delta)
+            _C.decode(self.codec, _C.encode(self.codec, delta), sent)
+            self.residuals[f] = (delta - sent).mul_(self.ef_decay)
+            key = ""
         step = self.rounds[f] * len(self.fragments) + f  # stochastic rounding: resumable
         self.rounds[f] += 1
         if not self.overlap:
@@ -151,7 +173,7 @@ class DiLoCo:
             self._load(f, self.global_params[f])
             return
         self._apply_pending(f)
-        new_start = self.global_params[f] - delta  # the newest θ_g plus own unsent progress
+        new_start = self.global_params[f] - progress  # the newest θ_g plus own unsent progress
         self.starts[f].copy_(new_start)
         self._load(f, new_start)
         self.pending[f] = (self._launch(delta, key, step), delta)
@@ -248,6 +270,7 @@ class DiLoCo:
             "pending": pending,
             "outer_optimizer": self.outer.state_dict(),
             "error_feedback": ef,
+            "residuals": None if self.residuals is None else [r.clone() for r in self.residuals],
         }
 
     @torch.no_grad()
@@ -268,6 +291,9 @@ class DiLoCo:
             dst.copy_(src)
         self.pending = [None if p is None else (None, p.clone()) for p in state["pending"]]
         self.outer.load_state_dict(state["outer_optimizer"])
+        if self.residuals is not None:
+            for dst, src in zip(self.residuals, state["residuals"]):
+                dst.copy_(src)
         if self.error_feedback and state["error_feedback"]:
             lowcomm_torch._backend(self.group).restore_error_feedback(state["error_feedback"])
 
@@ -278,6 +304,7 @@ class DiLoCo:
             "codec": self.codec,
             "error_feedback": self.error_feedback,
             "owner_error_feedback": self.owner_error_feedback,
+            "error_feedback_decay": self.ef_decay,
             "overlap": self.overlap,
             "world": self.world,
         }

@@ -30,11 +30,15 @@ class Options:
         that all-reduce a fresh tensor per parameter every step (`p.grad = a - b;
         dist.all_reduce(p.grad)`, as DiLoCo scripts do), whose addresses mean nothing;
       False / None / "" (the default): off.
+    direct_bytes: all-reduces of at most this many bytes take one hop (each rank's tensor to
+      every rank, reduced there): one one-way delay instead of two, for trainers that
+      all-reduce small tensors one by one over a long link; uncompressed, the same bits.
     Unset fields come from LOWCOMM_CODEC, LOWCOMM_CODEC_THRESHOLD, LOWCOMM_ERROR_FEEDBACK
-    (0, 1 = address, address, order).
+    (0, 1 = address, address, order), LOWCOMM_DIRECT_BYTES (default 0: never).
     """
 
-    def __init__(self, codec=None, codec_threshold=None, error_feedback=None):
+    def __init__(self, codec=None, codec_threshold=None, error_feedback=None,
+                 direct_bytes=None):
         env = os.environ
         self.codec = codec if codec is not None else env.get("LOWCOMM_CODEC", "")
         self.codec_threshold = int(codec_threshold if codec_threshold is not None
@@ -42,6 +46,7 @@ class Options:
         ef = error_feedback if error_feedback is not None else env.get(
             "LOWCOMM_ERROR_FEEDBACK", "")
         self.error_feedback = _ef_mode(ef)
+        self.direct_bytes = -1 if direct_bytes is None else int(direct_bytes)
 
 
 def _ef_mode(value):
@@ -62,7 +67,7 @@ def _create(dist_opts, backend_options):
                         f"{type(backend_options).__name__}")
     return _C.create_backend(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
                              dist_opts.timeout, opts.codec, opts.codec_threshold,
-                             opts.error_feedback)
+                             opts.error_feedback, opts.direct_bytes)
 
 
 if BACKEND not in dist.Backend.backend_list:

@@ -182,3 +182,39 @@ def _sites(rank, world, init_file, errors):
 
 def test_sites_with_ddp_on_gloo_inside_and_diloco_between(tmp_path):
     run_world(_sites, 4, tmp_path)
+
+
+def _order_keys(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        opts = lowcomm.torch.Options(codec="q2", codec_threshold=0, error_feedback="order",
+                                     direct_bytes=1 << 20)
+        by_order = dist.new_group(backend="lowcomm", pg_options=opts)
+        named = dist.new_group(backend="lowcomm")
+        shapes = [(8, 16), (16,), (16, 16), (16,), (4, 16)]  # (16,) twice within a step
+        for step in range(4):
+            for i, shape in enumerate(shapes):
+                g = torch.Generator().manual_seed(100 * step + 10 * i + rank)
+                x = torch.randn(*shape, generator=g)
+                a = x.clone()  # a fresh tensor every step, as `p.grad = global - local` is
+                dist.all_reduce(a, op=dist.ReduceOp.AVG, group=by_order)
+                b = x.clone()
+                lowcomm.torch.all_reduce(b, op=dist.ReduceOp.AVG, codec="q2",
+                                         error_feedback_key=f"p{i}", group=named)
+                assert torch.equal(a, b), (step, i, (a - b).abs().max())
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_group_error_feedback_by_call_order_matches_named_keys(tmp_path):
+    # Both groups one-hop (the named group through LOWCOMM_DIRECT_BYTES), so the two paths
+    # quantize the same way and only the residuals' keys could differ.
+    import os
+    os.environ["LOWCOMM_DIRECT_BYTES"] = str(1 << 20)
+    try:
+        run_world(_order_keys, 2, tmp_path)
+    finally:
+        del os.environ["LOWCOMM_DIRECT_BYTES"]
