@@ -14,7 +14,8 @@ training, evaluation excluded), and writes <out>/diloco-loss-vs-step.png,
 Runs: "fp32" (exact), a lowcomm codec ("q8", "q4", "q4:sr", "q2", "q2:block=32", "q1"),
 "+ef" for error feedback on each worker's quantization, "+ef2" for error feedback on the
 workers' and the owners' quantizations, "+ef<decay>" (e.g. "+ef0.5") for worker error feedback
-whose residual is scaled by <decay> before it is carried over (docs/training.md). The data is the Python standard library's sources
+whose residual is scaled by <decay> before it is carried over, "+efl" for error feedback left
+in each worker's own model (implicit, as CocktailSGD's workers; docs/training.md). The data is the Python standard library's sources
 (examples/lowcomm_examples/data.py); every worker draws its own shard.
 """
 import argparse
@@ -38,8 +39,8 @@ def parse_run(name):
     None)."""
     codec, _, ef = name.partition("+")
     codec = None if codec == "fp32" else codec
-    if ef in ("", "ef", "ef2"):
-        return codec, {"": False, "ef": True, "ef2": "both"}[ef], None
+    if ef in ("", "ef", "ef2", "efl"):
+        return codec, {"": False, "ef": True, "ef2": "both", "efl": "local"}[ef], None
     try:
         decay = float(ef[2:]) if ef.startswith("ef") else None
     except ValueError:

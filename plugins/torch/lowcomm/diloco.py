@@ -62,7 +62,10 @@ class DiLoCo:
     codec: lowcomm codec of the pseudo-gradient ("q4", "q2:block=64", "q4:sr", ...; None/"none"
       exact). error_feedback: True / "sender": keep each rank's quantization error of its
       contribution and add it to the next round's pseudo-gradient; "both": also the error of
-      the owners' re-quantization of the average (docs/training.md compares them).
+      the owners' re-quantization of the average; "local": leave it in this rank's own model
+      (θ ← θ_g − error), so the next pseudo-gradient carries it without the inner steps
+      redoing it (docs/training.md compares them). error_feedback_decay: scale the kept error
+      by this factor (the residual then lives here, not in lowcomm's store).
     overlap: average round t while round t+1 trains (delayed outer update).
     fragments: synchronise F slices of the parameters at staggered steps.
     """
@@ -81,16 +84,21 @@ class DiLoCo:
         self.group = group
         self.sync_every = int(sync_every)
         self.codec = "" if codec in (None, "", "none", "fp32") else codec
-        if error_feedback not in (False, True, None, "sender", "both"):
-            raise ValueError(f"lowcomm.diloco: error_feedback must be False, True (= 'sender') "
-                             f"or 'both', got {error_feedback!r}")
+        if error_feedback not in (False, True, None, "sender", "both", "local"):
+            raise ValueError(f"lowcomm.diloco: error_feedback must be False, True (= 'sender'), "
+                             f"'both' or 'local', got {error_feedback!r}")
         self.error_feedback = bool(error_feedback)
         self.owner_error_feedback = error_feedback == "both"
+        self.local_error_feedback = error_feedback == "local"
+        if self.local_error_feedback and overlap:
+            raise ValueError("lowcomm.diloco: error_feedback='local' is not defined with overlap")
         if self.error_feedback and not self.codec:
             raise ValueError("lowcomm.diloco: error_feedback needs a lossy codec")
         self.ef_decay = None if error_feedback_decay is None else float(error_feedback_decay)
+        if self.local_error_feedback and self.ef_decay is None:
+            self.ef_decay = 1.0
         if self.ef_decay is not None:
-            if error_feedback not in (True, "sender") or ":sr" in self.codec:
+            if error_feedback not in (True, "sender", "local") or ":sr" in self.codec:
                 raise ValueError("lowcomm.diloco: error_feedback_decay needs error_feedback="
                                  "True and a round-to-nearest codec")
             if not 0.0 <= self.ef_decay <= 1.0:
@@ -115,7 +123,8 @@ class DiLoCo:
         self.rounds = [0] * fragments          # outer steps taken per fragment
         # error_feedback_decay: the residuals kept here (the core's store keeps them otherwise)
         self.residuals = ([torch.zeros_like(g) for g in self.global_params]
-                          if self.ef_decay is not None else None)
+                          if self.ef_decay is not None and not self.local_error_feedback
+                          else None)
         self.pending = [None] * fragments      # overlap: (lowcomm Work or None, buffer)
         if outer_optimizer is None:
             self.outer = torch.optim.SGD(self.global_params, lr=outer_lr,
@@ -155,7 +164,17 @@ class DiLoCo:
         progress = self.starts[f] - self._flat(f)  # Δ = θ_start − θ, fp32
         key = f"{self.name}/frag{f}" if self.error_feedback else ""
         delta = progress
-        if self.residuals is not None:
+        lost = None
+        if self.local_error_feedback:
+            # Implicit error feedback (as CocktailSGD's workers): what this rank's quantization
+            # loses stays in its own model, θ ← θ_g − lost, and the next Δ = θ_g − θ carries it
+            # with the progress made from there; the inner steps do not redo (and so double)
+            # the unsent part of a displacement, as an explicit residual added to Δ would.
+            sent = torch.empty_like(delta)
+            _C.decode(self.codec, _C.encode(self.codec, delta), sent)
+            lost = (delta - sent).mul_(self.ef_decay)
+            key = ""
+        elif self.residuals is not None:
             # What this rank's quantization will lose, computed as lowcomm will quantize it
             # (block codecs: owner chunks start on block boundaries, so the bits agree), kept
             # scaled by the decay for the next round.
@@ -170,7 +189,7 @@ class DiLoCo:
             self._wait(self._launch(delta, key, step))
             self._outer_step(f, delta)
             self.starts[f].copy_(self.global_params[f])
-            self._load(f, self.global_params[f])
+            self._load(f, self.global_params[f] if lost is None else self.global_params[f] - lost)
             return
         self._apply_pending(f)
         new_start = self.global_params[f] - progress  # the newest θ_g plus own unsent progress
@@ -304,6 +323,7 @@ class DiLoCo:
             "codec": self.codec,
             "error_feedback": self.error_feedback,
             "owner_error_feedback": self.owner_error_feedback,
+            "local_error_feedback": self.local_error_feedback,
             "error_feedback_decay": self.ef_decay,
             "overlap": self.overlap,
             "world": self.world,

@@ -2,9 +2,11 @@
 stopped and resumed from state_dict() (compressed, stochastic rounding, error feedback,
 overlap, fragments) ends with the same bits as one that never stopped; Gloo groups work
 uncompressed; sites running DDP on Gloo inside and DiLoCo on lowcomm between end identical."""
+import functools
 import sys
 import traceback
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -86,11 +88,19 @@ def _train(rank, group, steps, state=None, **kw):
     return model, opt, outer
 
 
-def _resume(rank, world, init_file, errors):
+RESUME_CONFIGS = {
+    "sender": dict(sync_every=4, codec="q2:sr", error_feedback=True, overlap=True, fragments=2),
+    "local": dict(sync_every=4, codec="q2", error_feedback="local", fragments=2),
+    "decay": dict(sync_every=4, codec="q2", error_feedback=True, error_feedback_decay=0.5,
+                  overlap=True),
+}
+
+
+def _resume(rank, world, init_file, errors, config="sender"):
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                 world_size=world)
-        kw = dict(sync_every=4, codec="q2:sr", error_feedback=True, overlap=True, fragments=2)
+        kw = RESUME_CONFIGS[config]
         model, _, outer = _train(rank, dist.new_group(backend="lowcomm"), 22, **kw)
         outer.finish()
         straight = flat(model).clone()
@@ -99,7 +109,7 @@ def _resume(rank, world, init_file, errors):
         model, opt, outer = _train(rank, dist.new_group(backend="lowcomm"), 13, **kw)
         state = {"model": model.state_dict(), "opt": opt.state_dict(),
                  "outer": outer.state_dict(), "step": 13}
-        assert state["outer"]["error_feedback"]
+        assert state["outer"]["error_feedback"] or config != "sender"
         model, _, outer = _train(rank, dist.new_group(backend="lowcomm"), 22, state=state, **kw)
         outer.finish()
         assert torch.equal(flat(model), straight), (flat(model) - straight).abs().max()
@@ -120,8 +130,9 @@ def _resume(rank, world, init_file, errors):
         sys.exit(1)
 
 
-def test_resume_from_state_dict_gives_the_same_bits(tmp_path):
-    run_world(_resume, 2, tmp_path)
+@pytest.mark.parametrize("config", sorted(RESUME_CONFIGS))
+def test_resume_from_state_dict_gives_the_same_bits(tmp_path, config):
+    run_world(functools.partial(_resume, config=config), 2, tmp_path)
 
 
 def _gloo_equals_lowcomm(rank, world, init_file, errors):
