@@ -59,3 +59,11 @@ def test_opendiloco_style_script_with_only_the_backend_changed(tmp_path):
                env={"LOWCOMM_CODEC": "q4", "LOWCOMM_CODEC_THRESHOLD": "0",
                     "LOWCOMM_ERROR_FEEDBACK": "order", "LOWCOMM_DIRECT_BYTES": "65536"})
     assert "outer step median" in text
+
+
+def test_pipelining_trainer_over_an_aqsgd_link(tmp_path):
+    text = run([EXAMPLES / "existing" / "pipelining_aqsgd.py", "--samples", "64", "--epochs",
+                "3"], tmp_path)
+    losses = [float(line.split("train loss ")[1].split(",")[0])
+              for line in text.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 3 and losses[-1] < losses[0] - 0.3, text
