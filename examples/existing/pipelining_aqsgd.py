@@ -18,7 +18,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 import lowcomm.torch  # noqa: F401  aqsgd: registers the "lowcomm" backend
@@ -27,26 +26,6 @@ from lowcomm.aqsgd import Link  # aqsgd:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from lowcomm_examples import data, gpt  # noqa: E402
-
-
-class First(nn.Module):
-    def __init__(self, stage, link):
-        super().__init__()
-        self.stage = stage
-        self.send = aqsgd_stages.SendActivations(link)  # aqsgd:
-
-    def forward(self, x, ids):  # aqsgd: (was forward(self, x))
-        return self.send(self.stage(x), ids)  # aqsgd: (was return self.stage(x))
-
-
-class Second(nn.Module):
-    def __init__(self, stage, link):
-        super().__init__()
-        self.stage = stage
-        self.recv = aqsgd_stages.RecvActivations(link)  # aqsgd:
-
-    def forward(self, token, ids):  # aqsgd: (was forward(self, h))
-        return self.stage(self.recv(token, ids))  # aqsgd: (was return self.stage(h))
 
 
 def train(rank, args, port):
@@ -60,7 +39,8 @@ def train(rank, args, port):
     link = Link(1 - rank, (cfg.seq, cfg.d_model), group=dist.new_group(backend="lowcomm"),  # aqsgd:
                 bits=args.bits, block=1024)  # aqsgd:
     stage = gpt.split_stages(model, 2)[rank]
-    module = First(stage, link) if rank == 0 else Second(stage, link)
+    module = (aqsgd_stages.SendingStage if rank == 0 else aqsgd_stages.ReceivingStage)(  # aqsgd:
+        stage, link)  # aqsgd: (was module = stage)
     mb = args.batch // args.micro_batches
     io = (dict(input_args=torch.zeros(mb, cfg.seq, dtype=torch.long),  # aqsgd: shapes given,
                output_args=aqsgd_stages.token_like()) if rank == 0 else  # aqsgd: the token's

@@ -7,8 +7,8 @@ tensor sent forward. So the activation travels over a lowcomm.aqsgd.Link from in
 stage modules, and PipelineStage carries a 1-element token per micro-batch:
 
     link = lowcomm.aqsgd.Link(peer, sample_shape, group=link_group, bits=2)
-    # stage k:   nn.Sequential(..., aqsgd_stages.SendActivations(link))    forward(x, ids)
-    # stage k+1: aqsgd_stages.RecvActivations(link) first                  forward(token, ids)
+    stage_module = aqsgd_stages.SendingStage(stage0, link)    # on stage k: forward(x, ids)
+    stage_module = aqsgd_stages.ReceivingStage(stage1, link)  # on stage k+1: (token, ids)
     schedule.step(x, ids=ids)        # ids: int64 [batch], split into micro-batches like x
 
 SendActivations sends its input's b-bit deltas (sends do not block) and returns the token;
@@ -86,6 +86,31 @@ class RecvActivations(nn.Module):
 
     def forward(self, token, ids):
         return _Recv.apply(token, ids, self.link, self.quiet)
+
+
+class SendingStage(nn.Module):
+    """Stage k as a whole: `module` (one input, the activation out) followed by the link;
+    forward(x, ids) returns the token. What a trainer hands PipelineStage instead of module."""
+
+    def __init__(self, module, link):
+        super().__init__()
+        self.module = module
+        self.send = SendActivations(link)
+
+    def forward(self, x, ids):
+        return self.send(self.module(x), ids)
+
+
+class ReceivingStage(nn.Module):
+    """Stage k+1 as a whole: the link followed by `module`; forward(token, ids)."""
+
+    def __init__(self, module, link):
+        super().__init__()
+        self.recv = RecvActivations(link)
+        self.module = module
+
+    def forward(self, token, ids):
+        return self.module(self.recv(token, ids))
 
 
 def fence(stage, *link_modules):
