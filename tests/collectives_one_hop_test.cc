@@ -92,8 +92,8 @@ TEST(CollectivesOneHop, CompressedIsOneQuantizationPerContributionOnEveryRank) {
         o.ef_key = text;
         o.seed = 5;
         o.step = step;
-        RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kAverage, o)
-                    .wait());
+        RANK_OK(
+            (*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kAverage, o).wait());
         // The reference: every rank's contribution quantized once (its residual added), decoded
         // and summed in rank order in fp32, divided by P.
         std::vector<float> acc(n, 0.0f), ref(n);
@@ -104,8 +104,8 @@ TEST(CollectivesOneHop, CompressedIsOneQuantizationPerContributionOnEveryRank) {
           RoundingKey key{collectives::rounding_seed(5, step, r, 1), 0};
           RANK_OK(encode_error_feedback(spec, DType::kFloat32, xr.data(), residual[r].data(), n,
                                         codes.data(), codes.size(), key));
-          RANK_OK(decode_accumulate(spec, codes.data(), codes.size(), n, DType::kFloat32,
-                                    acc.data()));
+          RANK_OK(
+              decode_accumulate(spec, codes.data(), codes.size(), n, DType::kFloat32, acc.data()));
         }
         for (uint64_t i = 0; i < n; ++i) ref[i] = acc[i] / static_cast<float>(P);
         RANK_CHECK(std::memcmp(ref.data(), y.data(), n * 4) == 0,
@@ -127,8 +127,8 @@ TEST(CollectivesOneHop, RanksThatDisagreeOnTheThresholdFailWithAMismatch) {
     auto c = Communicator::init(id, rank, P, one_hop(rank == 0 ? 1 << 20 : 0));
     RANK_OK(c.status());
     std::vector<float> x(256, 1.0f);
-    Status s = (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum)
-                   .wait();
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
     RANK_CHECK(s.code() == StatusCode::kInvalidArgument, s.to_string());
     RANK_CHECK(s.to_string().find("one hop") != std::string::npos, s.to_string());
     RANK_CHECK(s.to_string().find("mismatched operations") != std::string::npos, s.to_string());

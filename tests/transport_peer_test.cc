@@ -215,5 +215,33 @@ TEST(TransportPeer, EmulatedDelayAppliesToSmallMessages) {
   EXPECT_EQ(y, 42);
 }
 
+TEST(TransportPeer, EmulatedSendsCompleteWhenTheyLeaveAndPayTheDelayOnceTogether) {
+  // As a kernel socket does, a send over the emulated link completes when its bytes have left
+  // the sender's end, not when they arrive: eight small sends back to back take far less than
+  // one one-way delay to complete, and all eight arrive one delay (200 ms) after they left,
+  // not eight delays.
+  auto cfg_b = test_config(1);
+  cfg_b.wan = *parse_wan("rtt=400ms");
+  auto p = connect_pair(test_config(0), cfg_b);
+  ASSERT_TRUE(p.a && p.b);
+  constexpr int kMessages = 8;
+  std::vector<uint8_t> out(kMessages), in(kMessages, 0);
+  std::vector<Request> recvs;
+  for (int i = 0; i < kMessages; ++i) {
+    out[i] = static_cast<uint8_t>(i + 1);
+    recvs.push_back(p.a->irecv(1, &in[i], 1));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kMessages; ++i) ASSERT_TRUE(p.b->isend(1, &out[i], 1).wait(kWait).is_ok());
+  double sent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(sent, 0.1) << "the sends waited for the emulated delay";
+  out.assign(kMessages, 0);  // the buffers are free once the sends completed
+  for (auto& r : recvs) ASSERT_TRUE(r.wait(kWait).is_ok());
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(took, 0.199);
+  EXPECT_LT(took, 0.3) << "each send paid the delay on its own";
+  for (int i = 0; i < kMessages; ++i) EXPECT_EQ(in[i], i + 1);
+}
+
 }  // namespace
 }  // namespace lowcomm::transport

@@ -97,8 +97,8 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
     const auto div = static_cast<float>(P);
     for (uint64_t i = 0; i < a.n; ++i) acc[i] /= div;
   }
-  return encode(passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32), DType::kFloat32,
-                acc, a.n, out, a.n * es, {}, cpu);
+  return encode(passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32), DType::kFloat32, acc,
+                a.n, out, a.n * es, {}, cpu);
 }
 
 }  // namespace lowcomm::collectives

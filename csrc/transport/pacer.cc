@@ -82,7 +82,7 @@ Pacer::Slot Pacer::submit(uint64_t bytes, Clock::time_point now) {
     s.acks.emplace_back(deliver + seconds(link_.one_way_delay_s), bytes);
     s.bytes += bytes;
   }
-  return Slot{best, deliver};
+  return Slot{best, sent, deliver};
 }
 
 }  // namespace lowcomm::transport

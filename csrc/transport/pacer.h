@@ -69,6 +69,7 @@ class Pacer {
 
   struct Slot {
     int stream = 0;             // the stream the chunk must be written to
+    Clock::time_point sent;     // when its last bit has left the sender's end of the link
     Clock::time_point deliver;  // when it may be written
   };
 

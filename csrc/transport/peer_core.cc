@@ -121,6 +121,7 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
   uint64_t chunk = config_.chunk_bytes;
   uint64_t nchunks = len == 0 ? 1 : (len + chunk - 1) / chunk;
   op->chunks_left = nchunks;
+  op->departs_left = nchunks;
   auto now = Pacer::Clock::now();
   for (uint64_t i = 0; i < nchunks; ++i) {
     OutChunk c;
@@ -132,6 +133,7 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
     if (pacer_.shaped()) {
       // Headers cross the emulated link too: they cost bandwidth on a real one.
       Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
+      c.depart = slot.sent;
       c.release = slot.deliver;
       c.stream = slot.stream;
       paced_.push_back(std::move(c));
@@ -144,17 +146,31 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
 
 void PeerCore::release_paced() {
   auto now = Pacer::Clock::now();
-  while (!paced_.empty() && paced_.front().release <= now) {
+  // Departures (depart <= release, both non-decreasing along paced_): the chunk's bytes are
+  // copied, so the sender's buffer is free, and a send whose last chunk has left completes.
+  while (departed_ < paced_.size() && paced_[departed_].depart <= now) {
+    OutChunk& c = paced_[departed_++];
+    if (c.len) {
+      c.owned = std::make_unique<uint8_t[]>(c.len);
+      std::memcpy(c.owned.get(), c.data, c.len);
+      c.data = c.owned.get();
+    }
+    if (--c.op->departs_left == 0) c.op->req->complete(Status::ok());
+  }
+  while (!paced_.empty() && paced_.front().release <= now && departed_ > 0) {
     // Take the chunk out before enqueueing: a write failure inside enqueue() runs fail(), which
     // completes and clears everything still in paced_.
     OutChunk c = std::move(paced_.front());
     paced_.pop_front();
+    --departed_;
     enqueue(std::move(c));
   }
   if (paced_.empty() || pace_timer_armed_) return;
+  auto next = departed_ < paced_.size() ? std::min(paced_[departed_].depart, paced_.front().release)
+                                        : paced_.front().release;
   auto self = shared_from_this();
   pace_timer_armed_ = true;
-  pace_timer_ = engine_.add_timer(paced_.front().release, [self] {
+  pace_timer_ = engine_.add_timer(next, [self] {
     self->pace_timer_armed_ = false;
     self->release_paced();
   });
@@ -458,8 +474,9 @@ void PeerCore::fail(Status why) {
     s.queued_bytes = 0;
     s.cur.reset();
   }
-  for (auto& c : paced_) fail_req(*c.op->req, c.op->what);
+  for (auto& c : paced_) fail_req(*c.op->req, c.op->what);  // departed sends: already ok
   paced_.clear();
+  departed_ = 0;
   if (pace_timer_armed_) {
     engine_.cancel_timer(pace_timer_);
     pace_timer_armed_ = false;

@@ -9,7 +9,10 @@
 // bytes among the first stripe_ streams (path_model.h: as many as the path needs). Shaped,
 // the pacer gives each chunk its stream and deliver time (it models each stream's TCP window)
 // and the chunk waits in paced_ until a timer releases it to that stream. A send completes when
-// its last chunk is written to a socket.
+// its last chunk is written to a socket; shaped, when its last chunk has left the sender's end
+// of the emulated link (its bytes are copied then and written at the deliver time), as a kernel
+// socket takes bytes long before they arrive: consecutive sends pay the link's delay once, not
+// once each, and only a bandwidth-delay product of copies is held.
 //
 // Receive path: each stream reads a header, validates it, then reads the payload directly into
 // the posted user buffer at the chunk's offset (zero-copy), or into a buffer for a message that
@@ -65,14 +68,17 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     std::shared_ptr<RequestState> req;
     std::string what;  // "isend tag T (N bytes)"
     uint64_t chunks_left = 0;
+    uint64_t departs_left = 0;  // shaped: chunks that have not yet left the sender's end
   };
   struct OutChunk {
     std::shared_ptr<SendOp> op;
     uint8_t header[kChunkHeaderBytes];
     const uint8_t* data = nullptr;
     uint32_t len = 0;
-    uint64_t written = 0;  // of header + data
+    uint64_t written = 0;               // of header + data
+    Pacer::Clock::time_point depart{};  // shaped: when its bytes leave the sender's end
     Pacer::Clock::time_point release{};
+    std::unique_ptr<uint8_t[]> owned;  // shaped: the bytes, copied at departure
     int stream = -1;  // shaped: the pacer's choice; -1: the least busy striped stream
   };
   struct InMsg {
@@ -143,6 +149,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   int stripe_ = 1;  // unshaped sends use streams [0, stripe_)
   Pacer pacer_;
   std::deque<OutChunk> paced_;  // release times non-decreasing (the pacer never reorders)
+  size_t departed_ = 0;         // paced_[0, departed_) have left the sender's end (copied)
   uint64_t pace_timer_ = 0;
   bool pace_timer_armed_ = false;
   std::map<uint64_t, uint64_t> send_seq_;       // tag -> next seq to send
