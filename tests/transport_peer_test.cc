@@ -221,8 +221,8 @@ TEST(TransportPeer, EmulatedSendsCompleteWhenTheyLeaveAndPayTheDelayOnceTogether
   // one one-way delay to complete, and all eight arrive one delay (200 ms) after they left,
   // not eight delays.
   auto cfg_b = test_config(1);
-  cfg_b.wan = *parse_wan("rtt=400ms");
-  auto p = connect_pair(test_config(0), cfg_b);
+  cfg_b.wan = *parse_wan("bw=100mbit,rtt=400ms");  // with a rate: each chunk leaves a little
+  auto p = connect_pair(test_config(0), cfg_b);    // later than it is submitted
   ASSERT_TRUE(p.a && p.b);
   constexpr int kMessages = 8;
   std::vector<uint8_t> out(kMessages), in(kMessages, 0);

@@ -165,11 +165,18 @@ void PeerCore::release_paced() {
     --departed_;
     enqueue(std::move(c));
   }
-  if (paced_.empty() || pace_timer_armed_) return;
+  if (paced_.empty()) return;
   auto next = departed_ < paced_.size() ? std::min(paced_[departed_].depart, paced_.front().release)
                                         : paced_.front().release;
+  // A chunk submitted now may leave before the event the timer waits for (the previous
+  // chunk's delivery): move the timer earlier.
+  if (pace_timer_armed_) {
+    if (pace_timer_at_ <= next) return;
+    engine_.cancel_timer(pace_timer_);
+  }
   auto self = shared_from_this();
   pace_timer_armed_ = true;
+  pace_timer_at_ = next;
   pace_timer_ = engine_.add_timer(next, [self] {
     self->pace_timer_armed_ = false;
     self->release_paced();

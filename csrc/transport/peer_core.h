@@ -152,6 +152,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   size_t departed_ = 0;         // paced_[0, departed_) have left the sender's end (copied)
   uint64_t pace_timer_ = 0;
   bool pace_timer_armed_ = false;
+  Pacer::Clock::time_point pace_timer_at_{};    // when the armed timer fires
   std::map<uint64_t, uint64_t> send_seq_;       // tag -> next seq to send
   std::map<uint64_t, uint64_t> recv_post_seq_;  // tag -> next seq an irecv claims
   std::map<MsgKey, std::shared_ptr<InMsg>> in_msgs_;
