@@ -59,6 +59,9 @@ def worker(rank, args, run, seed, port, queue):
 
     dist.init_process_group("lowcomm", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.workers)
+    # Evaluation's small all-reduces on a group of their own, so the DiLoCo group carries only
+    # the outer steps (its statistics count them alone).
+    eval_group = dist.new_group(backend="gloo")
     codec, ef, decay = parse_run(run)
     cfg = gpt.QUICK if args.model == "quick" else gpt.FULL
     corpus = data.Corpus(args.data_bytes, seed=seed)
@@ -75,11 +78,11 @@ def worker(rank, args, run, seed, port, queue):
     def evaluate():
         outer.load_global(probe)
         loss = torch.tensor([gpt.evaluate(probe, val) * len(val), len(val)], dtype=torch.float64)
-        dist.all_reduce(loss)  # exact, small
+        dist.all_reduce(loss, group=eval_group)  # exact, small
         return (loss[0] / loss[1]).item()
 
     curve = [(0, 0.0, evaluate())]
-    dist.barrier()
+    dist.barrier(group=eval_group)
     compute = sync = evaluating = 0.0
     start = time.perf_counter()
     steps = args.H * args.outer_steps

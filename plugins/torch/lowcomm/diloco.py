@@ -224,6 +224,8 @@ class DiLoCo:
         work.wait()
         self.comm_wait_s += time.perf_counter() - t0
         if self.on_lowcomm:
+            # The group's last completed operation: this average when nothing else ran on the
+            # group since (give DiLoCo a group of its own for exact byte counts with overlap).
             self.last_stats = lowcomm_torch.last_op_stats(self.group)
             self.bytes_sent += int(self.last_stats["bytes_sent"])
 
