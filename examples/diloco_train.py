@@ -19,7 +19,6 @@ in each worker's own model (implicit, as CocktailSGD's workers; docs/training.md
 (examples/lowcomm_examples/data.py); every worker draws its own shard.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -165,11 +164,7 @@ def main():
                   f"utilisation {100 * r['utilisation']:.1f}% ({r['params']} parameters, "
                   f"{args.workers} workers, H {args.H}, {args.outer_steps} outer steps"
                   f"{', overlap' if args.overlap else ''})", flush=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"args": vars(args), "results": results}, f, indent=1)
-    curves = {f"{r['run']} s{r['seed']}": [tuple(c) for c in r["curve"]] for r in results}
-    plot.write_curves(os.path.join(args.out, "diloco"), curves)
-    plot.write_csv(os.path.join(args.out, "diloco.csv"), curves)
+    plot.write_results(args.out, "diloco", args, results)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ wall time, time per step and compute utilisation, and writes <out>/pipeline-loss
 <out>/pipeline-loss-vs-wall.png, a CSV and results.json.
 """
 import argparse
-import json
 import os
 import re
 import sys
@@ -182,11 +181,7 @@ def main():
                   f"{1e3 * r['step_s_after_first_epoch']:.0f} ms after epoch 1, compute "
                   f"utilisation {', '.join(f'{100 * u:.0f}%' for u in r['utilisation'])}",
                   flush=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"args": vars(args), "results": results}, f, indent=1)
-    curves = {f"{r['run']} s{r['seed']}": [tuple(c) for c in r["curve"]] for r in results}
-    plot.write_curves(os.path.join(args.out, "pipeline"), curves)
-    plot.write_csv(os.path.join(args.out, "pipeline.csv"), curves)
+    plot.write_results(args.out, "pipeline", args, results)
 
 
 if __name__ == "__main__":

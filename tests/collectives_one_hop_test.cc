@@ -15,62 +15,48 @@ CommOptions one_hop(int64_t direct_bytes) {
   return o;
 }
 
-TEST(CollectivesOneHop, UncompressedGivesTheOwnerReductionsBits) {
-  // Each rank runs every case twice, one hop and owner reduction, and compares the bytes.
-  constexpr int P = 3;
-  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
-    auto hop = Communicator::init(id, rank, P, one_hop(1 << 30));
-    RANK_OK(hop.status());
-    const uint64_t n = 5000;
-    std::string out = "ok ";
-    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kInt32}) {
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
-        if (dt == DType::kInt32 && op == ReduceOp::kAverage) continue;
-        Tensor x = make_input(dt == DType::kInt32 ? DType::kFloat32 : dt, n, 11, rank);
-        std::vector<uint8_t> in = x.bytes;
-        if (dt == DType::kInt32)
-          for (uint64_t i = 0; i < n; ++i) {
-            int32_t v = static_cast<int32_t>(1000 * x.get(i));
-            std::memcpy(&in[4 * i], &v, 4);
-          }
-        std::vector<uint8_t> y(in.size());
-        RANK_OK((*hop)->all_reduce(in.data(), y.data(), n, dt, op).wait());
-        RANK_CHECK((*hop)->last_op_stats().bytes_sent >= 2 * in.size(), "did not take one hop");
-        out += std::to_string(fnv64(y)) + " ";
+// Every (dtype, op) case out of place and in place; "ok " then the output hashes. With one_hop,
+// also checks that the call took one hop (it sends the whole tensor to each peer).
+std::string uncompressed_cases(int rank, const UniqueId& id, int P, bool one_hop_on) {
+  auto c = Communicator::init(id, rank, P, one_hop(one_hop_on ? 1 << 30 : 0));
+  RANK_OK(c.status());
+  const uint64_t n = 5000;
+  std::string out = "ok ";
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kInt32}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      if (dt == DType::kInt32 && op == ReduceOp::kAverage) continue;
+      Tensor x = make_input(dt == DType::kInt32 ? DType::kFloat32 : dt, n, 11, rank);
+      std::vector<uint8_t> in = x.bytes;
+      if (dt == DType::kInt32)
+        for (uint64_t i = 0; i < n; ++i) {
+          int32_t v = static_cast<int32_t>(1000 * x.get(i));
+          std::memcpy(&in[4 * i], &v, 4);
+        }
+      std::vector<uint8_t> y(in.size());
+      RANK_OK((*c)->all_reduce(in.data(), y.data(), n, dt, op).wait());
+      if (one_hop_on) {
+        RANK_CHECK((*c)->last_op_stats().bytes_sent >= 2 * in.size(), "did not take one hop");
         std::vector<uint8_t> z = in;  // in place
-        RANK_OK((*hop)->all_reduce(z.data(), z.data(), n, dt, op).wait());
+        RANK_OK((*c)->all_reduce(z.data(), z.data(), n, dt, op).wait());
         RANK_CHECK(z == y, "in place differs");
       }
+      out += std::to_string(fnv64(y)) + " ";
     }
-    return out;
-  });
-  expect_all_ok(res);
-  auto owner = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
-    auto c = Communicator::init(id, rank, P, one_hop(0));
-    RANK_OK(c.status());
-    const uint64_t n = 5000;
-    std::string out = "ok ";
-    for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kInt32}) {
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
-        if (dt == DType::kInt32 && op == ReduceOp::kAverage) continue;
-        Tensor x = make_input(dt == DType::kInt32 ? DType::kFloat32 : dt, n, 11, rank);
-        std::vector<uint8_t> in = x.bytes;
-        if (dt == DType::kInt32)
-          for (uint64_t i = 0; i < n; ++i) {
-            int32_t v = static_cast<int32_t>(1000 * x.get(i));
-            std::memcpy(&in[4 * i], &v, 4);
-          }
-        std::vector<uint8_t> y(in.size());
-        RANK_OK((*c)->all_reduce(in.data(), y.data(), n, dt, op).wait());
-        out += std::to_string(fnv64(y)) + " ";
-      }
-    }
-    return out;
-  });
+  }
+  return out;
+}
+
+TEST(CollectivesOneHop, UncompressedGivesTheOwnerReductionsBits) {
+  constexpr int P = 3;
+  auto hop = run_ranks(
+      P, [](int rank, const UniqueId& id) { return uncompressed_cases(rank, id, P, true); });
+  expect_all_ok(hop);
+  auto owner = run_ranks(
+      P, [](int rank, const UniqueId& id) { return uncompressed_cases(rank, id, P, false); });
   expect_all_ok(owner);
   for (int r = 0; r < P; ++r) {
-    EXPECT_EQ(res[r].text, owner[r].text) << "rank " << r;
-    EXPECT_EQ(res[r].text, res[0].text) << "rank " << r;
+    EXPECT_EQ(hop[r].text, owner[r].text) << "rank " << r;
+    EXPECT_EQ(hop[r].text, hop[0].text) << "rank " << r;
   }
 }
 

@@ -53,3 +53,17 @@ def write_csv(path: str | Path, runs: Runs) -> Path:
             for step, wall_s, val_loss in points:
                 w.writerow([label, step, f"{wall_s:.3f}", f"{val_loss:.4f}"])
     return path
+
+
+def write_results(out_dir, name, args, results) -> None:
+    """An example's outputs: results.json (its arguments and every run) and, from each run's
+    (step, wall_s, val_loss) curve, `<name>-loss-vs-step.png`, `<name>-loss-vs-wall.png` and
+    `<name>.csv`."""
+    import json
+    import os
+
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"args": vars(args), "results": results}, f, indent=1)
+    curves = {f"{r['run']} s{r['seed']}": [tuple(c) for c in r["curve"]] for r in results}
+    write_curves(os.path.join(out_dir, name), curves)
+    write_csv(os.path.join(out_dir, f"{name}.csv"), curves)

@@ -32,7 +32,6 @@ of decoding garbage.
 """
 import hashlib
 import math
-import os
 
 import torch
 import torch.distributed as dist
@@ -374,8 +373,3 @@ def _ids(sample_ids):
         raise ValueError(f"lowcomm.aqsgd: a sample appears twice in one micro-batch: {ids}")
     return ids
 
-
-def cache_file(directory, name):
-    """A path for a memory-mapped cache under `directory`."""
-    os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f"{name}.aqsgd-cache")

@@ -32,7 +32,6 @@ The inner model may be DDP/FSDP on a site's own group (NCCL, Gloo): give DiLoCo 
 whose parameters this rank holds, and a group of the ranks holding the same ones on the other
 sites.
 """
-import io
 import time
 
 import torch
@@ -358,9 +357,3 @@ def _cut(params, n):
     frags.append(cur)
     return frags
 
-
-def state_bytes(diloco):
-    """The DiLoCo state as bytes (torch.save), e.g. to compare two runs."""
-    buf = io.BytesIO()
-    torch.save(diloco.state_dict(), buf)
-    return buf.getvalue()
