@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -160,6 +161,47 @@ TEST(TransportPeer, LengthMismatchFailsTheRequestAndKeepsTheConnection) {
   ASSERT_TRUE(p.a->isend(4, w.data(), w.size()).wait(kWait).is_ok());
   ASSERT_TRUE(r3.wait(kWait).is_ok());
   EXPECT_TRUE(z == w);
+}
+
+TEST(TransportPeer, ReceiveUpToTakesAnyMessageThatFitsAndReportsItsLength) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  // Empty, one chunk, several chunks striped, exactly the capacity; the first three posted
+  // before the messages are sent, the last two after they have arrived (unexpected).
+  const std::vector<size_t> sizes = {0, 1, 4095, (3u << 20) + 5, 1u << 20};
+  const std::vector<size_t> capacity = {4u << 20, 4u << 20, 4u << 20, 4u << 20, 1u << 20};
+  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<Request> recvs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out.push_back(random_bytes(sizes[i], static_cast<uint32_t>(i)));
+    in.emplace_back(capacity[i] + 1, 0xEE);
+  }
+  for (size_t i = 0; i < 3; ++i) recvs.push_back(p.a->irecv_upto(9, in[i].data(), capacity[i]));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    ASSERT_TRUE(p.b->isend(9, out[i].data(), sizes[i]).wait(kWait).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (size_t i = 3; i < sizes.size(); ++i)
+    recvs.push_back(p.a->irecv_upto(9, in[i].data(), capacity[i]));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(recvs[i].wait(kWait).is_ok()) << recvs[i].status().to_string();
+    EXPECT_EQ(recvs[i].received_bytes(), sizes[i]);
+    EXPECT_TRUE(std::equal(out[i].begin(), out[i].end(), in[i].begin())) << "message " << i;
+    EXPECT_EQ(in[i][sizes[i]], 0xEE) << "written past the end of message " << i;
+  }
+  // A message larger than the capacity fails only that receive, and writes nothing.
+  std::vector<uint8_t> big(5000, 3), small(4999, 0);
+  Request r5 = p.a->irecv_upto(9, small.data(), small.size());
+  ASSERT_TRUE(p.b->isend(9, big.data(), big.size()).wait(kWait).is_ok());
+  Status s5 = r5.wait(kWait);
+  EXPECT_EQ(s5.code(), StatusCode::kCorruptData) << s5.to_string();
+  EXPECT_EQ(r5.received_bytes(), 0u);
+  EXPECT_TRUE(std::all_of(small.begin(), small.end(), [](uint8_t c) { return c == 0; }));
+  std::vector<uint8_t> after(16, 0), sent(16, 5);
+  Request r6 = p.a->irecv_upto(9, after.data(), 64);
+  ASSERT_TRUE(p.b->isend(9, sent.data(), sent.size()).wait(kWait).is_ok());
+  ASSERT_TRUE(r6.wait(kWait).is_ok());
+  EXPECT_EQ(r6.received_bytes(), 16u);
+  EXPECT_TRUE(after == sent);
 }
 
 TEST(TransportPeer, UnexpectedMessageOfOtherLengthIsAnError) {

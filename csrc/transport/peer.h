@@ -8,7 +8,8 @@
 //
 // Messages on one tag match in order: the k-th isend on tag T meets the k-th irecv on tag T;
 // different tags are independent. A receive's length must equal the message's length exactly;
-// a mismatch fails that request and the peer (it means the two sides disagree on the protocol).
+// a mismatch fails that request (it means the two sides disagree on the protocol); irecv_upto
+// takes any message up to its capacity.
 //
 // Thread safety: every method may be called from any thread. Operations are handed to the
 // engine thread in call order. Failures stick: after the first error every outstanding and
@@ -42,6 +43,10 @@ class Peer {
 
   Request isend(uint64_t tag, const void* data, uint64_t len);
   Request irecv(uint64_t tag, void* data, uint64_t len);
+  // A receive that takes the next message on `tag` if it is at most `capacity` bytes (a larger
+  // one fails this receive as irecv's length mismatch does); Request::received_bytes() says how
+  // long it was. For protocols where the receiver knows only a bound (NCCL's).
+  Request irecv_upto(uint64_t tag, void* data, uint64_t capacity);
   // Any-source receives: reports this peer's rank to `w` when the next message on `tag` that no
   // irecv has claimed has begun to arrive (arrival_watch.h). Claims nothing.
   void watch_arrival(uint64_t tag, std::shared_ptr<ArrivalWatch> w);

@@ -306,7 +306,7 @@ Status PeerCore::on_header(Stream& s) {
   }
   InMsg& m = *slot;
   if (!m.has_header) {
-    if (m.req && m.posted_len != h->msg_len) reject_length(m, h->tag, h->msg_len);
+    if (m.req && !fits(m, h->msg_len)) reject_length(m, h->tag, h->msg_len);
     if (!m.req && !m.discard) {
       // Nobody posted yet: buffer it, within the peer's allowance for unexpected data. Each
       // message is charged its bookkeeping too, so empty ones cannot pile up without bound.
@@ -388,7 +388,7 @@ void PeerCore::try_complete(const MsgKey& key) {
     h.timer = engine_.add_timer(h.msg->ready_at, [self, hold] { self->release_held(hold); });
     return;
   }
-  m.req->complete(Status::ok());
+  m.req->complete(Status::ok(), m.msg_len);
   in_msgs_.erase(it);
 }
 
@@ -397,12 +397,13 @@ void PeerCore::release_held(uint64_t key) {
   if (it == held_.end()) return;  // failed meanwhile
   std::shared_ptr<InMsg> m = std::move(it->second.msg);
   held_.erase(it);
-  m->req->complete(Status::ok());
+  m->req->complete(Status::ok(), m->msg_len);
 }
 
-void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req) {
-  std::string what =
-      "irecv tag " + std::to_string(tag) + " (" + std::to_string(len) + " bytes) from " + name_;
+void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
+                     std::shared_ptr<RequestState> req) {
+  std::string what = "irecv tag " + std::to_string(tag) + " (" + (up_to ? "up to " : "") +
+                     std::to_string(len) + " bytes) from " + name_;
   if (!failure_.is_ok()) {
     req->complete(Status(failure_.code(), what + ": " + failure_.message()));
     return;
@@ -416,7 +417,8 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<
   m.what = std::move(what);
   m.user = data;
   m.posted_len = len;
-  if (m.has_header && m.msg_len != len) reject_length(m, tag, m.msg_len);
+  m.up_to = up_to;
+  if (m.has_header && !fits(m, m.msg_len)) reject_length(m, tag, m.msg_len);
   try_complete(key);
 }
 

@@ -52,7 +52,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // --- engine thread only ---
   void start();  // registers the streams with the engine
   void isend(uint64_t tag, const uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
-  void irecv(uint64_t tag, uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
+  // up_to: len is a capacity (Peer::irecv_upto), not the exact length.
+  void irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
+             std::shared_ptr<RequestState> req);
   // Reports to `w` (this peer's rank) when the next unclaimed message on `tag` has arrived:
   // now, if it already has (arrival_watch.h).
   void watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w);
@@ -86,6 +88,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     std::string what;                   // "irecv tag T (N bytes)"
     uint8_t* user = nullptr;
     uint64_t posted_len = 0;
+    bool up_to = false;       // posted_len is a capacity: any message up to it fits
     bool has_header = false;  // at least one chunk header seen
     uint64_t msg_len = 0;
     uint64_t received = 0;
@@ -131,6 +134,10 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void set_link(const WanLink& link);  // Peer::set_link, on the engine thread
 
  private:
+  // Whether a message of msg_len bytes fits m's posted receive.
+  static bool fits(const InMsg& m, uint64_t msg_len) {
+    return m.up_to ? msg_len <= m.posted_len : msg_len == m.posted_len;
+  }
   // m's posted receive disagrees with its message's length: fail the receive, drop the message.
   void reject_length(InMsg& m, uint64_t tag, uint64_t msg_len);
   void enqueue(OutChunk chunk);

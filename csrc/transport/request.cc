@@ -2,10 +2,11 @@
 
 namespace lowcomm::transport {
 
-bool RequestState::complete(Status s) {
+bool RequestState::complete(Status s, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return false;
   done_ = true;
+  bytes_ = s.is_ok() ? bytes : 0;
   status_ = std::move(s);
   cv_.notify_all();
   return true;
@@ -31,6 +32,11 @@ Status RequestState::wait(Deadline deadline) const {
     return Status(StatusCode::kTimeout, "request did not complete before its deadline");
   }
   return status_;
+}
+
+uint64_t RequestState::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ ? bytes_ : 0;
 }
 
 Status Request::status() const {

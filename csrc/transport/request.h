@@ -18,16 +18,19 @@ namespace lowcomm::transport {
 class RequestState {
  public:
   // First completion wins; later ones are ignored. Returns whether this call completed it.
-  bool complete(Status s);
+  // `bytes`: what a receive took in (irecv_upto); 0 for sends and failures.
+  bool complete(Status s, uint64_t bytes = 0);
   bool done() const;
   Status wait(Deadline deadline) const;
   Status status() const;
+  uint64_t bytes() const;
 
  private:
-  mutable std::mutex mu_;  // guards done_ and status_
+  mutable std::mutex mu_;  // guards done_, status_ and bytes_
   mutable std::condition_variable cv_;
   bool done_ = false;
   Status status_;
+  uint64_t bytes_ = 0;
 };
 
 class Request {
@@ -40,6 +43,9 @@ class Request {
   bool test() const { return !state_ || state_->done(); }
   // The final status once test() is true; kInternal "still in flight" before.
   Status status() const;
+  // Once complete: the length of the message a receive took in (its posted length for irecv, at
+  // most the capacity for Peer::irecv_upto); 0 for sends, failures and before completion.
+  uint64_t received_bytes() const { return state_ ? state_->bytes() : 0; }
   // Waits until complete or the deadline; kTimeout when the deadline passed first.
   Status wait(Deadline deadline = Deadline::use_default()) const;
   // The same request (copies share their state).
