@@ -285,5 +285,35 @@ TEST(TransportPeer, EmulatedSendsCompleteWhenTheyLeaveAndPayTheDelayOnceTogether
   for (int i = 0; i < kMessages; ++i) EXPECT_EQ(in[i], i + 1);
 }
 
+TEST(TransportPeer, FlushWaitsUntilEverySendHasLeftSoClosingLosesNothing) {
+  // Over an emulated link a send completes when its bytes leave the sender's end but they are
+  // written to the socket one delay later: destroying the peer then would drop them. flush()
+  // completes only once they are written, and the receiver then gets every byte although the
+  // sender is gone.
+  auto cfg_b = test_config(1);
+  cfg_b.wan = *parse_wan("bw=200mbit,rtt=200ms");
+  auto p = connect_pair(test_config(0), cfg_b);
+  ASSERT_TRUE(p.a && p.b);
+  p.a->expect_close();
+  auto out = random_bytes(3 << 20, 11);
+  std::vector<uint8_t> in(out.size(), 0);
+  Request r = p.a->irecv(2, in.data(), in.size());
+  ASSERT_TRUE(p.b->isend(2, out.data(), out.size()).wait(kWait).is_ok());
+  auto t0 = std::chrono::steady_clock::now();
+  Request f = p.b->flush();
+  ASSERT_TRUE(f.wait(kWait).is_ok()) << f.status().to_string();
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.09) << "flush returned before the last chunk's delivery time";
+  p.b.reset();  // closes the sockets
+  ASSERT_TRUE(r.wait(kWait).is_ok()) << r.status().to_string();
+  EXPECT_TRUE(in == out);
+  // Nothing pending: completes at once; after a failure: fails.
+  auto q = connect_pair();
+  ASSERT_TRUE(q.a && q.b);
+  EXPECT_TRUE(q.b->flush().wait(kWait).is_ok());
+  q.b->abort();
+  EXPECT_FALSE(q.b->flush().wait(kWait).is_ok());
+}
+
 }  // namespace
 }  // namespace lowcomm::transport

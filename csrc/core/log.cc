@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -11,7 +12,19 @@
 
 namespace lowcomm {
 
+namespace {
+std::atomic<LogSink> g_sink{nullptr};
+std::atomic<int> g_sink_threshold{0};
+}  // namespace
+
+void set_log_sink(LogSink sink, LogLevel threshold) {
+  g_sink_threshold.store(static_cast<int>(threshold));
+  g_sink.store(sink);
+}
+
 LogLevel log_threshold() {
+  if (g_sink.load(std::memory_order_relaxed))
+    return static_cast<LogLevel>(g_sink_threshold.load(std::memory_order_relaxed));
   static const LogLevel level = [] {
     const char* env = std::getenv("LOWCOMM_DEBUG");
     if (!env) return LogLevel::kWarn;
@@ -40,6 +53,15 @@ static const char* level_name(LogLevel level) {
 }
 
 void log_write(LogLevel level, const char* file, int line, const char* fmt, ...) {
+  if (LogSink sink = g_sink.load()) {
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    sink(level, file, line, text);
+    return;
+  }
   char thread_name[16] = "?";
   pthread_getname_np(pthread_self(), thread_name, sizeof(thread_name));
   const char* base = std::strrchr(file, '/');

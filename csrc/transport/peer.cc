@@ -59,6 +59,13 @@ Request Peer::irecv_upto(uint64_t tag, void* data, uint64_t capacity) {
   return Request(state);
 }
 
+Request Peer::flush() {
+  auto state = std::make_shared<RequestState>();
+  auto core = core_;
+  engine_->post([core, state] { core->flush(state); });
+  return Request(state);
+}
+
 void Peer::watch_arrival(uint64_t tag, std::shared_ptr<ArrivalWatch> w) {
   auto core = core_;
   engine_->post([core, tag, w = std::move(w)]() mutable { core->watch(tag, std::move(w)); });

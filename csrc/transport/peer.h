@@ -55,6 +55,11 @@ class Peer {
   Status send(uint64_t tag, const void* data, uint64_t len, Deadline deadline = {});
   Status recv(uint64_t tag, void* data, uint64_t len, Deadline deadline = {});
 
+  // Completes once every message sent before the call has been handed to the kernel in full
+  // (shaped: has also left the emulated link's queue), so closing the sockets then loses
+  // nothing: the kernel delivers what it holds before the FIN. Fails if the peer fails first.
+  Request flush();
+
   // Fails every outstanding and future request with kAborted; returns after the engine thread
   // has let go of every user buffer. Idempotent.
   void abort();

@@ -144,6 +144,23 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
   if (pacer_.shaped()) release_paced();
 }
 
+void PeerCore::flush(std::shared_ptr<RequestState> req) {
+  if (!failure_.is_ok()) {
+    req->complete(Status(failure_.code(), "flush to " + name_ + ": " + failure_.message()));
+    return;
+  }
+  flush_waiters_.push_back(std::move(req));
+  check_flushed();
+}
+
+void PeerCore::check_flushed() {
+  if (flush_waiters_.empty() || !paced_.empty()) return;
+  for (const auto& s : streams_)
+    if (!s.sendq.empty()) return;
+  for (auto& w : flush_waiters_) w->complete(Status::ok());
+  flush_waiters_.clear();
+}
+
 void PeerCore::release_paced() {
   auto now = Pacer::Clock::now();
   // Departures (depart <= release, both non-decreasing along paced_): the chunk's bytes are
@@ -248,6 +265,7 @@ void PeerCore::do_write(Stream& s) {
     }
   }
   update_write_interest(s);
+  check_flushed();
 }
 
 void PeerCore::do_read(Stream& s) {
@@ -499,6 +517,8 @@ void PeerCore::fail(Status why) {
   }
   held_.clear();
   unexpected_bytes_ = 0;
+  for (auto& w : flush_waiters_) fail_req(*w, "flush to " + name_);
+  flush_waiters_.clear();
 }
 
 void PeerCore::shutdown(Status why) {

@@ -58,6 +58,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // Reports to `w` (this peer's rank) when the next unclaimed message on `tag` has arrived:
   // now, if it already has (arrival_watch.h).
   void watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w);
+  // Completes `req` once nothing sent so far waits in a send queue or the pacer (Peer::flush).
+  void flush(std::shared_ptr<RequestState> req);
   // Latches `why` (if nothing is latched yet) and fails everything; idempotent.
   void fail(Status why);
   // A later failure is an agreed close: logged at INFO.
@@ -142,6 +144,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void reject_length(InMsg& m, uint64_t tag, uint64_t msg_len);
   void enqueue(OutChunk chunk);
   void release_paced();
+  // Completes the flush waiters when every send queue and the pacer are empty.
+  void check_flushed();
   void update_write_interest(Stream& s);
   std::string stream_name(const Stream& s) const;
   // The stream window and stripe width for this peer's path (constructor).
@@ -172,6 +176,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   uint64_t held_seq_ = 0;
   uint64_t unexpected_bytes_ = 0;
   std::map<uint64_t, std::vector<std::shared_ptr<ArrivalWatch>>> watches_;  // by tag
+  std::vector<std::shared_ptr<RequestState>> flush_waiters_;
   uint8_t sink_[64 << 10];  // where discarded payload is read to
   Status failure_;
   bool shut_down_ = false;
