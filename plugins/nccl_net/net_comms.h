@@ -1,0 +1,122 @@
+#pragma once
+// The plugin's comm objects, one per NCCL connection end, and their requests.
+//
+//   ListenComm  a listening socket (listen); accept() turns the next authenticated connection
+//               into a RecvComm once the sender's preamble has arrived. A RecvComm does not
+//               depend on its ListenComm (NCCL closes the listener right after accept).
+//   SendComm    connect(); sends the preamble, then NCCL's messages in order.
+//   RecvComm    receives them in order into NCCL's (possibly larger) buffers.
+//
+// Wire, on top of a transport Peer: a 16-byte preamble on kPreambleTag (magic, version,
+// whether messages are framed by the lossless codec), then every isend as one message on
+// kDataTag. The receiver posts Peer::irecv_upto with NCCL's size, so the sender's real size
+// comes back from the transport; a framed message goes into a staging buffer and is decoded
+// into NCCL's buffer when test() finds it complete.
+//
+// Requests: a fixed pool of 32 per comm (NCCL posts at most 8 per connection); isend/irecv
+// return a null request (NCCL retries) when the pool is empty. Data moves on the transport's
+// engine thread whatever NCCL tests, so testing only the oldest request never stalls a younger
+// one. Thread safety: NCCL's service thread creates and closes comms, its progress thread
+// posts and tests; a comm's mutex orders the two.
+
+#include <array>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "lowcomm/status.h"
+#include "nccl_net_abi.h"
+#include "net_shared.h"
+#include "transport/listener.h"
+#include "transport/peer.h"
+
+namespace lowcomm::nccl_net {
+
+class DataComm;
+
+struct NetRequest {
+  DataComm* comm = nullptr;
+  bool in_use = false;
+  transport::Request transfer;
+  void* user = nullptr;  // NCCL's buffer
+  size_t size = 0;       // send: bytes; receive: NCCL's posted size
+  std::vector<uint8_t> staging;  // framed messages
+  bool framed = false;
+};
+
+class DataComm {
+ public:
+  virtual ~DataComm();
+  DataComm(const DataComm&) = delete;
+  DataComm& operator=(const DataComm&) = delete;
+  // test(): *done and, when done, the bytes moved. An error when the transfer failed or a
+  // received message cannot be decoded; the request is then released.
+  Status test(NetRequest& r, bool* done, size_t* bytes);
+  const std::string& name() const { return peer_->name(); }
+
+ protected:
+  DataComm(std::shared_ptr<NetShared> shared, std::unique_ptr<transport::Peer> peer);
+  // A free request, or null when all 32 are in flight. mu_ held.
+  NetRequest* take_request();
+  virtual Status finish(NetRequest& r, size_t* bytes) = 0;  // mu_ held, transfer ok
+
+  std::shared_ptr<NetShared> shared_;
+  std::unique_ptr<transport::Peer> peer_;
+  std::mutex mu_;
+  std::array<NetRequest, abi::kMaxRequests> requests_;
+};
+
+class SendComm final : public DataComm {
+ public:
+  // A connected peer: sends the preamble (framing off: lossless compression is wired in by
+  // lossless.h when enabled).
+  static std::unique_ptr<SendComm> start(std::shared_ptr<NetShared> shared,
+                                         std::unique_ptr<transport::Peer> peer);
+  ~SendComm() override;
+  // *request null: no request free, try again.
+  Status isend(void* data, size_t size, NetRequest** request);
+
+ private:
+  using DataComm::DataComm;
+  Status finish(NetRequest& r, size_t* bytes) override;
+  std::array<uint8_t, 16> preamble_{};
+  transport::Request preamble_sent_;
+  bool framed_ = false;
+};
+
+class RecvComm final : public DataComm {
+ public:
+  RecvComm(std::shared_ptr<NetShared> shared, std::unique_ptr<transport::Peer> peer, bool framed)
+      : DataComm(std::move(shared), std::move(peer)), framed_(framed) {}
+  Status irecv(void* data, size_t size, NetRequest** request);
+
+ private:
+  Status finish(NetRequest& r, size_t* bytes) override;
+  bool framed_;
+};
+
+class ListenComm {
+ public:
+  static Result<std::unique_ptr<ListenComm>> create(std::shared_ptr<NetShared> shared);
+  const transport::SocketAddress& address() const { return listener_->address(); }
+  // A RecvComm once a connection is authenticated and its preamble read; null until then. An
+  // error when the listening socket fails, the preamble is malformed, or connections were
+  // refused (wrong secret) and none succeeded within the handshake timeout.
+  Result<std::unique_ptr<RecvComm>> accept();
+
+ private:
+  ListenComm() = default;
+  std::shared_ptr<NetShared> shared_;
+  std::unique_ptr<transport::Listener> listener_;
+  std::unique_ptr<transport::Peer> pending_;  // authenticated, preamble not yet read
+  std::array<uint8_t, 16> preamble_{};
+  transport::Request preamble_recv_;
+  uint64_t rejected_seen_ = 0;
+  Deadline refused_deadline_ = Deadline::none();
+};
+
+// Bytes on the wire between the two ends.
+inline constexpr uint64_t kPreambleTag = 1;
+inline constexpr uint64_t kDataTag = 2;
+
+}  // namespace lowcomm::nccl_net

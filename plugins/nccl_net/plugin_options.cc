@@ -1,0 +1,137 @@
+#include "plugin_options.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "transport/pacer.h"
+
+namespace lowcomm::nccl_net {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+Result<double> env_number(const char* name, double fallback, double lo, double hi) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v, &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(x) || x < lo || x > hi) {
+    std::ostringstream o;
+    o << name << "='" << v << "': expected a number from " << lo << " to " << hi;
+    return invalid_argument(o.str());
+  }
+  return x;
+}
+
+Result<std::string> read_secret_file(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    return invalid_argument("LOWCOMM_SECRET_FILE='" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return invalid_argument("LOWCOMM_SECRET_FILE='" + path + "': not a regular file");
+  if (st.st_mode & (S_IRWXG | S_IRWXO))
+    return invalid_argument("LOWCOMM_SECRET_FILE='" + path +
+                            "': readable by group or others; chmod 600 it");
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof())
+    return invalid_argument("LOWCOMM_SECRET_FILE='" + path + "': cannot be read");
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  if (text.empty()) return invalid_argument("LOWCOMM_SECRET_FILE='" + path + "': empty");
+  return text;
+}
+
+}  // namespace
+
+Result<PluginOptions> PluginOptions::from_env() {
+  PluginOptions o;
+  std::string secret;
+  const char* inline_secret = env("LOWCOMM_SECRET");
+  const char* secret_file = env("LOWCOMM_SECRET_FILE");
+  if (inline_secret && secret_file)
+    return invalid_argument("LOWCOMM_SECRET and LOWCOMM_SECRET_FILE are both set; set one");
+  if (secret_file) {
+    auto s = read_secret_file(secret_file);
+    if (!s) return s.status();
+    secret = *s;
+    o.secret_source = std::string("LOWCOMM_SECRET_FILE=") + secret_file;
+  } else if (inline_secret) {
+    secret = inline_secret;
+    o.secret_source = "LOWCOMM_SECRET";
+  } else {
+    return invalid_argument(
+        "no shared secret: set LOWCOMM_SECRET or LOWCOMM_SECRET_FILE (the same on every node; "
+        "lowcomm authenticates every connection with it)");
+  }
+  auto peer = transport::PeerConfig::from_env(0, std::move(secret));
+  if (!peer) return peer.status();
+  o.peer = std::move(peer).value();
+  if (const char* wan = env("LOWCOMM_WAN"); wan && std::strchr(wan, ';'))
+    return invalid_argument(std::string("LOWCOMM_WAN='") + wan +
+                            "': the NCCL plugin takes one section (no per-rank rules: it does "
+                            "not know ranks)");
+  if (o.peer.wan.shaped() && o.peer.wan.model == transport::WanModel::kSite) {
+    o.peer.site = std::make_shared<transport::SiteLinks>();
+    o.peer.site->down.bits_per_second = o.peer.wan.down_bits_per_second;
+  }
+  auto handshake = env_number("LOWCOMM_HANDSHAKE_TIMEOUT_S", 10.0, 0.1, 3600.0);
+  if (!handshake) return handshake.status();
+  o.peer.handshake_timeout_s = *handshake;
+
+  auto address = transport::select_listen_address();
+  if (!address) return address.status();
+  o.listen_address = *address;
+  o.device_name = "lowcomm-" + o.listen_address.to_string();
+  // Only the host part: the port is 0 here and would mislead.
+  if (auto colon = o.device_name.rfind(':'); colon != std::string::npos)
+    o.device_name.resize(colon);
+
+  if (const char* c = env("LOWCOMM_NCCL_COMPRESS")) o.compress = c;
+  auto shuffle = env_number("LOWCOMM_NCCL_SHUFFLE", 0, 0, 8);
+  if (!shuffle) return shuffle.status();
+  o.shuffle = static_cast<int>(*shuffle);
+  if (o.shuffle != 0 && o.shuffle != 1 && o.shuffle != 2 && o.shuffle != 4)
+    return invalid_argument("LOWCOMM_NCCL_SHUFFLE='" + std::to_string(o.shuffle) +
+                            "': expected 0, 2 or 4 (bytes per element)");
+
+  // What NCCL's tuner is told: the emulated link when there is one (its uplink rate and
+  // one-way delay), else 10 Gbit/s and no extra latency, unless set explicitly.
+  const double wan_mbps = o.peer.wan.bits_per_second / 1e6;
+  auto speed = env_number("LOWCOMM_NCCL_SPEED_MBPS", wan_mbps > 0 ? wan_mbps : 10000.0, 1, 1e7);
+  if (!speed) return speed.status();
+  o.speed_mbps = std::max(1, static_cast<int>(std::lround(*speed)));
+  auto latency = env_number("LOWCOMM_NCCL_LATENCY_US", o.peer.wan.one_way_delay_s * 1e6, 0, 1e8);
+  if (!latency) return latency.status();
+  o.latency_us = static_cast<float>(*latency);
+  return o;
+}
+
+std::string PluginOptions::describe() const {
+  std::ostringstream o;
+  o << "device " << device_name << ", listening on " << listen_address.to_string()
+    << " (LOWCOMM_SOCKET_IFNAME); secret from " << secret_source << "; streams "
+    << (peer.adapt_streams ? "adaptive up to " : "") << peer.streams
+    << " (LOWCOMM_STREAMS); socket buffers "
+    << (peer.socket_buffer_bytes ? std::to_string(peer.socket_buffer_bytes) + " B"
+                                 : std::string("kernel autotuning"))
+    << " (LOWCOMM_SOCKET_BUFFER); WAN emulation '"
+    << (peer.wan.shaped() ? peer.wan.to_string() : std::string("off"))
+    << "' (LOWCOMM_WAN); handshake timeout " << peer.handshake_timeout_s
+    << " s; compression " << compress << " shuffle " << shuffle
+    << " (LOWCOMM_NCCL_COMPRESS, LOWCOMM_NCCL_SHUFFLE); reported speed " << speed_mbps
+    << " Mbit/s, latency " << latency_us << " us (LOWCOMM_NCCL_SPEED_MBPS, LOWCOMM_NCCL_LATENCY_US)";
+  return o.str();
+}
+
+}  // namespace lowcomm::nccl_net

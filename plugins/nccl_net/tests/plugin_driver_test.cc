@@ -1,0 +1,675 @@
+// The GPU-free driver of libnccl-net-lowcomm.so: the library is dlopened as NCCL opens it and
+// driven through its exported tables the way NCCL's proxy threads drive a net plugin
+// (connect/accept in loops, up to 32 requests in flight per comm, test() only on the oldest),
+// from one process and from two forked ones, with data verified byte for byte.
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <deque>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "driver_util.h"
+
+namespace lowcomm::nccl_net::testing {
+namespace {
+
+constexpr char kSecret[] = "driver-secret-0123456789";
+
+void plugin_env(const char* secret = kSecret) {
+  ::setenv("LOWCOMM_SECRET", secret, 1);
+  ::unsetenv("LOWCOMM_SECRET_FILE");
+  ::setenv("LOWCOMM_SOCKET_IFNAME", "=lo", 1);
+  ::unsetenv("LOWCOMM_WAN");
+  ::unsetenv("LOWCOMM_NCCL_COMPRESS");
+  ::setenv("LOWCOMM_SOCKET_BUFFER", "4M", 1);  // modest kernel memory for many test sockets
+}
+
+class NcclNetPlugin : public ::testing::Test {
+ protected:
+  void SetUp() override { plugin_env(); }
+};
+
+// init() as NCCL 2.28+ calls it, once per communicator.
+template <typename Net>
+void* init_ctx(const Net* net, uint64_t comm_id = 1) {
+  void* ctx = nullptr;
+  abi::CommConfig config{-1};
+  int rc = net->init(&ctx, comm_id, &config, driver_logger, nullptr);
+  return rc == abi::kSuccess ? ctx : nullptr;
+}
+
+// A connected pair inside this process: comms from ctx_a to ctx_b.
+template <typename Net>
+bool local_pair(const Net* net, void* ctx_a, void* ctx_b, void** send, void** recv) {
+  char handle[abi::kHandleMaxBytes] = {};
+  void* listen = nullptr;
+  if (net->listen(ctx_b, 0, handle, &listen) != abi::kSuccess || !listen) return false;
+  int rc = 0;
+  bool ok = connect_loop(net, ctx_a, handle, listen, send, recv, &rc);
+  net->close_listen(listen);  // NCCL closes the listener right after accept
+  return ok;
+}
+
+// One message through a connected pair; returns the size the receiver's test() reported.
+template <typename Net>
+int transfer(const Net* net, void* send, void* recv, size_t send_bytes, size_t posted,
+             int* recv_rc = nullptr, uint64_t seed = 7) {
+  std::vector<uint8_t> out(send_bytes), in(posted + 1, 0xEE);
+  fill(out.data(), out.size(), seed);
+  void* mh_s = nullptr;
+  void* mh_r = nullptr;
+  net->reg_mr(send, out.data(), out.size(), abi::kPtrHost, &mh_s);
+  net->reg_mr(recv, in.data(), in.size(), abi::kPtrHost, &mh_r);
+  void* rreq = reinterpret_cast<void*>(1);  // NCCL's LL hint: the plugin must overwrite it
+  void* data = in.data();
+  size_t size = posted;
+  int tag = 0;
+  int rc = net->irecv(recv, 1, &data, &size, &tag, &mh_r, nullptr, &rreq);
+  void* sreq = nullptr;
+  if (rc == abi::kSuccess)
+    rc = net->isend(send, out.data(), out.size(), 0, mh_s, nullptr, &sreq);
+  int got = -1, sent = -1, src = 0;
+  if (rc == abi::kSuccess && sreq && rreq && rreq != reinterpret_cast<void*>(1)) {
+    bool s_ok = wait_request(net, sreq, &sent, &src);
+    bool r_ok = wait_request(net, rreq, &got, &rc);
+    if (recv_rc) *recv_rc = rc;
+    if (!s_ok || !r_ok) got = -2;
+    else if (first_mismatch(in.data(), static_cast<size_t>(got), seed) != static_cast<size_t>(got))
+      got = -3;
+    else if (in[posted] != 0xEE || (static_cast<size_t>(got) < posted && in[got] != 0xEE))
+      got = -4;  // written past the message
+    else if (sent != static_cast<int>(send_bytes))
+      got = -5;
+  }
+  net->dereg_mr(send, mh_s);
+  net->dereg_mr(recv, mh_r);
+  return got;
+}
+
+TEST_F(NcclNetPlugin, ExportsTheTablesEachNcclReleaseProbesFor) {
+  PluginLib lib;
+  ASSERT_NE(lib.v12(), nullptr);  // NCCL 2.30 (torch 2.15's nvidia-nccl-cu13 2.30.7)
+  ASSERT_NE(lib.v11(), nullptr);  // NCCL 2.28-2.29 (the CUDA toolkit's 2.28.9)
+  ASSERT_NE(lib.v10(), nullptr);  // NCCL 2.26-2.27
+  EXPECT_STREQ(lib.v12()->name, "lowcomm");
+  EXPECT_STREQ(lib.v11()->name, "lowcomm");
+  EXPECT_STREQ(lib.v10()->name, "lowcomm");
+  // NCCL probes newest first and stops at the first symbol found.
+  const std::vector<std::pair<std::vector<int>, int>> probes = {
+      {{12, 11, 10, 9, 8, 7, 6}, 12}, {{11, 10, 9, 8, 7, 6}, 11}, {{10, 9, 8, 7, 6}, 10}};
+  for (const auto& [order, expect] : probes) {
+    int found = 0;
+    for (int v : order) {
+      if (dlsym(lib.handle(), ("ncclNetPlugin_v" + std::to_string(v)).c_str())) {
+        found = v;
+        break;
+      }
+    }
+    EXPECT_EQ(found, expect);
+  }
+  // Nothing else is visible: neither collNet/GIN tables nor internals.
+  EXPECT_EQ(dlsym(lib.handle(), "ncclCollNetPlugin_v11"), nullptr);
+  EXPECT_EQ(dlsym(lib.handle(), "ncclNetPlugin_v9"), nullptr);
+  // Every function NCCL calls unconditionally is there, in each version.
+  for (auto* t : {reinterpret_cast<const abi::NetV11*>(lib.v12()), lib.v11()}) {
+    EXPECT_TRUE(t->init && t->devices && t->get_properties && t->listen && t->connect &&
+                t->accept && t->reg_mr && t->dereg_mr && t->isend && t->irecv && t->iflush &&
+                t->test && t->close_send && t->close_recv && t->close_listen && t->finalize);
+  }
+  const abi::NetV10* v10 = lib.v10();
+  EXPECT_TRUE(v10->init && v10->devices && v10->get_properties && v10->listen && v10->connect &&
+              v10->accept && v10->reg_mr && v10->dereg_mr && v10->isend && v10->irecv &&
+              v10->iflush && v10->test && v10->close_send && v10->close_recv &&
+              v10->close_listen);
+}
+
+TEST_F(NcclNetPlugin, PropertiesTellTheTunerTheEmulatedLinkInEveryVersion) {
+  ::setenv("LOWCOMM_WAN", "bw=1gbit,rtt=100ms", 1);
+  PluginLib lib;
+  void* ctx = init_ctx(lib.v12());
+  ASSERT_NE(ctx, nullptr) << take_last_warn();
+  int ndev = 0;
+  ASSERT_EQ(lib.v12()->devices(&ndev), abi::kSuccess);
+  EXPECT_EQ(ndev, 1);
+
+  abi::PropertiesV12 p12;
+  std::memset(&p12, 0xA5, sizeof(p12));  // NCCL passes it uninitialised
+  ASSERT_EQ(lib.v12()->get_properties(0, &p12), abi::kSuccess);
+  EXPECT_EQ(std::string(p12.head.name).rfind("lowcomm-127.0.0.1", 0), 0u) << p12.head.name;
+  EXPECT_EQ(p12.head.pci_path, nullptr);
+  EXPECT_EQ(p12.head.ptr_support, abi::kPtrHost);
+  EXPECT_EQ(p12.head.reg_is_global, 0);
+  EXPECT_EQ(p12.head.force_flush, 0);
+  EXPECT_EQ(p12.head.speed, 1000);                 // Mbit/s: the emulated rate
+  EXPECT_FLOAT_EQ(p12.head.latency, 50000.0f);     // us: the one-way delay
+  EXPECT_EQ(p12.head.port, 0);
+  EXPECT_GT(p12.head.max_comms, 0);
+  EXPECT_EQ(p12.head.max_recvs, 1);
+  EXPECT_EQ(p12.head.net_device_type, abi::kDeviceHost);
+  EXPECT_EQ(p12.head.net_device_version, 0);
+  EXPECT_EQ(p12.vprops.ndevs, 1);
+  EXPECT_EQ(p12.vprops.devs[0], 0);
+  for (int i = 1; i < 8; ++i) EXPECT_EQ(p12.vprops.devs[i], 0);
+  EXPECT_EQ(p12.max_p2p_bytes, static_cast<size_t>(INT_MAX));  // test() reports int sizes
+  EXPECT_EQ(p12.max_coll_bytes, static_cast<size_t>(INT_MAX));
+  EXPECT_EQ(p12.max_multi_request_size, 1);
+  EXPECT_EQ(p12.rail_id, -1);
+  EXPECT_EQ(p12.plane_id, -1);
+
+  abi::PropertiesV11 p11;
+  std::memset(&p11, 0xA5, sizeof(p11));
+  ASSERT_EQ(lib.v11()->get_properties(0, &p11), abi::kSuccess);
+  EXPECT_EQ(p11.head.speed, 1000);
+  EXPECT_EQ(p11.vprops.ndevs, 1);
+  EXPECT_EQ(p11.max_p2p_bytes, static_cast<size_t>(INT_MAX));
+  EXPECT_EQ(p11.max_multi_request_size, 1);
+
+  abi::PropertiesV10 p10;
+  std::memset(&p10, 0xA5, sizeof(p10));
+  ASSERT_EQ(lib.v10()->get_properties(0, &p10), abi::kSuccess);
+  EXPECT_EQ(p10.head.speed, 1000);
+  EXPECT_EQ(p10.max_coll_bytes, static_cast<size_t>(INT_MAX));
+
+  EXPECT_NE(lib.v12()->get_properties(1, &p12), abi::kSuccess);  // one device
+  EXPECT_EQ(lib.v12()->finalize(ctx), abi::kSuccess);
+
+  // Explicit values win over the emulated link's.
+  ::setenv("LOWCOMM_NCCL_SPEED_MBPS", "25000", 1);
+  ::setenv("LOWCOMM_NCCL_LATENCY_US", "12.5", 1);
+  ctx = init_ctx(lib.v12());
+  ASSERT_NE(ctx, nullptr);
+  ASSERT_EQ(lib.v12()->get_properties(0, &p12), abi::kSuccess);
+  EXPECT_EQ(p12.head.speed, 25000);
+  EXPECT_FLOAT_EQ(p12.head.latency, 12.5f);
+  lib.v12()->finalize(ctx);
+  ::unsetenv("LOWCOMM_NCCL_SPEED_MBPS");
+  ::unsetenv("LOWCOMM_NCCL_LATENCY_US");
+}
+
+TEST_F(NcclNetPlugin, InitRefusesToRunWithoutASecretAndSaysWhy) {
+  PluginLib lib;
+  ::unsetenv("LOWCOMM_SECRET");
+  void* ctx = reinterpret_cast<void*>(1);
+  abi::CommConfig config{-1};
+  EXPECT_EQ(lib.v12()->init(&ctx, 1, &config, driver_logger, nullptr), abi::kInvalidUsage);
+  EXPECT_EQ(ctx, nullptr);
+  EXPECT_NE(take_last_warn().find("LOWCOMM_SECRET"), std::string::npos);
+  EXPECT_EQ(lib.v12()->finalize(ctx), abi::kSuccess);  // NCCL finalizes a failed init too
+
+  // A secret file readable by others is refused; mode 600 is taken.
+  const std::string path = ::testing::TempDir() + "/lowcomm-secret-" + std::to_string(getpid());
+  { std::ofstream(path) << kSecret << "\n"; }
+  ::chmod(path.c_str(), 0644);
+  ::setenv("LOWCOMM_SECRET_FILE", path.c_str(), 1);
+  EXPECT_EQ(lib.v12()->init(&ctx, 1, &config, driver_logger, nullptr), abi::kInvalidUsage);
+  EXPECT_NE(take_last_warn().find("chmod 600"), std::string::npos);
+  ::chmod(path.c_str(), 0600);
+  ASSERT_EQ(lib.v12()->init(&ctx, 1, &config, driver_logger, nullptr), abi::kSuccess);
+  lib.v12()->finalize(ctx);
+  ::unlink(path.c_str());
+  // Bad option values name the variable.
+  ::setenv("LOWCOMM_SECRET", kSecret, 1);
+  ::unsetenv("LOWCOMM_SECRET_FILE");
+  ::setenv("LOWCOMM_STREAMS", "0", 1);
+  EXPECT_EQ(lib.v12()->init(&ctx, 1, &config, driver_logger, nullptr), abi::kInvalidUsage);
+  EXPECT_NE(take_last_warn().find("LOWCOMM_STREAMS"), std::string::npos);
+  ::unsetenv("LOWCOMM_STREAMS");
+}
+
+TEST_F(NcclNetPlugin, OneThreadDrivesBothEndsLikeNcclsBootstrap) {
+  PluginLib lib;
+  const abi::NetV12* net = lib.v12();
+  void* a = init_ctx(net, 1);
+  void* b = init_ctx(net, 2);
+  ASSERT_TRUE(a && b);
+  void *send = nullptr, *recv = nullptr;
+  ASSERT_TRUE(local_pair(net, a, b, &send, &recv)) << take_last_warn();
+  // A receive larger than the send reports the send's size; empty sends complete.
+  EXPECT_EQ(transfer(net, send, recv, 1000, 4096), 1000);
+  EXPECT_EQ(transfer(net, send, recv, 0, 16), 0);
+  EXPECT_EQ(transfer(net, send, recv, 0, 0), 0);
+  EXPECT_EQ(transfer(net, send, recv, 3 << 20, 3 << 20), 3 << 20);
+  // A send larger than the posted receive is NCCL's "message truncated": an error, no write.
+  int rc = 0;
+  EXPECT_EQ(transfer(net, send, recv, 5000, 4000, &rc), -2);
+  EXPECT_EQ(rc, abi::kInvalidUsage);
+  EXPECT_NE(take_last_warn().find("length mismatch"), std::string::npos);
+  // The connection carries on.
+  EXPECT_EQ(transfer(net, send, recv, 777, 1024), 777);
+  // irecv with several buffers is refused (maxRecvs is 1); iflush has nothing to do.
+  void* bufs[2] = {nullptr, nullptr};
+  size_t sizes[2] = {0, 0};
+  int tags[2] = {0, 0};
+  void* mh[2] = {nullptr, nullptr};
+  void* req = nullptr;
+  EXPECT_EQ(net->irecv(recv, 2, bufs, sizes, tags, mh, nullptr, &req), abi::kInternalError);
+  int fsizes[1] = {0};
+  EXPECT_EQ(net->iflush(recv, 1, bufs, fsizes, mh, &req), abi::kSuccess);
+  EXPECT_EQ(req, nullptr);
+  EXPECT_EQ(net->close_send(send), abi::kSuccess);
+  EXPECT_EQ(net->close_recv(recv), abi::kSuccess);
+  EXPECT_EQ(net->finalize(a), abi::kSuccess);
+  EXPECT_EQ(net->finalize(b), abi::kSuccess);
+}
+
+TEST_F(NcclNetPlugin, ConnectAndAcceptFromTwoThreadsAndTheV11AndV10Tables) {
+  PluginLib lib;
+  const abi::NetV11* net = lib.v11();
+  void* a = init_ctx(net, 1);
+  void* b = init_ctx(net, 2);
+  ASSERT_TRUE(a && b);
+  char handle[abi::kHandleMaxBytes] = {};
+  void* listen = nullptr;
+  ASSERT_EQ(net->listen(b, 0, handle, &listen), abi::kSuccess);
+  void *send = nullptr, *recv = nullptr, *unused = nullptr;
+  int rc_s = 0, rc_r = 0;
+  std::thread connector([&] { connect_loop(net, a, handle, nullptr, &send, &unused, &rc_s); });
+  connect_loop(net, nullptr, nullptr, listen, &unused, &recv, &rc_r);
+  connector.join();
+  ASSERT_TRUE(send && recv) << rc_s << " " << rc_r;
+  net->close_listen(listen);
+  EXPECT_EQ(transfer(net, send, recv, 12345, 65536), 12345);
+  net->close_send(send);
+  net->close_recv(recv);
+  net->finalize(a);
+  net->finalize(b);
+
+  // v10: one process-wide context from init(logger, profiler).
+  const abi::NetV10* v10 = lib.v10();
+  ASSERT_EQ(v10->init(driver_logger, nullptr), abi::kSuccess);
+  ASSERT_EQ(v10->listen(0, handle, &listen), abi::kSuccess);
+  abi::CommConfig config{-1};
+  abi::DeviceHandle* dev = nullptr;
+  send = recv = nullptr;
+  for (int i = 0; i < 100000 && (!send || !recv); ++i) {
+    if (!send) {
+      ASSERT_EQ(v10->connect(0, &config, handle, &send, &dev), abi::kSuccess);
+    }
+    if (!recv) {
+      ASSERT_EQ(v10->accept(listen, &recv, &dev), abi::kSuccess);
+    }
+    std::this_thread::yield();
+  }
+  ASSERT_TRUE(send && recv);
+  v10->close_listen(listen);
+  EXPECT_EQ(transfer(v10, send, recv, 4096, 4096), 4096);
+  v10->close_send(send);
+  v10->close_recv(recv);
+}
+
+// One direction of the random-transfer stream: what message k is.
+struct MessagePlan {
+  size_t bytes;
+  size_t posted;
+};
+MessagePlan plan_message(uint64_t direction, uint64_t k) {
+  std::mt19937_64 rng(mix(direction * 1000003 + k));
+  const uint64_t r = rng() % 1000;
+  size_t bytes;
+  if (r < 20) bytes = 0;                                          // 2%: empty
+  else if (r < 700) bytes = rng() % (64u << 10);                  // small steps
+  else if (r < 985) bytes = rng() % (4u << 20);                   // NCCL-sized steps
+  else bytes = rng() % ((64u << 20) + 1);                         // up to 64 MiB
+  size_t extra = rng() % 3 == 0 ? rng() % 8192 : 0;               // posted > sent
+  return {bytes, bytes + extra};
+}
+
+// A rank of the two-process stream: sends `count` messages to the peer and receives as many,
+// 32 requests in flight per comm, test() on the oldest only, every byte verified.
+int stream_rank(Channel ch, int me, int count) {
+  PluginLib lib;
+  const abi::NetV12* net = lib.v12();
+  void* ctx = init_ctx(net, 42);
+  DRIVER_CHECK(ctx, "init: %s", take_last_warn().c_str());
+  char mine[abi::kHandleMaxBytes] = {}, theirs[abi::kHandleMaxBytes] = {};
+  void* listen = nullptr;
+  DRIVER_CHECK(net->listen(ctx, 0, mine, &listen) == abi::kSuccess);
+  DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
+  void *send = nullptr, *recv = nullptr;
+  int rc = 0;
+  DRIVER_CHECK(connect_loop(net, ctx, theirs, listen, &send, &recv, &rc), "set-up rc %d", rc);
+  net->close_listen(listen);
+
+  struct Slot {
+    void* req;
+    uint64_t k;
+    std::vector<uint8_t> buf;
+  };
+  std::deque<Slot> sends, recvs;
+  std::vector<std::vector<uint8_t>> spare;
+  auto take_buffer = [&](size_t n) {
+    std::vector<uint8_t> b;
+    if (!spare.empty()) {
+      b = std::move(spare.back());
+      spare.pop_back();
+    }
+    b.resize(n);
+    return b;
+  };
+  uint64_t posted_s = 0, posted_r = 0, done_s = 0, done_r = 0, bytes = 0;
+  const uint64_t out_dir = static_cast<uint64_t>(me), in_dir = static_cast<uint64_t>(1 - me);
+  auto t0 = Clock::now();
+  while (done_s < static_cast<uint64_t>(count) || done_r < static_cast<uint64_t>(count)) {
+    while (recvs.size() < abi::kMaxRequests && posted_r < static_cast<uint64_t>(count)) {
+      MessagePlan m = plan_message(in_dir, posted_r);
+      Slot s{nullptr, posted_r, take_buffer(m.posted)};
+      void* data = s.buf.data();
+      size_t size = m.posted;
+      int tag = 1 - me;
+      s.req = reinterpret_cast<void*>(1);
+      DRIVER_CHECK(net->irecv(recv, 1, &data, &size, &tag, nullptr, nullptr, &s.req) == 0,
+                   "%s", take_last_warn().c_str());
+      if (!s.req) break;  // the plugin is full: NCCL retries later
+      recvs.push_back(std::move(s));
+      ++posted_r;
+    }
+    while (sends.size() < abi::kMaxRequests && posted_s < static_cast<uint64_t>(count)) {
+      MessagePlan m = plan_message(out_dir, posted_s);
+      Slot s{nullptr, posted_s, take_buffer(m.bytes)};
+      fill(s.buf.data(), m.bytes, out_dir << 32 | posted_s);
+      DRIVER_CHECK(net->isend(send, s.buf.data(), m.bytes, me, nullptr, nullptr, &s.req) == 0,
+                   "%s", take_last_warn().c_str());
+      if (!s.req) break;
+      sends.push_back(std::move(s));
+      ++posted_s;
+    }
+    int done = 0, size = -1;
+    if (!sends.empty()) {
+      DRIVER_CHECK(net->test(sends.front().req, &done, &size) == 0, "%s",
+                   take_last_warn().c_str());
+      if (done) {
+        DRIVER_CHECK(static_cast<size_t>(size) == sends.front().buf.size());
+        spare.push_back(std::move(sends.front().buf));
+        sends.pop_front();
+        ++done_s;
+      }
+    }
+    if (!recvs.empty()) {
+      Slot& s = recvs.front();
+      DRIVER_CHECK(net->test(s.req, &done, &size) == 0, "%s", take_last_warn().c_str());
+      if (done) {
+        MessagePlan m = plan_message(in_dir, s.k);
+        DRIVER_CHECK(static_cast<size_t>(size) == m.bytes, "message %llu: %d bytes, sent %zu",
+                     static_cast<unsigned long long>(s.k), size, m.bytes);
+        size_t bad = first_mismatch(s.buf.data(), m.bytes, in_dir << 32 | s.k);
+        DRIVER_CHECK(bad == m.bytes, "message %llu corrupt at byte %zu",
+                     static_cast<unsigned long long>(s.k), bad);
+        bytes += m.bytes;
+        spare.push_back(std::move(s.buf));
+        recvs.pop_front();
+        ++done_r;
+      }
+    }
+    if (spare.size() > 8) spare.resize(8);
+  }
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::fprintf(stderr, "[driver %d] rank %d: %d messages each way, %.1f MiB received in %.2f s\n",
+               static_cast<int>(getpid()), me, count, static_cast<double>(bytes) / (1 << 20), s);
+  net->close_send(send);
+  net->close_recv(recv);
+  net->finalize(ctx);
+  return 0;
+}
+
+int transfers_each_way() {
+  const char* env = std::getenv("LOWCOMM_DRIVER_TRANSFERS");
+  return (env ? std::atoi(env) : 10000) / 2;
+}
+
+TEST_F(NcclNetPlugin, TwoProcessesTenThousandRandomTransfersVerified) {
+  const int n = transfers_each_way();
+  auto [a, b] = run_two([n](Channel ch) { return stream_rank(ch, 0, n); },
+                        [n](Channel ch) { return stream_rank(ch, 1, n); }, 600);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 0);
+}
+
+// Both ranks: listen, swap handles, connect; rank 0 ends up with the send comm to rank 1.
+struct RankComms {
+  PluginLib lib;
+  void* ctx = nullptr;
+  void* send = nullptr;
+  void* recv = nullptr;
+};
+int connect_ranks(Channel& ch, RankComms& c) {
+  const abi::NetV12* net = c.lib.v12();
+  c.ctx = init_ctx(net);
+  DRIVER_CHECK(c.ctx, "init: %s", take_last_warn().c_str());
+  char mine[abi::kHandleMaxBytes] = {}, theirs[abi::kHandleMaxBytes] = {};
+  void* listen = nullptr;
+  DRIVER_CHECK(net->listen(c.ctx, 0, mine, &listen) == abi::kSuccess);
+  DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
+  int rc = 0;
+  bool ok = connect_loop(net, c.ctx, theirs, listen, &c.send, &c.recv, &rc);
+  net->close_listen(listen);
+  DRIVER_CHECK(ok, "set-up rc %d: %s", rc, take_last_warn().c_str());
+  return 0;
+}
+
+TEST_F(NcclNetPlugin, ClosingWithRequestsInFlightNeitherCrashesNorHangs) {
+  auto receiver = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    const abi::NetV12* net = c.lib.v12();
+    std::vector<std::vector<uint8_t>> bufs(abi::kMaxRequests, std::vector<uint8_t>(1 << 20));
+    std::vector<void*> reqs;
+    for (auto& b : bufs) {
+      void* data = b.data();
+      size_t size = b.size();
+      int tag = 0;
+      void* r = nullptr;
+      DRIVER_CHECK(net->irecv(c.recv, 1, &data, &size, &tag, nullptr, nullptr, &r) == 0 && r);
+      reqs.push_back(r);
+    }
+    // The 33rd is refused with a null request (NCCL retries), not an error.
+    void* data = bufs[0].data();
+    size_t size = 16;
+    int tag = 0;
+    void* extra = reinterpret_cast<void*>(1);
+    DRIVER_CHECK(net->irecv(c.recv, 1, &data, &size, &tag, nullptr, nullptr, &extra) == 0);
+    DRIVER_CHECK(extra == nullptr);
+    int size_got = 0, rc = 0;
+    DRIVER_CHECK(wait_request(net, reqs[0], &size_got, &rc) && size_got == 1 << 20);
+    char go = 1;
+    ch.send(&go, 1);
+    // 31 receives still posted, data arriving: close under them.
+    DRIVER_CHECK(net->close_recv(c.recv) == 0);
+    DRIVER_CHECK(net->close_send(c.send) == 0);
+    net->finalize(c.ctx);
+    return 0;
+  };
+  auto sender = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    const abi::NetV12* net = c.lib.v12();
+    std::vector<uint8_t> buf(1 << 20, 3);
+    void* r = nullptr;
+    DRIVER_CHECK(net->isend(c.send, buf.data(), buf.size(), 0, nullptr, nullptr, &r) == 0 && r);
+    std::vector<void*> more;
+    for (int i = 0; i < 8; ++i) {
+      void* q = nullptr;
+      DRIVER_CHECK(net->isend(c.send, buf.data(), buf.size(), 0, nullptr, nullptr, &q) == 0);
+      if (q) more.push_back(q);
+    }
+    char go = 0;
+    ch.recv(&go, 1);
+    // Requests in flight (or done, unseen): close without testing them.
+    DRIVER_CHECK(net->close_send(c.send) == 0);
+    DRIVER_CHECK(net->close_recv(c.recv) == 0);
+    net->finalize(c.ctx);
+    return 0;
+  };
+  auto [a, b] = run_two(receiver, sender, 60);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 0);
+}
+
+TEST_F(NcclNetPlugin, AKilledPeerFailsTheRequestsInsteadOfHanging) {
+  auto survivor = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    const abi::NetV12* net = c.lib.v12();
+    std::vector<uint8_t> big(64 << 20);
+    void* data = big.data();
+    size_t size = big.size();
+    int tag = 0;
+    void* r = nullptr;
+    DRIVER_CHECK(net->irecv(c.recv, 1, &data, &size, &tag, nullptr, nullptr, &r) == 0 && r);
+    std::vector<uint8_t> out(8 << 20, 1);
+    void* s = nullptr;
+    DRIVER_CHECK(net->isend(c.send, out.data(), out.size(), 0, nullptr, nullptr, &s) == 0 && s);
+    char go = 1;
+    ch.send(&go, 1);  // the peer dies now
+    int got = 0, rc = 0;
+    auto t0 = Clock::now();
+    bool ok = wait_request(net, r, &got, &rc, std::chrono::seconds(30));
+    double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    DRIVER_CHECK(!ok && rc != abi::kSuccess, "the receive %s", ok ? "completed" : "timed out");
+    DRIVER_CHECK(took < 20, "noticed only after %.1f s", took);
+    std::string why = take_last_warn();
+    DRIVER_CHECK(why.find("peer") != std::string::npos, "WARN: %s", why.c_str());
+    net->close_recv(c.recv);
+    net->close_send(c.send);
+    net->finalize(c.ctx);
+    return 0;
+  };
+  auto victim = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    const abi::NetV12* net = c.lib.v12();
+    // Half a message out, then death.
+    std::vector<uint8_t> out(64 << 20, 2);
+    void* s = nullptr;
+    DRIVER_CHECK(net->isend(c.send, out.data(), 32 << 20, 0, nullptr, nullptr, &s) == 0);
+    char go = 0;
+    ch.recv(&go, 1);
+    ::raise(SIGKILL);
+    return 1;
+  };
+  auto [a, b] = run_two(survivor, victim, 60);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 128 + SIGKILL);
+}
+
+TEST_F(NcclNetPlugin, AWrongSecretIsRefusedOnBothSides) {
+  auto listener = [](Channel ch) {
+    PluginLib lib;
+    const abi::NetV12* net = lib.v12();
+    void* ctx = init_ctx(net);
+    DRIVER_CHECK(ctx);
+    char handle[abi::kHandleMaxBytes] = {};
+    void* listen = nullptr;
+    DRIVER_CHECK(net->listen(ctx, 0, handle, &listen) == 0);
+    DRIVER_CHECK(ch.send(handle, sizeof(handle)));
+    void *recv = nullptr, *unused = nullptr;
+    int rc = 0;
+    auto t0 = Clock::now();
+    bool ok = connect_loop(net, nullptr, nullptr, listen, &unused, &recv, &rc,
+                           std::chrono::seconds(20));
+    double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    DRIVER_CHECK(!ok && rc == abi::kRemoteError && !recv, "accept: ok %d rc %d", ok, rc);
+    DRIVER_CHECK(took < 10, "refused only after %.1f s", took);
+    std::string why = take_last_warn();
+    DRIVER_CHECK(why.find("LOWCOMM_SECRET") != std::string::npos, "WARN: %s", why.c_str());
+    net->close_listen(listen);
+    net->finalize(ctx);
+    return 0;
+  };
+  auto intruder = [](Channel ch) {
+    PluginLib lib;
+    const abi::NetV12* net = lib.v12();
+    void* ctx = init_ctx(net);
+    DRIVER_CHECK(ctx);
+    char handle[abi::kHandleMaxBytes] = {};
+    DRIVER_CHECK(ch.recv(handle, sizeof(handle)));
+    void *send = nullptr, *unused = nullptr;
+    int rc = 0;
+    bool ok = connect_loop(net, ctx, handle, nullptr, &send, &unused, &rc);
+    DRIVER_CHECK(!ok && rc != abi::kSuccess && !send, "connect: ok %d rc %d", ok, rc);
+    std::string why = take_last_warn();
+    DRIVER_CHECK(why.find("authentic") != std::string::npos, "WARN: %s", why.c_str());
+    net->finalize(ctx);
+    return 0;
+  };
+  auto [a, b] = run_two(
+      listener, intruder, 60, [] { ::setenv("LOWCOMM_HANDSHAKE_TIMEOUT_S", "2", 1); },
+      [] { ::setenv("LOWCOMM_SECRET", "not-the-secret", 1); });
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 0);
+}
+
+TEST_F(NcclNetPlugin, RepeatedInitFinalizeAndDlcloseLeaveNoThreadBehind) {
+  const int baseline = count_threads();
+  for (int round = 0; round < 12; ++round) {
+    {
+      PluginLib lib;
+      void* a = nullptr;
+      void* b = nullptr;
+      void *send = nullptr, *recv = nullptr;
+      if (round % 2 == 0) {
+        a = init_ctx(lib.v12(), 1);
+        b = init_ctx(lib.v12(), 2);
+        ASSERT_TRUE(a && b && local_pair(lib.v12(), a, b, &send, &recv));
+        EXPECT_EQ(transfer(lib.v12(), send, recv, 100000, 100000), 100000);
+      } else {
+        a = init_ctx(lib.v11(), 1);
+        b = init_ctx(lib.v11(), 2);
+        ASSERT_TRUE(a && b && local_pair(lib.v11(), a, b, &send, &recv));
+        EXPECT_EQ(transfer(lib.v11(), send, recv, 100000, 100000), 100000);
+      }
+      lib.v12()->close_send(send);
+      lib.v12()->close_recv(recv);
+      lib.v12()->finalize(a);
+      EXPECT_GT(count_threads(), baseline);  // b still holds the engine
+      lib.v12()->finalize(b);
+      EXPECT_EQ(count_threads(), baseline) << "round " << round;  // joined before dlclose
+    }
+  }
+  {
+    // v10 has no finalize: unloading the library ends its context and thread.
+    PluginLib lib;
+    ASSERT_EQ(lib.v10()->init(driver_logger, nullptr), abi::kSuccess);
+    EXPECT_GT(count_threads(), baseline);
+  }
+  EXPECT_EQ(count_threads(), baseline);
+}
+
+TEST_F(NcclNetPlugin, ManyCommunicatorsFromManyThreadsAtOnce) {
+  PluginLib lib;
+  const abi::NetV12* net = lib.v12();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      void* a = init_ctx(net, 100 + static_cast<uint64_t>(t));
+      void* b = init_ctx(net, 200 + static_cast<uint64_t>(t));
+      void *send = nullptr, *recv = nullptr;
+      if (!a || !b || !local_pair(net, a, b, &send, &recv)) {
+        ++failures;
+        return;
+      }
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      for (int i = 0; i < 60; ++i) {
+        size_t n = rng() % (1u << 20);
+        if (transfer(net, send, recv, n, n + rng() % 64, nullptr, rng()) != static_cast<int>(n))
+          ++failures;
+      }
+      net->close_send(send);
+      net->close_recv(recv);
+      net->finalize(a);
+      net->finalize(b);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace
+}  // namespace lowcomm::nccl_net::testing
