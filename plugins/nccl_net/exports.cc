@@ -27,7 +27,9 @@ int init_v11(void** ctx, uint64_t comm_id, abi::CommConfig* config, abi::DebugLo
   if (ctx) *ctx = c;
   return rc;
 }
-int finalize_v11(void* ctx) { return plugin_finalize(static_cast<NetContext*>(ctx)); }
+int finalize_v11(void* ctx) {
+  return plugin_finalize(static_cast<NetContext*>(ctx));
+}
 int listen_v11(void* ctx, int dev, void* handle, void** listen_comm) {
   return plugin_listen(static_cast<NetContext*>(ctx), dev, handle, listen_comm);
 }
@@ -42,9 +44,13 @@ int properties_v12(int dev, abi::PropertiesV12* props) {
   props->plane_id = -1;
   return rc;
 }
-int properties_v11(int dev, abi::PropertiesV11* props) { return properties_with_context(dev, props); }
+int properties_v11(int dev, abi::PropertiesV11* props) {
+  return properties_with_context(dev, props);
+}
 
-int init_v10(abi::DebugLogger log, abi::ProfilerCallback /*prof*/) { return plugin_init_v10(log); }
+int init_v10(abi::DebugLogger log, abi::ProfilerCallback /*prof*/) {
+  return plugin_init_v10(log);
+}
 int properties_v10(int dev, abi::PropertiesV10* props) {
   if (!props) return abi::kInternalError;
   *props = abi::PropertiesV10{};

@@ -69,7 +69,7 @@ struct PropertiesHead {
   int ptr_support;    // kPtrHost | ...
   int reg_is_global;  // 1: registrations are cached and cheap
   int force_flush;
-  int speed;      // Mbit/s
+  int speed;  // Mbit/s
   int port;
   float latency;  // microseconds (NCCL truncates it to an integer)
   int max_comms;
@@ -148,8 +148,7 @@ struct NetWithContext {
   int (*devices)(int* ndev);
   int (*get_properties)(int dev, Properties* props);
   int (*listen)(void* ctx, int dev, void* handle, void** listen_comm);
-  int (*connect)(void* ctx, int dev, void* handle, void** send_comm,
-                 DeviceHandle** send_dev_comm);
+  int (*connect)(void* ctx, int dev, void* handle, void** send_comm, DeviceHandle** send_dev_comm);
   int (*accept)(void* listen_comm, void** recv_comm, DeviceHandle** recv_dev_comm);
   int (*reg_mr)(void* comm, void* data, size_t size, int type, void** mhandle);
   int (*reg_mr_dma_buf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,

@@ -45,11 +45,13 @@ NetRequest* DataComm::take_request() {
 Status DataComm::test(NetRequest& r, bool* done, size_t* bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!r.in_use) return internal_error("test() on a request that is not in flight");
-  *done = r.transfer.test();
+  Status s = progress(r);
+  *done = !s.is_ok() || (r.transfer.valid() && r.transfer.test());
   if (!*done) return Status::ok();
-  Status s = r.transfer.status();
+  if (s.is_ok()) s = r.transfer.status();
   if (s.is_ok()) s = finish(r, bytes);
   r.in_use = false;
+  r.posted = false;
   r.transfer = {};
   r.user = nullptr;
   return s;
@@ -64,6 +66,8 @@ std::unique_ptr<SendComm> SendComm::start(std::shared_ptr<NetShared> shared,
   transport::store_le16(c->preamble_.data() + 4, kPreambleVersion);
   c->preamble_[6] = c->framed_ ? 1 : 0;
   c->preamble_sent_ = c->peer_->isend(kPreambleTag, c->preamble_.data(), c->preamble_.size());
+  for (int i = 0; i < kCreditWindow; ++i)
+    c->credit_recvs_.push_back(c->peer_->irecv(kCreditTag, nullptr, 0));
   return c;
 }
 
@@ -88,9 +92,39 @@ Status SendComm::isend(void* data, size_t size, NetRequest** request) {
   r->user = data;
   r->size = size;
   r->framed = false;
-  r->transfer = peer_->isend(kDataTag, data, size);
+  r->posted = false;
+  waiting_.push_back(r);
   *request = r;
+  (void)progress(*r);  // a failure is reported by test()
   return Status::ok();
+}
+
+Status SendComm::progress(NetRequest& r) {
+  while (failure_.is_ok() && !credit_recvs_.empty() && credit_recvs_.front().test()) {
+    Status s = credit_recvs_.front().status();
+    credit_recvs_.pop_front();
+    if (!s.is_ok()) {
+      failure_ = Status(s.code(), "waiting for the receiver of " + name() + ": " + s.message());
+      break;
+    }
+    ++credits_;
+    credit_recvs_.push_back(peer_->irecv(kCreditTag, nullptr, 0));
+  }
+  while (credits_ > 0 && !waiting_.empty()) {
+    post(*waiting_.front());
+    waiting_.pop_front();
+    --credits_;
+  }
+  if (!r.posted && !failure_.is_ok()) {
+    std::erase(waiting_, &r);
+    return failure_;
+  }
+  return Status::ok();
+}
+
+void SendComm::post(NetRequest& r) {
+  r.posted = true;
+  r.transfer = peer_->isend(kDataTag, r.user, r.size);
 }
 
 Status SendComm::finish(NetRequest& r, size_t* bytes) {
@@ -110,6 +144,9 @@ Status RecvComm::irecv(void* data, size_t size, NetRequest** request) {
   r->size = size;
   r->framed = framed_;
   r->transfer = peer_->irecv_upto(kDataTag, data, std::min<size_t>(size, INT_MAX));
+  // The receive is in place: the sender may send one more message (its completion is of no
+  // interest; a failure shows in the receives).
+  (void)peer_->isend(kCreditTag, nullptr, 0);
   *request = r;
   return Status::ok();
 }
@@ -162,10 +199,9 @@ Result<std::unique_ptr<RecvComm>> ListenComm::accept() {
     return Status(StatusCode::kCorruptData,
                   "accept from " + peer->name() + ": not a lowcomm NCCL plugin connection");
   if (uint16_t v = transport::load_le16(preamble_.data() + 4); v != kPreambleVersion)
-    return Status(StatusCode::kCorruptData, "accept from " + peer->name() +
-                                                ": plugin protocol version " + std::to_string(v) +
-                                                ", this side speaks " +
-                                                std::to_string(kPreambleVersion));
+    return Status(StatusCode::kCorruptData,
+                  "accept from " + peer->name() + ": plugin protocol version " + std::to_string(v) +
+                      ", this side speaks " + std::to_string(kPreambleVersion));
   const bool framed = preamble_[6] != 0;
   return std::make_unique<RecvComm>(shared_, std::move(peer), framed);
 }

@@ -13,6 +13,12 @@
 // comes back from the transport; a framed message goes into a staging buffer and is decoded
 // into NCCL's buffer when test() finds it complete.
 //
+// Flow control: each irecv, once posted to the transport, returns a credit (an empty message
+// on kCreditTag); a send goes to the transport only against a credit, so every message finds
+// its receive already posted and nothing is ever buffered as unexpected at the receiver (NCCL
+// relies on the plugin for this: a slow receiver must hold the sender back, not pile up its
+// data). Sends waiting for a credit are posted by the next isend or test on the comm.
+//
 // Requests: a fixed pool of 32 per comm (NCCL posts at most 8 per connection); isend/irecv
 // return a null request (NCCL retries) when the pool is empty. Data moves on the transport's
 // engine thread whatever NCCL tests, so testing only the oldest request never stalls a younger
@@ -20,6 +26,7 @@
 // posts and tests; a comm's mutex orders the two.
 
 #include <array>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -38,10 +45,11 @@ struct NetRequest {
   DataComm* comm = nullptr;
   bool in_use = false;
   transport::Request transfer;
-  void* user = nullptr;  // NCCL's buffer
-  size_t size = 0;       // send: bytes; receive: NCCL's posted size
+  void* user = nullptr;          // NCCL's buffer
+  size_t size = 0;               // send: bytes; receive: NCCL's posted size
   std::vector<uint8_t> staging;  // framed messages
   bool framed = false;
+  bool posted = false;  // send: handed to the transport (it had a credit)
 };
 
 class DataComm {
@@ -59,6 +67,8 @@ class DataComm {
   // A free request, or null when all 32 are in flight. mu_ held.
   NetRequest* take_request();
   virtual Status finish(NetRequest& r, size_t* bytes) = 0;  // mu_ held, transfer ok
+  // Moves what waits for the remote side along; a latched error fails r. mu_ held.
+  virtual Status progress(NetRequest& /*r*/) { return Status::ok(); }
 
   std::shared_ptr<NetShared> shared_;
   std::unique_ptr<transport::Peer> peer_;
@@ -79,9 +89,15 @@ class SendComm final : public DataComm {
  private:
   using DataComm::DataComm;
   Status finish(NetRequest& r, size_t* bytes) override;
+  Status progress(NetRequest& r) override;
+  void post(NetRequest& r);  // mu_ held, a credit taken
   std::array<uint8_t, 16> preamble_{};
   transport::Request preamble_sent_;
   bool framed_ = false;
+  std::deque<transport::Request> credit_recvs_;  // posted receives for credits, in order
+  uint64_t credits_ = 0;                         // received, not yet spent
+  std::deque<NetRequest*> waiting_;              // sends without a credit yet, in order
+  Status failure_;                               // the credit stream failed
 };
 
 class RecvComm final : public DataComm {
@@ -118,5 +134,8 @@ class ListenComm {
 // Bytes on the wire between the two ends.
 inline constexpr uint64_t kPreambleTag = 1;
 inline constexpr uint64_t kDataTag = 2;
+inline constexpr uint64_t kCreditTag = 3;  // receiver -> sender, one empty message per irecv
+// Credit receives a send comm keeps posted (more than NCCL can have receives in flight).
+inline constexpr int kCreditWindow = 2 * abi::kMaxRequests;
 
 }  // namespace lowcomm::nccl_net

@@ -1,7 +1,9 @@
 #include "plugin_api.h"
 
 #include <climits>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include "connection_handle.h"
@@ -80,9 +82,12 @@ int plugin_properties(int dev, abi::PropertiesHead* head, int* vdev_count, int* 
   auto shared = NetShared::acquire();  // NCCL asks before and between inits too
   if (!shared) return fail("getProperties", shared.status());
   const PluginOptions& o = (*shared)->options();
-  // The name must outlive the call and stay the same: one per process, kept for good.
-  static const std::string* name = new std::string(o.device_name);
-  head->name = const_cast<char*>(name->c_str());
+  // NCCL keeps the name pointer: storage that lives as long as the library, set once.
+  static char name[96];
+  static std::once_flag name_once;
+  std::call_once(name_once,
+                 [&] { std::snprintf(name, sizeof(name), "%s", o.device_name.c_str()); });
+  head->name = name;
   head->pci_path = nullptr;  // a virtual NIC: NCCL attaches it to the first CPU
   head->guid = 0x6c6f77636f6d6d00ull;
   head->ptr_support = abi::kPtrHost;
@@ -140,8 +145,8 @@ int plugin_connect(NetContext* ctx, int dev, void* handle, void** send_comm,
     std::memcpy(&h, handle, sizeof(h));
     auto addr = transport::SocketAddress::parse(h.address);
     if (!addr) return fail("connect", addr.status());
-    auto op = transport::ConnectOp::start(ctx->shared->engine(), *addr,
-                                          ctx->shared->options().peer);
+    auto op =
+        transport::ConnectOp::start(ctx->shared->engine(), *addr, ctx->shared->options().peer);
     if (!op) return fail("connect", op.status());
     it = ctx->connecting.emplace(handle, std::move(op).value()).first;
   }
@@ -155,8 +160,7 @@ int plugin_connect(NetContext* ctx, int dev, void* handle, void** send_comm,
   ctx->connecting.erase(it);
   lock.unlock();
   *send_comm = SendComm::start(ctx->shared, std::move(peer)).release();
-  NET_INFO(abi::kLogNet, "connected to %s",
-           static_cast<SendComm*>(*send_comm)->name().c_str());
+  NET_INFO(abi::kLogNet, "connected to %s", static_cast<SendComm*>(*send_comm)->name().c_str());
   return abi::kSuccess;
 }
 
@@ -211,8 +215,8 @@ int plugin_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*tags
   return s.is_ok() ? abi::kSuccess : fail("irecv", s);
 }
 
-int plugin_iflush(void* recv_comm, int /*n*/, void** /*data*/, int* /*sizes*/,
-                  void** /*mhandles*/, void** request) {
+int plugin_iflush(void* recv_comm, int /*n*/, void** /*data*/, int* /*sizes*/, void** /*mhandles*/,
+                  void** request) {
   if (!recv_comm || !request) return misuse("iflush", "null argument");
   *request = nullptr;  // host memory: the data is visible once test() said done
   return abi::kSuccess;

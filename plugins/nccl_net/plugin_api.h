@@ -23,12 +23,11 @@ int plugin_connect(NetContext* ctx, int dev, void* handle, void** send_comm,
 int plugin_accept(void* listen_comm, void** recv_comm, abi::DeviceHandle** recv_dev_comm);
 int plugin_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle);
 int plugin_dereg_mr(void* comm, void* mhandle);
-int plugin_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
-                 void* phandle, void** request);
+int plugin_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                 void** request);
 int plugin_irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
                  void** phandles, void** request);
-int plugin_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
-                  void** request);
+int plugin_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request);
 int plugin_test(void* request, int* done, int* sizes);
 int plugin_close_send(void* send_comm);
 int plugin_close_recv(void* recv_comm);

@@ -18,9 +18,9 @@ void net_log(int level, unsigned long flags, const char* file, int line, const c
 
 }  // namespace lowcomm::nccl_net
 
-#define NET_WARN(...) \
+#define NET_WARN(...)                                              \
   ::lowcomm::nccl_net::net_log(::lowcomm::nccl_net::abi::kLogWarn, \
                                ::lowcomm::nccl_net::abi::kLogAll, __FILE__, __LINE__, __VA_ARGS__)
-#define NET_INFO(flags, ...) \
+#define NET_INFO(flags, ...)                                                                    \
   ::lowcomm::nccl_net::net_log(::lowcomm::nccl_net::abi::kLogInfo, (flags), __FILE__, __LINE__, \
                                __VA_ARGS__)

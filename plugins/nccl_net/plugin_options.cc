@@ -34,7 +34,7 @@ Result<double> env_number(const char* name, double fallback, double lo, double h
 }
 
 Result<std::string> read_secret_file(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     return invalid_argument("LOWCOMM_SECRET_FILE='" + path + "': " + std::strerror(errno));
   if (!S_ISREG(st.st_mode))
@@ -127,10 +127,11 @@ std::string PluginOptions::describe() const {
                                  : std::string("kernel autotuning"))
     << " (LOWCOMM_SOCKET_BUFFER); WAN emulation '"
     << (peer.wan.shaped() ? peer.wan.to_string() : std::string("off"))
-    << "' (LOWCOMM_WAN); handshake timeout " << peer.handshake_timeout_s
-    << " s; compression " << compress << " shuffle " << shuffle
+    << "' (LOWCOMM_WAN); handshake timeout " << peer.handshake_timeout_s << " s; compression "
+    << compress << " shuffle " << shuffle
     << " (LOWCOMM_NCCL_COMPRESS, LOWCOMM_NCCL_SHUFFLE); reported speed " << speed_mbps
-    << " Mbit/s, latency " << latency_us << " us (LOWCOMM_NCCL_SPEED_MBPS, LOWCOMM_NCCL_LATENCY_US)";
+    << " Mbit/s, latency " << latency_us
+    << " us (LOWCOMM_NCCL_SPEED_MBPS, LOWCOMM_NCCL_LATENCY_US)";
   return o.str();
 }
 

@@ -24,14 +24,14 @@
 namespace lowcomm::nccl_net {
 
 struct PluginOptions {
-  transport::PeerConfig peer;   // secret, streams, buffers, the emulated link
-  std::string secret_source;    // "LOWCOMM_SECRET" or "LOWCOMM_SECRET_FILE=<path>"
+  transport::PeerConfig peer;               // secret, streams, buffers, the emulated link
+  std::string secret_source;                // "LOWCOMM_SECRET" or "LOWCOMM_SECRET_FILE=<path>"
   transport::SocketAddress listen_address;  // port 0
   std::string compress = "off";             // LOWCOMM_NCCL_COMPRESS as given
   int shuffle = 0;
-  int speed_mbps = 0;        // reported to NCCL's tuner
-  float latency_us = 0.0f;   // reported to NCCL's tuner (one-way)
-  std::string device_name;   // "lowcomm-<address>", the topology key
+  int speed_mbps = 0;       // reported to NCCL's tuner
+  float latency_us = 0.0f;  // reported to NCCL's tuner (one-way)
+  std::string device_name;  // "lowcomm-<address>", the topology key
 
   static Result<PluginOptions> from_env();
   // One line per option, for the INFO log.

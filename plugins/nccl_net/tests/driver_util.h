@@ -20,19 +20,21 @@
 namespace lowcomm::nccl_net::testing {
 
 // In forked ranks gtest's assertions cannot report: a failed check prints and returns 1.
-#define DRIVER_CHECK(cond, ...)                                                          \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::fprintf(stderr, "[driver %d] check failed at %s:%d: %s: ", (int)getpid(),     \
-                   __FILE__, __LINE__, #cond);                                           \
+#define DRIVER_CHECK(cond, ...)                                                                   \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::fprintf(stderr, "[driver %d] check failed at %s:%d: %s: ", (int)getpid(), __FILE__,    \
+                   __LINE__, #cond);                                                              \
       std::fprintf(stderr, "%s", ::lowcomm::nccl_net::testing::detail_text(__VA_ARGS__).c_str()); \
-      std::fprintf(stderr, "\n");                                                        \
-      return 1;                                                                          \
-    }                                                                                    \
+      std::fprintf(stderr, "\n");                                                                 \
+      return 1;                                                                                   \
+    }                                                                                             \
   } while (0)
 
 // The optional printf-style detail of a DRIVER_CHECK.
-inline std::string detail_text() { return {}; }
+inline std::string detail_text() {
+  return {};
+}
 template <typename... Args>
 std::string detail_text(const char* fmt, Args... args) {
   char buf[1024];
@@ -132,8 +134,8 @@ inline size_t first_mismatch(const uint8_t* p, size_t n, uint64_t seed) {
 // NCCL's set-up: connect() and accept() called until both return a comm, from this thread.
 // Returns false after `limit` or on an error (rc of the failing call in *rc).
 template <typename Net>
-bool connect_loop(const Net* net, void* send_ctx, void* handle, void* listen_comm,
-                  void** send_comm, void** recv_comm, int* rc,
+bool connect_loop(const Net* net, void* send_ctx, void* handle, void* listen_comm, void** send_comm,
+                  void** recv_comm, int* rc,
                   std::chrono::seconds limit = std::chrono::seconds(20)) {
   abi::DeviceHandle* dev_send = nullptr;
   abi::DeviceHandle* dev_recv = nullptr;

@@ -73,14 +73,14 @@ int transfer(const Net* net, void* send, void* recv, size_t send_bytes, size_t p
   int tag = 0;
   int rc = net->irecv(recv, 1, &data, &size, &tag, &mh_r, nullptr, &rreq);
   void* sreq = nullptr;
-  if (rc == abi::kSuccess)
-    rc = net->isend(send, out.data(), out.size(), 0, mh_s, nullptr, &sreq);
+  if (rc == abi::kSuccess) rc = net->isend(send, out.data(), out.size(), 0, mh_s, nullptr, &sreq);
   int got = -1, sent = -1, src = 0;
   if (rc == abi::kSuccess && sreq && rreq && rreq != reinterpret_cast<void*>(1)) {
     bool s_ok = wait_request(net, sreq, &sent, &src);
     bool r_ok = wait_request(net, rreq, &got, &rc);
     if (recv_rc) *recv_rc = rc;
-    if (!s_ok || !r_ok) got = -2;
+    if (!s_ok || !r_ok)
+      got = -2;
     else if (first_mismatch(in.data(), static_cast<size_t>(got), seed) != static_cast<size_t>(got))
       got = -3;
     else if (in[posted] != 0xEE || (static_cast<size_t>(got) < posted && in[got] != 0xEE))
@@ -126,8 +126,7 @@ TEST_F(NcclNetPlugin, ExportsTheTablesEachNcclReleaseProbesFor) {
   const abi::NetV10* v10 = lib.v10();
   EXPECT_TRUE(v10->init && v10->devices && v10->get_properties && v10->listen && v10->connect &&
               v10->accept && v10->reg_mr && v10->dereg_mr && v10->isend && v10->irecv &&
-              v10->iflush && v10->test && v10->close_send && v10->close_recv &&
-              v10->close_listen);
+              v10->iflush && v10->test && v10->close_send && v10->close_recv && v10->close_listen);
 }
 
 TEST_F(NcclNetPlugin, PropertiesTellTheTunerTheEmulatedLinkInEveryVersion) {
@@ -147,8 +146,8 @@ TEST_F(NcclNetPlugin, PropertiesTellTheTunerTheEmulatedLinkInEveryVersion) {
   EXPECT_EQ(p12.head.ptr_support, abi::kPtrHost);
   EXPECT_EQ(p12.head.reg_is_global, 0);
   EXPECT_EQ(p12.head.force_flush, 0);
-  EXPECT_EQ(p12.head.speed, 1000);                 // Mbit/s: the emulated rate
-  EXPECT_FLOAT_EQ(p12.head.latency, 50000.0f);     // us: the one-way delay
+  EXPECT_EQ(p12.head.speed, 1000);              // Mbit/s: the emulated rate
+  EXPECT_FLOAT_EQ(p12.head.latency, 50000.0f);  // us: the one-way delay
   EXPECT_EQ(p12.head.port, 0);
   EXPECT_GT(p12.head.max_comms, 0);
   EXPECT_EQ(p12.head.max_recvs, 1);
@@ -313,11 +312,15 @@ MessagePlan plan_message(uint64_t direction, uint64_t k) {
   std::mt19937_64 rng(mix(direction * 1000003 + k));
   const uint64_t r = rng() % 1000;
   size_t bytes;
-  if (r < 20) bytes = 0;                                          // 2%: empty
-  else if (r < 700) bytes = rng() % (64u << 10);                  // small steps
-  else if (r < 985) bytes = rng() % (4u << 20);                   // NCCL-sized steps
-  else bytes = rng() % ((64u << 20) + 1);                         // up to 64 MiB
-  size_t extra = rng() % 3 == 0 ? rng() % 8192 : 0;               // posted > sent
+  if (r < 20)
+    bytes = 0;  // 2%: empty
+  else if (r < 700)
+    bytes = rng() % (64u << 10);  // small steps
+  else if (r < 985)
+    bytes = rng() % (4u << 20);  // NCCL-sized steps
+  else
+    bytes = rng() % ((64u << 20) + 1);               // up to 64 MiB
+  size_t extra = rng() % 3 == 0 ? rng() % 8192 : 0;  // posted > sent
   return {bytes, bytes + extra};
 }
 
@@ -364,8 +367,8 @@ int stream_rank(Channel ch, int me, int count) {
       size_t size = m.posted;
       int tag = 1 - me;
       s.req = reinterpret_cast<void*>(1);
-      DRIVER_CHECK(net->irecv(recv, 1, &data, &size, &tag, nullptr, nullptr, &s.req) == 0,
-                   "%s", take_last_warn().c_str());
+      DRIVER_CHECK(net->irecv(recv, 1, &data, &size, &tag, nullptr, nullptr, &s.req) == 0, "%s",
+                   take_last_warn().c_str());
       if (!s.req) break;  // the plugin is full: NCCL retries later
       recvs.push_back(std::move(s));
       ++posted_r;
@@ -374,16 +377,15 @@ int stream_rank(Channel ch, int me, int count) {
       MessagePlan m = plan_message(out_dir, posted_s);
       Slot s{nullptr, posted_s, take_buffer(m.bytes)};
       fill(s.buf.data(), m.bytes, out_dir << 32 | posted_s);
-      DRIVER_CHECK(net->isend(send, s.buf.data(), m.bytes, me, nullptr, nullptr, &s.req) == 0,
-                   "%s", take_last_warn().c_str());
+      DRIVER_CHECK(net->isend(send, s.buf.data(), m.bytes, me, nullptr, nullptr, &s.req) == 0, "%s",
+                   take_last_warn().c_str());
       if (!s.req) break;
       sends.push_back(std::move(s));
       ++posted_s;
     }
     int done = 0, size = -1;
     if (!sends.empty()) {
-      DRIVER_CHECK(net->test(sends.front().req, &done, &size) == 0, "%s",
-                   take_last_warn().c_str());
+      DRIVER_CHECK(net->test(sends.front().req, &done, &size) == 0, "%s", take_last_warn().c_str());
       if (done) {
         DRIVER_CHECK(static_cast<size_t>(size) == sends.front().buf.size());
         spare.push_back(std::move(sends.front().buf));
@@ -498,6 +500,10 @@ TEST_F(NcclNetPlugin, ClosingWithRequestsInFlightNeitherCrashesNorHangs) {
       DRIVER_CHECK(net->isend(c.send, buf.data(), buf.size(), 0, nullptr, nullptr, &q) == 0);
       if (q) more.push_back(q);
     }
+    // NCCL's progress thread tests the oldest request until it is done (sends wait for the
+    // receiver's credits and are posted by these calls).
+    int sent = 0, rc = 0;
+    DRIVER_CHECK(wait_request(net, r, &sent, &rc) && sent == 1 << 20);
     char go = 0;
     ch.recv(&go, 1);
     // Requests in flight (or done, unseen): close without testing them.
@@ -571,8 +577,8 @@ TEST_F(NcclNetPlugin, AWrongSecretIsRefusedOnBothSides) {
     void *recv = nullptr, *unused = nullptr;
     int rc = 0;
     auto t0 = Clock::now();
-    bool ok = connect_loop(net, nullptr, nullptr, listen, &unused, &recv, &rc,
-                           std::chrono::seconds(20));
+    bool ok =
+        connect_loop(net, nullptr, nullptr, listen, &unused, &recv, &rc, std::chrono::seconds(20));
     double took = std::chrono::duration<double>(Clock::now() - t0).count();
     DRIVER_CHECK(!ok && rc == abi::kRemoteError && !recv, "accept: ok %d rc %d", ok, rc);
     DRIVER_CHECK(took < 10, "refused only after %.1f s", took);
