@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "transport/pacer.h"
 #include "transport_test_util.h"
 
 namespace lowcomm::transport {
@@ -313,6 +314,32 @@ TEST(TransportPeer, FlushWaitsUntilEverySendHasLeftSoClosingLosesNothing) {
   EXPECT_TRUE(q.b->flush().wait(kWait).is_ok());
   q.b->abort();
   EXPECT_FALSE(q.b->flush().wait(kWait).is_ok());
+}
+
+TEST(TransportPeer, AnOrderlyCloseLosesNothingStillCrossingTheEmulatedDownlink) {
+  // Site model: a message that has fully arrived waits for the receiver's emulated downlink
+  // before it completes. The sender flushing and closing meanwhile (every stream at EOF) must
+  // not fail it; a receive that can no longer be satisfied fails once it has completed.
+  auto cfg_a = test_config(0), cfg_b = test_config(1);
+  for (auto* c : {&cfg_a, &cfg_b}) {
+    c->wan = *parse_wan("bw=200mbit");
+    c->site = std::make_shared<SiteLinks>();
+    c->site->down.bits_per_second = 200e6;
+  }
+  auto p = connect_pair(cfg_a, cfg_b);
+  ASSERT_TRUE(p.a && p.b);
+  p.a->expect_close();
+  auto out = random_bytes(8 << 20, 12);
+  std::vector<uint8_t> in(out.size(), 0), more(16);
+  Request r = p.a->irecv(2, in.data(), in.size());
+  Request never = p.a->irecv(2, more.data(), more.size());
+  ASSERT_TRUE(p.b->isend(2, out.data(), out.size()).wait(kWait).is_ok());
+  ASSERT_TRUE(p.b->flush().wait(kWait).is_ok());
+  p.b.reset();
+  ASSERT_TRUE(r.wait(kWait).is_ok()) << r.status().to_string();
+  EXPECT_TRUE(in == out);
+  Status s = never.wait(kWait);
+  EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.to_string();
 }
 
 }  // namespace

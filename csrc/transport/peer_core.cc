@@ -285,7 +285,23 @@ void PeerCore::do_read(Stream& s) {
       n = LOWCOMM_SYS_RETRY(::recv(s.fd.get(), into, want, 0));
     }
     if (n == 0) {
-      fail(Status(StatusCode::kRemoteError, stream_name(s) + ": connection closed by the peer"));
+      // An orderly close reaches each stream on its own: one stream's end, at a chunk
+      // boundary, while the others still deliver their last chunks, loses nothing. The peer
+      // is gone when every stream has ended, or at once when one ends inside a chunk or with
+      // our data still queued for it.
+      // Messages that fully arrived but still cross the emulated downlink complete first.
+      const bool cut = s.cur || s.header_got > 0 || !s.sendq.empty();
+      if (s.watching) {
+        engine_.unwatch(s.watch_id);
+        s.watching = false;
+      }
+      if (cut || ++ended_streams_ == streams_.size()) {
+        Status closed(StatusCode::kRemoteError, stream_name(s) + ": connection closed by the peer");
+        if (cut || held_.empty())
+          fail(std::move(closed));
+        else
+          remote_closed_ = std::move(closed);
+      }
       return;
     }
     if (n < 0) {
@@ -416,6 +432,7 @@ void PeerCore::release_held(uint64_t key) {
   std::shared_ptr<InMsg> m = std::move(it->second.msg);
   held_.erase(it);
   m->req->complete(Status::ok(), m->msg_len);
+  if (!remote_closed_.is_ok() && held_.empty()) fail(remote_closed_);
 }
 
 void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,

@@ -19,7 +19,8 @@
 // no irecv has claimed yet. Messages match by (tag, per-tag sequence number), so chunks of one
 // message may arrive on any stream in any order.
 //
-// Failure: the first error (EOF, reset, bad header, abort) latches in failure_; every
+// Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
+// latches in failure_; every
 // outstanding and later request fails with it, and the sockets are shut down so the remote side
 // fails too. A message whose length differs from its irecv's fails only that irecv: its bytes
 // are read and dropped, and the connection carries on.
@@ -157,7 +158,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::string remote_address_;
   std::string name_;
   std::vector<Stream> streams_;
-  int stripe_ = 1;  // unshaped sends use streams [0, stripe_)
+  size_t ended_streams_ = 0;  // streams the remote side has closed (EOF at a chunk boundary)
+  Status remote_closed_;      // every stream ended: fail once the held messages completed
+  int stripe_ = 1;            // unshaped sends use streams [0, stripe_)
   Pacer pacer_;
   std::deque<OutChunk> paced_;  // release times non-decreasing (the pacer never reorders)
   size_t departed_ = 0;         // paced_[0, departed_) have left the sender's end (copied)

@@ -1,0 +1,136 @@
+// nccl_net_link_bench: what the plugin moves over a link, driven as NCCL drives it. Two forked
+// processes dlopen libnccl-net-lowcomm.so; rank 0 sends `--bytes` to rank 1 as messages of
+// `--step` bytes with `--inflight` requests posted at a time (NCCL: NCCL_BUFFSIZE / 8 per step,
+// 8 in flight per connection; --step 0: one message), test() on the oldest only. The link is
+// whatever the environment sets (LOWCOMM_WAN=bw=1gbit,rtt=100ms for the emulated WAN).
+// Prints one JSON line per repetition: seconds, Gbit/s of payload, and the fraction of
+// --link-gbit.
+//
+//   LOWCOMM_WAN=bw=1gbit,rtt=100ms nccl_net_link_bench --bytes 256M --step 4M --inflight 8
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "driver_util.h"
+
+using namespace lowcomm::nccl_net::testing;  // NOLINT: a program of its own
+
+namespace {
+
+size_t parse_bytes(const char* text) {
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  switch (*end) {
+    case 'K': v *= 1024; break;
+    case 'M': v *= 1024 * 1024; break;
+    case 'G': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+  }
+  return static_cast<size_t>(v);
+}
+
+struct Args {
+  size_t bytes = 256u << 20;
+  size_t step = 0;
+  int inflight = 8;
+  int repeat = 3;
+  double link_gbit = 1.0;
+};
+
+int run_rank(Channel ch, int rank, const Args& a) {
+  PluginLib lib;
+  const abi::NetV12* net = lib.v12();
+  void* ctx = nullptr;
+  abi::CommConfig config{-1};
+  DRIVER_CHECK(net->init(&ctx, 1, &config, driver_logger, nullptr) == abi::kSuccess);
+  char mine[abi::kHandleMaxBytes] = {}, theirs[abi::kHandleMaxBytes] = {};
+  void* listen = nullptr;
+  DRIVER_CHECK(net->listen(ctx, 0, mine, &listen) == abi::kSuccess);
+  DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
+  void *send = nullptr, *recv = nullptr;
+  int rc = 0;
+  DRIVER_CHECK(connect_loop(net, ctx, theirs, listen, &send, &recv, &rc,
+                            std::chrono::seconds(60)));
+  net->close_listen(listen);
+  std::vector<uint8_t> buf(a.bytes);
+  fill(buf.data(), buf.size(), 99);
+  const size_t step = a.step ? a.step : a.bytes;
+  for (int rep = 0; rep < a.repeat; ++rep) {
+    char sync = 0;  // start together
+    if (rank == 0) {
+      DRIVER_CHECK(ch.recv(&sync, 1));
+    } else {
+      DRIVER_CHECK(ch.send(&sync, 1));
+    }
+    auto t0 = Clock::now();
+    std::deque<void*> reqs;
+    size_t posted = 0;
+    while (posted < a.bytes || !reqs.empty()) {
+      while (posted < a.bytes && static_cast<int>(reqs.size()) < a.inflight) {
+        size_t n = std::min(step, a.bytes - posted);
+        void* req = nullptr;
+        if (rank == 0) {
+          DRIVER_CHECK(net->isend(send, buf.data() + posted, n, 0, nullptr, nullptr, &req) == 0);
+        } else {
+          void* data = buf.data() + posted;
+          int tag = 0;
+          DRIVER_CHECK(net->irecv(recv, 1, &data, &n, &tag, nullptr, nullptr, &req) == 0);
+        }
+        if (!req) break;
+        reqs.push_back(req);
+        posted += n;
+      }
+      int done = 0, size = 0;
+      DRIVER_CHECK(net->test(reqs.front(), &done, &size) == 0, "%s", take_last_warn().c_str());
+      if (done) reqs.pop_front();
+    }
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (std::getenv("BENCH_DEBUG")) std::fprintf(stderr, "rank %d rep %d done after %.3f s\n", rank, rep, s);
+    if (rank == 1) {
+      DRIVER_CHECK(first_mismatch(buf.data(), buf.size(), 99) == buf.size(), "corrupt data");
+      const double gbit = static_cast<double>(a.bytes) * 8 / s / 1e9;
+      std::printf(
+          "{\"bytes\": %zu, \"step\": %zu, \"inflight\": %d, \"seconds\": %.4f, "
+          "\"gbit_per_s\": %.4f, \"fraction_of_link\": %.4f}\n",
+          a.bytes, step, a.inflight, s, gbit, gbit / a.link_gbit);
+      std::fflush(stdout);
+      std::fill(buf.begin(), buf.end(), 0);
+      fill(buf.data(), buf.size(), 99);  // re-verify next time from a known state
+    }
+  }
+  net->close_send(send);
+  net->close_recv(recv);
+  net->finalize(ctx);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--bytes") a.bytes = parse_bytes(argv[i + 1]);
+    else if (k == "--step") a.step = parse_bytes(argv[i + 1]);
+    else if (k == "--inflight") a.inflight = std::atoi(argv[i + 1]);
+    else if (k == "--repeat") a.repeat = std::atoi(argv[i + 1]);
+    else if (k == "--link-gbit") a.link_gbit = std::atof(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!std::getenv("LOWCOMM_SECRET") && !std::getenv("LOWCOMM_SECRET_FILE"))
+    ::setenv("LOWCOMM_SECRET", "link-bench", 1);
+  if (a.inflight < 1 || a.inflight > abi::kMaxRequests || a.bytes == 0) {
+    std::fprintf(stderr, "--inflight 1..32, --bytes > 0\n");
+    return 2;
+  }
+  auto [r0, r1] = run_two([&](Channel ch) { return run_rank(ch, 0, a); },
+                          [&](Channel ch) { return run_rank(ch, 1, a); }, 1800);
+  return r0 == 0 && r1 == 0 ? 0 : 1;
+}
