@@ -107,13 +107,29 @@ Status SendComm::progress(NetRequest& r) {
       failure_ = Status(s.code(), "waiting for the receiver of " + name() + ": " + s.message());
       break;
     }
-    ++credits_;
     credit_recvs_.push_back(peer_->irecv(kCreditTag, nullptr, 0));
+    if (!unmatched_.empty()) {  // the credit of a message already sent eagerly
+      unmatched_bytes_ -= unmatched_.front();
+      unmatched_.pop_front();
+    } else {
+      ++credits_;
+    }
   }
-  while (credits_ > 0 && !waiting_.empty()) {
-    post(*waiting_.front());
+  const uint64_t eager = shared_->options().eager_bytes;
+  while (!waiting_.empty()) {
+    NetRequest& next = *waiting_.front();
+    if (credits_ > 0) {
+      --credits_;
+    } else if (unmatched_.empty() || unmatched_bytes_ + next.size <= eager) {
+      // Ahead of its credit; the first one always goes, whatever its size, so a message larger
+      // than the window is not held back for good.
+      unmatched_.push_back(next.size);
+      unmatched_bytes_ += next.size;
+    } else {
+      break;
+    }
+    post(next);
     waiting_.pop_front();
-    --credits_;
   }
   if (!r.posted && !failure_.is_ok()) {
     std::erase(waiting_, &r);

@@ -14,10 +14,14 @@
 // into NCCL's buffer when test() finds it complete.
 //
 // Flow control: each irecv, once posted to the transport, returns a credit (an empty message
-// on kCreditTag); a send goes to the transport only against a credit, so every message finds
-// its receive already posted and nothing is ever buffered as unexpected at the receiver (NCCL
-// relies on the plugin for this: a slow receiver must hold the sender back, not pile up its
-// data). Sends waiting for a credit are posted by the next isend or test on the comm.
+// on kCreditTag; the k-th credit says the k-th receive is posted). A send goes to the transport
+// at once if its receive is known to be posted, or if the messages sent ahead of their credits
+// stay within the eager window (PluginOptions::eager_bytes, about two bandwidth-delay products):
+// those wait at the receiver, in memory, until NCCL posts their receives. So a receiver that
+// lags holds the sender back instead of piling up its data without bound (NCCL relies on the
+// plugin for this), while NCCL's few small steps in flight per connection (8 x 512 KiB by
+// default, far less than a WAN's bandwidth-delay product) do not cap the link at one window
+// per round trip. Sends waiting for room are posted by the next isend or test on the comm.
 //
 // Requests: a fixed pool of 32 per comm (NCCL posts at most 8 per connection); isend/irecv
 // return a null request (NCCL retries) when the pool is empty. Data moves on the transport's
@@ -96,8 +100,10 @@ class SendComm final : public DataComm {
   bool framed_ = false;
   std::deque<transport::Request> credit_recvs_;  // posted receives for credits, in order
   uint64_t credits_ = 0;                         // received, not yet spent
-  std::deque<NetRequest*> waiting_;              // sends without a credit yet, in order
-  Status failure_;                               // the credit stream failed
+  std::deque<size_t> unmatched_;                 // sizes of messages sent ahead of credits
+  uint64_t unmatched_bytes_ = 0;
+  std::deque<NetRequest*> waiting_;  // sends without room yet, in order
+  Status failure_;                   // the credit stream failed
 };
 
 class RecvComm final : public DataComm {

@@ -114,6 +114,21 @@ Result<PluginOptions> PluginOptions::from_env() {
   auto latency = env_number("LOWCOMM_NCCL_LATENCY_US", o.peer.wan.one_way_delay_s * 1e6, 0, 1e8);
   if (!latency) return latency.status();
   o.latency_us = static_cast<float>(*latency);
+  // Two bandwidth-delay products of the link NCCL is told about: a round trip's worth in
+  // flight while the last round trip's receives are posted.
+  const double bdp_bytes = o.speed_mbps * 1e6 / 8 * (2 * o.latency_us * 1e-6);
+  o.eager_bytes = std::max<uint64_t>(16u << 20, static_cast<uint64_t>(2 * bdp_bytes));
+  if (const char* e = env("LOWCOMM_NCCL_EAGER_BYTES")) {
+    auto bytes = transport::parse_byte_size(e, o.peer.max_unexpected_bytes);
+    if (!bytes)
+      return invalid_argument(std::string("LOWCOMM_NCCL_EAGER_BYTES='") + e +
+                              "': " + bytes.status().message() +
+                              " (at most LOWCOMM_UNEXPECTED_LIMIT, the receiver's allowance)");
+    o.eager_bytes = *bytes;
+  }
+  if (o.eager_bytes > o.peer.max_unexpected_bytes)
+    return invalid_argument("the eager window (" + std::to_string(o.eager_bytes) +
+                            " bytes) exceeds LOWCOMM_UNEXPECTED_LIMIT");
   return o;
 }
 
@@ -127,9 +142,9 @@ std::string PluginOptions::describe() const {
                                  : std::string("kernel autotuning"))
     << " (LOWCOMM_SOCKET_BUFFER); WAN emulation '"
     << (peer.wan.shaped() ? peer.wan.to_string() : std::string("off"))
-    << "' (LOWCOMM_WAN); handshake timeout " << peer.handshake_timeout_s << " s; compression "
-    << compress << " shuffle " << shuffle
-    << " (LOWCOMM_NCCL_COMPRESS, LOWCOMM_NCCL_SHUFFLE); reported speed " << speed_mbps
+    << "' (LOWCOMM_WAN); handshake timeout " << peer.handshake_timeout_s << " s; eager window "
+    << eager_bytes << " B (LOWCOMM_NCCL_EAGER_BYTES); compression " << compress << " shuffle "
+    << shuffle << " (LOWCOMM_NCCL_COMPRESS, LOWCOMM_NCCL_SHUFFLE); reported speed " << speed_mbps
     << " Mbit/s, latency " << latency_us
     << " us (LOWCOMM_NCCL_SPEED_MBPS, LOWCOMM_NCCL_LATENCY_US)";
   return o.str();

@@ -14,6 +14,7 @@
 //   LOWCOMM_NCCL_COMPRESS                  off | lz4 | zstd[:level] | auto (lossless)
 //   LOWCOMM_NCCL_SHUFFLE                   0 | 2 | 4: byte-plane shuffle before compressing
 //   LOWCOMM_NCCL_SPEED_MBPS, LOWCOMM_NCCL_LATENCY_US   what getProperties reports
+//   LOWCOMM_NCCL_EAGER_BYTES               bytes a connection sends ahead of posted receives
 
 #include <string>
 
@@ -29,6 +30,10 @@ struct PluginOptions {
   transport::SocketAddress listen_address;  // port 0
   std::string compress = "off";             // LOWCOMM_NCCL_COMPRESS as given
   int shuffle = 0;
+  // Bytes a send comm may have on the way ahead of the receives NCCL has posted
+  // (LOWCOMM_NCCL_EAGER_BYTES; default twice the link's bandwidth-delay product, at least
+  // 16 MiB): the receiver holds them until their receives come.
+  uint64_t eager_bytes = 16u << 20;
   int speed_mbps = 0;       // reported to NCCL's tuner
   float latency_us = 0.0f;  // reported to NCCL's tuner (one-way)
   std::string device_name;  // "lowcomm-<address>", the topology key

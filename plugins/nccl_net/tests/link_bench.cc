@@ -25,10 +25,17 @@ size_t parse_bytes(const char* text) {
   char* end = nullptr;
   double v = std::strtod(text, &end);
   switch (*end) {
-    case 'K': v *= 1024; break;
-    case 'M': v *= 1024 * 1024; break;
-    case 'G': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 'K':
+      v *= 1024;
+      break;
+    case 'M':
+      v *= 1024 * 1024;
+      break;
+    case 'G':
+      v *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
   }
   return static_cast<size_t>(v);
 }
@@ -53,8 +60,7 @@ int run_rank(Channel ch, int rank, const Args& a) {
   DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
   void *send = nullptr, *recv = nullptr;
   int rc = 0;
-  DRIVER_CHECK(connect_loop(net, ctx, theirs, listen, &send, &recv, &rc,
-                            std::chrono::seconds(60)));
+  DRIVER_CHECK(connect_loop(net, ctx, theirs, listen, &send, &recv, &rc, std::chrono::seconds(60)));
   net->close_listen(listen);
   std::vector<uint8_t> buf(a.bytes);
   fill(buf.data(), buf.size(), 99);
@@ -89,7 +95,8 @@ int run_rank(Channel ch, int rank, const Args& a) {
       if (done) reqs.pop_front();
     }
     double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (std::getenv("BENCH_DEBUG")) std::fprintf(stderr, "rank %d rep %d done after %.3f s\n", rank, rep, s);
+    if (std::getenv("BENCH_DEBUG"))
+      std::fprintf(stderr, "rank %d rep %d done after %.3f s\n", rank, rep, s);
     if (rank == 1) {
       DRIVER_CHECK(first_mismatch(buf.data(), buf.size(), 99) == buf.size(), "corrupt data");
       const double gbit = static_cast<double>(a.bytes) * 8 / s / 1e9;
@@ -114,11 +121,16 @@ int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--bytes") a.bytes = parse_bytes(argv[i + 1]);
-    else if (k == "--step") a.step = parse_bytes(argv[i + 1]);
-    else if (k == "--inflight") a.inflight = std::atoi(argv[i + 1]);
-    else if (k == "--repeat") a.repeat = std::atoi(argv[i + 1]);
-    else if (k == "--link-gbit") a.link_gbit = std::atof(argv[i + 1]);
+    if (k == "--bytes")
+      a.bytes = parse_bytes(argv[i + 1]);
+    else if (k == "--step")
+      a.step = parse_bytes(argv[i + 1]);
+    else if (k == "--inflight")
+      a.inflight = std::atoi(argv[i + 1]);
+    else if (k == "--repeat")
+      a.repeat = std::atoi(argv[i + 1]);
+    else if (k == "--link-gbit")
+      a.link_gbit = std::atof(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
