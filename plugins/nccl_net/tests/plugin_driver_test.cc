@@ -611,6 +611,58 @@ TEST_F(NcclNetPlugin, AWrongSecretIsRefusedOnBothSides) {
   EXPECT_EQ(b, 0);
 }
 
+TEST_F(NcclNetPlugin, ALaggingReceiverHoldsTheSenderBackBeyondTheEagerWindow) {
+  ::setenv("LOWCOMM_NCCL_EAGER_BYTES", "8M", 1);
+  PluginLib lib;
+  const abi::NetV12* net = lib.v12();
+  void* a = init_ctx(net, 1);
+  void* b = init_ctx(net, 2);
+  ::unsetenv("LOWCOMM_NCCL_EAGER_BYTES");
+  void *send = nullptr, *recv = nullptr;
+  ASSERT_TRUE(a && b && local_pair(net, a, b, &send, &recv));
+  constexpr int kMessages = 8;
+  constexpr size_t kBytes = 4u << 20;
+  std::vector<std::vector<uint8_t>> out(kMessages, std::vector<uint8_t>(kBytes));
+  std::vector<void*> sends(kMessages, nullptr);
+  for (int i = 0; i < kMessages; ++i) {
+    fill(out[i].data(), kBytes, static_cast<uint64_t>(i));
+    ASSERT_EQ(net->isend(send, out[i].data(), kBytes, 0, nullptr, nullptr, &sends[i]), 0);
+    ASSERT_NE(sends[i], nullptr);
+  }
+  // No receive posted: two messages (8 MiB) go ahead; the third waits for a credit. Tested
+  // oldest first, as NCCL does.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int done_sends = 0;
+  for (; done_sends < kMessages; ++done_sends) {
+    int done = 0, size = 0;
+    ASSERT_EQ(net->test(sends[done_sends], &done, &size), 0) << take_last_warn();
+    if (!done) break;
+  }
+  EXPECT_EQ(done_sends, 2);
+  // The receiver catches up: everything arrives, intact and in order.
+  std::vector<std::vector<uint8_t>> in(kMessages, std::vector<uint8_t>(kBytes));
+  std::vector<void*> recvs(kMessages, nullptr);
+  for (int i = 0; i < kMessages; ++i) {
+    void* data = in[i].data();
+    size_t size = kBytes;
+    int tag = 0;
+    ASSERT_EQ(net->irecv(recv, 1, &data, &size, &tag, nullptr, nullptr, &recvs[i]), 0);
+  }
+  for (int i = 0; i < kMessages; ++i) {
+    int got = 0, rc = 0;
+    if (i >= done_sends) {
+      ASSERT_TRUE(wait_request(net, sends[i], &got, &rc)) << rc;
+    }
+    ASSERT_TRUE(wait_request(net, recvs[i], &got, &rc)) << rc;
+    EXPECT_EQ(got, static_cast<int>(kBytes));
+    EXPECT_EQ(first_mismatch(in[i].data(), kBytes, static_cast<uint64_t>(i)), kBytes);
+  }
+  net->close_send(send);
+  net->close_recv(recv);
+  net->finalize(a);
+  net->finalize(b);
+}
+
 TEST_F(NcclNetPlugin, RepeatedInitFinalizeAndDlcloseLeaveNoThreadBehind) {
   const int baseline = count_threads();
   for (int round = 0; round < 12; ++round) {
