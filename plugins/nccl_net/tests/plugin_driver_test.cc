@@ -267,10 +267,10 @@ TEST_F(NcclNetPlugin, ConnectAndAcceptFromTwoThreadsAndTheV11AndV10Tables) {
   char handle[abi::kHandleMaxBytes] = {};
   void* listen = nullptr;
   ASSERT_EQ(net->listen(b, 0, handle, &listen), abi::kSuccess);
-  void *send = nullptr, *recv = nullptr, *unused = nullptr;
+  void *send = nullptr, *recv = nullptr, *unused_s = nullptr, *unused_r = nullptr;
   int rc_s = 0, rc_r = 0;
-  std::thread connector([&] { connect_loop(net, a, handle, nullptr, &send, &unused, &rc_s); });
-  connect_loop(net, nullptr, nullptr, listen, &unused, &recv, &rc_r);
+  std::thread connector([&] { connect_loop(net, a, handle, nullptr, &send, &unused_s, &rc_s); });
+  connect_loop(net, nullptr, nullptr, listen, &unused_r, &recv, &rc_r);
   connector.join();
   ASSERT_TRUE(send && recv) << rc_s << " " << rc_r;
   net->close_listen(listen);
