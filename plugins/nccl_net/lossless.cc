@@ -14,7 +14,9 @@ namespace {
 
 constexpr uint32_t kMagic = 0x315a434cu;  // "LCZ1"
 
-bool valid_shuffle(int s) { return s == 0 || s == 1 || s == 2 || s == 4; }
+bool valid_shuffle(int s) {
+  return s == 0 || s == 1 || s == 2 || s == 4;
+}
 
 // Element e's byte b goes to plane b: out[b * count + e] = in[e * width + b]; the tail of
 // n % width bytes is copied as is after the planes.
@@ -107,8 +109,8 @@ Result<size_t> lossless_encode(const LosslessConfig& c, const void* in, size_t n
       if (n <= static_cast<size_t>(LZ4_MAX_INPUT_SIZE) && limit > 0) {
         int k = LZ4_compress_fast(reinterpret_cast<const char*>(from),
                                   reinterpret_cast<char*>(dst + kLosslessHeaderBytes),
-                                  static_cast<int>(n), static_cast<int>(std::min<size_t>(limit, INT_MAX)),
-                                  c.level);
+                                  static_cast<int>(n),
+                                  static_cast<int>(std::min<size_t>(limit, INT_MAX)), c.level);
         if (k > 0) packed = static_cast<size_t>(k);
       }
     } else if (limit > 0) {
@@ -161,9 +163,9 @@ Result<size_t> lossless_decode(const void* in, size_t n, void* out, size_t capac
   if (method == LosslessMethod::kLz4) {
     if (raw > static_cast<uint64_t>(INT_MAX) || payload_len > static_cast<size_t>(INT_MAX))
       return bad("too large for lz4");
-    int k = LZ4_decompress_safe(reinterpret_cast<const char*>(payload),
-                                reinterpret_cast<char*>(into), static_cast<int>(payload_len),
-                                static_cast<int>(raw));
+    int k =
+        LZ4_decompress_safe(reinterpret_cast<const char*>(payload), reinterpret_cast<char*>(into),
+                            static_cast<int>(payload_len), static_cast<int>(raw));
     if (k < 0 || static_cast<uint64_t>(k) != raw) return bad("lz4 payload does not decode");
   } else {
     size_t k = ZSTD_decompress(into, raw, payload, payload_len);

@@ -1,5 +1,6 @@
 #include "net_comms.h"
 
+#include <chrono>
 #include <climits>
 #include <cstring>
 
@@ -59,6 +60,13 @@ Status DataComm::test(NetRequest& r, bool* done, size_t* bytes) {
 
 // ---- SendComm ----
 
+SendComm::SendComm(std::shared_ptr<NetShared> shared, std::unique_ptr<transport::Peer> peer)
+    : DataComm(std::move(shared), std::move(peer)),
+      policy_(shared_->options().lossless, shared_->options().compress_auto,
+              shared_->options().speed_mbps * 1e6 / 8) {
+  framed_ = policy_.framed();
+}
+
 std::unique_ptr<SendComm> SendComm::start(std::shared_ptr<NetShared> shared,
                                           std::unique_ptr<transport::Peer> peer) {
   std::unique_ptr<SendComm> c(new SendComm(std::move(shared), std::move(peer)));
@@ -78,6 +86,11 @@ SendComm::~SendComm() {
   Status s = peer_->flush().wait(Deadline::after_seconds(kCloseDrainSeconds));
   if (!s.is_ok() && s.code() != StatusCode::kAborted)
     NET_INFO(abi::kLogNet, "close send comm to %s: %s", name().c_str(), s.to_string().c_str());
+  if (framed_ && policy_.wire_bytes() > 0)
+    NET_INFO(abi::kLogNet, "send comm to %s: %llu bytes sent as %llu (ratio %.3f)", name().c_str(),
+             static_cast<unsigned long long>(policy_.raw_bytes()),
+             static_cast<unsigned long long>(policy_.wire_bytes()),
+             static_cast<double>(policy_.raw_bytes()) / static_cast<double>(policy_.wire_bytes()));
 }
 
 Status SendComm::isend(void* data, size_t size, NetRequest** request) {
@@ -91,8 +104,18 @@ Status SendComm::isend(void* data, size_t size, NetRequest** request) {
   if (!r) return Status::ok();
   r->user = data;
   r->size = size;
-  r->framed = false;
+  r->framed = framed_;
   r->posted = false;
+  r->wire = data;
+  r->wire_bytes = size;
+  if (framed_) {
+    Status s = encode(*r);
+    if (!s.is_ok()) {
+      r->in_use = false;
+      *request = nullptr;
+      return s;
+    }
+  }
   waiting_.push_back(r);
   *request = r;
   (void)progress(*r);  // a failure is reported by test()
@@ -120,11 +143,11 @@ Status SendComm::progress(NetRequest& r) {
     NetRequest& next = *waiting_.front();
     if (credits_ > 0) {
       --credits_;
-    } else if (unmatched_.empty() || unmatched_bytes_ + next.size <= eager) {
+    } else if (unmatched_.empty() || unmatched_bytes_ + next.wire_bytes <= eager) {
       // Ahead of its credit; the first one always goes, whatever its size, so a message larger
       // than the window is not held back for good.
-      unmatched_.push_back(next.size);
-      unmatched_bytes_ += next.size;
+      unmatched_.push_back(next.wire_bytes);
+      unmatched_bytes_ += next.wire_bytes;
     } else {
       break;
     }
@@ -140,7 +163,23 @@ Status SendComm::progress(NetRequest& r) {
 
 void SendComm::post(NetRequest& r) {
   r.posted = true;
-  r.transfer = peer_->isend(kDataTag, r.user, r.size);
+  r.transfer = peer_->isend(kDataTag, r.wire, r.wire_bytes);
+}
+
+Status SendComm::encode(NetRequest& r) {
+  const LosslessConfig c = policy_.choose(r.size);
+  r.staging.resize(lossless_bound(r.size));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto k = lossless_encode(c, r.user, r.size, r.staging.data(), r.staging.size());
+  if (!k)
+    return Status(k.status().code(), "compressing for " + name() + ": " + k.status().message());
+  if (c.method != LosslessMethod::kNone)
+    policy_.observe(r.size, *k,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  policy_.count(r.size, *k);
+  r.wire = r.staging.data();
+  r.wire_bytes = *k;
+  return Status::ok();
 }
 
 Status SendComm::finish(NetRequest& r, size_t* bytes) {
@@ -159,7 +198,13 @@ Status RecvComm::irecv(void* data, size_t size, NetRequest** request) {
   r->user = data;
   r->size = size;
   r->framed = framed_;
-  r->transfer = peer_->irecv_upto(kDataTag, data, std::min<size_t>(size, INT_MAX));
+  const size_t capacity = std::min<size_t>(size, INT_MAX);
+  if (framed_) {
+    r->staging.resize(lossless_bound(capacity));
+    r->transfer = peer_->irecv_upto(kDataTag, r->staging.data(), r->staging.size());
+  } else {
+    r->transfer = peer_->irecv_upto(kDataTag, data, capacity);
+  }
   // The receive is in place: the sender may send one more message (its completion is of no
   // interest; a failure shows in the receives).
   (void)peer_->isend(kCreditTag, nullptr, 0);
@@ -168,8 +213,25 @@ Status RecvComm::irecv(void* data, size_t size, NetRequest** request) {
 }
 
 Status RecvComm::finish(NetRequest& r, size_t* bytes) {
-  *bytes = r.transfer.received_bytes();
+  const size_t received = r.transfer.received_bytes();
+  if (!r.framed) {
+    *bytes = received;
+    return Status::ok();
+  }
+  auto raw = lossless_decode(r.staging.data(), received, r.user, std::min<size_t>(r.size, INT_MAX));
+  if (!raw)
+    return Status(raw.status().code(), "message from " + name() + ": " + raw.status().message());
+  raw_bytes_ += *raw;
+  wire_bytes_ += received;
+  *bytes = *raw;
   return Status::ok();
+}
+
+RecvComm::~RecvComm() {
+  if (framed_ && wire_bytes_ > 0)
+    NET_INFO(abi::kLogNet, "recv comm from %s: %llu bytes received as %llu", name().c_str(),
+             static_cast<unsigned long long>(raw_bytes_),
+             static_cast<unsigned long long>(wire_bytes_));
 }
 
 // ---- ListenComm ----

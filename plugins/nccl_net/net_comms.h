@@ -35,6 +35,7 @@
 #include <mutex>
 #include <vector>
 
+#include "compress_policy.h"
 #include "lowcomm/status.h"
 #include "nccl_net_abi.h"
 #include "net_shared.h"
@@ -51,8 +52,10 @@ struct NetRequest {
   transport::Request transfer;
   void* user = nullptr;          // NCCL's buffer
   size_t size = 0;               // send: bytes; receive: NCCL's posted size
-  std::vector<uint8_t> staging;  // framed messages
+  std::vector<uint8_t> staging;  // framed messages: the frame
   bool framed = false;
+  const void* wire = nullptr;  // send: what goes on the wire (NCCL's buffer or the frame)
+  size_t wire_bytes = 0;
   bool posted = false;  // send: handed to the transport (it had a credit)
 };
 
@@ -82,8 +85,7 @@ class DataComm {
 
 class SendComm final : public DataComm {
  public:
-  // A connected peer: sends the preamble (framing off: lossless compression is wired in by
-  // lossless.h when enabled).
+  // A connected peer: sends the preamble (framed when compression is configured).
   static std::unique_ptr<SendComm> start(std::shared_ptr<NetShared> shared,
                                          std::unique_ptr<transport::Peer> peer);
   ~SendComm() override;
@@ -91,13 +93,15 @@ class SendComm final : public DataComm {
   Status isend(void* data, size_t size, NetRequest** request);
 
  private:
-  using DataComm::DataComm;
+  SendComm(std::shared_ptr<NetShared> shared, std::unique_ptr<transport::Peer> peer);
   Status finish(NetRequest& r, size_t* bytes) override;
   Status progress(NetRequest& r) override;
-  void post(NetRequest& r);  // mu_ held, a credit taken
+  Status encode(NetRequest& r);  // framed: NCCL's bytes into the request's frame
+  void post(NetRequest& r);      // mu_ held, a credit taken
   std::array<uint8_t, 16> preamble_{};
   transport::Request preamble_sent_;
   bool framed_ = false;
+  CompressPolicy policy_;
   std::deque<transport::Request> credit_recvs_;  // posted receives for credits, in order
   uint64_t credits_ = 0;                         // received, not yet spent
   std::deque<size_t> unmatched_;                 // sizes of messages sent ahead of credits
@@ -110,11 +114,13 @@ class RecvComm final : public DataComm {
  public:
   RecvComm(std::shared_ptr<NetShared> shared, std::unique_ptr<transport::Peer> peer, bool framed)
       : DataComm(std::move(shared), std::move(peer)), framed_(framed) {}
+  ~RecvComm() override;
   Status irecv(void* data, size_t size, NetRequest** request);
 
  private:
   Status finish(NetRequest& r, size_t* bytes) override;
   bool framed_;
+  uint64_t raw_bytes_ = 0, wire_bytes_ = 0;
 };
 
 class ListenComm {

@@ -97,12 +97,20 @@ Result<PluginOptions> PluginOptions::from_env() {
   if (auto colon = o.device_name.rfind(':'); colon != std::string::npos)
     o.device_name.resize(colon);
 
-  if (const char* c = env("LOWCOMM_NCCL_COMPRESS")) o.compress = c;
+  if (const char* c = env("LOWCOMM_NCCL_COMPRESS")) {
+    o.compress_auto = std::string_view(c) == "auto";
+    auto parsed = parse_lossless(o.compress_auto ? "zstd:1" : c);
+    if (!parsed)
+      return invalid_argument(std::string("LOWCOMM_NCCL_COMPRESS: ") + parsed.status().message() +
+                              " or auto");
+    o.lossless = *parsed;
+  }
   auto shuffle = env_number("LOWCOMM_NCCL_SHUFFLE", 0, 0, 8);
   if (!shuffle) return shuffle.status();
-  o.shuffle = static_cast<int>(*shuffle);
-  if (o.shuffle != 0 && o.shuffle != 1 && o.shuffle != 2 && o.shuffle != 4)
-    return invalid_argument("LOWCOMM_NCCL_SHUFFLE='" + std::to_string(o.shuffle) +
+  o.lossless.shuffle = static_cast<int>(*shuffle);
+  if (o.lossless.shuffle != 0 && o.lossless.shuffle != 1 && o.lossless.shuffle != 2 &&
+      o.lossless.shuffle != 4)
+    return invalid_argument("LOWCOMM_NCCL_SHUFFLE='" + std::to_string(o.lossless.shuffle) +
                             "': expected 0, 2 or 4 (bytes per element)");
 
   // What NCCL's tuner is told: the emulated link when there is one (its uplink rate and
@@ -143,8 +151,9 @@ std::string PluginOptions::describe() const {
     << " (LOWCOMM_SOCKET_BUFFER); WAN emulation '"
     << (peer.wan.shaped() ? peer.wan.to_string() : std::string("off"))
     << "' (LOWCOMM_WAN); handshake timeout " << peer.handshake_timeout_s << " s; eager window "
-    << eager_bytes << " B (LOWCOMM_NCCL_EAGER_BYTES); compression " << compress << " shuffle "
-    << shuffle << " (LOWCOMM_NCCL_COMPRESS, LOWCOMM_NCCL_SHUFFLE); reported speed " << speed_mbps
+    << eager_bytes << " B (LOWCOMM_NCCL_EAGER_BYTES); compression "
+    << (compress_auto ? "auto " : "") << to_string(lossless)
+    << " (LOWCOMM_NCCL_COMPRESS, LOWCOMM_NCCL_SHUFFLE); reported speed " << speed_mbps
     << " Mbit/s, latency " << latency_us
     << " us (LOWCOMM_NCCL_SPEED_MBPS, LOWCOMM_NCCL_LATENCY_US)";
   return o.str();

@@ -41,7 +41,7 @@ std::vector<LosslessConfig> configs() {
 TEST(NcclNetLossless, RoundTripsEveryMethodShuffleAndSize) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{4095}, size_t{(1u << 20) + 7}}) {
     for (int kind = 0; kind < 3; ++kind) {
-      auto in = kind == 0 ? random_bytes(n, 1)
+      auto in = kind == 0   ? random_bytes(n, 1)
                 : kind == 1 ? gradient_like(n, 2)
                             : std::vector<uint8_t>(n, 0x42);
       for (const auto& c : configs()) {
@@ -71,10 +71,10 @@ TEST(NcclNetLossless, CompressesWhatRepeatsAndStoresWhatDoesNotRaw) {
     EXPECT_EQ(frame[4], 0);
   }
   // The byte-plane shuffle lets zstd find the repeating exponents of fp32 values.
-  auto plain = lossless_encode({LosslessMethod::kZstd, 1, 0}, grads.data(), n, frame.data(),
-                               frame.size());
-  auto shuffled = lossless_encode({LosslessMethod::kZstd, 1, 4}, grads.data(), n, frame.data(),
-                                  frame.size());
+  auto plain =
+      lossless_encode({LosslessMethod::kZstd, 1, 0}, grads.data(), n, frame.data(), frame.size());
+  auto shuffled =
+      lossless_encode({LosslessMethod::kZstd, 1, 4}, grads.data(), n, frame.data(), frame.size());
   ASSERT_TRUE(plain.is_ok() && shuffled.is_ok());
   EXPECT_LT(*shuffled, n);
   EXPECT_LT(*shuffled, *plain);

@@ -258,6 +258,67 @@ TEST_F(NcclNetPlugin, OneThreadDrivesBothEndsLikeNcclsBootstrap) {
   EXPECT_EQ(net->finalize(b), abi::kSuccess);
 }
 
+// fp32 values of a narrow range, as gradients are: compressible, the more so shuffled.
+std::vector<uint8_t> gradient_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1e-3f);
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i + 4 <= n; i += 4) {
+    float x = d(rng);
+    std::memcpy(&v[i], &x, 4);
+  }
+  return v;
+}
+
+TEST_F(NcclNetPlugin, CompressedMessagesArriveIntactWhateverTheSetting) {
+  for (const char* setting : {"lz4", "zstd", "zstd:3", "auto"}) {
+    for (const char* shuffle : {"0", "4"}) {
+      ::setenv("LOWCOMM_NCCL_COMPRESS", setting, 1);
+      ::setenv("LOWCOMM_NCCL_SHUFFLE", shuffle, 1);
+      PluginLib lib;
+      const abi::NetV12* net = lib.v12();
+      void* a = init_ctx(net, 1);
+      ASSERT_NE(a, nullptr) << take_last_warn();
+      ::unsetenv("LOWCOMM_NCCL_COMPRESS");  // the receiver learns framing from the preamble
+      ::unsetenv("LOWCOMM_NCCL_SHUFFLE");
+      void* b = init_ctx(net, 2);
+      void *send = nullptr, *recv = nullptr;
+      ASSERT_TRUE(b && local_pair(net, a, b, &send, &recv));
+      std::mt19937 rng(3);
+      for (int i = 0; i < 40; ++i) {
+        const size_t n = i % 8 == 0 ? 0 : rng() % (3u << 20);
+        const size_t posted = n + rng() % 100;
+        auto out = i % 2 ? gradient_bytes(n, static_cast<uint32_t>(i))
+                         : std::vector<uint8_t>(n, static_cast<uint8_t>(i));
+        if (i % 5 == 0) fill(out.data(), n, static_cast<uint64_t>(i));  // incompressible
+        std::vector<uint8_t> in(posted + 1, 0xEE);
+        void* data = in.data();
+        size_t size = posted;
+        int tag = 0;
+        void *rreq = nullptr, *sreq = nullptr;
+        ASSERT_EQ(net->irecv(recv, 1, &data, &size, &tag, nullptr, nullptr, &rreq), 0);
+        ASSERT_EQ(net->isend(send, out.data(), n, 0, nullptr, nullptr, &sreq), 0);
+        int got = -1, sent = -1, rc = 0;
+        ASSERT_TRUE(wait_request(net, sreq, &sent, &rc)) << take_last_warn();
+        ASSERT_TRUE(wait_request(net, rreq, &got, &rc)) << take_last_warn();
+        ASSERT_EQ(sent, static_cast<int>(n));
+        ASSERT_EQ(got, static_cast<int>(n)) << setting << " message " << i;
+        ASSERT_TRUE(std::equal(out.begin(), out.end(), in.begin())) << setting << " " << i;
+        ASSERT_EQ(in[n], 0xEE);
+      }
+      net->close_send(send);
+      net->close_recv(recv);
+      net->finalize(a);
+      net->finalize(b);
+    }
+  }
+  ::setenv("LOWCOMM_NCCL_COMPRESS", "gzip", 1);
+  PluginLib lib;
+  EXPECT_EQ(init_ctx(lib.v12()), nullptr);
+  EXPECT_NE(take_last_warn().find("LOWCOMM_NCCL_COMPRESS"), std::string::npos);
+  ::unsetenv("LOWCOMM_NCCL_COMPRESS");
+}
+
 TEST_F(NcclNetPlugin, ConnectAndAcceptFromTwoThreadsAndTheV11AndV10Tables) {
   PluginLib lib;
   const abi::NetV11* net = lib.v11();
@@ -429,6 +490,15 @@ TEST_F(NcclNetPlugin, TwoProcessesTenThousandRandomTransfersVerified) {
   const int n = transfers_each_way();
   auto [a, b] = run_two([n](Channel ch) { return stream_rank(ch, 0, n); },
                         [n](Channel ch) { return stream_rank(ch, 1, n); }, 600);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 0);
+}
+
+TEST_F(NcclNetPlugin, TwoProcessesCompressedStreamVerified) {
+  auto compress = [] { ::setenv("LOWCOMM_NCCL_COMPRESS", "lz4", 1); };
+  auto [a, b] =
+      run_two([](Channel ch) { return stream_rank(ch, 0, 500); },
+              [](Channel ch) { return stream_rank(ch, 1, 500); }, 600, compress, compress);
   EXPECT_EQ(a, 0);
   EXPECT_EQ(b, 0);
 }
