@@ -3,6 +3,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "plugin_log.h"
 #include "transport/little_endian.h"
@@ -83,9 +84,21 @@ SendComm::~SendComm() {
   // NCCL may close as soon as its last send tested done, which for a shaped link means "left
   // the sender", not "written": let the transport write everything out first, or the peer
   // would lose the tail of the last message.
-  Status s = peer_->flush().wait(Deadline::after_seconds(kCloseDrainSeconds));
+  const Deadline deadline = Deadline::after_seconds(kCloseDrainSeconds);
+  Status s = peer_->flush().wait(deadline);
   if (!s.is_ok() && s.code() != StatusCode::kAborted)
     NET_INFO(abi::kLogNet, "close send comm to %s: %s", name().c_str(), s.to_string().c_str());
+  // Messages sent ahead of their credits: the receiver's credits for them are still coming.
+  // Closing with them unread would make the kernel answer with a reset, which can destroy the
+  // last messages before the receiver has read them; wait until they are in (or failed).
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      absorb_credits();
+      if (!s.is_ok() || unmatched_.empty() || !failure_.is_ok() || deadline.expired()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   if (framed_ && policy_.wire_bytes() > 0)
     NET_INFO(abi::kLogNet, "send comm to %s: %llu bytes sent as %llu (ratio %.3f)", name().c_str(),
              static_cast<unsigned long long>(policy_.raw_bytes()),
@@ -123,6 +136,15 @@ Status SendComm::isend(void* data, size_t size, NetRequest** request) {
 }
 
 Status SendComm::progress(NetRequest& r) {
+  absorb_credits();
+  if (!r.posted && !failure_.is_ok()) {
+    std::erase(waiting_, &r);
+    return failure_;
+  }
+  return Status::ok();
+}
+
+void SendComm::absorb_credits() {
   while (failure_.is_ok() && !credit_recvs_.empty() && credit_recvs_.front().test()) {
     Status s = credit_recvs_.front().status();
     credit_recvs_.pop_front();
@@ -154,11 +176,6 @@ Status SendComm::progress(NetRequest& r) {
     post(next);
     waiting_.pop_front();
   }
-  if (!r.posted && !failure_.is_ok()) {
-    std::erase(waiting_, &r);
-    return failure_;
-  }
-  return Status::ok();
 }
 
 void SendComm::post(NetRequest& r) {

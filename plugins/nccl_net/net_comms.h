@@ -97,7 +97,10 @@ class SendComm final : public DataComm {
   Status finish(NetRequest& r, size_t* bytes) override;
   Status progress(NetRequest& r) override;
   Status encode(NetRequest& r);  // framed: NCCL's bytes into the request's frame
-  void post(NetRequest& r);      // mu_ held, a credit taken
+  // Counts the credits that arrived and posts the waiting sends they (or the eager window)
+  // allow. mu_ held.
+  void absorb_credits();
+  void post(NetRequest& r);  // mu_ held, a credit taken
   std::array<uint8_t, 16> preamble_{};
   transport::Request preamble_sent_;
   bool framed_ = false;

@@ -587,6 +587,53 @@ TEST_F(NcclNetPlugin, ClosingWithRequestsInFlightNeitherCrashesNorHangs) {
   EXPECT_EQ(b, 0);
 }
 
+TEST_F(NcclNetPlugin, ASenderClosingRightAfterItsLastSendLosesNothing) {
+  // Over the emulated WAN the sends complete when their bytes leave and run ahead of the
+  // receiver's credits (eager window); the sender then closes at once, while the receiver posts
+  // its receives late. Every message must still arrive intact.
+  auto receiver = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    const abi::NetV12* net = c.lib.v12();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (int i = 0; i < 8; ++i) {
+      std::vector<uint8_t> in(1 << 20);
+      void* data = in.data();
+      size_t size = in.size();
+      int tag = 0, got = 0, rc = 0;
+      void* r = nullptr;
+      DRIVER_CHECK(net->irecv(c.recv, 1, &data, &size, &tag, nullptr, nullptr, &r) == 0 && r);
+      DRIVER_CHECK(wait_request(net, r, &got, &rc), "message %d: %s", i, take_last_warn().c_str());
+      DRIVER_CHECK(got == 1 << 20 && first_mismatch(in.data(), in.size(), 50 + i) == in.size());
+    }
+    net->close_recv(c.recv);
+    net->close_send(c.send);
+    net->finalize(c.ctx);
+    return 0;
+  };
+  auto sender = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    const abi::NetV12* net = c.lib.v12();
+    std::vector<std::vector<uint8_t>> out(8, std::vector<uint8_t>(1 << 20));
+    for (int i = 0; i < 8; ++i) {
+      fill(out[i].data(), out[i].size(), 50 + static_cast<uint64_t>(i));
+      void* r = nullptr;
+      DRIVER_CHECK(net->isend(c.send, out[i].data(), out[i].size(), 0, nullptr, nullptr, &r) == 0);
+      int sent = 0, rc = 0;
+      DRIVER_CHECK(r && wait_request(net, r, &sent, &rc));
+    }
+    net->close_send(c.send);
+    net->close_recv(c.recv);
+    net->finalize(c.ctx);
+    return 0;
+  };
+  auto wan = [] { ::setenv("LOWCOMM_WAN", "bw=1gbit,rtt=40ms", 1); };
+  auto [a, b] = run_two(receiver, sender, 60, wan, wan);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 0);
+}
+
 TEST_F(NcclNetPlugin, AKilledPeerFailsTheRequestsInsteadOfHanging) {
   auto survivor = [](Channel ch) {
     RankComms c;

@@ -7,11 +7,14 @@
 // --link-gbit.
 //
 //   LOWCOMM_WAN=bw=1gbit,rtt=100ms nccl_net_link_bench --bytes 256M --step 4M --inflight 8
+//   ... --data grads_bf16.bin       (send those bytes, tiled; with LOWCOMM_NCCL_COMPRESS=...)
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -46,7 +49,23 @@ struct Args {
   int inflight = 8;
   int repeat = 3;
   double link_gbit = 1.0;
+  std::string data;  // a file whose bytes are sent (tiled), e.g. gradients; default: random
 };
+
+// The bytes rank 0 sends: the --data file tiled to --bytes, or a random pattern.
+std::vector<uint8_t> payload(const Args& a) {
+  std::vector<uint8_t> buf(a.bytes);
+  if (a.data.empty()) {
+    fill(buf.data(), buf.size(), 99);
+    return buf;
+  }
+  std::ifstream in(a.data, std::ios::binary);
+  std::vector<uint8_t> src((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (src.empty()) return {};
+  for (size_t off = 0; off < buf.size(); off += src.size())
+    std::memcpy(buf.data() + off, src.data(), std::min(src.size(), buf.size() - off));
+  return buf;
+}
 
 int run_rank(Channel ch, int rank, const Args& a) {
   PluginLib lib;
@@ -62,8 +81,9 @@ int run_rank(Channel ch, int rank, const Args& a) {
   int rc = 0;
   DRIVER_CHECK(connect_loop(net, ctx, theirs, listen, &send, &recv, &rc, std::chrono::seconds(60)));
   net->close_listen(listen);
-  std::vector<uint8_t> buf(a.bytes);
-  fill(buf.data(), buf.size(), 99);
+  const std::vector<uint8_t> expect = payload(a);
+  DRIVER_CHECK(expect.size() == a.bytes, "cannot read --data %s", a.data.c_str());
+  std::vector<uint8_t> buf = expect;
   const size_t step = a.step ? a.step : a.bytes;
   for (int rep = 0; rep < a.repeat; ++rep) {
     char sync = 0;  // start together
@@ -98,15 +118,14 @@ int run_rank(Channel ch, int rank, const Args& a) {
     if (std::getenv("BENCH_DEBUG"))
       std::fprintf(stderr, "rank %d rep %d done after %.3f s\n", rank, rep, s);
     if (rank == 1) {
-      DRIVER_CHECK(first_mismatch(buf.data(), buf.size(), 99) == buf.size(), "corrupt data");
+      DRIVER_CHECK(buf == expect, "corrupt data");
       const double gbit = static_cast<double>(a.bytes) * 8 / s / 1e9;
       std::printf(
           "{\"bytes\": %zu, \"step\": %zu, \"inflight\": %d, \"seconds\": %.4f, "
           "\"gbit_per_s\": %.4f, \"fraction_of_link\": %.4f}\n",
           a.bytes, step, a.inflight, s, gbit, gbit / a.link_gbit);
       std::fflush(stdout);
-      std::fill(buf.begin(), buf.end(), 0);
-      fill(buf.data(), buf.size(), 99);  // re-verify next time from a known state
+      std::fill(buf.begin(), buf.end(), 0);  // the next repetition must write it all again
     }
   }
   net->close_send(send);
@@ -131,6 +150,8 @@ int main(int argc, char** argv) {
       a.repeat = std::atoi(argv[i + 1]);
     else if (k == "--link-gbit")
       a.link_gbit = std::atof(argv[i + 1]);
+    else if (k == "--data")
+      a.data = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
