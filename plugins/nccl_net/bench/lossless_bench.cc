@@ -47,8 +47,9 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--message" && i + 1 < argc) {
       std::string v = argv[++i];
-      message = std::strtoull(v.c_str(), nullptr, 10) *
-                (v.back() == 'K' ? 1024u : v.back() == 'M' ? 1024u * 1024u : 1u);
+      message = std::strtoull(v.c_str(), nullptr, 10) * (v.back() == 'K'   ? 1024u
+                                                         : v.back() == 'M' ? 1024u * 1024u
+                                                                           : 1u);
     } else {
       files.push_back(a);
     }
@@ -93,10 +94,11 @@ int main(int argc, char** argv) {
       const double raw = static_cast<double>(data.size());
       const double ratio = raw / static_cast<double>(wire);
       const double enc = raw / enc_s, dec = raw / dec_s;  // bytes per second
-      std::printf("{\"file\": \"%s\", \"codec\": \"%s\", \"message\": %zu, \"ratio\": %.4f, "
-                  "\"encode_MBps\": %.1f, \"decode_MBps\": %.1f",
-                  path.substr(path.find_last_of('/') + 1).c_str(), ln::to_string(c).c_str(),
-                  message, ratio, enc / 1e6, dec / 1e6);
+      std::printf(
+          "{\"file\": \"%s\", \"codec\": \"%s\", \"message\": %zu, \"ratio\": %.4f, "
+          "\"encode_MBps\": %.1f, \"decode_MBps\": %.1f",
+          path.substr(path.find_last_of('/') + 1).c_str(), ln::to_string(c).c_str(), message, ratio,
+          enc / 1e6, dec / 1e6);
       const double bytes = 256.0 * (1 << 20);
       for (double gbit : {0.1, 1.0, 10.0}) {
         const double link = gbit * 1e9 / 8;
