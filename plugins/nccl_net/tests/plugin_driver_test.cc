@@ -132,8 +132,14 @@ TEST_F(NcclNetPlugin, ExportsTheTablesEachNcclReleaseProbesFor) {
 TEST_F(NcclNetPlugin, PropertiesTellTheTunerTheEmulatedLinkInEveryVersion) {
   ::setenv("LOWCOMM_WAN", "bw=1gbit,rtt=100ms", 1);
   PluginLib lib;
+  forget_info();
   void* ctx = init_ctx(lib.v12());
   ASSERT_NE(ctx, nullptr) << take_last_warn();
+  // The options in force reach NCCL's logger (NCCL_DEBUG=INFO shows them), variable by variable.
+  for (const char* what : {"LOWCOMM_WAN", "rtt=100ms", "LOWCOMM_STREAMS", "LOWCOMM_SOCKET_BUFFER",
+                           "secret from LOWCOMM_SECRET", "LOWCOMM_NCCL_EAGER_BYTES",
+                           "LOWCOMM_NCCL_COMPRESS", "reported speed 1000 Mbit/s"})
+    EXPECT_TRUE(logged_info(what)) << what;
   int ndev = 0;
   ASSERT_EQ(lib.v12()->devices(&ndev), abi::kSuccess);
   EXPECT_EQ(ndev, 1);

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "nccl_net_abi.h"
 
@@ -29,6 +30,10 @@ inline std::string& last_warn() {
   static std::string s;
   return s;
 }
+inline std::vector<std::string>& info_lines() {
+  static std::vector<std::string> v;
+  return v;
+}
 inline void driver_logger(int level, unsigned long /*flags*/, const char* file, int line,
                           const char* fmt, ...) {
   char text[2048];
@@ -38,9 +43,21 @@ inline void driver_logger(int level, unsigned long /*flags*/, const char* file, 
   va_end(ap);
   std::lock_guard<std::mutex> lock(log_mu());
   if (level == abi::kLogWarn) last_warn() = text;
+  if (level == abi::kLogInfo && info_lines().size() < 10000) info_lines().push_back(text);
   if (std::getenv("LOWCOMM_DRIVER_VERBOSE") || level == abi::kLogWarn)
     std::fprintf(stderr, "[driver %d] %s %s:%d %s\n", static_cast<int>(getpid()),
                  level == abi::kLogWarn ? "WARN" : "INFO", file, line, text);
+}
+// Whether an INFO line containing `what` was logged (and forget them all).
+inline bool logged_info(const std::string& what) {
+  std::lock_guard<std::mutex> lock(log_mu());
+  bool found = false;
+  for (const auto& l : info_lines()) found = found || l.find(what) != std::string::npos;
+  return found;
+}
+inline void forget_info() {
+  std::lock_guard<std::mutex> lock(log_mu());
+  info_lines().clear();
 }
 inline std::string take_last_warn() {
   std::lock_guard<std::mutex> lock(log_mu());
