@@ -68,19 +68,9 @@ std::vector<uint8_t> payload(const Args& a) {
 }
 
 int run_rank(Channel ch, int rank, const Args& a) {
-  PluginLib lib;
-  const abi::NetV12* net = lib.v12();
-  void* ctx = nullptr;
-  abi::CommConfig config{-1};
-  DRIVER_CHECK(net->init(&ctx, 1, &config, driver_logger, nullptr) == abi::kSuccess);
-  char mine[abi::kHandleMaxBytes] = {}, theirs[abi::kHandleMaxBytes] = {};
-  void* listen = nullptr;
-  DRIVER_CHECK(net->listen(ctx, 0, mine, &listen) == abi::kSuccess);
-  DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
-  void *send = nullptr, *recv = nullptr;
-  int rc = 0;
-  DRIVER_CHECK(connect_loop(net, ctx, theirs, listen, &send, &recv, &rc, std::chrono::seconds(60)));
-  net->close_listen(listen);
+  RankComms c;
+  if (connect_ranks(ch, c, std::chrono::seconds(60))) return 1;
+  const abi::NetV12* net = c.net();
   const std::vector<uint8_t> expect = payload(a);
   DRIVER_CHECK(expect.size() == a.bytes, "cannot read --data %s", a.data.c_str());
   std::vector<uint8_t> buf = expect;
@@ -100,11 +90,9 @@ int run_rank(Channel ch, int rank, const Args& a) {
         size_t n = std::min(step, a.bytes - posted);
         void* req = nullptr;
         if (rank == 0) {
-          DRIVER_CHECK(net->isend(send, buf.data() + posted, n, 0, nullptr, nullptr, &req) == 0);
+          DRIVER_CHECK(post_send(net, c.send, buf.data() + posted, n, &req) == 0);
         } else {
-          void* data = buf.data() + posted;
-          int tag = 0;
-          DRIVER_CHECK(net->irecv(recv, 1, &data, &n, &tag, nullptr, nullptr, &req) == 0);
+          DRIVER_CHECK(post_recv(net, c.recv, buf.data() + posted, n, &req) == 0);
         }
         if (!req) break;
         reqs.push_back(req);
@@ -128,9 +116,7 @@ int run_rank(Channel ch, int rank, const Args& a) {
       std::fill(buf.begin(), buf.end(), 0);  // the next repetition must write it all again
     }
   }
-  net->close_send(send);
-  net->close_recv(recv);
-  net->finalize(ctx);
+  DRIVER_CHECK(c.close() == 0);
   return 0;
 }
 

@@ -173,6 +173,56 @@ bool wait_request(const Net* net, void* request, int* size, int* rc,
   return true;
 }
 
+// One receive or send, as NCCL posts them (one buffer, the LL hint left in *request).
+template <typename Net>
+int post_recv(const Net* net, void* comm, void* buf, size_t size, void** request) {
+  void* data = buf;
+  int tag = 0;
+  *request = reinterpret_cast<void*>(1);
+  return net->irecv(comm, 1, &data, &size, &tag, nullptr, nullptr, request);
+}
+template <typename Net>
+int post_send(const Net* net, void* comm, const void* buf, size_t size, void** request) {
+  return net->isend(comm, const_cast<void*>(buf), size, 0, nullptr, nullptr, request);
+}
+
+// A forked rank's plugin: loaded, one context, a send comm to the other rank and a receive
+// comm from it (connect_ranks); closed and finalized when it goes.
+struct RankComms {
+  PluginLib lib;
+  void* ctx = nullptr;
+  void* send = nullptr;
+  void* recv = nullptr;
+  const abi::NetV12* net() const { return lib.v12(); }
+  // Closes both comms and finalizes; each call's result ORed into the return (0: all fine).
+  int close() {
+    int rc = 0;
+    if (send) rc |= net()->close_send(std::exchange(send, nullptr));
+    if (recv) rc |= net()->close_recv(std::exchange(recv, nullptr));
+    if (ctx) rc |= net()->finalize(std::exchange(ctx, nullptr));
+    return rc;
+  }
+  ~RankComms() { close(); }
+};
+
+// init, listen, swap handles over the channel, then connect and accept from this thread.
+inline int connect_ranks(Channel& ch, RankComms& c,
+                         std::chrono::seconds limit = std::chrono::seconds(20)) {
+  const abi::NetV12* net = c.net();
+  abi::CommConfig config{-1};
+  DRIVER_CHECK(net->init(&c.ctx, 1, &config, driver_logger, nullptr) == abi::kSuccess && c.ctx,
+               "init: %s", take_last_warn().c_str());
+  char mine[abi::kHandleMaxBytes] = {}, theirs[abi::kHandleMaxBytes] = {};
+  void* listen = nullptr;
+  DRIVER_CHECK(net->listen(c.ctx, 0, mine, &listen) == abi::kSuccess);
+  DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
+  int rc = 0;
+  bool ok = connect_loop(net, c.ctx, theirs, listen, &c.send, &c.recv, &rc, limit);
+  net->close_listen(listen);
+  DRIVER_CHECK(ok, "set-up rc %d: %s", rc, take_last_warn().c_str());
+  return 0;
+}
+
 inline int count_threads() {
   int n = 0;
   if (auto* d = std::fopen("/proc/self/status", "r")) {

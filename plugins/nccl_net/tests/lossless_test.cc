@@ -3,6 +3,8 @@
 
 #include "lossless.h"
 
+#include "gradient_like.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,17 +21,7 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
   return v;
 }
 
-// fp32 values of a narrow range: their exponent bytes repeat, their mantissas do not.
-std::vector<uint8_t> gradient_like(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1e-3f);
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i + 4 <= n; i += 4) {
-    float x = d(rng);
-    std::memcpy(&v[i], &x, 4);
-  }
-  return v;
-}
+using testing::gradient_like;
 
 std::vector<LosslessConfig> configs() {
   std::vector<LosslessConfig> out;

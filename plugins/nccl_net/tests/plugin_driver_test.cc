@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "driver_util.h"
+#include "gradient_like.h"
 
 namespace lowcomm::nccl_net::testing {
 namespace {
@@ -264,18 +265,6 @@ TEST_F(NcclNetPlugin, OneThreadDrivesBothEndsLikeNcclsBootstrap) {
   EXPECT_EQ(net->finalize(b), abi::kSuccess);
 }
 
-// fp32 values of a narrow range, as gradients are: compressible, the more so shuffled.
-std::vector<uint8_t> gradient_bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1e-3f);
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i + 4 <= n; i += 4) {
-    float x = d(rng);
-    std::memcpy(&v[i], &x, 4);
-  }
-  return v;
-}
-
 TEST_F(NcclNetPlugin, CompressedMessagesArriveIntactWhateverTheSetting) {
   for (const char* setting : {"lz4", "zstd", "zstd:3", "auto"}) {
     for (const char* shuffle : {"0", "4"}) {
@@ -294,7 +283,7 @@ TEST_F(NcclNetPlugin, CompressedMessagesArriveIntactWhateverTheSetting) {
       for (int i = 0; i < 40; ++i) {
         const size_t n = i % 8 == 0 ? 0 : rng() % (3u << 20);
         const size_t posted = n + rng() % 100;
-        auto out = i % 2 ? gradient_bytes(n, static_cast<uint32_t>(i))
+        auto out = i % 2 ? gradient_like(n, static_cast<uint32_t>(i))
                          : std::vector<uint8_t>(n, static_cast<uint8_t>(i));
         if (i % 5 == 0) fill(out.data(), n, static_cast<uint64_t>(i));  // incompressible
         std::vector<uint8_t> in(posted + 1, 0xEE);
@@ -394,18 +383,11 @@ MessagePlan plan_message(uint64_t direction, uint64_t k) {
 // A rank of the two-process stream: sends `count` messages to the peer and receives as many,
 // 32 requests in flight per comm, test() on the oldest only, every byte verified.
 int stream_rank(Channel ch, int me, int count) {
-  PluginLib lib;
-  const abi::NetV12* net = lib.v12();
-  void* ctx = init_ctx(net, 42);
-  DRIVER_CHECK(ctx, "init: %s", take_last_warn().c_str());
-  char mine[abi::kHandleMaxBytes] = {}, theirs[abi::kHandleMaxBytes] = {};
-  void* listen = nullptr;
-  DRIVER_CHECK(net->listen(ctx, 0, mine, &listen) == abi::kSuccess);
-  DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
-  void *send = nullptr, *recv = nullptr;
-  int rc = 0;
-  DRIVER_CHECK(connect_loop(net, ctx, theirs, listen, &send, &recv, &rc), "set-up rc %d", rc);
-  net->close_listen(listen);
+  RankComms c;
+  if (connect_ranks(ch, c)) return 1;
+  const abi::NetV12* net = c.net();
+  void* send = c.send;
+  void* recv = c.recv;
 
   struct Slot {
     void* req;
@@ -430,11 +412,7 @@ int stream_rank(Channel ch, int me, int count) {
     while (recvs.size() < abi::kMaxRequests && posted_r < static_cast<uint64_t>(count)) {
       MessagePlan m = plan_message(in_dir, posted_r);
       Slot s{nullptr, posted_r, take_buffer(m.posted)};
-      void* data = s.buf.data();
-      size_t size = m.posted;
-      int tag = 1 - me;
-      s.req = reinterpret_cast<void*>(1);
-      DRIVER_CHECK(net->irecv(recv, 1, &data, &size, &tag, nullptr, nullptr, &s.req) == 0, "%s",
+      DRIVER_CHECK(post_recv(net, recv, s.buf.data(), m.posted, &s.req) == 0, "%s",
                    take_last_warn().c_str());
       if (!s.req) break;  // the plugin is full: NCCL retries later
       recvs.push_back(std::move(s));
@@ -444,7 +422,7 @@ int stream_rank(Channel ch, int me, int count) {
       MessagePlan m = plan_message(out_dir, posted_s);
       Slot s{nullptr, posted_s, take_buffer(m.bytes)};
       fill(s.buf.data(), m.bytes, out_dir << 32 | posted_s);
-      DRIVER_CHECK(net->isend(send, s.buf.data(), m.bytes, me, nullptr, nullptr, &s.req) == 0, "%s",
+      DRIVER_CHECK(post_send(net, send, s.buf.data(), m.bytes, &s.req) == 0, "%s",
                    take_last_warn().c_str());
       if (!s.req) break;
       sends.push_back(std::move(s));
@@ -481,9 +459,7 @@ int stream_rank(Channel ch, int me, int count) {
   double s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::fprintf(stderr, "[driver %d] rank %d: %d messages each way, %.1f MiB received in %.2f s\n",
                static_cast<int>(getpid()), me, count, static_cast<double>(bytes) / (1 << 20), s);
-  net->close_send(send);
-  net->close_recv(recv);
-  net->finalize(ctx);
+  DRIVER_CHECK(c.close() == 0);
   return 0;
 }
 
@@ -509,41 +485,16 @@ TEST_F(NcclNetPlugin, TwoProcessesCompressedStreamVerified) {
   EXPECT_EQ(b, 0);
 }
 
-// Both ranks: listen, swap handles, connect; rank 0 ends up with the send comm to rank 1.
-struct RankComms {
-  PluginLib lib;
-  void* ctx = nullptr;
-  void* send = nullptr;
-  void* recv = nullptr;
-};
-int connect_ranks(Channel& ch, RankComms& c) {
-  const abi::NetV12* net = c.lib.v12();
-  c.ctx = init_ctx(net);
-  DRIVER_CHECK(c.ctx, "init: %s", take_last_warn().c_str());
-  char mine[abi::kHandleMaxBytes] = {}, theirs[abi::kHandleMaxBytes] = {};
-  void* listen = nullptr;
-  DRIVER_CHECK(net->listen(c.ctx, 0, mine, &listen) == abi::kSuccess);
-  DRIVER_CHECK(ch.send(mine, sizeof(mine)) && ch.recv(theirs, sizeof(theirs)));
-  int rc = 0;
-  bool ok = connect_loop(net, c.ctx, theirs, listen, &c.send, &c.recv, &rc);
-  net->close_listen(listen);
-  DRIVER_CHECK(ok, "set-up rc %d: %s", rc, take_last_warn().c_str());
-  return 0;
-}
-
 TEST_F(NcclNetPlugin, ClosingWithRequestsInFlightNeitherCrashesNorHangs) {
   auto receiver = [](Channel ch) {
     RankComms c;
     if (connect_ranks(ch, c)) return 1;
-    const abi::NetV12* net = c.lib.v12();
+    const abi::NetV12* net = c.net();
     std::vector<std::vector<uint8_t>> bufs(abi::kMaxRequests, std::vector<uint8_t>(1 << 20));
     std::vector<void*> reqs;
     for (auto& b : bufs) {
-      void* data = b.data();
-      size_t size = b.size();
-      int tag = 0;
       void* r = nullptr;
-      DRIVER_CHECK(net->irecv(c.recv, 1, &data, &size, &tag, nullptr, nullptr, &r) == 0 && r);
+      DRIVER_CHECK(post_recv(net, c.recv, b.data(), b.size(), &r) == 0 && r);
       reqs.push_back(r);
     }
     // The 33rd is refused with a null request (NCCL retries), not an error.
@@ -558,22 +509,20 @@ TEST_F(NcclNetPlugin, ClosingWithRequestsInFlightNeitherCrashesNorHangs) {
     char go = 1;
     ch.send(&go, 1);
     // 31 receives still posted, data arriving: close under them.
-    DRIVER_CHECK(net->close_recv(c.recv) == 0);
-    DRIVER_CHECK(net->close_send(c.send) == 0);
-    net->finalize(c.ctx);
+    DRIVER_CHECK(c.close() == 0);
     return 0;
   };
   auto sender = [](Channel ch) {
     RankComms c;
     if (connect_ranks(ch, c)) return 1;
-    const abi::NetV12* net = c.lib.v12();
+    const abi::NetV12* net = c.net();
     std::vector<uint8_t> buf(1 << 20, 3);
     void* r = nullptr;
-    DRIVER_CHECK(net->isend(c.send, buf.data(), buf.size(), 0, nullptr, nullptr, &r) == 0 && r);
+    DRIVER_CHECK(post_send(net, c.send, buf.data(), buf.size(), &r) == 0 && r);
     std::vector<void*> more;
     for (int i = 0; i < 8; ++i) {
       void* q = nullptr;
-      DRIVER_CHECK(net->isend(c.send, buf.data(), buf.size(), 0, nullptr, nullptr, &q) == 0);
+      DRIVER_CHECK(post_send(net, c.send, buf.data(), buf.size(), &q) == 0);
       if (q) more.push_back(q);
     }
     // NCCL's progress thread tests the oldest request until it is done (sends wait for the
@@ -583,9 +532,7 @@ TEST_F(NcclNetPlugin, ClosingWithRequestsInFlightNeitherCrashesNorHangs) {
     char go = 0;
     ch.recv(&go, 1);
     // Requests in flight (or done, unseen): close without testing them.
-    DRIVER_CHECK(net->close_send(c.send) == 0);
-    DRIVER_CHECK(net->close_recv(c.recv) == 0);
-    net->finalize(c.ctx);
+    DRIVER_CHECK(c.close() == 0);
     return 0;
   };
   auto [a, b] = run_two(receiver, sender, 60);
@@ -600,38 +547,32 @@ TEST_F(NcclNetPlugin, ASenderClosingRightAfterItsLastSendLosesNothing) {
   auto receiver = [](Channel ch) {
     RankComms c;
     if (connect_ranks(ch, c)) return 1;
-    const abi::NetV12* net = c.lib.v12();
+    const abi::NetV12* net = c.net();
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (int i = 0; i < 8; ++i) {
       std::vector<uint8_t> in(1 << 20);
-      void* data = in.data();
-      size_t size = in.size();
-      int tag = 0, got = 0, rc = 0;
       void* r = nullptr;
-      DRIVER_CHECK(net->irecv(c.recv, 1, &data, &size, &tag, nullptr, nullptr, &r) == 0 && r);
+      int got = 0, rc = 0;
+      DRIVER_CHECK(post_recv(net, c.recv, in.data(), in.size(), &r) == 0 && r);
       DRIVER_CHECK(wait_request(net, r, &got, &rc), "message %d: %s", i, take_last_warn().c_str());
       DRIVER_CHECK(got == 1 << 20 && first_mismatch(in.data(), in.size(), 50 + i) == in.size());
     }
-    net->close_recv(c.recv);
-    net->close_send(c.send);
-    net->finalize(c.ctx);
+    DRIVER_CHECK(c.close() == 0);
     return 0;
   };
   auto sender = [](Channel ch) {
     RankComms c;
     if (connect_ranks(ch, c)) return 1;
-    const abi::NetV12* net = c.lib.v12();
+    const abi::NetV12* net = c.net();
     std::vector<std::vector<uint8_t>> out(8, std::vector<uint8_t>(1 << 20));
     for (int i = 0; i < 8; ++i) {
       fill(out[i].data(), out[i].size(), 50 + static_cast<uint64_t>(i));
       void* r = nullptr;
-      DRIVER_CHECK(net->isend(c.send, out[i].data(), out[i].size(), 0, nullptr, nullptr, &r) == 0);
+      DRIVER_CHECK(post_send(net, c.send, out[i].data(), out[i].size(), &r) == 0);
       int sent = 0, rc = 0;
       DRIVER_CHECK(r && wait_request(net, r, &sent, &rc));
     }
-    net->close_send(c.send);
-    net->close_recv(c.recv);
-    net->finalize(c.ctx);
+    DRIVER_CHECK(c.close() == 0);
     return 0;
   };
   auto wan = [] { ::setenv("LOWCOMM_WAN", "bw=1gbit,rtt=40ms", 1); };
@@ -644,16 +585,13 @@ TEST_F(NcclNetPlugin, AKilledPeerFailsTheRequestsInsteadOfHanging) {
   auto survivor = [](Channel ch) {
     RankComms c;
     if (connect_ranks(ch, c)) return 1;
-    const abi::NetV12* net = c.lib.v12();
+    const abi::NetV12* net = c.net();
     std::vector<uint8_t> big(64 << 20);
-    void* data = big.data();
-    size_t size = big.size();
-    int tag = 0;
     void* r = nullptr;
-    DRIVER_CHECK(net->irecv(c.recv, 1, &data, &size, &tag, nullptr, nullptr, &r) == 0 && r);
+    DRIVER_CHECK(post_recv(net, c.recv, big.data(), big.size(), &r) == 0 && r);
     std::vector<uint8_t> out(8 << 20, 1);
     void* s = nullptr;
-    DRIVER_CHECK(net->isend(c.send, out.data(), out.size(), 0, nullptr, nullptr, &s) == 0 && s);
+    DRIVER_CHECK(post_send(net, c.send, out.data(), out.size(), &s) == 0 && s);
     char go = 1;
     ch.send(&go, 1);  // the peer dies now
     int got = 0, rc = 0;
@@ -664,19 +602,17 @@ TEST_F(NcclNetPlugin, AKilledPeerFailsTheRequestsInsteadOfHanging) {
     DRIVER_CHECK(took < 20, "noticed only after %.1f s", took);
     std::string why = take_last_warn();
     DRIVER_CHECK(why.find("peer") != std::string::npos, "WARN: %s", why.c_str());
-    net->close_recv(c.recv);
-    net->close_send(c.send);
-    net->finalize(c.ctx);
+    DRIVER_CHECK(c.close() == 0);
     return 0;
   };
   auto victim = [](Channel ch) {
     RankComms c;
     if (connect_ranks(ch, c)) return 1;
-    const abi::NetV12* net = c.lib.v12();
+    const abi::NetV12* net = c.net();
     // Half a message out, then death.
     std::vector<uint8_t> out(64 << 20, 2);
     void* s = nullptr;
-    DRIVER_CHECK(net->isend(c.send, out.data(), 32 << 20, 0, nullptr, nullptr, &s) == 0);
+    DRIVER_CHECK(post_send(net, c.send, out.data(), 32 << 20, &s) == 0);
     char go = 0;
     ch.recv(&go, 1);
     ::raise(SIGKILL);
