@@ -65,6 +65,35 @@ int connect_v10(int dev, abi::CommConfig* /*config*/, void* handle, void** send_
   return plugin_connect(v10_context(), dev, handle, send_comm, send_dev_comm);
 }
 
+// v11 and v12 differ only in the properties struct (and the virtual-device props, unused).
+template <typename Net, typename Properties>
+constexpr Net table_with_context(int (*get_properties)(int, Properties*)) {
+  return Net{
+      .name = kName,
+      .init = init_v11,
+      .devices = plugin_devices,
+      .get_properties = get_properties,
+      .listen = listen_v11,
+      .connect = connect_v11,
+      .accept = plugin_accept,
+      .reg_mr = plugin_reg_mr,
+      .reg_mr_dma_buf = nullptr,  // no NCCL_PTR_DMABUF
+      .dereg_mr = plugin_dereg_mr,
+      .isend = plugin_isend,
+      .irecv = plugin_irecv,
+      .iflush = plugin_iflush,
+      .test = plugin_test,
+      .close_send = plugin_close_send,
+      .close_recv = plugin_close_recv,
+      .close_listen = plugin_close_listen,
+      .get_device_mr = nullptr,   // no device offload
+      .irecv_consumed = nullptr,  // requests are recycled when test() reports them done
+      .make_vdevice = nullptr,    // physical devices only
+      .finalize = finalize_v11,
+      .set_net_attr = nullptr,  // NCCL's per-transfer hints are not used
+  };
+}
+
 }  // namespace
 }  // namespace lowcomm::nccl_net
 
@@ -77,55 +106,8 @@ __attribute__((visibility("default"))) extern const abi::NetV12 ncclNetPlugin_v1
 __attribute__((visibility("default"))) extern const abi::NetV11 ncclNetPlugin_v11;
 __attribute__((visibility("default"))) extern const abi::NetV10 ncclNetPlugin_v10;
 
-const abi::NetV12 ncclNetPlugin_v12 = {
-    .name = kName,
-    .init = init_v11,
-    .devices = plugin_devices,
-    .get_properties = properties_v12,
-    .listen = listen_v11,
-    .connect = connect_v11,
-    .accept = plugin_accept,
-    .reg_mr = plugin_reg_mr,
-    .reg_mr_dma_buf = nullptr,  // no NCCL_PTR_DMABUF
-    .dereg_mr = plugin_dereg_mr,
-    .isend = plugin_isend,
-    .irecv = plugin_irecv,
-    .iflush = plugin_iflush,
-    .test = plugin_test,
-    .close_send = plugin_close_send,
-    .close_recv = plugin_close_recv,
-    .close_listen = plugin_close_listen,
-    .get_device_mr = nullptr,   // no device offload
-    .irecv_consumed = nullptr,  // requests are recycled when test() reports them done
-    .make_vdevice = nullptr,    // physical devices only
-    .finalize = finalize_v11,
-    .set_net_attr = nullptr,  // NCCL's per-transfer hints are not used
-};
-
-const abi::NetV11 ncclNetPlugin_v11 = {
-    .name = kName,
-    .init = init_v11,
-    .devices = plugin_devices,
-    .get_properties = properties_v11,
-    .listen = listen_v11,
-    .connect = connect_v11,
-    .accept = plugin_accept,
-    .reg_mr = plugin_reg_mr,
-    .reg_mr_dma_buf = nullptr,  // no NCCL_PTR_DMABUF
-    .dereg_mr = plugin_dereg_mr,
-    .isend = plugin_isend,
-    .irecv = plugin_irecv,
-    .iflush = plugin_iflush,
-    .test = plugin_test,
-    .close_send = plugin_close_send,
-    .close_recv = plugin_close_recv,
-    .close_listen = plugin_close_listen,
-    .get_device_mr = nullptr,   // no device offload
-    .irecv_consumed = nullptr,  // requests are recycled when test() reports them done
-    .make_vdevice = nullptr,    // physical devices only
-    .finalize = finalize_v11,
-    .set_net_attr = nullptr,  // NCCL's per-transfer hints are not used
-};
+const abi::NetV12 ncclNetPlugin_v12 = table_with_context<abi::NetV12>(properties_v12);
+const abi::NetV11 ncclNetPlugin_v11 = table_with_context<abi::NetV11>(properties_v11);
 
 const abi::NetV10 ncclNetPlugin_v10 = {
     .name = kName,
