@@ -41,11 +41,13 @@ Result<std::shared_ptr<ProgressEngine>> ProgressEngine::create(const std::string
   std::shared_future<void> go_signal = go.get_future().share();
   ProgressEngine* raw = e.get();
   std::string name = thread_name.substr(0, 15);
-  e->thread_ = std::thread([raw, name, go_signal] {
-    pthread_setname_np(pthread_self(), name.c_str());
+  e->thread_ = std::thread([raw, go_signal] {
     go_signal.wait();
     raw->loop();
   });
+  // Named from here, so the name is in place when create() returns (tools and tests that look
+  // for the thread by name do not race its start).
+  pthread_setname_np(e->thread_.native_handle(), name.c_str());
   e->thread_id_ = e->thread_.get_id();
   go.set_value();
   return e;

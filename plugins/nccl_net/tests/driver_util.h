@@ -2,6 +2,7 @@
 // Pieces of the GPU-free plugin driver: forked ranks with a control channel, NCCL-style
 // connection set-up loops, and verifiable payloads.
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -223,13 +225,18 @@ inline int connect_ranks(Channel& ch, RankComms& c,
   return 0;
 }
 
-inline int count_threads() {
+// Threads of this process with the given name (the plugin's engine thread is "lc-nccl-net");
+// by name, since sanitizer runtimes start threads of their own.
+inline int count_threads(const std::string& name = "lc-nccl-net") {
   int n = 0;
-  if (auto* d = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof(line), d))
-      if (std::sscanf(line, "Threads: %d", &n) == 1) break;
-    std::fclose(d);
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string line;
+      if (std::getline(comm, line) && line == name) ++n;
+    }
+    ::closedir(d);
   }
   return n;
 }
