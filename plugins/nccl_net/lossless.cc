@@ -27,10 +27,14 @@ void shuffle(const uint8_t* in, size_t n, int width, uint8_t* out) {
   std::memcpy(out + count * w, in + count * w, n - count * w);
 }
 
+// Writes `out` front to back, element by element: for NCCL's LL and LL128 protocols the
+// receiving GPU polls the buffer while it is written, so each line's data must land before its
+// flag (the last word), as a front-to-back copy does; writing byte planes would set part of a
+// flag before its data.
 void unshuffle(const uint8_t* in, size_t n, int width, uint8_t* out) {
   const size_t w = static_cast<size_t>(width), count = n / w;
-  for (size_t b = 0; b < w; ++b)
-    for (size_t e = 0; e < count; ++e) out[e * w + b] = in[b * count + e];
+  for (size_t e = 0; e < count; ++e)
+    for (size_t b = 0; b < w; ++b) out[e * w + b] = in[b * count + e];
   std::memcpy(out + count * w, in + count * w, n - count * w);
 }
 

@@ -15,7 +15,10 @@
 // malformed or truncated frame, a raw length above the capacity or a decompressor error is a
 // clear error, never an access outside the buffers.
 //
-// Thread-safe: compression contexts are per thread.
+// Decoding writes the destination front to back (raw copy, lz4 and zstd output, and the
+// unshuffle), which NCCL's LL/LL128 protocols need: the GPU reads lines as they land.
+//
+// Thread-safe: no state is shared between calls.
 
 #include <cstddef>
 #include <cstdint>
