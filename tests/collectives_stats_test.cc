@@ -1,7 +1,7 @@
 // Per-operation statistics (Work::stats, Communicator::last_op_stats, lowcommWaitStats,
 // lowcommCommGetLastOpStats) over real processes: the bytes on the wire are exactly what the
 // algorithm sends (computed here from the partition and the codec's encoded sizes, with the
-// transport's 48-byte header per 512 KiB chunk written out independently of the library), the
+// transport's 64-byte header per 512 KiB chunk written out independently of the library), the
 // compression ratio and the codec times follow the codec, and over an emulated link the
 // efficiency against the link's limit is a fraction.
 
@@ -17,10 +17,10 @@
 namespace lowcomm::testing {
 namespace {
 
-// docs/wire.md: every message is cut into chunks of 512 KiB, each behind a 48-byte header; an
+// docs/wire.md: every message is cut into chunks of 512 KiB, each behind a 64-byte header; an
 // empty message is one header.
 constexpr uint64_t kChunk = 512 << 10;
-constexpr uint64_t kHeader = 48;
+constexpr uint64_t kHeader = 64;
 constexpr uint64_t kDescriptor = 64;
 
 uint64_t on_wire(uint64_t len) {

@@ -82,7 +82,7 @@ TEST(TransportSecurity, ServerRejectsAClientThatCannotProveTheSecret) {
   UniqueFd fd = raw_connect(f.listener->address());
   uint8_t hello[kHelloBytes] = {};
   store_le32(hello, 0x3148434Cu);  // "LCH1"
-  store_le16(hello + 4, 1);
+  store_le16(hello + 4, 2);        // protocol version
   store_le16(hello + 6, 0);
   store_le16(hello + 8, 1);
   store_le32(hello + 12, 7);
@@ -169,6 +169,9 @@ struct HandDrivenPeer {
   bool send_chunk(const ChunkHeader& hdr, const std::vector<uint8_t>& payload) {
     std::vector<uint8_t> wire(kChunkHeaderBytes);
     write_chunk_header(hdr, wire.data());
+    PayloadSealer integrity;  // unsealed: the XXH3-128 check a lowcomm sender would write
+    EXPECT_TRUE(integrity.init(StreamKeys{}).is_ok());
+    EXPECT_TRUE(integrity.protect(wire.data(), payload.data(), nullptr, payload.size()).is_ok());
     wire.insert(wire.end(), payload.begin(), payload.end());
     size_t done = 0;
     while (done < wire.size()) {

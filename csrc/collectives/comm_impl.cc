@@ -84,6 +84,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (options.socket_buffer_bytes > 0)
     cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
   if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
+  if (options.encrypt >= 0) cfg.value().seal = options.encrypt > 0;
 
   std::unique_ptr<CommImpl> c(new CommImpl());
   c->rank_ = rank;

@@ -1,5 +1,7 @@
 #include "transport/chunk_header.h"
 
+#include <cstring>
+
 #include "core/fnv1a.h"
 #include "transport/little_endian.h"
 
@@ -12,8 +14,9 @@ void write_chunk_header(const ChunkHeader& h, uint8_t out[kChunkHeaderBytes]) {
   store_le64(out + 16, h.seq);
   store_le64(out + 24, h.msg_len);
   store_le64(out + 32, h.offset);
-  store_le32(out + 40, 0);
+  store_le32(out + 40, h.flags);
   store_le32(out + 44, fnv1a32(out, 44));
+  std::memset(out + kChunkCheckOffset, 0, kChunkCheckBytes);
 }
 
 Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes],
@@ -22,8 +25,10 @@ Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes],
     return corrupt_data(who + ": bad chunk magic (stream out of sync or not lowcomm)");
   if (load_le32(in + 44) != fnv1a32(in, 44))
     return corrupt_data(who + ": chunk header checksum mismatch");
-  if (load_le32(in + 40) != 0) return corrupt_data(who + ": chunk header reserved field not zero");
   ChunkHeader h;
+  h.flags = load_le32(in + 40);
+  if ((h.flags & ~kChunkFlagSealed) != 0)
+    return corrupt_data(who + ": chunk header has unknown flags " + std::to_string(h.flags));
   h.chunk_len = load_le32(in + 4);
   h.tag = load_le64(in + 8);
   h.seq = load_le64(in + 16);

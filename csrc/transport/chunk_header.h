@@ -1,28 +1,37 @@
 #pragma once
-// The 48-byte header in front of every chunk on a data stream (all fields little-endian):
+// The 64-byte header in front of every chunk on a data stream (all fields little-endian):
 //
 //   off size field
-//     0    4 magic        "LCC1"
+//     0    4 magic        "LCC2"
 //     4    4 chunk_len    payload bytes that follow this header
 //     8    8 tag          user tag
 //    16    8 seq          per-tag message sequence number (k-th isend on this tag -> k-th irecv)
 //    24    8 msg_len      total length of the message this chunk belongs to
 //    32    8 offset       where the payload goes in the message
-//    40    4 reserved     zero
+//    40    4 flags        bit 0: sealed (payload encrypted; check is an AES-256-GCM tag);
+//                         other bits zero
 //    44    4 checksum     FNV-1a 32 over bytes [0, 44)
+//    48   16 check        the payload's check (payload_guard.h): XXH3-128 of the payload, or,
+//                         sealed, the AES-256-GCM tag over bytes [0, 48) and the payload
 //
-// The checksum guards the header against corruption and desynchronisation, not against an
-// attacker (streams are authenticated at set-up). parse_chunk_header validates magic,
-// checksum, reserved and range (offset + chunk_len <= msg_len) before anything is used.
+// The header checksum finds a corrupted or desynchronised header before any field is used; the
+// payload check covers every payload byte and is verified before the message completes. Sealed,
+// the GCM tag also authenticates the header (bytes [0, 48) are the AEAD's associated data).
+// parse_chunk_header validates magic, checksum, flags and range (offset + chunk_len <= msg_len)
+// before anything is used.
 
 #include <cstdint>
+#include <string>
 
 #include "lowcomm/status.h"
 
 namespace lowcomm::transport {
 
-inline constexpr size_t kChunkHeaderBytes = 48;
-inline constexpr uint32_t kChunkMagic = 0x3143434Cu;  // "LCC1"
+inline constexpr size_t kChunkHeaderBytes = 64;
+inline constexpr size_t kChunkCheckOffset = 48;  // [48, 64): the payload check
+inline constexpr size_t kChunkCheckBytes = 16;
+inline constexpr uint32_t kChunkMagic = 0x3243434Cu;  // "LCC2"
+inline constexpr uint32_t kChunkFlagSealed = 1u;
 
 struct ChunkHeader {
   uint32_t chunk_len = 0;
@@ -30,8 +39,10 @@ struct ChunkHeader {
   uint64_t seq = 0;
   uint64_t msg_len = 0;
   uint64_t offset = 0;
+  uint32_t flags = 0;
 };
 
+// Writes bytes [0, 48); the check [48, 64) is the payload guard's to fill (zeroed here).
 void write_chunk_header(const ChunkHeader& h, uint8_t out[kChunkHeaderBytes]);
 // kCorruptData naming the bad field; `who` (the peer and stream) prefixes the message.
 Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes], const std::string& who);

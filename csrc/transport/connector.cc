@@ -40,6 +40,7 @@ Result<std::unique_ptr<ConnectOp>> ConnectOp::start(std::shared_ptr<ProgressEngi
     hello.stream_index = static_cast<uint16_t>(i);
     hello.streams = static_cast<uint16_t>(config.streams);
     hello.connection_id = connection_id;
+    hello.seal = config.seal;
     op->streams_.push_back(StreamHandshake::client(std::move(fd).value(), who, config.secret, hello,
                                                    handshake_deadline));
   }
@@ -67,8 +68,8 @@ Result<bool> ConnectOp::test() {
   }
   if (!all_done) return false;
   uint32_t remote_rank = streams_[0].server_rank();
-  std::vector<UniqueFd> fds;
-  for (auto& h : streams_) fds.push_back(h.release_fd());
+  std::vector<StreamSocket> fds;
+  for (auto& h : streams_) fds.push_back(h.release());
   streams_.clear();
   auto peer = Peer::attach(engine_, std::move(fds), static_cast<int>(remote_rank),
                            remote_.to_string(), config_);

@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/kdf.h>
 #include <openssl/rand.h>
 #include <sys/socket.h>
 
@@ -17,7 +18,9 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x3148434Cu;      // "LCH1"
 constexpr uint32_t kChallengeMagic = 0x3153434Cu;  // "LCS1"
 constexpr uint32_t kAcceptMagic = 0x4B4F434Cu;     // "LCOK"
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;
+constexpr uint16_t kFlagSeal = 1;
+constexpr size_t kChallengeSigned = 48;  // bytes of the challenge its MAC covers
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
 constexpr char kServerLabel[] = "lowcomm server";
@@ -45,6 +48,25 @@ Status hmac3(const std::string& secret, const char* label, const uint8_t* a, siz
   return ok ? Status::ok() : internal_error("OpenSSL: HMAC-SHA256 failed");
 }
 
+// HKDF-SHA256(key = secret, salt, info) -> out.
+Status hkdf(const std::string& secret, const uint8_t* salt, size_t salt_len, const char* info,
+            uint8_t* out, size_t out_len) {
+  EVP_KDF* kdf = EVP_KDF_fetch(nullptr, "HKDF", nullptr);
+  if (!kdf) return internal_error("OpenSSL: HKDF unavailable");
+  EVP_KDF_CTX* ctx = EVP_KDF_CTX_new(kdf);
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+      OSSL_PARAM_construct_octet_string("key", const_cast<char*>(secret.data()), secret.size()),
+      OSSL_PARAM_construct_octet_string("salt", const_cast<uint8_t*>(salt), salt_len),
+      OSSL_PARAM_construct_octet_string("info", const_cast<char*>(info), std::strlen(info)),
+      OSSL_PARAM_construct_end()};
+  bool ok = ctx && EVP_KDF_derive(ctx, out, out_len, params) == 1;
+  EVP_KDF_CTX_free(ctx);
+  EVP_KDF_free(kdf);
+  return ok ? Status::ok() : internal_error("OpenSSL: HKDF-SHA256 failed");
+}
+
 }  // namespace
 
 StreamHandshake::StreamHandshake(Role role, UniqueFd fd, std::string peer_name,
@@ -61,12 +83,13 @@ StreamHandshake StreamHandshake::client(UniqueFd fd, std::string peer_name,
                                         Deadline deadline) {
   StreamHandshake h(Role::kClient, std::move(fd), std::move(peer_name), secret, deadline);
   h.hello_ = hello;
+  h.seal_ = hello.seal;
   uint8_t* p = h.hello_bytes_.data();
   store_le32(p, kHelloMagic);
   store_le16(p + 4, kProtocolVersion);
   store_le16(p + 6, hello.stream_index);
   store_le16(p + 8, hello.streams);
-  store_le16(p + 10, 0);
+  store_le16(p + 10, hello.seal ? kFlagSeal : 0);
   store_le32(p + 12, hello.rank);
   store_le64(p + 16, hello.connection_id);
   if (RAND_bytes(p + 24, static_cast<int>(kNonceBytes)) != 1) {
@@ -76,10 +99,11 @@ StreamHandshake StreamHandshake::client(UniqueFd fd, std::string peer_name,
 }
 
 StreamHandshake StreamHandshake::server(UniqueFd fd, std::string peer_name,
-                                        const std::string& secret, uint32_t local_rank,
+                                        const std::string& secret, uint32_t local_rank, bool seal,
                                         Deadline deadline) {
   StreamHandshake h(Role::kServer, std::move(fd), std::move(peer_name), secret, deadline);
   h.local_rank_ = local_rank;
+  h.seal_ = seal;
   return h;
 }
 
@@ -105,6 +129,32 @@ Status StreamHandshake::fail(Status s) {
   server_silent_ = role_ == Role::kClient && early && !closed;
   state_ = State::kFailed;
   return Status(s.code(), "handshake with " + peer_name_ + ": " + s.message());
+}
+
+std::string StreamHandshake::seal_mismatch(bool remote_seals) const {
+  return std::string("the peer has encryption ") + (remote_seals ? "on" : "off") +
+         " and this side has it " + (seal_ ? "on" : "off") +
+         "; every rank must set LOWCOMM_ENCRYPT alike";
+}
+
+Status StreamHandshake::derive_keys() {
+  keys_ = StreamKeys{};
+  if (!seal_) return Status::ok();
+  uint8_t salt[2 * kNonceBytes];
+  std::memcpy(salt, hello_bytes_.data() + 24, kNonceBytes);
+  std::memcpy(salt + kNonceBytes, challenge_bytes_.data() + 8, kNonceBytes);
+  std::array<uint8_t, kStreamKeyBytes> c2s, s2c;
+  Status a =
+      hkdf(secret_, salt, sizeof(salt), "lowcomm v2 client to server", c2s.data(), c2s.size());
+  if (!a) return a;
+  Status b =
+      hkdf(secret_, salt, sizeof(salt), "lowcomm v2 server to client", s2c.data(), s2c.size());
+  if (!b) return b;
+  keys_.sealed = true;
+  keys_.send = role_ == Role::kClient ? c2s : s2c;
+  keys_.recv = role_ == Role::kClient ? s2c : c2s;
+  OPENSSL_cleanse(salt, sizeof(salt));
+  return Status::ok();
 }
 
 Status StreamHandshake::write_pending(bool* complete) {
@@ -186,14 +236,22 @@ Status StreamHandshake::advance() {
         hello_.streams = load_le16(p + 8);
         hello_.rank = load_le32(p + 12);
         hello_.connection_id = load_le64(p + 16);
-        // Build the challenge: magic, rank, nonce, then the MAC over hello and those fields.
+        const uint16_t flags = load_le16(p + 10);
+        if ((flags & ~kFlagSeal) != 0)
+          return fail(corrupt_data("hello has unknown flags " + std::to_string(flags)));
+        hello_.seal = (flags & kFlagSeal) != 0;
+        seal_mismatch_ = hello_.seal != seal_;
+        // Build the challenge: magic, rank, nonce, flags, then the MAC over hello and those.
         uint8_t* c = challenge_bytes_.data();
         store_le32(c, kChallengeMagic);
         store_le32(c + 4, local_rank_);
         if (RAND_bytes(c + 8, static_cast<int>(kNonceBytes)) != 1)
           return fail(internal_error("OpenSSL RAND_bytes failed"));
+        store_le16(c + 40, seal_ ? kFlagSeal : 0);
+        store_le16(c + 42, 0);
+        store_le32(c + 44, 0);
         Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c,
-                         8 + kNonceBytes, c + 8 + kNonceBytes);
+                         kChallengeSigned, c + kChallengeSigned);
         if (!m) return fail(m);
         std::memcpy(out_.data(), c, kChallengeBytes);
         out_len_ = kChallengeBytes;
@@ -205,6 +263,9 @@ Status StreamHandshake::advance() {
         Status s = write_pending(&complete);
         if (!s) return fail(s);
         if (!complete) return Status::ok();
+        // The client learns the mismatch from our flags; we learned it from its hello.
+        if (seal_mismatch_)
+          return fail(Status(StatusCode::kInvalidArgument, seal_mismatch(hello_.seal)));
         in_done_ = 0;
         state_ = State::kRecvProof;
         break;
@@ -219,11 +280,17 @@ Status StreamHandshake::advance() {
           return fail(corrupt_data("not a lowcomm server (bad challenge magic)"));
         uint8_t expect[kMacBytes];
         Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c,
-                         8 + kNonceBytes, expect);
+                         kChallengeSigned, expect);
         if (!m) return fail(m);
-        if (CRYPTO_memcmp(expect, c + 8 + kNonceBytes, kMacBytes) != 0)
+        if (CRYPTO_memcmp(expect, c + kChallengeSigned, kMacBytes) != 0)
           return fail(Status(StatusCode::kRemoteError,
                              "server failed authentication (wrong communicator secret?)"));
+        const uint16_t flags = load_le16(c + 40);
+        if ((flags & ~kFlagSeal) != 0 || load_le16(c + 42) != 0 || load_le32(c + 44) != 0)
+          return fail(corrupt_data("challenge has unknown flags or reserved fields set"));
+        if (((flags & kFlagSeal) != 0) != seal_)
+          return fail(
+              Status(StatusCode::kInvalidArgument, seal_mismatch((flags & kFlagSeal) != 0)));
         server_rank_ = load_le32(c + 4);
         Status p = hmac3(secret_, kClientLabel, hello_bytes_.data(), kHelloBytes, c,
                          kChallengeBytes, out_.data());
@@ -262,6 +329,7 @@ Status StreamHandshake::advance() {
         Status s = write_pending(&complete);
         if (!s) return fail(s);
         if (!complete) return Status::ok();
+        if (Status k = derive_keys(); !k) return fail(k);
         state_ = State::kDone;
         break;
       }
@@ -270,6 +338,7 @@ Status StreamHandshake::advance() {
         if (!s) return fail(Status(s.code(), s.message() + " (the server rejected this client?)"));
         if (!complete) return Status::ok();
         if (load_le32(in_.data()) != kAcceptMagic) return fail(corrupt_data("bad accept message"));
+        if (Status k = derive_keys(); !k) return fail(k);
         state_ = State::kDone;
         break;
       }

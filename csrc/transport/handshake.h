@@ -4,17 +4,25 @@
 // socket is ready (poll_events() says for what). Nothing here blocks or spawns threads.
 //
 // Protocol (all integers little-endian; docs/transport.md):
-//   client -> server  Hello      magic "LCH1", u16 version, u16 stream index, u16 streams,
-//                                u16 zero, u32 client rank, u64 connection id, 32-byte nonce Nc
-//   server -> client  Challenge  magic "LCS1", u32 server rank, 32-byte nonce Ns,
+//   client -> server  Hello      magic "LCH1", u16 version (2), u16 stream index, u16 streams,
+//                                u16 flags, u32 client rank, u64 connection id, 32-byte nonce Nc
+//   server -> client  Challenge  magic "LCS1", u32 server rank, 32-byte nonce Ns, u16 flags,
+//                                u16 zero, u32 zero,
 //                                32-byte MACs = HMAC-SHA256(secret, "lowcomm server" | Hello |
-//                                               magic | server rank | Ns)
+//                                               Challenge bytes [0, 48))
 //   client -> server  Proof      32-byte MACc = HMAC-SHA256(secret, "lowcomm client" | Hello |
 //                                               Challenge)
 //   server -> client  Accept     magic "LCOK"
 // Each side proves knowledge of the secret over both nonces, so neither a replayed transcript
 // nor a reflected MAC (the labels differ) passes, and the secret itself never crosses the wire.
 // Any mismatch fails the handshake; the caller closes the socket and logs it.
+//
+// Flags bit 0 says the side seals its streams (LOWCOMM_ENCRYPT, payload_guard.h). Both sides
+// must agree: the server answers a mismatched hello with its own flags, so both ends fail with
+// an error that says which side has encryption on, and no data flows. Sealed, each side then
+// derives the stream's two AES-256-GCM keys with HKDF-SHA256 (key: the secret; salt: Nc | Ns;
+// info: "lowcomm v2 client to server" or "... server to client"): fresh per stream and per
+// connection, never sent.
 
 #include <poll.h>
 
@@ -25,11 +33,13 @@
 #include "core/deadline.h"
 #include "core/unique_fd.h"
 #include "lowcomm/status.h"
+#include "transport/payload_guard.h"
+#include "transport/stream_socket.h"
 
 namespace lowcomm::transport {
 
 inline constexpr size_t kHelloBytes = 56;
-inline constexpr size_t kChallengeBytes = 72;
+inline constexpr size_t kChallengeBytes = 80;
 inline constexpr size_t kProofBytes = 32;
 inline constexpr size_t kAcceptBytes = 4;
 
@@ -38,6 +48,7 @@ struct HelloInfo {
   uint16_t stream_index = 0;   // which of the connection's streams this is
   uint16_t streams = 0;        // how many streams the connection has
   uint64_t connection_id = 0;  // groups the streams of one connect attempt
+  bool seal = false;           // the client seals its streams (flags bit 0)
 };
 
 class StreamHandshake {
@@ -62,7 +73,7 @@ class StreamHandshake {
                                 HelloInfo hello, Deadline deadline);
   // Server: fd was just accepted.
   static StreamHandshake server(UniqueFd fd, std::string peer_name, const std::string& secret,
-                                uint32_t local_rank, Deadline deadline);
+                                uint32_t local_rank, bool seal, Deadline deadline);
 
   // Advances as far as the socket allows. Returns ok while in progress or when done; the error
   // (and state kFailed) when the peer failed authentication, broke the protocol, closed, or the
@@ -74,11 +85,16 @@ class StreamHandshake {
   short poll_events() const;  // POLLIN or POLLOUT for the current state
   int fd() const { return fd_.get(); }
   UniqueFd release_fd() { return std::move(fd_); }
+  // After done(): the socket and its keys, for Peer::attach.
+  StreamSocket release() { return StreamSocket{std::move(fd_), keys_}; }
   const std::string& peer_name() const { return peer_name_; }
   const Deadline& deadline() const { return deadline_; }
   // After done(): the client's hello (server side) and the server's rank (client side).
   const HelloInfo& hello() const { return hello_; }
   uint32_t server_rank() const { return server_rank_; }
+  // After done(): the stream's payload keys (payload_guard.h); sealed is false unless both
+  // sides seal.
+  const StreamKeys& keys() const { return keys_; }
   // Client, after a failure: the server never said a word (the connect was refused, or the
   // connect, the hello or the wait for the challenge failed by timeout or reset before any
   // challenge byte arrived; a clean close after our hello is a rejection, not silence).
@@ -95,6 +111,9 @@ class StreamHandshake {
   Status write_pending(bool* complete);
   // Reads until in_done_ == want; same contract.
   Status read_exact(size_t want, bool* complete);
+  // The flags mismatch message, from this side's point of view.
+  std::string seal_mismatch(bool remote_seals) const;
+  Status derive_keys();
 
   Role role_;
   State state_;
@@ -106,6 +125,9 @@ class StreamHandshake {
   HelloInfo hello_;
   uint32_t local_rank_ = 0;
   uint32_t server_rank_ = 0;
+  bool seal_ = false;
+  bool seal_mismatch_ = false;  // server: fail once the challenge (with our flags) is out
+  StreamKeys keys_;
   std::array<uint8_t, kHelloBytes> hello_bytes_{};
   std::array<uint8_t, kChallengeBytes> challenge_bytes_{};
   std::array<uint8_t, kChallengeBytes> out_{};

@@ -98,7 +98,7 @@ void Listener::accept_pending() {
       continue;
     }
     pending_.push_back(StreamHandshake::server(
-        std::move(fd), who, config_.secret, static_cast<uint32_t>(config_.local_rank),
+        std::move(fd), who, config_.secret, static_cast<uint32_t>(config_.local_rank), config_.seal,
         Deadline::after_seconds(config_.handshake_timeout_s)));
   }
 }
@@ -131,12 +131,12 @@ void Listener::advance_handshakes() {
       g.address = h.peer_name();
       g.deadline = h.deadline();
     }
-    if (g.fds.size() != hello.streams || g.fds[hello.stream_index]) {
+    if (g.fds.size() != hello.streams || g.fds[hello.stream_index].fd) {
       drop(h.peer_name(), corrupt_data("inconsistent or duplicate stream in one connection"));
       pending_.erase(pending_.begin() + static_cast<long>(i));
       continue;
     }
-    g.fds[hello.stream_index] = h.release_fd();
+    g.fds[hello.stream_index] = h.release();
     pending_.erase(pending_.begin() + static_cast<long>(i));
     if (++g.arrived == static_cast<int>(g.fds.size())) {
       auto peer =

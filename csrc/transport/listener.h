@@ -66,7 +66,7 @@ class Listener {
 
  private:
   struct Group {  // streams of one connection attempt, by stream index
-    std::vector<UniqueFd> fds;
+    std::vector<StreamSocket> fds;
     int arrived = 0;
     std::string address;
     Deadline deadline;

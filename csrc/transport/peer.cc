@@ -6,12 +6,12 @@
 namespace lowcomm::transport {
 
 Result<std::unique_ptr<Peer>> Peer::attach(std::shared_ptr<ProgressEngine> engine,
-                                           std::vector<UniqueFd> streams, int remote_rank,
+                                           std::vector<StreamSocket> streams, int remote_rank,
                                            std::string remote_address, const PeerConfig& config) {
   if (!engine) return invalid_argument("Peer::attach: no progress engine");
   if (streams.empty()) return invalid_argument("Peer::attach: no streams");
   std::unique_ptr<Peer> p(new Peer());
-  p->buffers_ = granted_socket_buffers(streams[0].get());
+  p->buffers_ = granted_socket_buffers(streams[0].fd.get());
   p->streams_ = static_cast<int>(streams.size());
   p->engine_ = std::move(engine);
   p->remote_rank_ = remote_rank;
@@ -110,6 +110,10 @@ void Peer::set_link(const WanLink& link) {
 void Peer::abort() {
   auto core = core_;
   engine_->run_sync([core] { core->fail(Status(StatusCode::kAborted, "aborted by the user")); });
+}
+
+uint64_t Peer::payload_failures() const {
+  return core_ ? core_->payload_failures() : 0;
 }
 
 }  // namespace lowcomm::transport

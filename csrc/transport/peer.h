@@ -25,6 +25,7 @@
 #include "transport/progress_engine.h"
 #include "transport/request.h"
 #include "transport/socket_options.h"
+#include "transport/stream_socket.h"
 
 namespace lowcomm::transport {
 
@@ -32,10 +33,10 @@ class PeerCore;
 
 class Peer {
  public:
-  // Takes ownership of authenticated, non-blocking stream sockets (stream order matters: both
-  // sides must list them in the same order).
+  // Takes ownership of authenticated, non-blocking stream sockets and their payload keys
+  // (stream order matters: both sides must list them in the same order).
   static Result<std::unique_ptr<Peer>> attach(std::shared_ptr<ProgressEngine> engine,
-                                              std::vector<UniqueFd> streams, int remote_rank,
+                                              std::vector<StreamSocket> streams, int remote_rank,
                                               std::string remote_address, const PeerConfig& config);
   ~Peer();
   Peer(const Peer&) = delete;
@@ -78,6 +79,8 @@ class Peer {
   int streams() const { return streams_; }
   // How many of them a message is striped over (path_model.h).
   int stripe_streams() const;
+  // Chunks received from this peer whose payload failed its check (payload_guard.h).
+  uint64_t payload_failures() const;
   // The socket buffers the kernel granted on stream 0 (what was asked: config.socket_buffer_bytes).
   SocketBufferSizes socket_buffers() const { return buffers_; }
 

@@ -61,6 +61,14 @@ Result<PeerConfig> PeerConfig::from_env(int local_rank, std::string secret) {
                               "': " + bytes.status().message());
     c.max_unexpected_bytes = *bytes;
   }
+  if (const char* env = std::getenv("LOWCOMM_ENCRYPT")) {
+    const std::string v(env);
+    if (v == "1" || v == "aes-256-gcm") {
+      c.seal = true;
+    } else if (v != "0" && !v.empty()) {
+      return invalid_argument("LOWCOMM_ENCRYPT='" + v + "': expected 0 or 1 (aes-256-gcm)");
+    }
+  }
   auto wan = wan_from_env();
   if (!wan) return wan.status();
   c.wan = *wan;

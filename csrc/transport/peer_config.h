@@ -28,6 +28,10 @@ struct PeerConfig {
   // (they must share one engine thread); its creator sets the downlink's rate. Null: the peer
   // has a site of its own.
   std::shared_ptr<SiteLinks> site;
+  // Seal every stream with AES-256-GCM (LOWCOMM_ENCRYPT=1; payload_guard.h). Both ends of a
+  // connection must agree or the handshake fails naming the mismatch. Off: payloads still carry
+  // an XXH3-128 integrity check.
+  bool seal = false;
   double handshake_timeout_s = 10.0;  // a half-open or silent connection is dropped after this
   // Buffered messages nobody has posted a receive for yet, per peer (LOWCOMM_UNEXPECTED_LIMIT):
   // eager sends to a receiver that lags behind; beyond it the peer fails with a clear error.
@@ -35,7 +39,8 @@ struct PeerConfig {
 
   // streams from LOWCOMM_STREAMS (which also turns adapt_streams off), socket_buffer_bytes from
   // LOWCOMM_SOCKET_BUFFER (bytes, K/M/G suffixes of 1024, 0 = kernel autotuning),
-  // max_unexpected_bytes from LOWCOMM_UNEXPECTED_LIMIT and wan from LOWCOMM_WAN; other fields
+  // max_unexpected_bytes from LOWCOMM_UNEXPECTED_LIMIT, seal from LOWCOMM_ENCRYPT (0 or 1) and
+  // wan from LOWCOMM_WAN; other fields
   // default. The error names the bad variable.
   static Result<PeerConfig> from_env(int local_rank, std::string secret);
 };

@@ -36,7 +36,7 @@ constexpr uint64_t kUnexpectedOverheadBytes = 256;
 
 }  // namespace
 
-PeerCore::PeerCore(ProgressEngine& engine, std::vector<UniqueFd> fds, int remote_rank,
+PeerCore::PeerCore(ProgressEngine& engine, std::vector<StreamSocket> fds, int remote_rank,
                    std::string remote_address, PeerConfig config)
     : engine_(engine),
       config_(std::move(config)),
@@ -47,7 +47,10 @@ PeerCore::PeerCore(ProgressEngine& engine, std::vector<UniqueFd> fds, int remote
       pacer_(config_.wan) {
   for (size_t i = 0; i < fds.size(); ++i) {
     streams_[i].index = static_cast<int>(i);
-    streams_[i].fd = std::move(fds[i]);
+    streams_[i].fd = std::move(fds[i].fd);
+    Status a = streams_[i].sealer.init(fds[i].keys);
+    Status b = a ? streams_[i].opener.init(fds[i].keys) : a;
+    if (!b && setup_.is_ok()) setup_ = Status(b.code(), name_ + ": " + b.message());
   }
   if (config_.chunk_bytes == 0) config_.chunk_bytes = 512 << 10;
   plan_streams();
@@ -93,6 +96,10 @@ std::string PeerCore::stream_name(const Stream& s) const {
 
 void PeerCore::start() {
   if (!failure_.is_ok()) return;  // aborted before it started: never watch shut-down sockets
+  if (!setup_.is_ok()) {
+    fail(setup_);
+    return;
+  }
   auto self = shared_from_this();
   for (auto& s : streams_) {
     Stream* sp = &s;
@@ -129,7 +136,7 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
     uint64_t off = i * chunk;
     c.len = static_cast<uint32_t>(std::min(chunk, len - off));
     c.data = data + off;
-    write_chunk_header({c.len, tag, seq, len, off}, c.header);
+    c.fields = {c.len, tag, seq, len, off, 0};
     if (pacer_.shaped()) {
       // Headers cross the emulated link too: they cost bandwidth on a real one.
       Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
@@ -210,10 +217,33 @@ void PeerCore::enqueue(OutChunk chunk) {
     for (int i = 1; i < stripe_; ++i)
       if (streams_[i].queued_bytes < best->queued_bytes) best = &streams_[i];
   }
+  if (Status st = protect(*best, chunk); !st) {
+    chunk.op->req->complete(Status(st.code(), chunk.op->what + ": " + st.message()));
+    fail(st);
+    return;
+  }
   best->queued_bytes += kChunkHeaderBytes + chunk.len;
   best->sendq.push_back(std::move(chunk));
   // Try at once: the socket is usually writable, which saves an epoll round trip.
   do_write(*best);
+}
+
+Status PeerCore::protect(Stream& s, OutChunk& c) {
+  if (s.sealer.sealed()) c.fields.flags |= kChunkFlagSealed;
+  write_chunk_header(c.fields, c.header);
+  if (!s.sealer.sealed()) return s.sealer.protect(c.header, c.data, nullptr, c.len);
+  // The user's buffer is never written: seal into the copy (shaped: the one made at departure).
+  if (!c.owned && c.len) {
+    c.owned = std::make_unique<uint8_t[]>(c.len);
+  }
+  Status st = s.sealer.protect(c.header, c.data, c.owned.get(), c.len);
+  if (c.len) c.data = c.owned.get();
+  return st;
+}
+
+Status PeerCore::open_payload(Stream& s, uint8_t* into, size_t n) {
+  Status st = s.opener.update(into, n);
+  return st ? st : Status(st.code(), stream_name(s) + ": " + st.message());
 }
 
 void PeerCore::update_write_interest(Stream& s) {
@@ -283,6 +313,12 @@ void PeerCore::do_read(Stream& s) {
         into = sink_;
       }
       n = LOWCOMM_SYS_RETRY(::recv(s.fd.get(), into, want, 0));
+      if (n > 0) {
+        if (Status st = open_payload(s, into, static_cast<size_t>(n)); !st) {
+          fail(st);
+          return;
+        }
+      }
     }
     if (n == 0) {
       // An orderly close reaches each stream on its own: one stream's end, at a chunk
@@ -330,6 +366,12 @@ void PeerCore::do_read(Stream& s) {
 Status PeerCore::on_header(Stream& s) {
   auto h = parse_chunk_header(s.header, stream_name(s));
   if (!h) return h.status();
+  if (((h->flags & kChunkFlagSealed) != 0) != s.opener.sealed())
+    return corrupt_data(stream_name(s) + (s.opener.sealed()
+                                              ? ": an unsealed chunk on a sealed stream"
+                                              : ": a sealed chunk on an unsealed stream"));
+  if (Status st = s.opener.begin(s.header); !st)
+    return Status(st.code(), stream_name(s) + ": " + st.message());
   if (h->chunk_len > config_.chunk_bytes && h->chunk_len > (64u << 20))
     return corrupt_data(stream_name(s) + ": chunk of " + std::to_string(h->chunk_len) +
                         " bytes is implausibly large");
@@ -387,6 +429,29 @@ Status PeerCore::on_header(Stream& s) {
 }
 
 void PeerCore::finish_payload(Stream& s) {
+  auto good = s.opener.finish();
+  if (!good || !*good) {
+    payload_failures_.fetch_add(1, std::memory_order_relaxed);
+    const std::string what = stream_name(s) + ": chunk of " + std::to_string(s.cur_chunk_len) +
+                             " bytes of the message on tag " + std::to_string(s.cur_key.first) +
+                             " (seq " + std::to_string(s.cur_key.second) + ")";
+    if (!good) {
+      fail(Status(good.status().code(), what + ": " + good.status().message()));
+      return;
+    }
+    if (s.opener.sealed()) {
+      // Altered, dropped, repeated, reordered or moved: the stream cannot be trusted further.
+      fail(Status(StatusCode::kCorruptData,
+                  what + " failed AES-256-GCM authentication (altered, dropped, repeated or "
+                         "reordered in transit)"));
+      return;
+    }
+    LOWCOMM_LOG(kWarn, "%s: payload checksum mismatch (corrupted in transit)", what.c_str());
+    if (s.cur->corrupt.is_ok())
+      s.cur->corrupt =
+          Status(StatusCode::kCorruptData,
+                 what + ": payload checksum (XXH3-128) mismatch: corrupted in transit");
+  }
   if (config_.site && config_.site->down.bits_per_second > 0) {
     auto passed = config_.site->down.pass(
         config_.wan.wire_bytes(kChunkHeaderBytes + s.cur_chunk_len), Pacer::Clock::now());
@@ -407,6 +472,12 @@ void PeerCore::try_complete(const MsgKey& key) {
     return;
   }
   if (!m.req || !m.has_header || m.received != m.msg_len) return;
+  if (!m.corrupt.is_ok()) {  // nothing of it reaches a buffered receive's user buffer
+    if (m.buffer) unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
+    m.req->complete(Status(m.corrupt.code(), m.what + ": " + m.corrupt.message()));
+    in_msgs_.erase(it);
+    return;
+  }
   if (m.buffer) {
     if (m.msg_len) std::memcpy(m.user, m.buffer.get(), m.msg_len);
     unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;

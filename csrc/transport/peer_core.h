@@ -19,12 +19,20 @@
 // no irecv has claimed yet. Messages match by (tag, per-tag sequence number), so chunks of one
 // message may arrive on any stream in any order.
 //
+// Payload checks (payload_guard.h): a chunk's check is filled when it is queued on its stream
+// (sealed: its payload is encrypted into a copy then, in that stream's record order), and
+// verified as its bytes are read. An integrity mismatch fails the message (its irecv gets
+// kCorruptData naming the peer and stream; a buffered one never reaches the user buffer) and the
+// connection carries on, its framing intact. A sealed chunk that fails its tag fails the
+// connection: someone is altering, dropping, repeating or reordering its records.
+//
 // Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
 // latches in failure_; every
 // outstanding and later request fails with it, and the sockets are shut down so the remote side
 // fails too. A message whose length differs from its irecv's fails only that irecv: its bytes
 // are read and dropped, and the connection carries on.
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -39,16 +47,19 @@
 #include "transport/peer_config.h"
 #include "transport/progress_engine.h"
 #include "transport/request.h"
+#include "transport/stream_socket.h"
 
 namespace lowcomm::transport {
 
 class PeerCore : public std::enable_shared_from_this<PeerCore> {
  public:
-  PeerCore(ProgressEngine& engine, std::vector<UniqueFd> fds, int remote_rank,
+  PeerCore(ProgressEngine& engine, std::vector<StreamSocket> fds, int remote_rank,
            std::string remote_address, PeerConfig config);
 
   const std::string& name() const { return name_; }  // "peer rank R (addr)"
   int stripe_streams() const { return stripe_; }     // set by the constructor
+  // Chunks whose payload failed its check so far (any thread).
+  uint64_t payload_failures() const { return payload_failures_.load(std::memory_order_relaxed); }
 
   // --- engine thread only ---
   void start();  // registers the streams with the engine
@@ -77,6 +88,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   };
   struct OutChunk {
     std::shared_ptr<SendOp> op;
+    ChunkHeader fields;  // written out, with its check, when queued on a stream
     uint8_t header[kChunkHeaderBytes];
     const uint8_t* data = nullptr;
     uint32_t len = 0;
@@ -100,12 +112,15 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     // it completes; not zero-filled: the chunks cover it first.
     std::unique_ptr<uint8_t[]> buffer;
     bool discard = false;  // its irecv failed on the length: drop it when read
+    Status corrupt;        // a chunk failed its integrity check: the message fails
     // Site model: when its last chunk has passed this rank's downlink (it completes then).
     Pacer::Clock::time_point ready_at{};
   };
   struct Stream {
     int index = 0;
     UniqueFd fd;
+    PayloadSealer sealer;  // this stream's outgoing chunk checks
+    PayloadOpener opener;  // and incoming
     uint64_t watch_id = 0;
     bool watching = false;
     bool want_write = false;
@@ -144,6 +159,10 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // m's posted receive disagrees with its message's length: fail the receive, drop the message.
   void reject_length(InMsg& m, uint64_t tag, uint64_t msg_len);
   void enqueue(OutChunk chunk);
+  // Writes the chunk's header and check for stream s (sealed: encrypts it into a copy).
+  Status protect(Stream& s, OutChunk& c);
+  // The current chunk's payload bytes just read (into `into`, n bytes): checked or decrypted.
+  Status open_payload(Stream& s, uint8_t* into, size_t n);
   void release_paced();
   // Completes the flush waiters when every send queue and the pacer are empty.
   void check_flushed();
@@ -182,6 +201,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::vector<std::shared_ptr<RequestState>> flush_waiters_;
   uint8_t sink_[64 << 10];  // where discarded payload is read to
   Status failure_;
+  Status setup_;  // the payload guards' set-up (constructor); start() fails the peer with it
+  std::atomic<uint64_t> payload_failures_{0};
   bool shut_down_ = false;
   bool closing_ = false;
 };

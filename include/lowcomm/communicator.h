@@ -100,6 +100,12 @@ struct CommOptions {
   // SO_SNDBUF/SO_RCVBUF per stream; 0: LOWCOMM_SOCKET_BUFFER, else 32 MiB; -1: the kernel's
   // autotuning (a default TCP socket).
   int socket_buffer_bytes = 0;
+  // Every payload byte carries a check either way (XXH3-128 per chunk; a corrupted chunk fails
+  // its operation with kCorruptData naming the peer). 1: also encrypt and authenticate every
+  // stream with AES-256-GCM (keys derived from the id's secret in each stream's handshake;
+  // docs/transport.md); 0: integrity only; -1: LOWCOMM_ENCRYPT (0 or 1), else 0. All ranks must
+  // agree: a rank that differs fails init naming the mismatch.
+  int encrypt = -1;
 };
 
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };

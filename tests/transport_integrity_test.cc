@@ -1,0 +1,296 @@
+// Payload integrity and sealing (payload_guard.h) over real TCP on loopback, through a proxy
+// that alters the live stream (tamper_proxy.h): every flipped payload bit fails its message and
+// nothing else; sealed streams reject flipped, dropped, repeated, reordered and cut records;
+// both ends must agree on sealing.
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <map>
+#include <set>
+
+#include "tamper_proxy.h"
+#include "transport/payload_guard.h"
+#include "transport/wan_link.h"
+#include "transport_test_util.h"
+
+namespace lowcomm::transport::testing {
+namespace {
+
+using Action = TamperProxy::Action;
+
+struct ProxiedPair {
+  std::shared_ptr<ProgressEngine> engine_a, engine_b;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<TamperProxy> proxy;
+  std::unique_ptr<Peer> a;  // accepting side: receives what b sends through the proxy
+  std::unique_ptr<Peer> b;
+};
+
+ProxiedPair connect_through_proxy(const PeerConfig& accept_cfg, const PeerConfig& connect_cfg,
+                                  TamperProxy::Policy policy) {
+  ProxiedPair p;
+  p.engine_a = *ProgressEngine::create("lc-test-a");
+  p.engine_b = *ProgressEngine::create("lc-test-b");
+  p.listener = std::move(Listener::create(p.engine_a, accept_cfg, loopback())).value();
+  p.proxy = std::make_unique<TamperProxy>(p.listener->address(), std::move(policy));
+  auto connected = std::async(std::launch::async, [&] {
+    return connect_peer(p.engine_b, p.proxy->address(), connect_cfg, Deadline::after_seconds(10));
+  });
+  auto accepted = p.listener->accept(Deadline::after_seconds(10));
+  auto c = connected.get();
+  EXPECT_TRUE(accepted.is_ok()) << accepted.status().to_string();
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  if (accepted) p.a = std::move(accepted).value();
+  if (c) p.b = std::move(c).value();
+  return p;
+}
+
+PeerConfig small_chunks(int rank, bool seal, int streams) {
+  PeerConfig c = test_config(rank, "test-secret", streams);
+  c.chunk_bytes = 4096;
+  c.seal = seal;
+  return c;
+}
+
+TEST(TransportIntegrity, PayloadGuardRoundTripsAndCatchesEveryFlipInBothModes) {
+  for (bool sealed : {false, true}) {
+    StreamKeys k;
+    k.sealed = sealed;
+    for (size_t i = 0; i < k.send.size(); ++i) k.send[i] = k.recv[i] = static_cast<uint8_t>(i);
+    PayloadSealer tx;
+    PayloadOpener rx;
+    ASSERT_TRUE(tx.init(k).is_ok());
+    ASSERT_TRUE(rx.init(k).is_ok());
+    for (size_t len : {size_t{0}, size_t{1}, size_t{15}, size_t{4096}, size_t{100003}}) {
+      auto data = random_bytes(len, static_cast<uint32_t>(len));
+      std::vector<uint8_t> wire(len);
+      uint8_t header[kChunkHeaderBytes];
+      write_chunk_header({static_cast<uint32_t>(len), 1, 2, len, 0, sealed ? kChunkFlagSealed : 0u},
+                         header);
+      ASSERT_TRUE(tx.protect(header, data.data(), wire.data(), len).is_ok());
+      if (!sealed) wire = data;
+      if (sealed && len > 16) {
+        EXPECT_NE(wire, data) << "sealed payloads are not plaintext";
+      }
+      ASSERT_TRUE(rx.begin(header).is_ok());
+      // Arbitrary read boundaries, as TCP delivers them.
+      for (size_t at = 0; at < len;) {
+        size_t n = std::min(len - at, size_t{1} + (at * 7919) % 5000);
+        ASSERT_TRUE(rx.update(wire.data() + at, n).is_ok());
+        at += n;
+      }
+      auto ok = rx.finish();
+      ASSERT_TRUE(ok.is_ok());
+      EXPECT_TRUE(*ok) << "sealed=" << sealed << " len=" << len;
+      EXPECT_EQ(wire, data);
+    }
+  }
+}
+
+// 10,000 chunks with one payload bit flipped in transit: each fails exactly its message with
+// kCorruptData naming the peer; every other message arrives byte-exact; the connection lives on.
+TEST(TransportIntegrity, TenThousandFlippedChunksAreEachDetectedAndFailOnlyTheirMessage) {
+  constexpr int kMessages = 7500;
+  constexpr uint64_t kLen = 3 * 4096 - 100;  // three chunks, the last short
+  constexpr uint64_t kTag = 77;
+  // Flip every chunk whose (connection, index) hashes below the rate: about 10,000 of 21,000.
+  auto policy = [](const TamperProxy::Record& r) {
+    uint64_t h = (r.index + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(r.connection) << 56;
+    h ^= h >> 29;
+    return (h % 1000) < 480 ? Action::kFlipPayloadBit : Action::kPass;
+  };
+  auto p = connect_through_proxy(small_chunks(0, false, 2), small_chunks(1, false, 2), policy);
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<std::vector<uint8_t>> sent(kMessages), got(kMessages);
+  std::vector<Status> status(kMessages);
+  constexpr int kBatch = 500;
+  for (int base = 0; base < kMessages; base += kBatch) {
+    std::vector<Request> recvs, sends;
+    for (int i = base; i < base + kBatch; ++i) {
+      sent[i] = random_bytes(kLen, static_cast<uint32_t>(i));
+      got[i].assign(kLen, 0);
+      recvs.push_back(p.a->irecv(kTag, got[i].data(), kLen));
+    }
+    for (int i = base; i < base + kBatch; ++i)
+      sends.push_back(p.b->isend(kTag, sent[i].data(), kLen));
+    for (auto& s : sends) ASSERT_TRUE(s.wait(Deadline::after_seconds(30)).is_ok());
+    for (int i = base; i < base + kBatch; ++i)
+      status[i] = recvs[static_cast<size_t>(i - base)].wait(Deadline::after_seconds(30));
+  }
+  std::set<uint64_t> flipped_msgs;
+  const auto tampered = p.proxy->tampered();
+  for (const auto& r : tampered) {
+    EXPECT_EQ(r.tag, kTag);
+    flipped_msgs.insert(r.seq);
+  }
+  EXPECT_GE(tampered.size(), 10000u) << "the run should flip at least 10,000 chunks";
+  int failed = 0, exact = 0;
+  for (int i = 0; i < kMessages; ++i) {
+    const bool hit = flipped_msgs.count(static_cast<uint64_t>(i)) > 0;
+    if (hit) {
+      EXPECT_EQ(status[i].code(), StatusCode::kCorruptData) << i << ": " << status[i].to_string();
+      EXPECT_NE(status[i].message().find("checksum"), std::string::npos) << status[i].to_string();
+      EXPECT_NE(status[i].message().find("peer rank 1"), std::string::npos)
+          << status[i].to_string();
+      ++failed;
+    } else {
+      ASSERT_TRUE(status[i].is_ok()) << i << ": " << status[i].to_string();
+      EXPECT_EQ(got[i], sent[i]) << "message " << i << " arrived altered but was accepted";
+      ++exact;
+    }
+  }
+  EXPECT_EQ(failed, static_cast<int>(flipped_msgs.size()));
+  EXPECT_GT(exact, 0);
+  // Every flipped chunk was counted as a failed check, none more.
+  EXPECT_EQ(p.a->payload_failures(), tampered.size());
+  std::printf("flipped chunks %zu, failed messages %d, exact messages %d\n", tampered.size(),
+              failed, exact);
+}
+
+TEST(TransportIntegrity, ACorruptUnexpectedMessageNeverReachesTheUserBuffer) {
+  auto policy = [](const TamperProxy::Record& r) {
+    return r.index == 0 ? Action::kFlipPayloadBit : Action::kPass;
+  };
+  auto p = connect_through_proxy(small_chunks(0, false, 1), small_chunks(1, false, 1), policy);
+  ASSERT_TRUE(p.a && p.b);
+  auto data = random_bytes(1000, 5);
+  ASSERT_TRUE(p.b->send(3, data.data(), data.size(), Deadline::after_seconds(5)).is_ok());
+  ASSERT_TRUE(p.b->send(3, data.data(), data.size(), Deadline::after_seconds(5)).is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both arrive unclaimed
+  std::vector<uint8_t> out(1000, 0xAB);
+  Status s = p.a->recv(3, out.data(), out.size(), Deadline::after_seconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kCorruptData) << s.to_string();
+  EXPECT_EQ(out, std::vector<uint8_t>(1000, 0xAB));
+  ASSERT_TRUE(p.a->recv(3, out.data(), out.size(), Deadline::after_seconds(5)).is_ok());
+  EXPECT_EQ(out, data);
+}
+
+TEST(TransportIntegrity, SealedStreamsCarryEveryShapeOfMessage) {
+  PeerConfig a = test_config(0), b = test_config(1);
+  a.seal = b.seal = true;
+  auto p = connect_pair(a, b);
+  ASSERT_TRUE(p.a && p.b);
+  for (uint64_t len : {uint64_t{0}, uint64_t{1}, uint64_t{512 << 10}, uint64_t{(3 << 20) + 7}}) {
+    auto data = random_bytes(len, 9);
+    std::vector<uint8_t> out(len);
+    auto r = p.a->irecv(1, out.data(), len);
+    auto s = p.b->isend(1, data.data(), len);
+    ASSERT_TRUE(s.wait(Deadline::after_seconds(10)).is_ok());
+    ASSERT_TRUE(r.wait(Deadline::after_seconds(10)).is_ok());
+    EXPECT_EQ(out, data);
+  }
+  // The other direction, and the sender's buffer is never written (sealing copies).
+  auto data = random_bytes(2 << 20, 11);
+  const auto before = data;
+  std::vector<uint8_t> out(data.size());
+  auto r = p.b->irecv(2, out.data(), out.size());
+  ASSERT_TRUE(p.a->send(2, data.data(), data.size(), Deadline::after_seconds(10)).is_ok());
+  ASSERT_TRUE(r.wait(Deadline::after_seconds(10)).is_ok());
+  EXPECT_EQ(out, before);
+  EXPECT_EQ(data, before);
+}
+
+TEST(TransportIntegrity, SealedStreamsOverTheEmulatedLink) {
+  PeerConfig a = test_config(0), b = test_config(1);
+  a.seal = b.seal = true;
+  a.wan = b.wan = *parse_wan("bw=2gbit,rtt=2ms");
+  auto p = connect_pair(a, b);
+  ASSERT_TRUE(p.a && p.b);
+  auto data = random_bytes(3 << 20, 12);
+  std::vector<uint8_t> out(data.size());
+  auto r = p.a->irecv(1, out.data(), out.size());
+  ASSERT_TRUE(p.b->send(1, data.data(), data.size(), Deadline::after_seconds(10)).is_ok());
+  ASSERT_TRUE(r.wait(Deadline::after_seconds(10)).is_ok());
+  EXPECT_EQ(out, data);
+}
+
+TEST(TransportIntegrity, EncryptionOnOneSideOnlyFailsTheHandshakeOnBothNamingIt) {
+  for (bool server_seals : {true, false}) {
+    PeerConfig a = test_config(0), b = test_config(1);
+    a.seal = server_seals;
+    b.seal = !server_seals;
+    auto engine_a = *ProgressEngine::create("lc-test-a");
+    auto engine_b = *ProgressEngine::create("lc-test-b");
+    auto l = std::move(Listener::create(engine_a, a, loopback())).value();
+    auto addr = l->address();
+    auto connecting = std::async(std::launch::async, [&] {
+      return connect_peer(engine_b, addr, b, Deadline::after_seconds(5));
+    });
+    // Drive the server's handshakes until the client has its answer.
+    while (connecting.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready)
+      (void)l->test_accept();
+    auto c = connecting.get();
+    ASSERT_FALSE(c.is_ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().to_string();
+    EXPECT_NE(c.status().message().find("LOWCOMM_ENCRYPT"), std::string::npos)
+        << c.status().to_string();
+    EXPECT_NE(c.status().message().find(server_seals ? "peer has encryption on"
+                                                     : "peer has encryption off"),
+              std::string::npos)
+        << c.status().to_string();
+    // The server dropped it too, and counted it.
+    for (int i = 0; i < 100 && l->rejected_connections() == 0; ++i) {
+      (void)l->test_accept();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GE(l->rejected_connections(), 1u);
+  }
+}
+
+// Each attack on a sealed stream: the receiver fails the connection with kCorruptData (or the
+// cut's remote error); no message completes with bytes other than those sent.
+TEST(TransportIntegrity, SealedStreamsRejectFlippedDroppedRepeatedReorderedAndCutRecords) {
+  const std::vector<std::pair<Action, const char*>> attacks = {
+      {Action::kFlipPayloadBit, "payload bit"},
+      {Action::kFlipHeaderBit, "header bit"},
+      {Action::kDrop, "drop"},
+      {Action::kRepeat, "repeat"},
+      {Action::kSwapWithNext, "reorder"},
+      {Action::kCut, "cut"}};
+  for (const auto& [attack, name] : attacks) {
+    SCOPED_TRACE(name);
+    constexpr uint64_t kVictim = 5;  // record index on the stream
+    auto policy = [attack = attack](const TamperProxy::Record& r) {
+      return r.index == kVictim ? attack : Action::kPass;
+    };
+    auto p = connect_through_proxy(small_chunks(0, true, 1), small_chunks(1, true, 1), policy);
+    ASSERT_TRUE(p.a && p.b);
+    constexpr int kMessages = 12;
+    constexpr uint64_t kLen = 3000;  // one chunk each
+    std::vector<std::vector<uint8_t>> sent(kMessages), got(kMessages);
+    std::vector<Request> recvs;
+    for (int i = 0; i < kMessages; ++i) {
+      sent[i] = random_bytes(kLen, static_cast<uint32_t>(100 + i));
+      got[i].assign(kLen, 0);
+      recvs.push_back(p.a->irecv(4, got[i].data(), kLen));
+    }
+    for (int i = 0; i < kMessages; ++i) (void)p.b->isend(4, sent[i].data(), kLen);
+    // A repeated record is the original once: that message completes, the repeat fails.
+    const uint64_t good = kVictim + (attack == Action::kRepeat ? 1 : 0);
+    int ok = 0, failed = 0;
+    Status first_failure;
+    for (int i = 0; i < kMessages; ++i) {
+      Status s = recvs[static_cast<size_t>(i)].wait(Deadline::after_seconds(10));
+      ASSERT_NE(s.code(), StatusCode::kTimeout) << "message " << i << " hung";
+      if (s) {
+        EXPECT_EQ(got[i], sent[i]) << "message " << i << " accepted altered";
+        EXPECT_LT(static_cast<uint64_t>(i), good) << "a message after the attack completed";
+        ++ok;
+      } else {
+        if (first_failure.is_ok()) first_failure = s;
+        ++failed;
+      }
+    }
+    EXPECT_EQ(ok, static_cast<int>(good));
+    EXPECT_EQ(failed, kMessages - static_cast<int>(good));
+    if (attack != Action::kCut) {
+      EXPECT_EQ(first_failure.code(), StatusCode::kCorruptData) << first_failure.to_string();
+    }
+    EXPECT_NE(first_failure.message().find("peer rank 1"), std::string::npos)
+        << first_failure.to_string();
+  }
+}
+
+}  // namespace
+}  // namespace lowcomm::transport::testing
