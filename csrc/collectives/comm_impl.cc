@@ -11,6 +11,7 @@
 #include "collectives/op_run.h"
 #include "collectives/tags.h"
 #include "core/log.h"
+#include "lowcomm/codec.h"
 #include "transport/little_endian.h"
 #include "transport/pacer.h"
 #include "transport/peer_config.h"
@@ -56,6 +57,18 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                                             "got '") +
                                 env + "'");
       opts.direct_bytes = v;
+    }
+  }
+  if (opts.inline_bytes < 0) {
+    opts.inline_bytes = 64 << 10;
+    if (const char* env = std::getenv("LOWCOMM_INLINE_BYTES"); env && *env) {
+      char* end = nullptr;
+      const long long v = std::strtoll(env, &end, 10);
+      if (*end != '\0' || v < 0)
+        return invalid_argument(std::string("init: LOWCOMM_INLINE_BYTES must be a byte count, "
+                                            "got '") +
+                                env + "'");
+      opts.inline_bytes = v;
     }
   }
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
@@ -112,6 +125,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
       c->links_[static_cast<size_t>(r)] = *l;
     }
   }
+  c->inline_bytes_ = static_cast<uint64_t>(opts.inline_bytes);
   c->control_ = std::vector<Control>(nranks);
   c->p2p_sent_.assign(static_cast<size_t>(nranks), 0);
   c->p2p_received_.assign(static_cast<size_t>(nranks), 0);
@@ -188,11 +202,37 @@ Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   for (int r = 0; r < nranks_; ++r)
     if (r != rank_) op.peers.push_back(r);
   op.body = std::move(body);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   desc.seq = next_seq_++;
   op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
   op.desc = desc;
-  return enqueue_locked(std::move(op));
+  // A small collective with nothing queued or running runs here, on the caller's thread: no
+  // hand-off to the executor and back (two thread wake-ups, most of a small op's cost on a
+  // loaded host). Only collectives: every rank calls them in the same order, so running one to
+  // completion on the caller cannot block another rank's progress; a point-to-point receive
+  // could ("irecv; isend" on both sides).
+  const uint64_t bytes = desc.count * dtype_size(desc.dtype);
+  if (bytes > inline_bytes_ || !queue_.empty() || running_ || stop_ || t_running_ == this)
+    return enqueue_locked(std::move(op));
+  running_ = true;
+  lock.unlock();
+  Work w(op.work);
+  run_exclusive(op);
+  return w;
+}
+
+void CommImpl::run_exclusive(Op& op) {
+  const CommImpl* outer = t_running_;
+  t_running_ = this;
+  current_ = &op;
+  run_one(op);
+  current_ = nullptr;
+  t_running_ = outer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();
 }
 
 Work CommImpl::submit_p2p(OpDescriptor desc, int peer, Body body) {
@@ -269,20 +309,14 @@ void CommImpl::executor_main() {
     Op op;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      // Not while a caller runs a small collective inline (running_ without the executor).
+      cv_.wait(lock, [&] { return (stop_ || !queue_.empty()) && !running_; });
       if (queue_.empty()) return;
       op = std::move(queue_.front());
       queue_.pop_front();
       running_ = true;
     }
-    current_ = &op;
-    run_one(op);
-    current_ = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = false;
-    }
-    cv_.notify_all();
+    run_exclusive(op);
   }
 }
 
@@ -479,7 +513,8 @@ void CommImpl::abort() {
         Status(StatusCode::kAborted, op.desc.to_string() + ": the communicator was aborted"));
   // The running operation sees the failure at its next wait (its requests were all completed
   // by the peers' abort); only then are the user's buffers free.
-  if (executor_.joinable() && std::this_thread::get_id() != executor_.get_id()) {
+  // Not from inside the running operation (a completion callback on its thread).
+  if (executor_.joinable() && t_running_ != this) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !running_; });
   }

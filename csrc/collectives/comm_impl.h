@@ -4,7 +4,9 @@
 //
 // Threads: the transport's engine thread ("lc-eng-r<rank>") moves bytes; the executor thread
 // ("lc-coll-r<rank>") runs one operation at a time (encode, reduce, decode, waits); user
-// threads only enqueue and wait on Work.
+// threads enqueue and wait on Work, except that a collective of at most inline_bytes_ input
+// bytes submitted while nothing is queued or running runs to completion on the caller's thread
+// (which holds running_ meanwhile, so it is still one operation at a time, in call order).
 //
 // Control channel: at init every rank posts one receive of a fixed-size control message on
 // tags::kControl from every peer, and sends at most one in its lifetime: an abort notice (this
@@ -22,8 +24,8 @@
 // of each collective at INFO (point-to-point operations at TRACE).
 //
 // Locking: mu_ guards queue_, running_, stop_, failure_, control_sent_, last_stats_ and the
-// sequence and completion counters. Peers are thread-safe (transport). The executor alone touches
-// ef_, current_ and runs OpRun.
+// sequence and completion counters. Peers are thread-safe (transport). Only the thread that set
+// running_ touches ef_, current_ and scratch_pool_ and runs OpRun.
 
 #include <array>
 #include <condition_variable>
@@ -126,6 +128,9 @@ class CommImpl {
   Work enqueue(Op op);
   void executor_main();
   void run_one(Op& op);
+  // Runs op on this thread (the executor, or a caller running a small collective inline) with
+  // running_ already set by the caller under mu_; clears it and wakes the waiters.
+  void run_exclusive(Op& op);
   // The INFO (collective) or TRACE (point-to-point) line summarizing a completed operation.
   void log_stats(const collectives::OpDescriptor& desc, const OpStats& st, const Status& s) const;
   // Latches `why` as the communicator's failure; the first time, tells the peers and aborts
@@ -150,8 +155,13 @@ class CommImpl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
-  bool running_ = false;         // the executor is inside run_one
-  const Op* current_ = nullptr;  // executor thread only
+  bool running_ = false;  // an operation is inside run_one (on the executor or inline)
+  // The thread that runs an operation (running_): the executor, or the caller of a small
+  // collective (CommOptions::inline_bytes), which then acts as the executor until it returns.
+  const Op* current_ = nullptr;
+  uint64_t inline_bytes_ = 0;  // collectives up to this many input bytes may run inline
+  // Which communicator's operation this thread is running (nested: a completion callback).
+  static inline thread_local const CommImpl* t_running_ = nullptr;
   bool stop_ = false;
   Status failure_;
   bool control_sent_ = false;

@@ -106,6 +106,12 @@ struct CommOptions {
   // docs/transport.md); 0: integrity only; -1: LOWCOMM_ENCRYPT (0 or 1), else 0. All ranks must
   // agree: a rank that differs fails init naming the mismatch.
   int encrypt = -1;
+  // A collective of at most this many input bytes, called while nothing is queued or running,
+  // runs on the calling thread: the call returns with its Work complete, saving the hand-off to
+  // the communicator's thread and back (tens of microseconds per small op). Larger ones, and
+  // everything called while another operation is pending, are queued and return at once.
+  // Point-to-point operations are always queued. -1: LOWCOMM_INLINE_BYTES, else 64 KiB; 0: never.
+  int64_t inline_bytes = -1;
 };
 
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
