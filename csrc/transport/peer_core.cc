@@ -172,14 +172,28 @@ void PeerCore::release_paced() {
   auto now = Pacer::Clock::now();
   // Departures (depart <= release, both non-decreasing along paced_): the chunk's bytes are
   // copied, so the sender's buffer is free, and a send whose last chunk has left completes.
+  Status sealing;
   while (departed_ < paced_.size() && paced_[departed_].depart <= now) {
     OutChunk& c = paced_[departed_++];
-    if (c.len) {
-      c.owned = std::make_unique<uint8_t[]>(c.len);
+    // Sealed, the copy is the ciphertext, made here rather than at delivery: the encryption
+    // overlaps the emulated link's delay instead of adding to it. The pacer never reorders, so
+    // each stream's chunks depart in the order they are written (the record counter's order).
+    Stream& s = streams_[static_cast<size_t>(c.stream)];
+    if (s.sealer.sealed()) {
+      if (Status st = protect(s, c); !st) {
+        sealing = st;
+        break;
+      }
+    } else if (c.len) {
+      c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
       std::memcpy(c.owned.get(), c.data, c.len);
       c.data = c.owned.get();
     }
     if (--c.op->departs_left == 0) c.op->req->complete(Status::ok());
+  }
+  if (!sealing.is_ok()) {
+    fail(sealing);
+    return;
   }
   while (!paced_.empty() && paced_.front().release <= now && departed_ > 0) {
     // Take the chunk out before enqueueing: a write failure inside enqueue() runs fail(), which
@@ -217,7 +231,7 @@ void PeerCore::enqueue(OutChunk chunk) {
     for (int i = 1; i < stripe_; ++i)
       if (streams_[i].queued_bytes < best->queued_bytes) best = &streams_[i];
   }
-  if (Status st = protect(*best, chunk); !st) {
+  if (Status st = chunk.protected_ ? Status::ok() : protect(*best, chunk); !st) {
     chunk.op->req->complete(Status(st.code(), chunk.op->what + ": " + st.message()));
     fail(st);
     return;
@@ -231,11 +245,10 @@ void PeerCore::enqueue(OutChunk chunk) {
 Status PeerCore::protect(Stream& s, OutChunk& c) {
   if (s.sealer.sealed()) c.fields.flags |= kChunkFlagSealed;
   write_chunk_header(c.fields, c.header);
+  c.protected_ = true;
   if (!s.sealer.sealed()) return s.sealer.protect(c.header, c.data, nullptr, c.len);
-  // The user's buffer is never written: seal into the copy (shaped: the one made at departure).
-  if (!c.owned && c.len) {
-    c.owned = std::make_unique<uint8_t[]>(c.len);
-  }
+  // The user's buffer is never written: seal into a copy.
+  if (!c.owned && c.len) c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
   Status st = s.sealer.protect(c.header, c.data, c.owned.get(), c.len);
   if (c.len) c.data = c.owned.get();
   return st;

@@ -95,7 +95,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     uint64_t written = 0;               // of header + data
     Pacer::Clock::time_point depart{};  // shaped: when its bytes leave the sender's end
     Pacer::Clock::time_point release{};
-    std::unique_ptr<uint8_t[]> owned;  // shaped: the bytes, copied at departure
+    std::unique_ptr<uint8_t[]> owned;  // shaped: the bytes, copied at departure; sealed: the
+                                       // ciphertext
+    bool protected_ = false;           // header and check written (sealed shaped: at departure)
     int stream = -1;  // shaped: the pacer's choice; -1: the least busy striped stream
   };
   struct InMsg {
