@@ -60,7 +60,9 @@ setup(
     ext_modules=[
         CppExtension(
             "lowcomm._C",
-            ["csrc/backend.cc", "csrc/work.cc", "csrc/bindings.cc", "csrc/codec_bindings.cc", "csrc/call_order_keys.cc"],
+            [f"csrc/{name}.cc" for name in (
+                "backend", "coalesced", "work", "bindings", "codec_bindings", "call_order_keys",
+                "ef_state", "tensor_util")],
             include_dirs=[str(ROOT / "include"), str(CORE / "include")],
             libraries=["crypto", "xxhash"],
             extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror",

@@ -15,108 +15,16 @@ constexpr const char* kIdKey = "lowcomm/unique_id";
 constexpr uint64_t kMonitorArriveTag = 1ull << 40;
 constexpr uint64_t kMonitorReleaseTag = kMonitorArriveTag + 1;
 
-lowcomm::DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kChar:
-      return DType::kInt8;
-    case at::kByte:
-      return DType::kUInt8;
-    case at::kShort:
-      return DType::kInt16;
-    case at::kInt:
-      return DType::kInt32;
-    case at::kLong:
-      return DType::kInt64;
-    case at::kBool:
-      return DType::kBool;
-    case at::kUInt32:
-      return DType::kUInt32;
-    case at::kUInt64:
-      return DType::kUInt64;
-    default:
-      TORCH_CHECK(false, "lowcomm: unsupported dtype ", t);
-  }
-}
-
-lowcomm::ReduceOp to_op(const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM:
-      return lowcomm::ReduceOp::kSum;
-    case c10d::ReduceOp::AVG:
-      return lowcomm::ReduceOp::kAverage;
-    case c10d::ReduceOp::PRODUCT:
-      return lowcomm::ReduceOp::kProduct;
-    case c10d::ReduceOp::MIN:
-      return lowcomm::ReduceOp::kMin;
-    case c10d::ReduceOp::MAX:
-      return lowcomm::ReduceOp::kMax;
-    case c10d::ReduceOp::BAND:
-      return lowcomm::ReduceOp::kBAnd;
-    case c10d::ReduceOp::BOR:
-      return lowcomm::ReduceOp::kBOr;
-    case c10d::ReduceOp::BXOR:
-      return lowcomm::ReduceOp::kBXor;
-    default:
-      TORCH_CHECK(false, "lowcomm: unsupported reduction (PREMUL_SUM is not implemented)");
-  }
-}
-
-void check_host(const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu(), "lowcomm: this build takes CPU tensors, got ", t.device());
-}
-
-// A contiguous buffer for a user tensor: the tensor itself when contiguous (no copy), else a
-// contiguous copy that finish() writes back.
-struct Staged {
-  at::Tensor user, buf;
-  explicit Staged(const at::Tensor& t) : user(t), buf(t.is_contiguous() ? t : t.contiguous()) {
-    check_host(t);
-  }
-  void write_back() const {
-    if (!buf.is_same(user)) user.copy_(buf);
-  }
-};
-
-uint64_t elems(const at::Tensor& t) {
-  return static_cast<uint64_t>(t.numel());
-}
-
-// A flat contiguous tensor holding `parts` (copied in when `fill`).
-at::Tensor flat_of(const std::vector<at::Tensor>& parts, const at::Tensor& like, bool fill) {
-  int64_t n = 0;
-  for (const auto& p : parts) n += p.numel();
-  at::Tensor flat = at::empty({n}, like.options());
-  if (fill) {
-    int64_t off = 0;
-    for (const auto& p : parts) {
-      flat.narrow(0, off, p.numel()).copy_(p.reshape({-1}));
-      off += p.numel();
-    }
-  }
-  return flat;
-}
-
-void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& parts) {
-  int64_t off = 0;
-  for (const auto& p : parts) {
-    p.copy_(flat.narrow(0, off, p.numel()).view(p.sizes()));
-    off += p.numel();
-  }
-}
-
 }  // namespace
 
 LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                std::chrono::milliseconds timeout, BackendConfig config)
     : c10d::Backend(rank, size), config_(std::move(config)) {
+  if (!config_.codec.empty()) {
+    auto spec = lowcomm::parse_codec_spec(config_.codec);
+    TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", config_.codec, "': ", spec.status().to_string());
+    codec_ = *spec;
+  }
   lowcomm::UniqueId id;
   if (rank == 0) {
     auto made = lowcomm::create_unique_id();
@@ -140,15 +48,18 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
 
 LowcommBackend::~LowcommBackend() = default;
 
-c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(
-    c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<lowcomm::Work> works,
-    std::function<void()> finish, std::optional<std::vector<at::Tensor>> inputs) {
+c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(c10d::OpType type,
+                                                      std::vector<at::Tensor> outputs,
+                                                      std::vector<lowcomm::Work> works,
+                                                      std::function<void()> finish,
+                                                      std::optional<std::vector<at::Tensor>> inputs,
+                                                      const char* title) {
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
       type != c10d::OpType::RECVANYSOURCE)
     ++seq_;
   if (!inputs) inputs = outputs;  // in-place operations: the same tensors
-  auto w =
-      c10::make_intrusive<LowcommWork>(type, rank_, std::move(outputs), std::move(finish), *inputs);
+  auto w = c10::make_intrusive<LowcommWork>(type, rank_, std::move(outputs), std::move(finish),
+                                            *inputs, title);
   w->start(std::move(works));
   return w;
 }
@@ -194,6 +105,31 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>
   });
 }
 
+bool LowcommBackend::group_compresses(const at::Tensor& b, lowcomm::ReduceOp op) const {
+  return codec_ && codec_dtype(to_dtype(b.scalar_type())) &&
+         (op == lowcomm::ReduceOp::kSum || op == lowcomm::ReduceOp::kAverage) &&
+         b.nbytes() >= static_cast<size_t>(config_.codec_threshold);
+}
+
+lowcomm::AllReduceOptions LowcommBackend::group_allreduce_options(const at::Tensor& b,
+                                                                  lowcomm::ReduceOp op) {
+  lowcomm::AllReduceOptions ar;
+  if (!group_compresses(b, op)) return ar;
+  ar.codec = codec_;
+  if (config_.error_feedback == BackendConfig::ErrorFeedback::kAddress) {
+    // One residual per gradient buffer: the same parameter's gradient lives at the same
+    // address with the same shape every step.
+    std::ostringstream key;
+    key << "ef/" << b.data_ptr() << "/" << b.sizes();
+    ar.ef_key = key.str();
+  } else if (config_.error_feedback == BackendConfig::ErrorFeedback::kCallOrder) {
+    std::ostringstream sig;
+    sig << b.scalar_type() << b.sizes();
+    ar.ef_key = order_keys_.next(sig.str());
+  }
+  return ar;
+}
+
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
   if (tensors.size() == 1 && tensors[0].is_sparse()) return allreduce_sparse(tensors[0], opts);
@@ -203,28 +139,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
   for (auto& t : tensors) {
     staged->emplace_back(t);
     const at::Tensor& b = staged->back().buf;
-    const lowcomm::DType dt = to_dtype(b.scalar_type());
-    lowcomm::AllReduceOptions ar;
-    if (!config_.codec.empty() && codec_dtype(dt) &&
-        (op == lowcomm::ReduceOp::kSum || op == lowcomm::ReduceOp::kAverage) &&
-        b.nbytes() >= static_cast<size_t>(config_.codec_threshold)) {
-      auto spec = lowcomm::parse_codec_spec(config_.codec);
-      TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", config_.codec,
-                  "': ", spec.status().to_string());
-      ar.codec = *spec;
-      if (config_.error_feedback == BackendConfig::ErrorFeedback::kAddress) {
-        // One residual per gradient buffer: the same parameter's gradient lives at the same
-        // address with the same shape every step.
-        std::ostringstream key;
-        key << "ef/" << b.data_ptr() << "/" << b.sizes();
-        ar.ef_key = key.str();
-      } else if (config_.error_feedback == BackendConfig::ErrorFeedback::kCallOrder) {
-        std::ostringstream sig;
-        sig << b.scalar_type() << b.sizes();
-        ar.ef_key = order_keys_.next(sig.str());
-      }
-    }
-    works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b), dt, op, ar));
+    works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
+                                       to_dtype(b.scalar_type()), op,
+                                       group_allreduce_options(b, op)));
   }
   return launch(c10d::OpType::ALLREDUCE, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
@@ -300,22 +217,6 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
                                                       to_dtype(b.scalar_type()), to_op(op), ar)};
   return launch(c10d::OpType::ALLREDUCE, {tensor}, std::move(works),
                 [staged] { staged->write_back(); });
-}
-
-std::vector<uint8_t> LowcommBackend::save_error_feedback() {
-  auto r = comm()->save_error_feedback();
-  TORCH_CHECK(r.is_ok(), "lowcomm: ", r.status().to_string());
-  return *r;
-}
-
-void LowcommBackend::restore_error_feedback(const std::vector<uint8_t>& bytes) {
-  lowcomm::Status s = comm()->restore_error_feedback(bytes.data(), bytes.size());
-  TORCH_CHECK(s.is_ok(), "lowcomm: ", s.to_string());
-}
-
-c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return allreduce(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& tensors,

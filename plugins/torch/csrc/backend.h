@@ -16,6 +16,7 @@
 
 #include "call_order_keys.h"
 #include "lowcomm/communicator.h"
+#include "tensor_util.h"
 
 namespace lowcomm::torch_backend {
 
@@ -54,8 +55,6 @@ class LowcommBackend : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -88,6 +87,20 @@ class LowcommBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // The coalesced collectives (coalesced.cc) of FSDP2, DTensor's functional collectives and
+  // dist._coalescing_manager: one Work for a list of tensors, each result as if its tensor's
+  // collective ran alone (Gloo's). torch 2.15 calls all_gather_single_coalesced and
+  // reduce_scatter_single_coalesced, whose defaults forward to these older names (2.11 calls
+  // these directly), so overriding these serves both.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
   // Gloo's semantics: every rank reports to rank 0, which waits at most opts.timeout and names
   // the first rank (waitAllRanks: every rank) that did not come; then releases the others. On a
   // failure the group is aborted (a receive is left waiting), so later operations fail at once.
@@ -119,6 +132,14 @@ class LowcommBackend : public c10d::Backend {
   // Error-feedback residuals of every key, as bytes (checkpoints), and back.
   std::vector<uint8_t> save_error_feedback();
   void restore_error_feedback(const std::vector<uint8_t>& bytes);
+  // The keys that hold residuals, sorted.
+  std::vector<std::string> error_feedback_keys();
+  // Drops the residuals under `name`: the key itself and every key below it ("name/...");
+  // "": every key, and the call-order keys start over. The next call under a dropped key
+  // starts from a zero residual. Returns how many keys were dropped. Runs in order with the
+  // operations queued before it; one queued concurrently from another thread may lose its
+  // residual update.
+  size_t reset_error_feedback(const std::string& name);
 
  private:
   lowcomm::Communicator* comm() const {
@@ -130,15 +151,23 @@ class LowcommBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(at::Tensor& tensor,
                                                   const c10d::AllreduceOptions& opts);
   // A Work over `works` (completes when they all have; `finish` then runs); counts collectives.
-  // `inputs`: the tensors the profiler records (unset: `outputs`, for in-place operations).
+  // `inputs`: the tensors the profiler records (unset: `outputs`, for in-place operations);
+  // `title`: the profiler's event name (unset: the one `type` has).
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
                                         std::vector<lowcomm::Work> works,
                                         std::function<void()> finish = {},
-                                        std::optional<std::vector<at::Tensor>> inputs = {});
+                                        std::optional<std::vector<at::Tensor>> inputs = {},
+                                        const char* title = nullptr);
+  // The group's options for an all-reduce of the contiguous `b`: its codec and error-feedback
+  // key when the group compresses such a call (a codec is set, a float dtype, SUM or AVG, at
+  // least codec_threshold bytes), else exact.
+  lowcomm::AllReduceOptions group_allreduce_options(const at::Tensor& b, lowcomm::ReduceOp op);
+  bool group_compresses(const at::Tensor& b, lowcomm::ReduceOp op) const;
 
   std::unique_ptr<lowcomm::Communicator> comm_;
   std::atomic<uint64_t> seq_{0};
   BackendConfig config_;
+  std::optional<lowcomm::CodecSpec> codec_;  // config_.codec, parsed
   CallOrderKeys order_keys_;
 };
 

@@ -32,6 +32,10 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release nogil;
              b.restore_error_feedback(v);
            })
+      .def("error_feedback_keys", &LowcommBackend::error_feedback_keys,
+           py::call_guard<py::gil_scoped_release>())
+      .def("reset_error_feedback", &LowcommBackend::reset_error_feedback, py::arg("name") = "",
+           py::call_guard<py::gil_scoped_release>())
       // getError() by name, for every torch (older ones do not bind Backend.get_error).
       .def("error_type",
            [](LowcommBackend& b) {

@@ -16,6 +16,14 @@ size_t CallOrderKeys::period() const {
   return period_;
 }
 
+void CallOrderKeys::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  history_.clear();
+  calls_ = 0;
+  period_ = 0;
+  lost_ = false;
+}
+
 std::string CallOrderKeys::next(const std::string& signature) {
   std::lock_guard<std::mutex> lock(mu_);
   if (lost_) return "";

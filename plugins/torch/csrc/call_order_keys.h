@@ -27,6 +27,8 @@ class CallOrderKeys {
   // The key of the next compressed call with this signature; "" when none can be given.
   std::string next(const std::string& signature);
   size_t period() const;
+  // Forgets every call: the next compressed call is the first again (its residuals dropped).
+  void reset();
 
  private:
   bool consistent(size_t p, size_t upto) const;

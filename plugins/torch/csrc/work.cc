@@ -47,8 +47,8 @@ const char* profiling_title(c10d::OpType type) {
 
 LowcommWork::LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
                          std::function<void()> finish,
-                         const std::optional<std::vector<at::Tensor>>& inputs)
-    : c10d::Work(rank, type, profiling_title(type), inputs),
+                         const std::optional<std::vector<at::Tensor>>& inputs, const char* title)
+    : c10d::Work(rank, type, title != nullptr ? title : profiling_title(type), inputs),
       outputs_(std::move(outputs)),
       finish_(std::move(finish)) {}
 

@@ -21,10 +21,11 @@ class LowcommWork : public c10d::Work {
  public:
   // `outputs`: what the future yields; `finish`: run once all works succeeded (copy-back);
   // `inputs`: the shapes torch's profiler records, under the event "lowcomm:<op>" (Gloo's
-  // naming), open from here to completion.
+  // naming; `title` when set, a string literal), open from here to completion.
   LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
               std::function<void()> finish = {},
-              const std::optional<std::vector<at::Tensor>>& inputs = std::nullopt);
+              const std::optional<std::vector<at::Tensor>>& inputs = std::nullopt,
+              const char* title = nullptr);
   // Call once, after the constructor, with the operation's works (may be empty: complete now).
   void start(std::vector<lowcomm::Work> works);
 
