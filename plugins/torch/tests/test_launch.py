@@ -1,5 +1,6 @@
 """Launchers and rendezvous: torchrun (env://) with lowcomm as the default group, tcp://, and
-subgroups of some of the ranks (new_group(ranks=...)), each in real processes."""
+subgroups of some of the ranks (new_group(ranks=...)), each in real processes; `import lowcomm`
+alone registers the backend, in a fresh interpreter."""
 import datetime
 import os
 import socket
@@ -35,6 +36,35 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
     print(f"rank {rank}: ok", flush=True)
     dist.destroy_process_group()
 """)
+
+
+IMPORT_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import torch.distributed as dist
+    import lowcomm  # the package only: registers "lowcomm"
+
+    assert "lowcomm" in dist.Backend.backend_list
+    dist.init_process_group("lowcomm", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+    assert dist.get_backend() == "lowcomm"
+    x = torch.ones(8)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.ones(8))
+    dist.destroy_process_group()
+    print("ok", flush=True)
+""")
+
+
+def test_import_lowcomm_registers_the_backend(tmp_path):
+    out = subprocess.run([sys.executable, "-c", IMPORT_SCRIPT, str(tmp_path / "init")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    # every submodule imports first in a fresh interpreter (no import cycle through lowcomm)
+    for mod in ("lowcomm.torch", "lowcomm.diloco", "lowcomm.aqsgd", "lowcomm.aqsgd_stages"):
+        out = subprocess.run([sys.executable, "-c", f"import {mod}; import torch.distributed as d; "
+                              "assert 'lowcomm' in d.Backend.backend_list"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, (mod, out.stderr[-3000:])
 
 
 def test_torchrun_env_rendezvous(tmp_path):
