@@ -32,16 +32,9 @@ Work refused(Status why) {
   return Work(WorkState::refused(std::move(why)));
 }
 
-// The call's codec, else the communicator's default where a codec can take the reduction
-// (floating-point SUM or AVG): an integer or MAX reduction on a compressing communicator stays
-// exact instead of failing.
-std::optional<CodecSpec> resolve_codec(const std::optional<CodecSpec>& call,
-                                       const std::optional<CodecSpec>& fallback, DType dtype,
-                                       ReduceOp op) {
-  if (call) return call;
-  if (fallback && codec_dtype(dtype) && (op == ReduceOp::kSum || op == ReduceOp::kAverage))
-    return fallback;
-  return std::nullopt;
+// The compression policy of this communicator (decide_compression).
+CompressionPolicy policy_of(const CommImpl& impl) {
+  return CompressionPolicy{impl.options().codec, impl.options().codec_min_bytes};
 }
 
 // What all_reduce, reduce_scatter and reduce share once their arguments are checked: the
@@ -120,15 +113,17 @@ int Communicator::size() const {
 Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                               ReduceOp op, const AllReduceOptions& options) {
   if (Status s = host_only("all_reduce", options.memory); !s) return refused(s);
-  std::optional<CodecSpec> codec = resolve_codec(options.codec, impl_->options().codec, dtype, op);
-  if (Status s = check_all_reduce(send, recv, count, dtype, op, codec, options.ef_key); !s)
+  const Compression c =
+      decide_compression(policy_of(*impl_), options.codec, dtype, op, count * dtype_size(dtype),
+                         options.ef_key, options.owner_error_feedback);
+  const std::optional<CodecSpec>& codec = c.codec;
+  if (Status s = check_all_reduce(send, recv, count, dtype, op, codec, c.ef_key); !s)
     return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kAllReduce;
   d.count = count;
-  collectives::ReduceArgs a{send,         recv, count,          dtype,
-                            op,           {},   options.ef_key, options.owner_error_feedback,
-                            options.seed, 0};
+  collectives::ReduceArgs a{
+      send, recv, count, dtype, op, {}, c.ef_key, c.owner_error_feedback, options.seed, 0};
   const bool one_hop = size() > 1 && count * dtype_size(dtype) <=
                                          static_cast<uint64_t>(impl_->options().direct_bytes);
   return submit_reduce(
@@ -143,9 +138,11 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
                                   ReduceOp op, const ReduceScatterOptions& options) {
   if (Status s = host_only("reduce_scatter", options.memory); !s) return refused(s);
-  std::optional<CodecSpec> codec = resolve_codec(options.codec, impl_->options().codec, dtype, op);
-  if (Status s =
-          check_reduce_scatter(send, recv, recv_count, dtype, op, size(), codec, options.ef_key);
+  const Compression c = decide_compression(
+      policy_of(*impl_), options.codec, dtype, op,
+      recv_count * static_cast<uint64_t>(size()) * dtype_size(dtype), options.ef_key, false);
+  const std::optional<CodecSpec>& codec = c.codec;
+  if (Status s = check_reduce_scatter(send, recv, recv_count, dtype, op, size(), codec, c.ef_key);
       !s)
     return refused(s);
   if (options.owner_error_feedback)
@@ -155,15 +152,9 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
   OpDescriptor d;
   d.kind = OpKind::kReduceScatter;
   d.count = recv_count;
-  collectives::ReduceArgs a{send,
-                            recv,
-                            recv_count * static_cast<uint64_t>(size()),
-                            dtype,
-                            op,
-                            {},
-                            options.ef_key,
-                            false,
-                            options.seed,
+  collectives::ReduceArgs a{send,     recv,  recv_count * static_cast<uint64_t>(size()),
+                            dtype,    op,    {},
+                            c.ef_key, false, options.seed,
                             0};
   return submit_reduce(*impl_, d, codec, recv_count, a, options.step,
                        [](OpRun& run, const collectives::ReduceArgs& args) {
@@ -184,18 +175,20 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
 Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                           int root, const AllReduceOptions& options) {
   if (Status s = host_only("reduce", options.memory); !s) return refused(s);
-  std::optional<CodecSpec> codec = resolve_codec(options.codec, impl_->options().codec, dtype, op);
+  const Compression c =
+      decide_compression(policy_of(*impl_), options.codec, dtype, op, count * dtype_size(dtype),
+                         options.ef_key, options.owner_error_feedback);
+  const std::optional<CodecSpec>& codec = c.codec;
   if (Status s = collectives::check_reduce(send, recv, count, dtype, op, root, rank(), size(),
-                                           codec, options.ef_key);
+                                           codec, c.ef_key);
       !s)
     return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kReduce;
   d.count = count;
   d.root = root;
-  collectives::ReduceArgs a{send,         recv, count,          dtype,
-                            op,           {},   options.ef_key, options.owner_error_feedback,
-                            options.seed, 0};
+  collectives::ReduceArgs a{
+      send, recv, count, dtype, op, {}, c.ef_key, c.owner_error_feedback, options.seed, 0};
   return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
                        [root](OpRun& run, const collectives::ReduceArgs& args) {
                          return collectives::reduce(run, args, root);

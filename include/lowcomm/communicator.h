@@ -86,6 +86,9 @@ struct CommOptions {
   // The codec of all_reduce and reduce_scatter calls that name none, where a codec can take
   // the call (fp32/bf16/fp16, sum or avg; other calls stay exact); unset: uncompressed.
   std::optional<CodecSpec> codec;
+  // The default codec applies only to calls of at least this many input bytes (smaller ones are
+  // latency-bound: compressing them saves nothing). 0: every size.
+  uint64_t codec_min_bytes = 0;
   // The reduce algorithms' largest pipelining unit (input bytes): segments are an eighth of an
   // owner chunk, at least 64 KiB, at most this.
   uint64_t segment_bytes = 4u << 20;
@@ -135,6 +138,34 @@ struct AllReduceOptions {
   MemoryKind memory = MemoryKind::kHost;
   void* cuda_stream = nullptr;
 };
+
+// How a reduction is compressed, decided in one place for every entry point (this API, the C
+// API, the torch backend, which all call decide_compression):
+//   1. A codec the call names is used as named (a passthrough spec of the tensor's own dtype
+//      means exact). Whether it can take the call (dtype, op, count) is the argument check's
+//      to say: a codec on an integer or MAX reduction is refused, not ignored.
+//   2. Otherwise the default codec (CommOptions::codec, LOWCOMM_CODEC, the torch group's
+//      Options.codec) applies to floating-point (fp32, bf16, fp16) SUM and AVG reductions of at
+//      least `min_bytes` input bytes; every other call is exact ("bypassed").
+//   3. Error feedback (a residual key) rides on the codec decided: kept when the call is
+//      compressed; dropped when the default was bypassed (nothing was quantized: nothing to feed
+//      back, e.g. a small or integer tensor under the torch backend's per-tensor keys); kept
+//      otherwise, so a key with an exact codec the caller chose is refused by the argument check
+//      ("needs a codec that loses precision"). owner_error_feedback needs a key.
+struct CompressionPolicy {
+  std::optional<CodecSpec> codec;  // the default for calls that name none
+  uint64_t min_bytes = 0;          // the default applies to calls of at least this many bytes
+};
+struct Compression {
+  std::optional<CodecSpec> codec;  // unset or plain: exact
+  std::string ef_key;
+  bool owner_error_feedback = false;
+  bool bypassed = false;  // a default codec existed but rule 2 left this call exact
+};
+LOWCOMM_API Compression decide_compression(const CompressionPolicy& policy,
+                                           const std::optional<CodecSpec>& call_codec, DType dtype,
+                                           ReduceOp op, uint64_t bytes, std::string ef_key,
+                                           bool owner_error_feedback);
 
 // reduce_scatter's options are all_reduce's; owner_error_feedback does not apply (the owner's
 // sum is rounded to the dtype, never re-quantized) and is refused.
