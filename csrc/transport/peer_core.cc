@@ -43,8 +43,7 @@ PeerCore::PeerCore(ProgressEngine& engine, std::vector<StreamSocket> fds, int re
       remote_rank_(remote_rank),
       remote_address_(std::move(remote_address)),
       name_("peer rank " + std::to_string(remote_rank_) + " (" + remote_address_ + ")"),
-      streams_(fds.size()),
-      pacer_(config_.wan) {
+      streams_(fds.size()) {
   for (size_t i = 0; i < fds.size(); ++i) {
     streams_[i].index = static_cast<int>(i);
     streams_[i].fd = std::move(fds[i].fd);
@@ -64,20 +63,17 @@ void PeerCore::plan_streams() {
                 ? transport::stripe_streams(config_.path_rate_bps, rtt, window, opened)
                 : opened;
   if (config_.wan.shaped()) {
-    // The kernel sees loopback; the pacer models the emulated path's windows on every stream.
-    std::shared_ptr<LinkClock> up;
-    if (config_.wan.model == WanModel::kSite) {
-      // A shared site is set up by its creator (and read by the engine thread meanwhile:
-      // never written here); a peer without one gets its own.
-      if (!config_.site) {
-        config_.site = std::make_shared<SiteLinks>();
-        config_.site->down.bits_per_second = config_.wan.down_bits_per_second;
-      }
-      up = std::shared_ptr<LinkClock>(config_.site, &config_.site->up);
+    // The kernel sees loopback; the emulator models the path's windows on every stream.
+    if (link_) {
+      link_->set_link(config_.wan, window);  // chunks already submitted keep their times
+    } else {
+      link_ = std::make_unique<LinkEmulator>(
+          config_.wan, config_.site,
+          0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank), opened, window);
     }
-    pacer_ = Pacer(config_.wan, 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(config_.local_rank),
-                   opened, window, std::move(up));
     stripe_ = opened;
+  } else if (link_ && link_->idle()) {
+    link_.reset();  // a real link from now on
   }
   LOWCOMM_LOG(kInfo,
               "%s: %d of %d streams striped (window %llu bytes per stream, kernel rtt %.3f ms%s)",
@@ -87,7 +83,7 @@ void PeerCore::plan_streams() {
 
 void PeerCore::set_link(const WanLink& link) {
   config_.wan = link;
-  plan_streams();  // a new pacer on the same site links; chunks already paced keep their times
+  plan_streams();  // a new pacer on the same site links; chunks already submitted keep theirs
 }
 
 std::string PeerCore::stream_name(const Stream& s) const {
@@ -129,7 +125,7 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
   uint64_t nchunks = len == 0 ? 1 : (len + chunk - 1) / chunk;
   op->chunks_left = nchunks;
   op->departs_left = nchunks;
-  auto now = Pacer::Clock::now();
+  auto now = PaceClock::now();
   for (uint64_t i = 0; i < nchunks; ++i) {
     OutChunk c;
     c.op = op;
@@ -137,18 +133,13 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
     c.len = static_cast<uint32_t>(std::min(chunk, len - off));
     c.data = data + off;
     c.fields = {c.len, tag, seq, len, off, 0};
-    if (pacer_.shaped()) {
-      // Headers cross the emulated link too: they cost bandwidth on a real one.
-      Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
-      c.depart = slot.sent;
-      c.release = slot.deliver;
-      c.stream = slot.stream;
-      paced_.push_back(std::move(c));
+    if (link_) {
+      link_->submit(std::move(c), now);
     } else {
       enqueue(std::move(c));
     }
   }
-  if (pacer_.shaped()) release_paced();
+  if (link_) run_link();
 }
 
 void PeerCore::flush(std::shared_ptr<RequestState> req) {
@@ -161,63 +152,51 @@ void PeerCore::flush(std::shared_ptr<RequestState> req) {
 }
 
 void PeerCore::check_flushed() {
-  if (flush_waiters_.empty() || !paced_.empty()) return;
+  if (flush_waiters_.empty() || (link_ && !link_->idle())) return;
   for (const auto& s : streams_)
     if (!s.sendq.empty()) return;
   for (auto& w : flush_waiters_) w->complete(Status::ok());
   flush_waiters_.clear();
 }
 
-void PeerCore::release_paced() {
-  auto now = Pacer::Clock::now();
-  // Departures (depart <= release, both non-decreasing along paced_): the chunk's bytes are
-  // copied, so the sender's buffer is free, and a send whose last chunk has left completes.
-  Status sealing;
-  while (departed_ < paced_.size() && paced_[departed_].depart <= now) {
-    OutChunk& c = paced_[departed_++];
-    // Sealed, the copy is the ciphertext, made here rather than at delivery: the encryption
-    // overlaps the emulated link's delay instead of adding to it. The pacer never reorders, so
-    // each stream's chunks depart in the order they are written (the record counter's order).
-    Stream& s = streams_[static_cast<size_t>(c.stream)];
-    if (s.sealer.sealed()) {
-      if (Status st = protect(s, c); !st) {
-        sealing = st;
-        break;
-      }
-    } else if (c.len) {
-      c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
-      std::memcpy(c.owned.get(), c.data, c.len);
-      c.data = c.owned.get();
-    }
-    if (--c.op->departs_left == 0) c.op->req->complete(Status::ok());
+Status PeerCore::depart(OutChunk& c) {
+  // Sealed, the copy is the ciphertext, made here rather than at delivery: the encryption
+  // overlaps the emulated link's delay instead of adding to it. The pacer never reorders, so
+  // each stream's chunks depart in the order they are written (the record counter's order).
+  Stream& s = streams_[static_cast<size_t>(c.stream)];
+  if (s.sealer.sealed()) {
+    if (Status st = protect(s, c); !st) return st;
+  } else if (c.len) {
+    c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
+    std::memcpy(c.owned.get(), c.data, c.len);
+    c.data = c.owned.get();
   }
-  if (!sealing.is_ok()) {
-    fail(sealing);
+  if (--c.op->departs_left == 0) c.op->req->complete(Status::ok());
+  return Status::ok();
+}
+
+void PeerCore::run_link() {
+  Status st = link_->advance(
+      PaceClock::now(), [this](OutChunk& c) { return depart(c); },
+      [this](OutChunk c) { enqueue(std::move(c)); });
+  if (!st) {
+    fail(st);
     return;
   }
-  while (!paced_.empty() && paced_.front().release <= now && departed_ > 0) {
-    // Take the chunk out before enqueueing: a write failure inside enqueue() runs fail(), which
-    // completes and clears everything still in paced_.
-    OutChunk c = std::move(paced_.front());
-    paced_.pop_front();
-    --departed_;
-    enqueue(std::move(c));
-  }
-  if (paced_.empty()) return;
-  auto next = departed_ < paced_.size() ? std::min(paced_[departed_].depart, paced_.front().release)
-                                        : paced_.front().release;
+  auto next = link_->next_event();
+  if (!next) return;
   // A chunk submitted now may leave before the event the timer waits for (the previous
   // chunk's delivery): move the timer earlier.
-  if (pace_timer_armed_) {
-    if (pace_timer_at_ <= next) return;
-    engine_.cancel_timer(pace_timer_);
+  if (link_timer_armed_) {
+    if (link_timer_at_ <= *next) return;
+    engine_.cancel_timer(link_timer_);
   }
   auto self = shared_from_this();
-  pace_timer_armed_ = true;
-  pace_timer_at_ = next;
-  pace_timer_ = engine_.add_timer(next, [self] {
-    self->pace_timer_armed_ = false;
-    self->release_paced();
+  link_timer_armed_ = true;
+  link_timer_at_ = *next;
+  link_timer_ = engine_.add_timer(*next, [self] {
+    self->link_timer_armed_ = false;
+    if (self->link_) self->run_link();
   });
 }
 
@@ -465,9 +444,8 @@ void PeerCore::finish_payload(Stream& s) {
           Status(StatusCode::kCorruptData,
                  what + ": payload checksum (XXH3-128) mismatch: corrupted in transit");
   }
-  if (config_.site && config_.site->down.bits_per_second > 0) {
-    auto passed = config_.site->down.pass(
-        config_.wan.wire_bytes(kChunkHeaderBytes + s.cur_chunk_len), Pacer::Clock::now());
+  if (link_) {
+    auto passed = link_->pass_downlink(kChunkHeaderBytes + s.cur_chunk_len, PaceClock::now());
     s.cur->ready_at = std::max(s.cur->ready_at, passed);
   }
   s.cur->received += s.cur_chunk_len;
@@ -496,7 +474,7 @@ void PeerCore::try_complete(const MsgKey& key) {
     unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
     m.buffer.reset();
   }
-  if (m.ready_at > Pacer::Clock::now()) {
+  if (m.ready_at > PaceClock::now()) {
     // Still crossing the emulated downlink: complete it when it has passed.
     const uint64_t hold = ++held_seq_;
     Held& h = held_[hold];
@@ -602,12 +580,10 @@ void PeerCore::fail(Status why) {
     s.queued_bytes = 0;
     s.cur.reset();
   }
-  for (auto& c : paced_) fail_req(*c.op->req, c.op->what);  // departed sends: already ok
-  paced_.clear();
-  departed_ = 0;
-  if (pace_timer_armed_) {
-    engine_.cancel_timer(pace_timer_);
-    pace_timer_armed_ = false;
+  if (link_) link_->drain([&](OutChunk& c) { fail_req(*c.op->req, c.op->what); });
+  if (link_timer_armed_) {
+    engine_.cancel_timer(link_timer_);
+    link_timer_armed_ = false;
   }
   for (auto& [key, m] : in_msgs_)
     if (m->req) fail_req(*m->req, m->what);

@@ -1,18 +1,18 @@
 #pragma once
-// PeerCore: the engine-side state of one peer: its streams, send queues, the pacer, posted and
-// unexpected receives. Every member function except the constructor runs on the engine thread
-// (Peer posts to it), so nothing here takes a lock; requests are completed through their own
-// locked RequestState.
+// PeerCore: the engine-side state of one peer: its streams, send queues, posted and unexpected
+// receives, and (under LOWCOMM_WAN only) the link emulator it hands its chunks to. Every member
+// function except the constructor runs on the engine thread (Peer posts to it), so nothing here
+// takes a lock; requests are completed through their own locked RequestState.
 //
 // Send path: isend splits a message into chunks of config.chunk_bytes (one empty chunk for a
-// zero-byte message). Unshaped, each chunk goes straight to the stream with the fewest queued
-// bytes among the first stripe_ streams (path_model.h: as many as the path needs). Shaped,
-// the pacer gives each chunk its stream and deliver time (it models each stream's TCP window)
-// and the chunk waits in paced_ until a timer releases it to that stream. A send completes when
-// its last chunk is written to a socket; shaped, when its last chunk has left the sender's end
-// of the emulated link (its bytes are copied then and written at the deliver time), as a kernel
-// socket takes bytes long before they arrive: consecutive sends pay the link's delay once, not
-// once each, and only a bandwidth-delay product of copies is held.
+// zero-byte message). On a real link each chunk goes straight to the stream with the fewest
+// queued bytes among the first stripe_ streams (path_model.h: as many as the path needs).
+// Emulated (link_emulator.h), the emulator gives each chunk its stream and deliver time (it
+// models each stream's TCP window) and holds it until a timer releases it to that stream. A send
+// completes when its last chunk is written to a socket; shaped, when its last chunk has left the
+// sender's end of the emulated link (its bytes are copied then and written at the deliver time), as
+// a kernel socket takes bytes long before they arrive: consecutive sends pay the link's delay once,
+// not once each, and only a bandwidth-delay product of copies is held.
 //
 // Receive path: each stream reads a header, validates it, then reads the payload directly into
 // the posted user buffer at the chunk's offset (zero-copy), or into a buffer for a message that
@@ -43,7 +43,8 @@
 #include "core/unique_fd.h"
 #include "transport/arrival_watch.h"
 #include "transport/chunk_header.h"
-#include "transport/pacer.h"
+#include "transport/link_emulator.h"
+#include "transport/out_chunk.h"
 #include "transport/peer_config.h"
 #include "transport/progress_engine.h"
 #include "transport/request.h"
@@ -70,7 +71,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // Reports to `w` (this peer's rank) when the next unclaimed message on `tag` has arrived:
   // now, if it already has (arrival_watch.h).
   void watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w);
-  // Completes `req` once nothing sent so far waits in a send queue or the pacer (Peer::flush).
+  // Completes `req` once nothing sent so far waits in a send queue or the emulator (Peer::flush).
   void flush(std::shared_ptr<RequestState> req);
   // Latches `why` (if nothing is latched yet) and fails everything; idempotent.
   void fail(Status why);
@@ -80,26 +81,6 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void shutdown(Status why);
 
  private:
-  struct SendOp {
-    std::shared_ptr<RequestState> req;
-    std::string what;  // "isend tag T (N bytes)"
-    uint64_t chunks_left = 0;
-    uint64_t departs_left = 0;  // shaped: chunks that have not yet left the sender's end
-  };
-  struct OutChunk {
-    std::shared_ptr<SendOp> op;
-    ChunkHeader fields;  // written out, with its check, when queued on a stream
-    uint8_t header[kChunkHeaderBytes];
-    const uint8_t* data = nullptr;
-    uint32_t len = 0;
-    uint64_t written = 0;               // of header + data
-    Pacer::Clock::time_point depart{};  // shaped: when its bytes leave the sender's end
-    Pacer::Clock::time_point release{};
-    std::unique_ptr<uint8_t[]> owned;  // shaped: the bytes, copied at departure; sealed: the
-                                       // ciphertext
-    bool protected_ = false;           // header and check written (sealed shaped: at departure)
-    int stream = -1;  // shaped: the pacer's choice; -1: the least busy striped stream
-  };
   struct InMsg {
     std::shared_ptr<RequestState> req;  // null until an irecv claims it
     std::string what;                   // "irecv tag T (N bytes)"
@@ -115,8 +96,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     std::unique_ptr<uint8_t[]> buffer;
     bool discard = false;  // its irecv failed on the length: drop it when read
     Status corrupt;        // a chunk failed its integrity check: the message fails
-    // Site model: when its last chunk has passed this rank's downlink (it completes then).
-    Pacer::Clock::time_point ready_at{};
+    // Emulated site model: when its last chunk has passed this rank's downlink (it completes
+    // then).
+    PaceClock::time_point ready_at{};
   };
   struct Stream {
     int index = 0;
@@ -165,8 +147,11 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   Status protect(Stream& s, OutChunk& c);
   // The current chunk's payload bytes just read (into `into`, n bytes): checked or decrypted.
   Status open_payload(Stream& s, uint8_t* into, size_t n);
-  void release_paced();
-  // Completes the flush waiters when every send queue and the pacer are empty.
+  // Runs the emulated link's due departures and deliveries and arms its timer (link_ only).
+  void run_link();
+  // An emulated chunk has left the sender's end: copy its bytes (sealed: encrypt them).
+  Status depart(OutChunk& c);
+  // Completes the flush waiters when every send queue and the emulator are empty.
   void check_flushed();
   void update_write_interest(Stream& s);
   std::string stream_name(const Stream& s) const;
@@ -182,16 +167,15 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   size_t ended_streams_ = 0;  // streams the remote side has closed (EOF at a chunk boundary)
   Status remote_closed_;      // every stream ended: fail once the held messages completed
   int stripe_ = 1;            // unshaped sends use streams [0, stripe_)
-  Pacer pacer_;
-  std::deque<OutChunk> paced_;  // release times non-decreasing (the pacer never reorders)
-  size_t departed_ = 0;         // paced_[0, departed_) have left the sender's end (copied)
-  uint64_t pace_timer_ = 0;
-  bool pace_timer_armed_ = false;
-  Pacer::Clock::time_point pace_timer_at_{};    // when the armed timer fires
+  // The emulated link (LOWCOMM_WAN), null on a real one: the production path never enters it.
+  std::unique_ptr<LinkEmulator> link_;
+  uint64_t link_timer_ = 0;
+  bool link_timer_armed_ = false;
+  PaceClock::time_point link_timer_at_{};       // when the armed timer fires
   std::map<uint64_t, uint64_t> send_seq_;       // tag -> next seq to send
   std::map<uint64_t, uint64_t> recv_post_seq_;  // tag -> next seq an irecv claims
   std::map<MsgKey, std::shared_ptr<InMsg>> in_msgs_;
-  // Complete messages waiting for the emulated downlink (site model).
+  // Complete messages not to be delivered before their ready_at (the emulated downlink).
   struct Held {
     std::shared_ptr<InMsg> msg;
     uint64_t timer = 0;

@@ -1,0 +1,75 @@
+#include "transport/link_emulator.h"
+
+#include <algorithm>
+
+namespace lowcomm::transport {
+
+LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site, uint64_t seed,
+                           int streams, uint64_t window_bytes)
+    : link_(link), site_(std::move(site)), seed_(seed), streams_(streams), pacer_(link) {
+  if (link_.model == WanModel::kSite && !site_) {
+    // A shared site is set up by its creator (and read on the engine thread meanwhile: never
+    // written here); a peer without one gets its own.
+    site_ = std::make_shared<SiteLinks>();
+    site_->down.bits_per_second = link_.down_bits_per_second;
+  }
+  make_pacer(window_bytes);
+}
+
+void LinkEmulator::make_pacer(uint64_t window_bytes) {
+  std::shared_ptr<LinkClock> up;
+  if (link_.model == WanModel::kSite && site_) up = std::shared_ptr<LinkClock>(site_, &site_->up);
+  pacer_ = Pacer(link_, seed_, streams_, window_bytes, std::move(up));
+}
+
+void LinkEmulator::set_link(const WanLink& link, uint64_t window_bytes) {
+  link_ = link;
+  make_pacer(window_bytes);
+}
+
+void LinkEmulator::submit(OutChunk c, Clock::time_point now) {
+  // Headers cross the emulated link too: they cost bandwidth on a real one.
+  Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
+  c.depart = slot.sent;
+  c.release = slot.deliver;
+  c.stream = slot.stream;
+  held_.push_back(std::move(c));
+}
+
+Status LinkEmulator::advance(Clock::time_point now, const std::function<Status(OutChunk&)>& depart,
+                             const std::function<void(OutChunk)>& deliver) {
+  // Departures (depart <= release, both non-decreasing along held_).
+  while (departed_ < held_.size() && held_[departed_].depart <= now) {
+    if (Status s = depart(held_[departed_]); !s) return s;
+    ++departed_;
+  }
+  while (!held_.empty() && held_.front().release <= now && departed_ > 0) {
+    // Out of held_ before `deliver` runs: a write failure in it fails the peer, which drains.
+    OutChunk c = std::move(held_.front());
+    held_.pop_front();
+    --departed_;
+    deliver(std::move(c));
+  }
+  return Status::ok();
+}
+
+std::optional<LinkEmulator::Clock::time_point> LinkEmulator::next_event() const {
+  if (held_.empty()) return std::nullopt;
+  if (departed_ < held_.size()) return std::min(held_[departed_].depart, held_.front().release);
+  return held_.front().release;
+}
+
+void LinkEmulator::drain(const std::function<void(OutChunk&)>& fn) {
+  std::deque<OutChunk> held;
+  held.swap(held_);
+  departed_ = 0;
+  for (auto& c : held) fn(c);
+}
+
+LinkEmulator::Clock::time_point LinkEmulator::pass_downlink(uint64_t chunk_bytes,
+                                                            Clock::time_point now) {
+  if (!site_ || site_->down.bits_per_second <= 0) return now;
+  return site_->down.pass(link_.wire_bytes(chunk_bytes), now);
+}
+
+}  // namespace lowcomm::transport

@@ -1,0 +1,70 @@
+#pragma once
+// LinkEmulator: the emulated WAN link (LOWCOMM_WAN; wan_link.h, pacer.h) between one peer's
+// sends and its sockets, and the downlink its received chunks pass (site model). It sits
+// outside the production path: a peer on a real link has none and writes every chunk at once;
+// a peer with one hands each chunk to submit() and writes it when the emulator delivers it.
+//
+// Send side: submit() asks the pacer for the chunk's stream, departure time (its last bit has
+// left the sender's end of the link) and delivery time (it has crossed; the transport writes it
+// to the socket then). advance(now) hands every chunk whose departure has come to `depart` (the
+// sender's buffer is free from then on: copy or seal the bytes), then every chunk whose delivery
+// has come to `deliver`, in order; next_event() says when to call it again. A send completes at
+// departure, as a kernel socket takes bytes long before they arrive.
+//
+// Receive side (site model): pass_downlink() says when a chunk that arrived now has passed the
+// rank's one downlink, shared by all its peers; the peer completes the message no earlier.
+//
+// Engine thread only, like the peer that owns it.
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "lowcomm/status.h"
+#include "transport/out_chunk.h"
+#include "transport/pacer.h"
+#include "transport/wan_link.h"
+
+namespace lowcomm::transport {
+
+class LinkEmulator {
+ public:
+  using Clock = PaceClock;
+
+  // `site`: the rank's shared site links (site model; created here when null). `streams` of
+  // `window_bytes` each are modelled; `seed` keys the jitter.
+  LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site, uint64_t seed, int streams,
+               uint64_t window_bytes);
+
+  // A new link from now on (a per-pair rule): chunks already submitted keep their times.
+  void set_link(const WanLink& link, uint64_t window_bytes);
+  const WanLink& link() const { return link_; }
+  const std::shared_ptr<SiteLinks>& site() const { return site_; }
+
+  void submit(OutChunk c, Clock::time_point now);
+  // Stops at the first error `depart` returns (the peer then fails).
+  Status advance(Clock::time_point now, const std::function<Status(OutChunk&)>& depart,
+                 const std::function<void(OutChunk)>& deliver);
+  std::optional<Clock::time_point> next_event() const;
+  bool idle() const { return held_.empty(); }
+  // Hands every held chunk to `fn` (to fail its send) and forgets them.
+  void drain(const std::function<void(OutChunk&)>& fn);
+
+  // When a received chunk of `payload_bytes` (plus its header) arriving at `now` has passed the
+  // downlink; `now` without one.
+  Clock::time_point pass_downlink(uint64_t chunk_bytes, Clock::time_point now);
+
+ private:
+  void make_pacer(uint64_t window_bytes);
+
+  WanLink link_;
+  std::shared_ptr<SiteLinks> site_;
+  uint64_t seed_;
+  int streams_;
+  Pacer pacer_;
+  std::deque<OutChunk> held_;  // release times non-decreasing (the pacer never reorders)
+  size_t departed_ = 0;        // held_[0, departed_) have left the sender's end
+};
+
+}  // namespace lowcomm::transport
