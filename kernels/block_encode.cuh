@@ -248,7 +248,7 @@ LC_DEV void quantize_group(const BlockEncodeArgs& a, const GroupQuant& q, uint64
       load_source_unit<D, Op>(a.x, a.state, i0, cnt, y, m);
     }
     uint32_t rnd[8] = {};
-    if constexpr (SR) random_words8(a.seed, a.offset + i0, rnd);
+    if constexpr (SR) sr_draws8(a.seed, a.offset + i0, rnd);
     uint32_t codes[8];
     float s[8];
 #pragma unroll

@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(LaunchPolicy::kThreads) column_quantize_kernel
     float y[8], m[8] = {};
     load_source_unit<D, Op>(a.x, a.state, i0, cnt, y, m);
     uint32_t rnd[8] = {};
-    if constexpr (SR) random_words8(a.seed, a.offset + i0, rnd);
+    if constexpr (SR) sr_draws8(a.seed, a.offset + i0, rnd);
     uint64_t c = i0 % a.cols;
     uint32_t codes[8];
     float s[8];

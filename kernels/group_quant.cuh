@@ -1,6 +1,6 @@
 #pragma once
 // One scale group on the device: the parameters derived from its scale record, the code of a
-// value and the value of a code, and the stochastic-rounding words. Each function restates, on
+// value and the value of a code, and the stochastic-rounding draws. Each function restates, on
 // the device, its host counterpart step for step (named beside it); the arithmetic itself is
 // qm:: (csrc/codec/quant_math.h), compiled for both sides, so the bits agree.
 
@@ -89,49 +89,39 @@ LC_DEV float quant_value(const GroupQuant& q, uint32_t code, int bits) {
   }
 }
 
-// ---- stochastic rounding: random_word() (group_math.h) for 8 consecutive elements ----
+// ---- stochastic rounding: sr_draw() (group_math.h) for 8 consecutive elements ----
 
+// Draws of lanes S .. S+7 of two consecutive counters' outputs: a's lanes, then b's.
 template <int S>
-LC_DEV void take_words(const uint32_t w[12], uint32_t r[8]) {
+LC_DEV void take_draws(const qm::U32x4& a, const qm::U32x4& b, uint32_t r[8]) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) r[j] = w[S + j];
+  for (int j = 0; j < 8; ++j) {
+    r[j] = S + j < qm::kSrPerDraw ? qm::sr_lane(a, S + j) : qm::sr_lane(b, S + j - qm::kSrPerDraw);
+  }
 }
 
-// Words of elements i .. i + 7 where first = key.offset + i (mod 2^64): element k's word is
-// philox((first + k) >> 2, seed).v[(first + k) & 3]. Counters are taken mod 2^62 so that an
-// index that wraps past 2^64 gets the counter the host computes from the wrapped index.
-LC_DEV void random_words8(uint64_t seed, uint64_t first, uint32_t r[8]) {
-  constexpr uint64_t kCounterMask = (uint64_t{1} << 62) - 1;
-  const uint64_t c = first >> 2;
-  const uint32_t shift = static_cast<uint32_t>(first & 3);
-  uint32_t w[12];
-  qm::U32x4 a = qm::philox(c, seed);
-  qm::U32x4 b = qm::philox((c + 1) & kCounterMask, seed);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    w[k] = a.v[k];
-    w[4 + k] = b.v[k];
-    w[8 + k] = 0;
+// take_draws<skip>, with skip (< kSrPerDraw) known at run time: every lane index stays a
+// compile-time constant, so the words stay in registers.
+template <int S = 0>
+LC_DEV void take_draws_from(uint32_t skip, const qm::U32x4& a, const qm::U32x4& b, uint32_t r[8]) {
+  if constexpr (S + 1 < qm::kSrPerDraw) {
+    if (skip != S) return take_draws_from<S + 1>(skip, a, b, r);
   }
-  if (shift != 0) {  // the 8 words straddle three counters
-    qm::U32x4 d = qm::philox((c + 2) & kCounterMask, seed);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w[8 + k] = d.v[k];
-  }
-  switch (shift) {
-    case 0:
-      take_words<0>(w, r);
-      break;
-    case 1:
-      take_words<1>(w, r);
-      break;
-    case 2:
-      take_words<2>(w, r);
-      break;
-    default:
-      take_words<3>(w, r);
-      break;
-  }
+  take_draws<S>(a, b, r);
+}
+
+// Draws of elements i .. i + 7 where first = key.offset + i (mod 2^64): element k's is
+// qm::sr_draw(seed, first + k), lane (first + k) mod kSrPerDraw of counter
+// (first + k) / kSrPerDraw. Counters are taken mod 2^64 / kSrPerDraw, so that an index that
+// wraps past 2^64 gets the counter the host computes from the wrapped index. The eight draws
+// need a second counter only when they do not start inside the first counter's lanes.
+LC_DEV void sr_draws8(uint64_t seed, uint64_t first, uint32_t r[8]) {
+  const uint64_t c = first >> qm::kSrDrawShift;
+  const uint32_t skip = static_cast<uint32_t>(first) & (qm::kSrPerDraw - 1);
+  const qm::U32x4 a = qm::philox(c, seed);
+  qm::U32x4 b{};
+  if (skip + 8 > qm::kSrPerDraw) b = qm::philox((c + 1) & qm::kSrCounterMask, seed);
+  take_draws_from(skip, a, b, r);
 }
 
 }  // namespace lowcomm::cuda

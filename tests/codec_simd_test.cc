@@ -57,7 +57,7 @@ void check_tensor(const Case& c, const std::vector<uint8_t>& x) {
   auto m0 = make_tensor(c.dtype, c.n, 2, false);
   std::vector<float> r0(c.n);
   for (uint64_t i = 0; i < c.n; ++i) r0[i] = 1e-3f * static_cast<float>(i % 17) - 0.008f;
-  // Offsets off and on a multiple of 4 (the Philox counter holds 4 elements); the second key
+  // Offsets off and on a multiple of 16 (a Philox counter serves 16 elements); the second key
   // has both seed words and the counter's high word nonzero.
   for (const RoundingKey key :
        {RoundingKey{1234, 77}, RoundingKey{0xDEADBEEF00000003, 1ull << 40}}) {

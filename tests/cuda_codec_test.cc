@@ -398,10 +398,11 @@ std::vector<uint64_t> test_sizes(const CodecSpec& spec) {
   return sizes;
 }
 
-// Rounding keys: offsets that start mid-way through a Philox block of 4 words, and two that
-// wrap past 2^64 inside the tensor. Seven of them, so that every fill meets every offset.
+// Rounding keys: offsets at and mid-way through a Philox counter's 16 draws (an 8-element unit
+// then needs one counter, or two: offsets 3 and 8 fit one, 13 straddles), and two that wrap
+// past 2^64 inside the tensor. Seven of them, so that every fill meets every offset.
 RoundingKey test_key(size_t k) {
-  const uint64_t offsets[] = {0, 1, 2, 3, 1000003, UINT64_MAX - 2, UINT64_MAX - 100};
+  const uint64_t offsets[] = {0, 3, 8, 13, 1000003, UINT64_MAX - 2, UINT64_MAX - 100};
   return RoundingKey{0x9E3779B97F4A7C15ull * (k + 1), offsets[k % 7]};
 }
 

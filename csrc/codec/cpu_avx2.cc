@@ -4,8 +4,8 @@
 // eight elements per instruction (four for the min-max grid, which is computed in double):
 //   encodes: block groups, one pass over memory per group: y is staged in a block-sized buffer
 //            (stays in L1), the scale record is reduced from it, then codes are packed from it;
-//            stochastic rounding draws the group's Philox words first, four counters per
-//            instruction;
+//            stochastic rounding draws the group's random bits first (avx2_philox.h), four
+//            Philox counters per instruction;
 //   decodes: block groups, and column groups of the absmax codecs (col= a multiple of 8).
 // Anything else, and the partial group at a tensor's end, is handed to the scalar path.
 
@@ -41,7 +41,7 @@ float tree_sum8(float* t, uint32_t g) {
 // ---- block encode ----
 
 template <DType D, CodecOp Op>
-void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint32_t* rnd_buf) {
+void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, RangeDraws& draws) {
   const uint32_t g = job.spec.block;
   const int bits = job.spec.bits;
   const uint64_t group = start / g;
@@ -122,7 +122,7 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint3
   const __m256 unit_step = _mm256_set1_ps(qm::pow2i(1 - bits));
   const __m256 scale = _mm256_set1_ps(absmax);
   const bool sr = job.spec.rounding == Rounding::kStochastic;
-  const uint32_t* rnd_words = sr ? group_random_words(job.key, start, g, rnd_buf) : nullptr;
+  const SrDraw* rnd = sr ? draws.group(start, g) : nullptr;
 
   for (uint32_t k = 0; k < g; k += 32) {
     __m256i codes[4];
@@ -132,9 +132,9 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint3
       __m256 s = _mm256_mul_ps(_mm256_mul_ps(v, pre), inv);
       __m256 q;
       if (sr) {
-        const __m256 uni = uniform8(rnd_words + (i - start));
+        const __m256 thr = sr_thresholds8(rnd + (i - start));
         __m256 f = _mm256_floor_ps(s);
-        __m256 up = _mm256_and_ps(_mm256_cmp_ps(uni, _mm256_sub_ps(s, f), _CMP_LT_OQ),
+        __m256 up = _mm256_and_ps(_mm256_cmp_ps(thr, _mm256_sub_ps(s, f), _CMP_LT_OQ),
                                   _mm256_set1_ps(1.0f));
         q = _mm256_add_ps(f, up);
       } else {
@@ -159,11 +159,11 @@ void encode_group(const CodecJob& job, uint64_t start, float* y, float* t, uint3
 
 template <DType D, CodecOp Op>
 void encode_blocks(const CodecJob& job, uint64_t begin, uint64_t end) {
-  alignas(32) float y[kMaxBlock];            // the group's values, staged for the second pass
-  alignas(32) float t[kMaxBlock];            // q1: scratch for the tree sum
-  alignas(32) uint32_t rnd[kMaxBlock + 64];  // stochastic rounding: the group's random words
+  alignas(32) float y[kMaxBlock];  // the group's values, staged for the second pass
+  alignas(32) float t[kMaxBlock];  // q1: scratch for the tree sum
+  RangeDraws draws(job.key, end);  // stochastic rounding: the group's random bits
   for (uint64_t start = begin; start < end; start += job.spec.block) {
-    encode_group<D, Op>(job, start, y, t, rnd);
+    encode_group<D, Op>(job, start, y, t, draws);
   }
 }
 

@@ -30,16 +30,16 @@ struct MinmaxLanes {
   __m256d lo, inv, step, top;
 };
 
-// Codes (rounded and clamped as double) of four values under the group's grid; `uni` holds their
-// uniform draws for stochastic rounding.
+// Codes (rounded and clamped as double) of four values under the group's grid; `thr` holds
+// their stochastic-rounding thresholds (sr_thresholds8).
 [[gnu::always_inline]] inline __m256d minmax_codes4(__m128 v, const MinmaxLanes& p, bool sr,
-                                                    __m128 uni) {
+                                                    __m128 thr) {
   const __m256d y = _mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(v), p.lo), p.inv);
   __m256d k;
   if (sr) {
     const __m256d f = _mm256_floor_pd(y);
     const __m256d up = _mm256_and_pd(
-        _mm256_cmp_pd(_mm256_cvtps_pd(uni), _mm256_sub_pd(y, f), _CMP_LT_OQ), _mm256_set1_pd(1.0));
+        _mm256_cmp_pd(_mm256_cvtps_pd(thr), _mm256_sub_pd(y, f), _CMP_LT_OQ), _mm256_set1_pd(1.0));
     k = _mm256_add_pd(f, up);
   } else {
     k = _mm256_round_pd(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -59,7 +59,7 @@ MinmaxLanes minmax_lanes(const qm::MinmaxParams& p, int bits) {
 }
 
 template <DType D, CodecOp Op>
-void minmax_encode_group(const CodecJob& job, uint64_t start, float* y, uint32_t* rnd_buf) {
+void minmax_encode_group(const CodecJob& job, uint64_t start, float* y, RangeDraws& draws) {
   const uint32_t g = job.spec.block;
   const int bits = job.spec.bits;
   const uint64_t group = start / g;
@@ -115,18 +115,18 @@ void minmax_encode_group(const CodecJob& job, uint64_t start, float* y, uint32_t
   scales[2 * group + 1] = hi;
   const MinmaxLanes p = minmax_lanes(qm::minmax_params(lo, hi, bits), bits);
   const bool sr = job.spec.rounding == Rounding::kStochastic;
-  const uint32_t* rnd_words = sr ? group_random_words(job.key, start, g, rnd_buf) : nullptr;
+  const SrDraw* rnd = sr ? draws.group(start, g) : nullptr;
 
   for (uint32_t k = 0; k < g; k += 32) {
     __m256i codes[4];
     for (int u = 0; u < 4; ++u) {
       const uint64_t i = start + k + 8 * u;
       const __m256 v = _mm256_load_ps(y + k + 8 * u);
-      const __m256 uni = sr ? uniform8(rnd_words + (i - start)) : _mm256_setzero_ps();
+      const __m256 thr = sr ? sr_thresholds8(rnd + (i - start)) : _mm256_setzero_ps();
       const __m256d k0 =
-          minmax_codes4(_mm256_castps256_ps128(v), p, sr, _mm256_castps256_ps128(uni));
+          minmax_codes4(_mm256_castps256_ps128(v), p, sr, _mm256_castps256_ps128(thr));
       const __m256d k1 =
-          minmax_codes4(_mm256_extractf128_ps(v, 1), p, sr, _mm256_extractf128_ps(uni, 1));
+          minmax_codes4(_mm256_extractf128_ps(v, 1), p, sr, _mm256_extractf128_ps(thr, 1));
       codes[u] = _mm256_set_m128i(_mm256_cvttpd_epi32(k1), _mm256_cvttpd_epi32(k0));
       if constexpr (Op != CodecOp::kEncode) {
         const __m256 dec = _mm256_set_m128(minmax_values4(k1, p), minmax_values4(k0, p));
@@ -144,9 +144,9 @@ void minmax_encode_group(const CodecJob& job, uint64_t start, float* y, uint32_t
 template <DType D, CodecOp Op>
 void minmax_encode_blocks(const CodecJob& job, uint64_t begin, uint64_t end) {
   alignas(32) float y[kMaxBlock];
-  alignas(32) uint32_t rnd[kMaxBlock + 64];
+  RangeDraws draws(job.key, end);
   for (uint64_t start = begin; start < end; start += job.spec.block) {
-    minmax_encode_group<D, Op>(job, start, y, rnd);
+    minmax_encode_group<D, Op>(job, start, y, draws);
   }
 }
 

@@ -100,7 +100,7 @@ struct GroupEncoder {
     const CodecSpec& spec = job->spec;
     if (!dec.finite) return 0;
     bool sr = spec.rounding == Rounding::kStochastic;
-    uint32_t rnd = sr ? random_word(job->key, i) : 0;
+    uint32_t rnd = sr ? sr_draw(job->key, i) : 0;
     if (spec.kind == CodecKind::kMinmax) return qm::minmax_code(y, dec.mm, spec.bits, sr, rnd);
     if (spec.bits == 1) return qm::sign_code(y);
     return qm::absmax_code(y, ap, spec.bits, sr, rnd);

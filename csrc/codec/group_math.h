@@ -47,9 +47,9 @@ inline float decode_value(const CodecJob& job, const GroupDecode& d, uint32_t co
   return qm::absmax_value(code, d.scale, job.spec.bits);
 }
 
-inline uint32_t random_word(const RoundingKey& key, uint64_t i) {
-  uint64_t idx = key.offset + i;
-  return qm::philox(idx >> 2, key.seed).v[idx & 3];
+// Stochastic rounding's 8 random bits for element i of the job (qm::sr_draw).
+inline uint32_t sr_draw(const RoundingKey& key, uint64_t i) {
+  return qm::sr_draw(key.seed, key.offset + i);
 }
 
 }  // namespace lowcomm::cpu

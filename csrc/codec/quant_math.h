@@ -195,7 +195,7 @@ LC_HD void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
   lo = static_cast<uint32_t>(p);
 }
 
-// Random words for elements 4*c .. 4*c+3 under key `seed`.
+// The 128-bit output (four words) of counter c under key `seed`.
 LC_HD U32x4 philox(uint64_t c, uint64_t seed) {
   uint32_t c0 = static_cast<uint32_t>(c), c1 = static_cast<uint32_t>(c >> 32), c2 = 0, c3 = 0;
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
@@ -214,9 +214,33 @@ LC_HD U32x4 philox(uint64_t c, uint64_t seed) {
   return U32x4{{c0, c1, c2, c3}};
 }
 
-// Uniform in [0, 1) with 24 bits, exact in fp32.
-LC_HD float uniform01(uint32_t r) {
-  return mul(static_cast<float>(r >> 8), 5.9604644775390625e-08f);
+// ---- stochastic rounding: 8 random bits per element (docs/codecs.md, "Stochastic rounding") ----
+// Element t of the key's index space (t = RoundingKey::offset + i, mod 2^64) draws r, byte
+// t mod 16 of Philox counter t / 16, the counter's four words read as 16 little-endian bytes
+// (byte l is bits 8 (l mod 4) .. 8 (l mod 4) + 7 of word l / 4). It rounds up when
+// u = (r + 1/2) / 256 < frac(y), so P(up) is frac(y) rounded to a multiple of 1/256: unbiased to
+// within 2^-9 of a step. r depends on (seed, t) only, never on how the tensor is split into
+// ranges, threads or segments.
+
+constexpr int kSrBits = 8;                                         // random bits per element
+constexpr int kSrPerDraw = 16;                                     // elements per Philox counter
+constexpr int kSrDrawShift = 4;                                    // log2(kSrPerDraw)
+constexpr uint64_t kSrCounterMask = ~uint64_t{0} >> kSrDrawShift;  // counters of wrapped t
+static_assert(kSrPerDraw * kSrBits == 128 && kSrPerDraw == 1 << kSrDrawShift);
+
+// r of byte `lane` (0..15) of one counter's output.
+LC_HD uint32_t sr_lane(const U32x4& w, uint32_t lane) {
+  return (w.v[lane >> 2] >> (8 * (lane & 3))) & 0xFFu;
+}
+
+// r of element t under key `seed`.
+LC_HD uint32_t sr_draw(uint64_t seed, uint64_t t) {
+  return sr_lane(philox(t >> kSrDrawShift, seed), static_cast<uint32_t>(t) & (kSrPerDraw - 1));
+}
+
+// u = (r + 1/2) / 256: exact in fp32, in (0, 1), symmetric about 1/2.
+LC_HD float sr_threshold(uint32_t r) {
+  return mul(add(static_cast<float>(r), 0.5f), 0.00390625f);
 }
 
 // ---- absmax grid ----
@@ -242,12 +266,13 @@ LC_HD AbsmaxParams absmax_params(float absmax, int bits) {
 }
 
 // Scaled value y = x * pre * inv in code units, then the integer code (offset to unsigned).
+// Stochastic rounding rounds y up with draw `rnd` (sr_draw) when sr_threshold(rnd) < frac(y).
 LC_HD uint32_t absmax_code(float x, AbsmaxParams p, int bits, bool stochastic, uint32_t rnd) {
   float y = mul(mul(x, p.pre), p.inv);
   float k;
   if (stochastic) {
     float f = floor_f(y);
-    k = add(f, uniform01(rnd) < sub(y, f) ? 1.0f : 0.0f);
+    k = add(f, sr_threshold(rnd) < sub(y, f) ? 1.0f : 0.0f);
   } else {
     k = rint_f(y);
   }
@@ -300,13 +325,14 @@ LC_HD MinmaxParams minmax_params(float lo, float hi, int bits) {
   return p;
 }
 
+// y = (x - lo) * inv in double, rounded as in absmax_code (the threshold widened to double).
 LC_HD uint32_t minmax_code(float x, const MinmaxParams& p, int bits, bool stochastic,
                            uint32_t rnd) {
   double y = dmul(dsub(static_cast<double>(x), p.lo), p.inv);
   double k;
   if (stochastic) {
     double f = floor_d(y);
-    k = dadd(f, static_cast<double>(uniform01(rnd)) < dsub(y, f) ? 1.0 : 0.0);
+    k = dadd(f, static_cast<double>(sr_threshold(rnd)) < dsub(y, f) ? 1.0 : 0.0);
   } else {
     k = rint_d(y);
   }
