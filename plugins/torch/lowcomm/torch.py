@@ -1,14 +1,17 @@
 """The torch.distributed backend "lowcomm".
 
-    import lowcomm.torch  # registers the backend
+    import lowcomm  # registers the backend (so does `import lowcomm.torch`)
     torch.distributed.init_process_group("lowcomm", ...)  # or new_group(backend="lowcomm")
 
 Rendezvous goes through the store torch hands the backend (torchrun, env://, tcp://, file://).
 Exact by default; `pg_options=lowcomm.torch.Options(codec="q4")` (or LOWCOMM_CODEC) compresses
 floating-point sum/avg all-reduces of at least `codec_threshold` bytes (default 1 MiB).
 """
+from __future__ import annotations
+
 import datetime
 import os
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -111,13 +114,31 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
-def all_reduce(tensor, op=dist.ReduceOp.SUM, codec="", error_feedback_key="", group=None,
-               async_op=False, step=None, owner_error_feedback=False):
-    """One all-reduce with its own codec ("q4", "q8:sr", ...; "" exact) and error-feedback key
-    (residual kept across calls under that key; "" none), on a lowcomm group. `step` fixes
-    the stochastic-rounding step (default: the group's operation number), so a run resumed
-    in a new group rounds as the uninterrupted one did. owner_error_feedback: the owners'
-    re-quantization of the average keeps a residual too (under the same key)."""
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM, codec: str = "",
+               error_feedback_key: str = "", group=None, async_op: bool = False,
+               step: int | None = None, owner_error_feedback: bool = False):
+    """One all-reduce with its own codec ("q4", "q8:sr", ...; "" exact) and error feedback,
+    on a lowcomm group, whatever the group's options say.
+
+    error_feedback_key: the name of the residual kept across calls ("grads", "layer3/w"); ""
+      (the default) keeps none. Error feedback is only ever by name here: one name per
+      tensor, the same name for that tensor every step (a name that meets a tensor of another
+      size fails the call). Names are paths: `reset_error_feedback(group, "layer3")` drops
+      "layer3" and every "layer3/...". A name needs a lossy codec.
+    step: fixes the stochastic-rounding step (default: the group's operation number), so a run
+      resumed in a new group rounds as the uninterrupted one did.
+    owner_error_feedback: the owners' re-quantization of the average keeps a residual too
+      (under the same name; needs one).
+    Returns the Work when async_op, else None once the result is in `tensor`."""
+    if not isinstance(error_feedback_key, str):
+        raise TypeError("lowcomm.torch.all_reduce: error_feedback_key is the residual's name "
+                        f"(a str, '' for none), got {error_feedback_key!r}")
+    if error_feedback_key and not codec:
+        raise ValueError(f"lowcomm.torch.all_reduce: error_feedback_key={error_feedback_key!r} "
+                         "needs a lossy codec (codec='' is exact: nothing to feed back)")
+    if owner_error_feedback and not error_feedback_key:
+        raise ValueError("lowcomm.torch.all_reduce: owner_error_feedback needs an "
+                         "error_feedback_key to keep its residual under")
     work = _backend(group).allreduce_with(tensor, codec, error_feedback_key, op,
                                           -1 if step is None else int(step),
                                           bool(owner_error_feedback))
@@ -127,34 +148,86 @@ def all_reduce(tensor, op=dist.ReduceOp.SUM, codec="", error_feedback_key="", gr
     return None
 
 
-class _HookState:
-    """Error-feedback keys are per bucket, so each bucket's residual carries across steps."""
+def error_feedback_keys(group=None) -> list[str]:
+    """The names under which the group holds error-feedback residuals, sorted: those given to
+    `all_reduce(error_feedback_key=)`, the DDP hook's "<name>/bucket<i>", DiLoCo's
+    "<name>/frag<f>", and the group options' "ef/<address>/<shape>" ("address") or
+    "ef/order/<slot>/<dtype+shape>" ("order"). Waits for the group's queued operations."""
+    return list(_backend(group).error_feedback_keys())
 
-    def __init__(self, codec, error_feedback, group):
+
+def reset_error_feedback(group=None, name: str | None = None) -> int:
+    """Drops error-feedback residuals of the group, freeing their memory: `name` and every key
+    below it ("name/..."), or every residual when `name` is None (the call-order keys then
+    start over too). The next call under a dropped name starts from a zero residual. Returns
+    how many keys were dropped.
+
+    For residuals that will not be used again: tensors that are gone (the group options'
+    "address" keys, under "ef"), a model that was replaced, a finished phase. Runs in order
+    with the group's queued operations and waits for them; do not run compressed all-reduces
+    of the group from another thread meanwhile (their residual updates may be lost)."""
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError("lowcomm.torch.reset_error_feedback: name must be a non-empty str, or "
+                         f"None for every residual, got {name!r}")
+    return int(_backend(group).reset_error_feedback(name or ""))
+
+
+class _HookState:
+    """The DDP hook's state: its codec, and one error-feedback residual per gradient bucket,
+    named "<name>/bucket<index>" in the group's store."""
+
+    def __init__(self, codec: str, error_feedback: bool, group, name: str):
         self.codec = codec
         self.error_feedback = error_feedback
         self.group = group
+        self.name = name
+        self._bucket_numel: dict[int, int] = {}
 
-    def save(self):
-        """The group's error-feedback residuals, as bytes (for a checkpoint)."""
+    def key(self, index: int, numel: int) -> str:
+        """The residual's name for bucket `index` of `numel` elements ("" without error
+        feedback). DDP rebuilds its buckets once, after the first step, in the order gradients
+        became ready: a bucket index whose size changed starts over from a zero residual."""
+        if not self.error_feedback:
+            return ""
+        key = f"{self.name}/bucket{index}"
+        if self._bucket_numel.setdefault(index, numel) != numel:
+            reset_error_feedback(self.group, key)
+            self._bucket_numel[index] = numel
+        return key
+
+    def save(self) -> bytes:
+        """The group's error-feedback residuals (every name, not only this hook's), as bytes
+        for a checkpoint."""
         return _backend(self.group).save_error_feedback()
 
-    def load(self, data):
+    def load(self, data: bytes) -> None:
+        """Restores what save() returned (replacing every residual of the group)."""
         _backend(self.group).restore_error_feedback(data)
 
+    def reset(self) -> int:
+        """Drops this hook's residuals ("<name>/..."); returns how many there were."""
+        self._bucket_numel.clear()
+        return reset_error_feedback(self.group, self.name)
 
-def ddp_comm_hook(codec="q4", error_feedback=True, group=None):
+
+def ddp_comm_hook(codec: str = "q4", error_feedback: bool = True, group=None,
+                  name: str = "ddp") -> tuple[_HookState, Callable]:
     """A DDP communication hook that averages each gradient bucket with `codec`:
 
         state, hook = lowcomm.torch.ddp_comm_hook(codec="q4")
         model.register_comm_hook(state, hook)
 
-    Error feedback keeps one residual per bucket (`state.save()` / `state.load()`)."""
-    state = _HookState(codec, error_feedback, group)
+    Error feedback keeps one residual per bucket, named "<name>/bucket<index>" (give each DDP
+    model on the same group its own `name`); `state.save()` / `state.load()` checkpoint the
+    group's residuals, `state.reset()` drops this hook's."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"lowcomm.torch.ddp_comm_hook: name must be a non-empty str, got "
+                         f"{name!r}")
+    state = _HookState(codec, error_feedback, group, name)
 
-    def hook(st, bucket):
+    def hook(st: _HookState, bucket):
         tensor = bucket.buffer()
-        key = f"ddp/bucket{bucket.index()}" if st.error_feedback else ""
+        key = st.key(bucket.index(), tensor.numel())
         work = _backend(st.group).allreduce_with(tensor, st.codec, key, dist.ReduceOp.AVG)
         return work.get_future().then(lambda fut: fut.value()[0])
 
