@@ -8,6 +8,7 @@ must give Gloo's bits; so FSDP2 on lowcomm must end with Gloo's parameters bit f
 """
 from __future__ import annotations
 
+import functools
 import sys
 import traceback
 import warnings
@@ -283,7 +284,6 @@ def worker(rank: int, world: int, init_file: str, errors, body: str) -> None:
 
 
 def _run(body: str, world: int, tmp_path) -> None:
-    import functools
     run_world(functools.partial(worker, body=body), world, tmp_path)
 
 
