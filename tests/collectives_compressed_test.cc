@@ -175,11 +175,27 @@ std::string ef_rank(int rank, const UniqueId& id) {
   bad[bad.size() / 2] ^= 1;
   RANK_CHECK(!(*comm)->restore_error_feedback(bad.data(), bad.size()).is_ok(),
              "damaged state accepted");
-  // A different tensor under the same key is refused, not silently reset.
   Tensor small(DType::kFloat32, 100);
-  Status s = (*comm)
-                 ->all_reduce(small.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum, ef)
-                 .wait();
+  // Names are listed; dropping one (and the names under it) frees it for another tensor.
+  ef.owner_error_feedback = false;
+  ef.ef_key = "grad/sub";
+  RANK_OK((*comm)
+              ->all_reduce(small.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum, ef)
+              .wait());
+  auto names = (*comm)->error_feedback_names();
+  RANK_OK(names.status());
+  RANK_CHECK((*names == std::vector<std::string>{"grad", "grad/sub"}), "names not listed");
+  auto dropped = (*comm)->reset_error_feedback("gra");  // a prefix that is not a name: nothing
+  RANK_CHECK(dropped.is_ok() && *dropped == 0, "a partial name dropped something");
+  dropped = (*comm)->reset_error_feedback("grad");
+  RANK_CHECK(dropped.is_ok() && *dropped == 2, "reset did not drop grad and grad/sub");
+  ef.ef_key = "grad";
+  RANK_OK((*comm)
+              ->all_reduce(small.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum, ef)
+              .wait());
+  // A different tensor under the same key ("grad" holds 100 elements now) is refused, not
+  // silently reset (and breaks the communicator: the mismatch is found while running).
+  Status s = (*comm)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, ef).wait();
   RANK_CHECK(s.code() == StatusCode::kInvalidArgument, s.to_string());
   return "ok ef " + std::to_string(e_ef) + " plain " + std::to_string(e_plain);
 }

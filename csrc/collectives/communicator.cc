@@ -335,4 +335,30 @@ Status Communicator::restore_error_feedback(const void* bytes, size_t len) {
       .wait();
 }
 
+Result<std::vector<std::string>> Communicator::error_feedback_names() {
+  std::vector<std::string> out;
+  CommImpl* impl = impl_.get();
+  Status s = impl_
+                 ->submit_local([impl, &out] {
+                   out = impl->ef().names();
+                   return Status::ok();
+                 })
+                 .wait();
+  if (!s) return s;
+  return out;
+}
+
+Result<size_t> Communicator::reset_error_feedback(const std::string& name) {
+  size_t dropped = 0;
+  CommImpl* impl = impl_.get();
+  Status s = impl_
+                 ->submit_local([impl, &name, &dropped] {
+                   dropped = impl->ef().drop(name);
+                   return Status::ok();
+                 })
+                 .wait();
+  if (!s) return s;
+  return dropped;
+}
+
 }  // namespace lowcomm

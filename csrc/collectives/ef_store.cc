@@ -153,4 +153,28 @@ Status ErrorFeedbackStore::restore(const uint8_t* bytes, size_t len) {
   return Status::ok();
 }
 
+std::vector<std::string> ErrorFeedbackStore::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [k, e] : entries_) out.push_back(k);
+  return out;
+}
+
+size_t ErrorFeedbackStore::drop(const std::string& name) {
+  size_t n = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const std::string& k = it->first;
+    const bool under =
+        name.empty() || k == name ||
+        (k.size() > name.size() && k.compare(0, name.size(), name) == 0 && k[name.size()] == '/');
+    if (under) {
+      it = entries_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
 }  // namespace lowcomm::collectives

@@ -40,6 +40,12 @@ class ErrorFeedbackStore {
   // The owner residual for [begin, begin + count) of key's tensor (zeroed when new or moved).
   Result<float*> owner(const std::string& key, uint64_t n, uint64_t begin, uint64_t count);
 
+  // The names kept, sorted.
+  std::vector<std::string> names() const;
+  // Drops `name` and every name under it ("layer3" drops "layer3" and "layer3/w", not
+  // "layer30"); "" drops all. Returns how many were dropped.
+  size_t drop(const std::string& name);
+
   std::vector<uint8_t> save() const;
   Status restore(const uint8_t* bytes, size_t len);  // all-or-nothing
 

@@ -311,6 +311,13 @@ class LOWCOMM_API Communicator {
   // operations queued before the call.
   Result<std::vector<uint8_t>> save_error_feedback();
   Status restore_error_feedback(const void* bytes, size_t len);
+  // The residual names kept, sorted. Waits for the operations queued before the call.
+  Result<std::vector<std::string>> error_feedback_names();
+  // Drops the residual `name` and every name under it ("layer3" drops "layer3/w", not
+  // "layer30"; "" drops all), in call order with the operations; returns how many were dropped.
+  // A dropped name starts again from a zero residual at its next use. Local to this rank: all
+  // ranks should drop alike, as they keep alike.
+  Result<size_t> reset_error_feedback(const std::string& name);
 
  private:
   explicit Communicator(std::unique_ptr<CommImpl> impl);
