@@ -3,7 +3,8 @@
 // lowcomm::encode_cuda & co. on the device, and every byte either side may write (payload,
 // residual or cache, output, and guard bytes past each buffer) must match. Inputs include
 // NaN, Inf, subnormals, huge ranges and groups whose extreme is a signed zero. Every test
-// skips, visibly, on machines without a CUDA device.
+// skips, visibly and saying why ("no CUDA device (...)"), on machines without a CUDA device:
+// ctest lists each cuda.* test as Skipped. LOWCOMM_REQUIRE_CUDA=1 turns that into a failure.
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <random>
@@ -25,12 +28,36 @@
 namespace lowcomm {
 namespace {
 
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                       \
-  do {                                                                                   \
-    if (!cuda_device_available()) {                                                      \
-      GTEST_SKIP() << "no CUDA device: the CUDA codec is compared with the CPU path on " \
-                      "GPU machines only";                                               \
-    }                                                                                    \
+// Why there is no CUDA device to run on ("" when there is one): the runtime's error, or none
+// found.
+std::string no_device_reason() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // leave no error behind for the next check
+    return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+  }
+  return count > 0 ? "" : "the runtime finds 0 devices";
+}
+
+// LOWCOMM_REQUIRE_CUDA=1 (a run on a GPU machine): no device fails instead of skipping.
+bool cuda_required() {
+  const char* v = std::getenv("LOWCOMM_REQUIRE_CUDA");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Skips the test, saying why, where there is no CUDA device (ctest then lists it as Skipped:
+// gtest_discover_tests marks "[  SKIPPED ]" output so); fails instead under
+// LOWCOMM_REQUIRE_CUDA=1.
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                            \
+  do {                                                                                        \
+    const std::string why_ = no_device_reason();                                              \
+    if (!why_.empty()) {                                                                      \
+      if (cuda_required())                                                                    \
+        FAIL() << "no CUDA device (" << why_ << ") under LOWCOMM_REQUIRE_CUDA=1";             \
+      GTEST_SKIP() << "no CUDA device (" << why_                                              \
+                   << "): the CUDA codec is compared with the CPU path on GPU machines only"; \
+    }                                                                                         \
   } while (0)
 
 #define ASSERT_CUDA(expr)                                                              \
@@ -474,6 +501,21 @@ TEST_P(CudaCodecMatrix, MatchesCpuByteForByte) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCodecs, CudaCodecMatrix, ::testing::ValuesIn(all_cases()), case_name);
+
+// ---- the device, or why there is none ----
+
+// One line in the log for the whole run: the device the comparisons use, or, skipped, why
+// there is none (ctest: cuda.CudaDevice.Present, Skipped, like every cuda.* test then).
+TEST(CudaDevice, Present) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  int count = 0;
+  ASSERT_CUDA(cudaGetDeviceCount(&count));
+  cudaDeviceProp prop{};
+  ASSERT_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("CUDA device 0 of %d: %s, compute capability %d.%d, %zu MiB\n", count, prop.name,
+              prop.major, prop.minor, static_cast<size_t>(prop.totalGlobalMem >> 20));
+  RecordProperty("cuda_device", prop.name);
+}
 
 // ---- buffers at offsets that rule out vector accesses ----
 
