@@ -1,0 +1,100 @@
+#pragma once
+// The owner reduction's pieces, shared by its phases (owner_reduce.cc has the schedule and runs
+// them in order):
+//   owner_reduce_contributions.cc  step 1: every segment of every chunk encoded and sent to its
+//                                  owner (and the receives of the contributions to this rank's)
+//   owner_reduce_chunk.cc          step 2: this rank's chunk reduced segment by segment as the
+//                                  contributions arrive, each result handed to step 3 at once
+//   owner_reduce_results.cc        step 3: the owners' results sent to every rank (or the root)
+//                                  and decoded as they arrive
+// Internal to the collectives layer; the entry points are in algorithms.h.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "collectives/algorithms.h"
+#include "collectives/ef_store.h"
+#include "collectives/partition.h"
+
+namespace lowcomm::collectives {
+
+// Where the owners' results go after step 2.
+struct Finish {
+  enum Kind { kScatter, kAllGather, kToRoot } kind = kAllGather;
+  int root = -1;  // kToRoot
+};
+
+// What every phase reads: the call, how the tensor is cut, and this rank's part in it. Built
+// once (prepare_owner_reduce) before anything is posted; the phases never change it.
+struct OwnerReduce {
+  OpRun& run;
+  const ReduceArgs& a;
+  Finish finish;
+  int P = 0, me = 0;
+  CodecSpec wire;      // what crosses the network (a non-codec dtype's plain bytes: unused)
+  bool plain = false;  // the input dtype itself: send input bytes, no encode
+  std::vector<std::vector<Range>> segs;  // pipeline segments, by owner
+  uint64_t es = 0;                       // bytes per element of the dtype
+  Range mine;                            // this rank's owner chunk
+  const uint8_t* in = nullptr;
+  uint8_t* out = nullptr;
+  CpuOptions cpu;
+  bool gets_results = false;         // receives the other owners' results
+  bool sends_results = false;        // sends its own (to every rank, or to the root)
+  ErrorFeedbackEntry* ef = nullptr;  // the sender residual, under a.ef_key
+  float* owner_residual = nullptr;   // this chunk's owner residual (owner error feedback)
+  uint64_t reduce_tag = 0;           // contributions
+  uint64_t gather_tag = 0;           // results
+
+  OwnerReduce(OpRun& r, const ReduceArgs& args, Finish f) : run(r), a(args), finish(f) {}
+  // Bytes of `count` elements on the wire.
+  uint64_t bytes(uint64_t count) const { return plain ? count * es : encoded_size(wire, count); }
+  const std::vector<Range>& my_segs() const { return segs[static_cast<size_t>(me)]; }
+  // The most segments any owner's chunk has: the rounds of the segment-major schedule.
+  size_t max_segs() const;
+};
+
+// Fills `o` for owner chunks `chunks` (segment length from the descriptor) and looks up the
+// error-feedback residuals; fails only on an error-feedback key of another tensor.
+Status prepare_owner_reduce(OwnerReduce& o, const std::vector<Range>& chunks);
+
+// Step 1: the contributions to this rank's chunk (other ranks', received into scratch) and its
+// own, kept here instead of sent.
+struct Contributions {
+  std::vector<std::vector<uint8_t*>> codes;               // [rank][segment]
+  std::vector<std::vector<transport::Request>> requests;  // [rank][segment]
+  std::vector<const uint8_t*> own;                        // [segment]
+};
+// Posts the receives of every other rank's contribution to this rank's chunk.
+Contributions post_contribution_receives(const OwnerReduce& o);
+// Encodes every segment (segment-major, each rank starting with the next owner) and sends it to
+// its owner; this rank's own segments go to c.own.
+Status send_contributions(const OwnerReduce& o, Contributions& c);
+
+// Step 3: the other owners' results, received and decoded in the order they are expected, and
+// this owner's sent.
+class Results {
+ public:
+  // Posts the receives of every other owner's result segments (where this rank gets results).
+  void post_receives(const OwnerReduce& o);
+  // Sends this owner's result segment `s` (codes `res`) where results go, and decodes it into
+  // `dst` as every other rank does (a reduce: on the root only).
+  Status send_own(const OwnerReduce& o, Range s, const uint8_t* res, uint8_t* dst);
+  // Decodes the results not yet decoded, in order: those already here (block false), or all of
+  // them, waiting for each (block true).
+  Status take(const OwnerReduce& o, bool block);
+
+ private:
+  std::vector<std::vector<uint8_t*>> codes_;               // [owner][segment]
+  std::vector<std::vector<transport::Request>> requests_;  // [owner][segment]
+  std::vector<std::pair<int, size_t>> order_;              // (owner, segment), as expected
+  std::vector<bool> done_;                                 // by order_ index
+  size_t left_ = 0;
+};
+
+// Step 2: reduces this rank's chunk segment by segment as the contributions arrive (decoding
+// results that are in while one is not), and hands each finished segment to results.send_own.
+Status reduce_own_chunk(const OwnerReduce& o, Contributions& c, Results& results);
+
+}  // namespace lowcomm::collectives
