@@ -61,8 +61,8 @@ setup(
         CppExtension(
             "lowcomm._C",
             [f"csrc/{name}.cc" for name in (
-                "backend", "coalesced", "work", "bindings", "codec_bindings", "call_order_keys",
-                "ef_state", "tensor_util")],
+                "backend", "coalesced", "compression", "work", "bindings", "codec_bindings",
+                "call_order_keys", "tensor_util")],
             include_dirs=[str(ROOT / "include"), str(CORE / "include")],
             libraries=["crypto", "xxhash"],
             extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror",

@@ -105,31 +105,6 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>
   });
 }
 
-bool LowcommBackend::group_compresses(const at::Tensor& b, lowcomm::ReduceOp op) const {
-  return codec_ && codec_dtype(to_dtype(b.scalar_type())) &&
-         (op == lowcomm::ReduceOp::kSum || op == lowcomm::ReduceOp::kAverage) &&
-         b.nbytes() >= static_cast<size_t>(config_.codec_threshold);
-}
-
-lowcomm::AllReduceOptions LowcommBackend::group_allreduce_options(const at::Tensor& b,
-                                                                  lowcomm::ReduceOp op) {
-  lowcomm::AllReduceOptions ar;
-  if (!group_compresses(b, op)) return ar;
-  ar.codec = codec_;
-  if (config_.error_feedback == BackendConfig::ErrorFeedback::kAddress) {
-    // One residual per gradient buffer: the same parameter's gradient lives at the same
-    // address with the same shape every step.
-    std::ostringstream key;
-    key << "ef/" << b.data_ptr() << "/" << b.sizes();
-    ar.ef_key = key.str();
-  } else if (config_.error_feedback == BackendConfig::ErrorFeedback::kCallOrder) {
-    std::ostringstream sig;
-    sig << b.scalar_type() << b.sizes();
-    ar.ef_key = order_keys_.next(sig.str());
-  }
-  return ar;
-}
-
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
   if (tensors.size() == 1 && tensors[0].is_sparse()) return allreduce_sparse(tensors[0], opts);
@@ -195,28 +170,6 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
                        .coalesce();
   tensor.copy_(sum);
   return launch(c10d::OpType::ALLREDUCE, {tensor}, {});
-}
-
-c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor,
-                                                              const std::string& codec,
-                                                              const std::string& ef_key,
-                                                              c10d::ReduceOp op, int64_t step,
-                                                              bool owner_ef) {
-  auto staged = std::make_shared<Staged>(tensor);
-  const at::Tensor& b = staged->buf;
-  lowcomm::AllReduceOptions ar;
-  if (!codec.empty()) {
-    auto spec = lowcomm::parse_codec_spec(codec);
-    TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
-    ar.codec = *spec;
-    ar.ef_key = ef_key;
-    ar.owner_error_feedback = owner_ef && !ef_key.empty();
-  }
-  if (step >= 0) ar.step = static_cast<uint64_t>(step);
-  std::vector<lowcomm::Work> works{comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
-                                                      to_dtype(b.scalar_type()), to_op(op), ar)};
-  return launch(c10d::OpType::ALLREDUCE, {tensor}, std::move(works),
-                [staged] { staged->write_back(); });
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& tensors,

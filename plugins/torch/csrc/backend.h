@@ -135,10 +135,9 @@ class LowcommBackend : public c10d::Backend {
   // The keys that hold residuals, sorted.
   std::vector<std::string> error_feedback_keys();
   // Drops the residuals under `name`: the key itself and every key below it ("name/...");
-  // "": every key, and the call-order keys start over. The next call under a dropped key
-  // starts from a zero residual. Returns how many keys were dropped. Runs in order with the
-  // operations queued before it; one queued concurrently from another thread may lose its
-  // residual update.
+  // "": every key. The call-order keys start over when all of them were dropped. The next call
+  // under a dropped key starts from a zero residual. Returns how many keys were dropped; runs
+  // in order with the operations queued before it (Communicator::reset_error_feedback).
   size_t reset_error_feedback(const std::string& name);
 
  private:

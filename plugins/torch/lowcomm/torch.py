@@ -164,12 +164,12 @@ def reset_error_feedback(group=None, name: str | None = None) -> int:
 
     For residuals that will not be used again: tensors that are gone (the group options'
     "address" keys, under "ef"), a model that was replaced, a finished phase. Runs in order
-    with the group's queued operations and waits for them; do not run compressed all-reduces
-    of the group from another thread meanwhile (their residual updates may be lost)."""
-    if name is not None and (not isinstance(name, str) or not name):
+    with the group's operations (after those queued before it) and waits for its turn. Local
+    to this rank: every rank should reset alike, as every rank keeps alike."""
+    if name is not None and (not isinstance(name, str) or not name.rstrip("/")):
         raise ValueError("lowcomm.torch.reset_error_feedback: name must be a non-empty str, or "
                          f"None for every residual, got {name!r}")
-    return int(_backend(group).reset_error_feedback(name or ""))
+    return int(_backend(group).reset_error_feedback("" if name is None else name.rstrip("/")))
 
 
 class _HookState:
