@@ -7,7 +7,9 @@
 #include <memory>
 #include <thread>
 
+#include "collectives/descriptor.h"
 #include "collectives_test_util.h"
+#include "core/fnv1a.h"
 #include "lowcomm/lowcomm.h"
 
 namespace lowcomm::testing {
@@ -173,6 +175,87 @@ TEST(CollectivesMismatch, BroadcastRootDisagreementFailsEveryRank) {
         {"mismatched operations", "root 0", "root 2", rank == 2 ? "rank 0" : "rank 2"}, t0, 5);
   });
   expect_all_ok(res);
+}
+
+// Ranks whose segment_bytes give different pipeline segments would disagree on message sizes:
+// the segment is in the descriptor, so they fail with a mismatch instead.
+TEST(CollectivesMismatch, DifferentPipelineSegmentsFail) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();  // 64 KiB segments
+    if (rank == 1) o.segment_bytes = 1 << 20;
+    auto c = Communicator::init(id, rank, 2, o);
+    RANK_OK(c.status());
+    std::vector<float> x(1 << 20, 1.0f);  // chunks of 2 MiB: 64 KiB and 256 KiB segments
+    auto t0 = Clock::now();
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    return expect_failure(
+        s, StatusCode::kInvalidArgument,
+        {"mismatched operations", "all_reduce #0", rank == 0 ? "rank 1" : "rank 0"}, t0, 5);
+  });
+  expect_all_ok(res);
+}
+
+// The descriptor's wire form (descriptor.h): every field round-trips, each at its own offset,
+// and a difference in any one of them is a different operation.
+TEST(CollectivesMismatch, DescriptorFieldsRoundTripEachInItsOwnPlace) {
+  using collectives::Algorithm;
+  using collectives::OpDescriptor;
+  using collectives::OpKind;
+  OpDescriptor d;
+  d.kind = OpKind::kAllReduce;
+  d.seq = 7;
+  d.count = 1 << 20;
+  d.op = ReduceOp::kAverage;
+  d.codec = *parse_codec_spec("q4:block=64");
+  d.nranks = 3;
+  d.segment_elems = 64 * 1000;
+  auto bytes = d.encode();
+  EXPECT_EQ(bytes[32] | bytes[33] << 8, 64);                      // block u16
+  EXPECT_EQ(bytes[34], 0);                                        // the owner reduction
+  EXPECT_EQ(bytes[56] | bytes[57] << 8 | bytes[58] << 16, 1000);  // segment, in scale groups
+  for (int i = 48; i < 56; ++i) EXPECT_EQ(bytes[i], 0) << "tag byte " << i;
+  auto back = OpDescriptor::decode(bytes.data(), "test");
+  ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+  EXPECT_EQ(back->segment_elems, d.segment_elems);
+  EXPECT_EQ(back->algorithm, Algorithm::kDefault);
+  EXPECT_EQ(back->codec->block, 64u);
+  EXPECT_EQ(back->encode(), bytes);
+
+  OpDescriptor hop = d;
+  hop.algorithm = Algorithm::kOneHop;
+  hop.segment_elems = 0;
+  EXPECT_EQ(hop.encode()[34], 1);
+  EXPECT_NE(hop.to_string().find("one hop"), std::string::npos) << hop.to_string();
+  EXPECT_EQ(d.to_string().find("one hop"), std::string::npos) << d.to_string();
+  EXPECT_FALSE(collectives::same_operation(d, hop));
+  OpDescriptor seg = d;
+  seg.segment_elems = 64 * 1001;
+  EXPECT_FALSE(collectives::same_operation(d, seg));
+
+  OpDescriptor send;
+  send.kind = OpKind::kSend;
+  send.count = 10;
+  send.root = 1;
+  send.nranks = 2;
+  send.tag = (uint64_t{1} << 60) - 1;
+  auto sb = send.encode();
+  for (int i = 56; i < 60; ++i) EXPECT_EQ(sb[i], 0) << "segment byte " << i;
+  auto sback = OpDescriptor::decode(sb.data(), "test");
+  ASSERT_TRUE(sback.is_ok()) << sback.status().to_string();
+  EXPECT_EQ(sback->tag, send.tag);
+  EXPECT_EQ(sback->segment_elems, 0u);
+  EXPECT_EQ(sback->algorithm, Algorithm::kDefault);
+  OpDescriptor other_tag = send;
+  other_tag.tag = 5;
+  EXPECT_FALSE(collectives::same_operation(send, other_tag));
+
+  // An algorithm this build does not know is refused as damaged, not read as another one.
+  bytes[34] = 2;
+  const uint32_t sum = lowcomm::fnv1a32(bytes.data(), 60);
+  for (int i = 0; i < 4; ++i) bytes[60 + i] = static_cast<uint8_t>(sum >> (8 * i));
+  auto bad = OpDescriptor::decode(bytes.data(), "test");
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruptData);
 }
 
 TEST(CollectivesSecurity, WrongSecretCannotJoin) {

@@ -31,9 +31,10 @@ struct ReduceArgs {
 
 // Pipeline segment length (elements) of a reduce whose owner chunks hold about `chunk_elems`:
 // an eighth of a chunk, between 64 KiB and `segment_bytes` of input, on the codec's scale-group
-// boundaries. Carried in the descriptor so ranks configured differently fail cleanly instead
-// of disagreeing on message sizes. (A fixed 4 MiB left 1-4 MiB all-reduces unpipelined: each
-// owner's results waited for its whole chunk, 0.65-0.76 of the link limit.)
+// boundaries (at most kMaxSegmentGroups groups). Carried in the descriptor (segment_elems) so
+// ranks configured differently fail cleanly instead of disagreeing on message sizes. (A fixed
+// 4 MiB left 1-4 MiB all-reduces unpipelined: each owner's results waited for its whole chunk,
+// 0.65-0.76 of the link limit.)
 inline constexpr uint64_t kSegmentsPerChunk = 8;
 inline constexpr uint64_t kMinSegmentBytes = 64 << 10;
 uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,

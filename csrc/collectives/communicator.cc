@@ -41,8 +41,8 @@ CompressionPolicy policy_of(const CommImpl& impl) {
 // descriptor (a plain spec dropped, so "none" on one rank and no codec on another agree; the
 // segment size from the owner chunk) and the algorithm's arguments, the rounding step taken
 // from the sequence number when the call names none.
-// An all-reduce may take the one-hop algorithm instead (one_hop): its descriptor says so with a
-// segment of 0, so ranks configured differently fail the descriptor check.
+// An all-reduce may take the one-hop algorithm instead (one_hop): its descriptor says so
+// (OpDescriptor::algorithm), so ranks configured differently fail the descriptor check.
 Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> codec,
                    uint64_t chunk_elems, collectives::ReduceArgs a, std::optional<uint64_t> step,
                    std::function<Status(OpRun&, const collectives::ReduceArgs&)> body,
@@ -51,9 +51,10 @@ Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> code
   d.op = a.op;
   d.codec = std::move(codec);
   if (collectives::plain_codec(d.codec, a.dtype)) d.codec.reset();
-  d.tag = one_hop ? 0
-                  : collectives::reduce_segment_elems(impl.options().segment_bytes, a.dtype,
-                                                      d.codec, chunk_elems);
+  d.algorithm = one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
+  d.segment_elems = one_hop ? 0
+                            : collectives::reduce_segment_elems(impl.options().segment_bytes,
+                                                                a.dtype, d.codec, chunk_elems);
   a.codec = d.codec;
   return impl.submit_collective(d, [a, step, body = std::move(body)](OpRun& run) mutable {
     a.step = step ? *step : run.desc().seq;
@@ -129,8 +130,9 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   return submit_reduce(
       *impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
       [](OpRun& run, const collectives::ReduceArgs& args) {
-        return run.desc().tag == 0 ? collectives::one_hop_all_reduce(run, args)
-                                   : collectives::all_reduce(run, args);
+        return run.desc().algorithm == collectives::Algorithm::kOneHop
+                   ? collectives::one_hop_all_reduce(run, args)
+                   : collectives::all_reduce(run, args);
       },
       one_hop);
 }

@@ -1,5 +1,6 @@
 #include "collectives/descriptor.h"
 
+#include "collectives/partition.h"
 #include "core/fnv1a.h"
 #include "transport/little_endian.h"
 
@@ -9,6 +10,7 @@ namespace {
 using namespace transport;  // NOLINT: the little-endian helpers
 
 constexpr uint32_t kDescriptorMagic = 0x3144434Cu;  // "LCD1"
+constexpr uint8_t kMaxAlgorithm = static_cast<uint8_t>(Algorithm::kOneHop);
 
 bool valid_dtype_byte(uint8_t v) {
   return v >= 1 && v <= kMaxDType && valid_dtype(static_cast<DType>(v));
@@ -61,12 +63,16 @@ std::array<uint8_t, kDescriptorBytes> OpDescriptor::encode() const {
     p[29] = static_cast<uint8_t>(codec->wire_dtype);
     p[30] = static_cast<uint8_t>(codec->grouping);
     p[31] = static_cast<uint8_t>(codec->rounding);
-    store_le32(p + 32, codec->block);
+    // A validated block is at most kMaxBlock (4096); other groupings do not use it.
+    if (codec->grouping == Grouping::kBlock)
+      store_le16(p + 32, static_cast<uint16_t>(codec->block));
     store_le64(p + 40, codec->cols);
   }
+  p[34] = static_cast<uint8_t>(algorithm);
   store_le32(p + 36, nranks);
   store_le64(p + 48, tag);
-  store_le32(p + 56, 0);
+  // In scale groups: segment_elems is a multiple of the granule (reduce_segment_elems).
+  store_le32(p + 56, static_cast<uint32_t>(segment_elems / granule(codec)));
   store_le32(p + 60, fnv1a32(p, 60));
   return b;
 }
@@ -77,7 +83,7 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
   if (load_le32(p + 60) != fnv1a32(p, 60))
     return corrupt_data(who + ": operation descriptor checksum mismatch");
   if (p[4] < 1 || p[4] > 11 || p[4] == 7 || !valid_dtype_byte(p[5]) || p[6] > kMaxReduceOp ||
-      load_le32(p + 56) != 0)
+      p[34] > kMaxAlgorithm || p[35] != 0)
     return corrupt_data(who + ": operation descriptor has out-of-range fields");
   OpDescriptor d;
   d.kind = static_cast<OpKind>(p[4]);
@@ -88,6 +94,7 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
   d.root = static_cast<int32_t>(load_le32(p + 24));
   d.nranks = load_le32(p + 36);
   d.tag = load_le64(p + 48);
+  d.algorithm = static_cast<Algorithm>(p[34]);
   if (p[7] != 0xFF) {
     CodecSpec s;
     s.kind = static_cast<CodecKind>(p[7]);
@@ -95,12 +102,16 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
     s.wire_dtype = static_cast<DType>(p[29]);
     s.grouping = static_cast<Grouping>(p[30]);
     s.rounding = static_cast<Rounding>(p[31]);
-    s.block = load_le32(p + 32);
+    if (s.grouping == Grouping::kBlock) s.block = load_le16(p + 32);
     s.cols = load_le64(p + 40);
     if (p[7] > 2 || !valid_dtype_byte(p[29]) || p[30] > 2 || p[31] > 1 || !validate_spec(s).is_ok())
       return corrupt_data(who + ": operation descriptor carries an invalid codec spec");
     d.codec = s;
   }
+  const uint64_t groups = load_le32(p + 56), g = granule(d.codec);
+  if (groups > UINT64_MAX / g)
+    return corrupt_data(who + ": operation descriptor has out-of-range fields");
+  d.segment_elems = groups * g;
   return d;
 }
 
@@ -111,7 +122,7 @@ std::string OpDescriptor::to_string() const {
       kind == OpKind::kAllReduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
   if (reduces) s += std::string(", ") + reduce_op_name(op);
   if (reduces) s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
-  if (kind == OpKind::kAllReduce && tag == 0) s += ", one hop";
+  if (algorithm == Algorithm::kOneHop) s += ", one hop";
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter)
     s += ", root " + std::to_string(root);

@@ -2,13 +2,22 @@
 // OpDescriptor: what one rank believes the current operation is. Every collective starts by
 // sending its descriptor to every peer and checking theirs before any payload is used; a
 // point-to-point send precedes its data with one. Two ranks that disagree (another collective,
-// count, dtype, reduction, codec, root, sequence number) get an error naming the peer and both
-// descriptors instead of reading each other's bytes as something they are not.
+// count, dtype, reduction, codec, root, algorithm, pipeline segment, sequence number, tag) get
+// an error naming the peer and both descriptors instead of reading each other's bytes as
+// something they are not.
 //
 // Wire layout (64 bytes, little-endian; docs/collectives.md):
 //   0 "LCD1" | 4 kind u8, dtype u8, op u8, codec kind u8 | 8 seq u64 | 16 count u64
-//   24 root i32 | 28 codec bits u8, wire dtype u8, grouping u8, rounding u8 | 32 block u32
-//   36 nranks u32 | 40 cols u64 | 48 tag u64 | 56 reserved u32 0 | 60 FNV-1a 32 of [0, 60)
+//   24 root i32 | 28 codec bits u8, wire dtype u8, grouping u8, rounding u8
+//   32 block u16 (block-grouped codecs; else 0) | 34 algorithm u8 | 35 reserved u8 0
+//   36 nranks u32 | 40 cols u64 | 48 p2p tag u64 | 56 segment u32 | 60 FNV-1a 32 of [0, 60)
+// Each field has one meaning whatever the kind (0 where it does not apply). The algorithm and
+// the segment got fields of their own within the fixed 64 bytes: the block takes 16 bits (a
+// valid block is at most 4096) and the segment is counted in the codec's scale groups
+// (granule(): the block, the column count, or one element), so 32 bits hold any segment
+// reduce_segment_elems makes. (Until issue 21 the segment travelled in the tag field, 0 meaning
+// one hop, and bytes 32-35 and 56-59 were a u32 block and a reserved 0; descriptors without a
+// codec or a segment are unchanged byte for byte.)
 
 #include <array>
 #include <cstdint>
@@ -36,7 +45,15 @@ enum class OpKind : uint8_t {
 };
 const char* op_kind_name(OpKind kind);
 
+// Which schedule an operation runs, where its kind has more than one: ranks must agree.
+enum class Algorithm : uint8_t {
+  kDefault = 0,  // the kind's own schedule (all-reduce, reduce-scatter, reduce: owner reduction)
+  kOneHop = 1,   // all-reduce: every contribution to every rank (one_hop_reduce.cc)
+};
+
 inline constexpr size_t kDescriptorBytes = 64;
+// The most scale groups a pipeline segment may hold: what the descriptor's u32 carries.
+inline constexpr uint64_t kMaxSegmentGroups = UINT32_MAX;
 
 struct OpDescriptor {
   OpKind kind = OpKind::kBarrier;
@@ -44,10 +61,14 @@ struct OpDescriptor {
   uint64_t count = 0;  // elements (reduce-scatter: per rank; all-gather: per rank)
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
-  std::optional<CodecSpec> codec;  // all-reduce only; unset: uncompressed
+  std::optional<CodecSpec> codec;  // reductions only; unset: uncompressed
   int32_t root = -1;               // broadcast: the root; send: the sending rank
   uint32_t nranks = 0;
-  uint64_t tag = 0;  // p2p
+  uint64_t tag = 0;  // send/recv: the user's tag (below tags::kMaxUserTag); 0 otherwise
+  Algorithm algorithm = Algorithm::kDefault;
+  // The owner reduction: elements per pipeline segment (reduce_segment_elems: a multiple of
+  // granule(codec), at most kMaxSegmentGroups groups); 0 otherwise.
+  uint64_t segment_elems = 0;
 
   std::array<uint8_t, kDescriptorBytes> encode() const;
   // kCorruptData naming `who` when the bytes are not a descriptor.

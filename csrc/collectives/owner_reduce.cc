@@ -82,7 +82,7 @@ Status prepare_owner_reduce(OwnerReduce& o, const std::vector<Range>& chunks) {
   o.es = dtype_size(a.dtype);
   o.wire = a.codec ? *a.codec : passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32);
   o.plain = plain_codec(a.codec, a.dtype);
-  const uint64_t seg = o.run.desc().tag;  // reduce_segment_elems, agreed through the descriptor
+  const uint64_t seg = o.run.desc().segment_elems;  // agreed through the descriptor check
   for (const Range& c : chunks) o.segs.push_back(split_segments(c, seg));
   o.mine = chunks[static_cast<size_t>(o.me)];
   o.in = static_cast<const uint8_t*>(a.send);
@@ -117,7 +117,9 @@ uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
   const uint64_t hi = std::max<uint64_t>(1, segment_bytes / es);
   const uint64_t lo = std::min(hi, std::max<uint64_t>(1, kMinSegmentBytes / es));
   const uint64_t elems = std::clamp(chunk_elems / kSegmentsPerChunk, lo, hi);
-  return std::max<uint64_t>(g, elems / g * g);
+  // Whole scale groups, at least one; at most what the descriptor carries (kMaxSegmentGroups:
+  // only a segment_bytes of 4 GiB or more reaches it, and more segments change no result).
+  return std::clamp<uint64_t>(elems / g, 1, kMaxSegmentGroups) * g;
 }
 
 Status all_reduce(OpRun& run, const ReduceArgs& a) {
