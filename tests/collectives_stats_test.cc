@@ -5,9 +5,12 @@
 // compression ratio and the codec times follow the codec, and over an emulated link the
 // efficiency against the link's limit is a fraction.
 
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "collectives/algorithms.h"
 #include "collectives/partition.h"
@@ -296,7 +299,7 @@ TEST(CollectivesStats, CApiReportsTheSameNumbers) {
     lowcommComm_t comm = nullptr;
     RANK_CHECK(lowcommCommInitRank(&comm, 3, cid, rank) == lowcommSuccess,
                lowcommGetLastError(nullptr));
-    lowcommOpStats none;
+    lowcommOpStats none = LOWCOMM_OP_STATS_INIT;
     RANK_CHECK(lowcommCommGetLastOpStats(comm, &none) == lowcommSuccess, "before any operation");
     RANK_CHECK(none.kind[0] == '\0' && none.bytesSent == 0, "stats before any operation");
     const uint64_t n = 600000;
@@ -309,7 +312,7 @@ TEST(CollectivesStats, CApiReportsTheSameNumbers) {
                                   &req) == lowcommSuccess,
                  lowcommGetLastError(comm));
       RANK_CHECK(lowcommWaitStats(req, nullptr) == lowcommInvalidArgument, "NULL stats");
-      lowcommOpStats s;
+      lowcommOpStats s = LOWCOMM_OP_STATS_INIT;
       RANK_CHECK(lowcommWaitStats(nullptr, &s) == lowcommInvalidArgument, "NULL request");
       RANK_CHECK(lowcommWaitStats(req, &s) == lowcommSuccess, lowcommGetLastError(comm));
       const Expected e = all_reduce_bytes(
@@ -326,12 +329,133 @@ TEST(CollectivesStats, CApiReportsTheSameNumbers) {
       RANK_CHECK(codec ? s.encodeNs > 0 && s.decodeNs > 0 : s.encodeNs == 0 && s.decodeNs == 0, d);
       RANK_CHECK(s.wallNs > 0 && s.encodeNs + s.decodeNs + s.networkWaitNs <= s.wallNs, d);
       RANK_CHECK(s.linkLimitNs == 0 && s.linkEfficiency == 0.0, d);
-      lowcommOpStats last;
+      lowcommOpStats last = LOWCOMM_OP_STATS_INIT;
       RANK_CHECK(lowcommCommGetLastOpStats(comm, &last) == lowcommSuccess, "last");
       RANK_CHECK(std::memcmp(&last, &s, sizeof(s)) == 0, "last op stats differ from the Wait's");
     }
     RANK_CHECK(lowcommCommGetLastOpStats(comm, nullptr) == lowcommInvalidArgument, "NULL");
     RANK_CHECK(lowcommCommGetLastOpStats(nullptr, &none) == lowcommInvalidArgument, "NULL comm");
+    RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, lowcommGetLastError(nullptr));
+    return "ok";
+  }));
+}
+
+// lowcommOpStats is versioned by structSize: the fields of the struct, (offset, size) in
+// order after structSize, written out here independently of the library's own table.
+#define STATS_FIELD(f) \
+  { offsetof(lowcommOpStats, f), sizeof(lowcommOpStats::f) }
+const std::pair<size_t, size_t> kStatsFields[] = {STATS_FIELD(kind),
+                                                  STATS_FIELD(codec),
+                                                  STATS_FIELD(sequence),
+                                                  STATS_FIELD(count),
+                                                  STATS_FIELD(wallNs),
+                                                  STATS_FIELD(bytesSent),
+                                                  STATS_FIELD(bytesReceived),
+                                                  STATS_FIELD(payloadBytesSent),
+                                                  STATS_FIELD(uncompressedBytesSent),
+                                                  STATS_FIELD(compressionRatio),
+                                                  STATS_FIELD(encodeNs),
+                                                  STATS_FIELD(decodeNs),
+                                                  STATS_FIELD(networkWaitNs),
+                                                  STATS_FIELD(linkLimitNs),
+                                                  STATS_FIELD(linkEfficiency)};
+#undef STATS_FIELD
+
+// What a caller built against the first fields only would declare (the struct as it might have
+// been before later fields were appended), followed in memory by other data of its own.
+struct OlderCallerStats {
+  size_t structSize;
+  char kind[16];
+  char codec[48];
+  uint64_t sequence;
+  uint64_t count;
+};
+struct OlderCaller {
+  OlderCallerStats stats;
+  unsigned char after[64];  // the caller's next bytes: must stay as they were
+};
+static_assert(sizeof(OlderCallerStats) == offsetof(lowcommOpStats, wallNs));
+
+constexpr unsigned char kGuard = 0xA5;
+
+// An "older caller" (structSize covering only the first fields) gets exactly those fields and
+// nothing past them, whether the size ends on a field boundary or inside a field; sizes larger
+// than this library's struct get its fields and nothing more; structSize 0 or below the first
+// field is refused with lowcommInvalidArgument before anything is written (lowcommWaitStats:
+// before the request is waited for or freed).
+TEST(CollectivesStats, CApiWritesOnlyTheFieldsWithinStructSize) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    lowcommUniqueId cid;
+    auto raw = id.to_bytes();
+    std::memcpy(cid.internal, raw.data(), raw.size());
+    lowcommComm_t comm = nullptr;
+    RANK_CHECK(lowcommCommInitRank(&comm, 2, cid, rank) == lowcommSuccess,
+               lowcommGetLastError(nullptr));
+    const uint64_t n = 70000;
+    Tensor x = make_input(DType::kFloat32, n, 3, rank);
+    lowcommRequest_t req = nullptr;
+    RANK_CHECK(lowcommAllReduce(x.data(), x.data(), n, lowcommFloat32, lowcommSum, "q4", comm,
+                                &req) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    // A refused structSize leaves the request alone: it is waited for afterwards.
+    for (size_t bad : {size_t{0}, sizeof(size_t), size_t{LOWCOMM_OP_STATS_MIN_SIZE} - 1}) {
+      unsigned char buf[sizeof(lowcommOpStats) + 64];
+      std::memset(buf, kGuard, sizeof(buf));
+      std::memcpy(buf, &bad, sizeof(bad));
+      auto* p = reinterpret_cast<lowcommOpStats*>(buf);
+      const std::string what = "structSize " + std::to_string(bad);
+      RANK_CHECK(lowcommWaitStats(req, p) == lowcommInvalidArgument, what + ": not refused");
+      RANK_CHECK(
+          std::string(lowcommGetLastError(comm))
+                  .find(bad == 0 ? "structSize is 0" : "below the smallest") != std::string::npos,
+          what + ": " + lowcommGetLastError(comm));
+      RANK_CHECK(lowcommCommGetLastOpStats(comm, p) == lowcommInvalidArgument, what);
+      for (size_t i = sizeof(size_t); i < sizeof(buf); ++i)
+        RANK_CHECK(buf[i] == kGuard, what + ": byte " + std::to_string(i) + " written");
+    }
+    lowcommOpStats full = LOWCOMM_OP_STATS_INIT;
+    RANK_CHECK(lowcommWaitStats(req, &full) == lowcommSuccess, lowcommGetLastError(comm));
+    RANK_CHECK(std::string(full.kind) == "all_reduce" && std::string(full.codec) == "q4" &&
+                   full.count == n && full.bytesSent > 0 && full.compressionRatio > 1.0,
+               "the full struct");
+    RANK_CHECK(full.structSize == sizeof(lowcommOpStats), "structSize was written");
+
+    // The older caller, as it would declare its struct.
+    OlderCaller older;
+    std::memset(&older, kGuard, sizeof(older));
+    older.stats.structSize = sizeof(OlderCallerStats);
+    RANK_CHECK(lowcommCommGetLastOpStats(comm, reinterpret_cast<lowcommOpStats*>(&older.stats)) ==
+                   lowcommSuccess,
+               lowcommGetLastError(comm));
+    RANK_CHECK(std::string(older.stats.kind) == "all_reduce" &&
+                   std::string(older.stats.codec) == "q4" &&
+                   older.stats.sequence == full.sequence && older.stats.count == n,
+               "the older caller's fields");
+    for (unsigned char b : older.after) RANK_CHECK(b == kGuard, "written past the older struct");
+
+    // Every size from the smallest to past the struct: the fields that end within it are the
+    // library's bytes, every other byte stays as the caller left it.
+    for (size_t size = LOWCOMM_OP_STATS_MIN_SIZE; size <= sizeof(lowcommOpStats) + 8; ++size) {
+      unsigned char buf[sizeof(lowcommOpStats) + 64];
+      std::memset(buf, kGuard, sizeof(buf));
+      std::memcpy(buf, &size, sizeof(size));
+      RANK_CHECK(
+          lowcommCommGetLastOpStats(comm, reinterpret_cast<lowcommOpStats*>(buf)) == lowcommSuccess,
+          "structSize " + std::to_string(size) + ": " + lowcommGetLastError(comm));
+      size_t end = sizeof(size_t);
+      for (const auto& [offset, bytes] : kStatsFields)
+        if (offset + bytes <= size) end = offset + bytes;
+      const auto* want = reinterpret_cast<const unsigned char*>(&full);
+      for (size_t i = 0; i < sizeof(buf); ++i) {
+        const unsigned char expected = i < sizeof(size_t) ? buf[i] : (i < end ? want[i] : kGuard);
+        RANK_CHECK(buf[i] == expected, "structSize " + std::to_string(size) + ": byte " +
+                                           std::to_string(i) +
+                                           (i < end ? " not the library's" : " written"));
+      }
+      size_t written;
+      std::memcpy(&written, buf, sizeof(written));
+      RANK_CHECK(written == size, "structSize changed");
+    }
     RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, lowcommGetLastError(nullptr));
     return "ok";
   }));

@@ -202,23 +202,71 @@ void copy_text(char (&field)[N], const std::string& text) {
   std::memset(field + n, 0, N - n);
 }
 
+// lowcommOpStats is versioned by its size (lowcomm.h): where each field after structSize ends,
+// in order, so a caller's struct of structSize bytes gets exactly the fields that end within it.
+#define LOWCOMM_OP_STATS_END(f) (offsetof(lowcommOpStats, f) + sizeof(lowcommOpStats::f))
+constexpr size_t kOpStatsFieldEnds[] = {LOWCOMM_OP_STATS_END(kind),
+                                        LOWCOMM_OP_STATS_END(codec),
+                                        LOWCOMM_OP_STATS_END(sequence),
+                                        LOWCOMM_OP_STATS_END(count),
+                                        LOWCOMM_OP_STATS_END(wallNs),
+                                        LOWCOMM_OP_STATS_END(bytesSent),
+                                        LOWCOMM_OP_STATS_END(bytesReceived),
+                                        LOWCOMM_OP_STATS_END(payloadBytesSent),
+                                        LOWCOMM_OP_STATS_END(uncompressedBytesSent),
+                                        LOWCOMM_OP_STATS_END(compressionRatio),
+                                        LOWCOMM_OP_STATS_END(encodeNs),
+                                        LOWCOMM_OP_STATS_END(decodeNs),
+                                        LOWCOMM_OP_STATS_END(networkWaitNs),
+                                        LOWCOMM_OP_STATS_END(linkLimitNs),
+                                        LOWCOMM_OP_STATS_END(linkEfficiency)};
+#undef LOWCOMM_OP_STATS_END
+static_assert(kOpStatsFieldEnds[sizeof(kOpStatsFieldEnds) / sizeof(size_t) - 1] ==
+                  sizeof(lowcommOpStats),
+              "a field appended to lowcommOpStats must be listed in kOpStatsFieldEnds");
+static_assert(kOpStatsFieldEnds[0] == LOWCOMM_OP_STATS_MIN_SIZE);
+
+// A caller's structSize that the stats functions refuse, before anything is written or waited.
+Status check_stats_size(const lowcommOpStats* out) {
+  const size_t size = out->structSize;
+  if (size == 0)
+    return lowcomm::invalid_argument(
+        "lowcommOpStats.structSize is 0: set it to sizeof(lowcommOpStats) "
+        "(lowcommOpStats stats = LOWCOMM_OP_STATS_INIT;)");
+  if (size < LOWCOMM_OP_STATS_MIN_SIZE)
+    return lowcomm::invalid_argument(
+        "lowcommOpStats.structSize " + std::to_string(size) +
+        " is below the smallest lowcommOpStats (LOWCOMM_OP_STATS_MIN_SIZE, " +
+        std::to_string(LOWCOMM_OP_STATS_MIN_SIZE) + " bytes): set it to sizeof(lowcommOpStats)");
+  return Status::ok();
+}
+
+// Writes the fields of *out that end within out->structSize bytes (check_stats_size passed),
+// nothing else: not structSize, not a byte past the caller's struct.
 void to_c_stats(const lowcomm::OpStats& s, lowcommOpStats* out) {
-  std::memset(out, 0, sizeof(*out));
-  copy_text(out->kind, s.kind);
-  copy_text(out->codec, s.codec);
-  out->sequence = s.sequence;
-  out->count = s.count;
-  out->wallNs = to_ns(s.wall);
-  out->bytesSent = s.bytes_sent;
-  out->bytesReceived = s.bytes_received;
-  out->payloadBytesSent = s.payload_bytes_sent;
-  out->uncompressedBytesSent = s.uncompressed_bytes_sent;
-  out->compressionRatio = s.compression_ratio;
-  out->encodeNs = to_ns(s.encode);
-  out->decodeNs = to_ns(s.decode);
-  out->networkWaitNs = to_ns(s.network_wait);
-  out->linkLimitNs = to_ns(s.link_limit);
-  out->linkEfficiency = s.link_efficiency;
+  lowcommOpStats all;
+  std::memset(&all, 0, sizeof(all));
+  copy_text(all.kind, s.kind);
+  copy_text(all.codec, s.codec);
+  all.sequence = s.sequence;
+  all.count = s.count;
+  all.wallNs = to_ns(s.wall);
+  all.bytesSent = s.bytes_sent;
+  all.bytesReceived = s.bytes_received;
+  all.payloadBytesSent = s.payload_bytes_sent;
+  all.uncompressedBytesSent = s.uncompressed_bytes_sent;
+  all.compressionRatio = s.compression_ratio;
+  all.encodeNs = to_ns(s.encode);
+  all.decodeNs = to_ns(s.decode);
+  all.networkWaitNs = to_ns(s.network_wait);
+  all.linkLimitNs = to_ns(s.link_limit);
+  all.linkEfficiency = s.link_efficiency;
+  constexpr size_t kFirst = offsetof(lowcommOpStats, kind);
+  size_t end = kFirst;
+  for (size_t e : kOpStatsFieldEnds)
+    if (e <= out->structSize) end = e;
+  std::memcpy(reinterpret_cast<char*>(out) + kFirst, reinterpret_cast<const char*>(&all) + kFirst,
+              end - kFirst);
 }
 
 // Destroy and abort: from here on the comm's errors go to the completing thread (ErrorSink).
@@ -552,6 +600,7 @@ lowcommResult_t lowcommWaitStats(lowcommRequest_t request, lowcommOpStats* stats
   return guarded(sink.get(), [&] {
     if (!request || !stats)
       return record(nullptr, lowcomm::invalid_argument("NULL request or stats"));
+    if (Status bad = check_stats_size(stats); !bad) return record_to(sink.get(), bad);
     Status s = request->work.wait();
     auto st = request->work.stats();  // complete: never the in-flight error
     to_c_stats(st.is_ok() ? *st : lowcomm::OpStats{}, stats);
@@ -564,6 +613,7 @@ lowcommResult_t lowcommCommGetLastOpStats(lowcommComm_t comm, lowcommOpStats* st
   return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     if (!stats) return record(comm, lowcomm::invalid_argument("NULL stats"));
+    if (Status bad = check_stats_size(stats); !bad) return record(comm, bad);
     to_c_stats(comm->comm->last_op_stats(), stats);
     return lowcommSuccess;
   });

@@ -95,11 +95,20 @@ typedef struct lowcommRequest* lowcommRequest_t;
 
 /* lowcomm: what one operation did on this rank, as lowcomm::OpStats (docs/collectives.md,
  * "Statistics"). Bytes on the wire are payload plus the transport's chunk headers plus the
- * operation's descriptors; times are nanoseconds of the steady clock. */
+ * operation's descriptors; times are nanoseconds of the steady clock.
+ *
+ * Versioned by its size, as NCCL versions ncclConfig_t: the caller sets structSize to
+ * sizeof(lowcommOpStats), e.g. `lowcommOpStats s = LOWCOMM_OP_STATS_INIT;`, and the library
+ * writes only the fields that lie wholly within structSize bytes, never a byte past them, and
+ * never structSize itself. Fields are only ever appended: a program built against an older,
+ * shorter lowcommOpStats gets the fields it knows from a newer library; one built against a
+ * newer header gets an older library's fields, the rest left as it set them. structSize 0, or
+ * below LOWCOMM_OP_STATS_MIN_SIZE, is lowcommInvalidArgument and nothing is written. */
 typedef struct {
-  char kind[16];  /* "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
-                     "send", "recv"; "" before any operation */
-  char codec[48]; /* the codec spec on the wire ("q4"); "" uncompressed */
+  size_t structSize; /* set by the caller: sizeof(lowcommOpStats) */
+  char kind[16];     /* "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
+                        "send", "recv"; "" before any operation */
+  char codec[48];    /* the codec spec on the wire ("q4"); "" uncompressed */
   uint64_t sequence;
   uint64_t count;     /* the call's element count */
   uint64_t wallNs;    /* from when it started running to its completion */
@@ -116,6 +125,13 @@ typedef struct {
   uint64_t linkLimitNs;
   double linkEfficiency;
 } lowcommOpStats;
+
+/* A lowcommOpStats ready to be filled: structSize set, every field zero. Every field is named
+ * so that C and C++ compilers with -Wmissing-field-initializers accept it. */
+#define LOWCOMM_OP_STATS_INIT \
+  { sizeof(lowcommOpStats), {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0 }
+/* The smallest structSize the library takes: structSize and the first field, kind. */
+#define LOWCOMM_OP_STATS_MIN_SIZE (offsetof(lowcommOpStats, codec))
 
 LOWCOMM_API const char* lowcommGetErrorString(lowcommResult_t result);
 /* The message of the last failed call on comm (this thread's last failed call when comm is
@@ -203,11 +219,13 @@ LOWCOMM_API lowcommResult_t lowcommTest(lowcommRequest_t request, int* done);
 /* Waits for completion, frees the request, returns its result. */
 LOWCOMM_API lowcommResult_t lowcommWait(lowcommRequest_t request);
 /* lowcomm: lowcommWait that also fills *stats with the operation's statistics (a failed
- * operation's too: what it issued before failing). NULL request or stats:
- * lowcommInvalidArgument, and the request is neither waited for nor freed. */
+ * operation's too: what it issued before failing), the fields within stats->structSize. NULL
+ * request or stats, or a structSize refused (lowcommOpStats): lowcommInvalidArgument, and the
+ * request is neither waited for nor freed. */
 LOWCOMM_API lowcommResult_t lowcommWaitStats(lowcommRequest_t request, lowcommOpStats* stats);
 /* lowcomm: the statistics of the operation comm completed last (collective or point-to-point,
- * succeeded or failed; not a call refused for its arguments); all zero before the first. */
+ * succeeded or failed; not a call refused for its arguments); all zero before the first. The
+ * fields within stats->structSize are written (lowcommOpStats). */
 LOWCOMM_API lowcommResult_t lowcommCommGetLastOpStats(lowcommComm_t comm, lowcommOpStats* stats);
 
 #ifdef __cplusplus
