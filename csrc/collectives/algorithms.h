@@ -40,16 +40,19 @@ inline constexpr uint64_t kMinSegmentBytes = 64 << 10;
 uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
                               const std::optional<CodecSpec>& codec, uint64_t chunk_elems);
 
+// The owner reduction (owner_reduce.cc; its phases in owner_reduce_*.cc).
 Status all_reduce(OpRun& run, const ReduceArgs& a);
-// Every rank's contribution to every rank, reduced there (one_hop_reduce.cc).
-Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a);
 Status reduce(OpRun& run, const ReduceArgs& a, int root);  // the result on root only
 Status reduce_scatter(OpRun& run, const ReduceArgs& a);    // a.n = recv count * size
+// Every rank's contribution to every rank, reduced there (one_hop_reduce.cc).
+Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a);
+
+// Placement only, each in the file of its name (all_gather.cc, broadcast.cc, gather.cc,
+// scatter.cc, all_to_all.cc).
 Status all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype);
 Status broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root);
 Status gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root);
 Status scatter(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype, int root);
-
 struct AllToAllArgs {
   const void* send = nullptr;
   std::vector<uint64_t> send_counts, send_offsets;  // elements, per rank
@@ -58,10 +61,13 @@ struct AllToAllArgs {
   DType dtype = DType::kFloat32;
 };
 Status all_to_all(OpRun& run, const AllToAllArgs& a);
+
+// Point-to-point (point_to_point.cc).
 Status send(OpRun& run, const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
 Status recv(OpRun& run, void* buf, uint64_t count, DType dtype, int peer, uint64_t tag);
 // From whichever peer's message on `tag` comes first (OpRun::set_source records it).
 Status recv_any(OpRun& run, void* buf, uint64_t count, DType dtype, uint64_t tag);
-Status barrier(OpRun& run);
+
+Status barrier(OpRun& run);  // barrier.cc
 
 }  // namespace lowcomm::collectives

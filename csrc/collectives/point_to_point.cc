@@ -1,4 +1,4 @@
-// Tagged send/recv and barrier.
+// Tagged send/recv, and the any-source receive.
 //
 // send: the sender's descriptor (kind send, count, dtype, tag, per-(pair, tag) number) on the
 // user tag's descriptor channel, then the data on its data channel; it completes when both are
@@ -17,9 +17,6 @@
 // (transport/arrival_watch.h), then receives from it exactly as recv does; a message already
 // buffered counts. The k-th receive from a peer on a tag, any-source or not, meets that peer's
 // k-th send on it, in the order the receives run.
-//
-// barrier: the descriptor exchange of every collective is already a full all-to-all; a barrier
-// is only that.
 
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
@@ -59,10 +56,6 @@ Status recv_any(OpRun& run, void* buf, uint64_t count, DType dtype, uint64_t tag
   auto from = run.wait_arrival(tags::p2p_descriptor(tag));
   if (!from) return from.status();
   return recv_from(run, buf, count, dtype, *from, tag);
-}
-
-Status barrier(OpRun& run) {
-  return run.exchange_descriptors();
 }
 
 }  // namespace lowcomm::collectives
