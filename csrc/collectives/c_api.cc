@@ -446,6 +446,40 @@ lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t co
   });
 }
 
+lowcommResult_t lowcommAllReduceErrorFeedback(const void* sendbuff, void* recvbuff, size_t count,
+                                              lowcommDataType_t datatype, lowcommRedOp_t op,
+                                              const char* codec, const char* errorFeedbackKey,
+                                              int ownerErrorFeedback, lowcommComm_t comm,
+                                              lowcommRequest_t* request) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    auto rop = to_op(op);
+    if (!rop) return record(comm, rop.status());
+    if (!errorFeedbackKey || !*errorFeedbackKey)
+      return record(comm, lowcomm::invalid_argument(
+                              "lowcommAllReduceErrorFeedback: errorFeedbackKey must name the "
+                              "residual (use lowcommAllReduce for none)"));
+    lowcomm::AllReduceOptions o;
+    if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
+    o.ef_key = errorFeedbackKey;
+    o.owner_error_feedback = ownerErrorFeedback != 0;
+    return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
+  });
+}
+
+lowcommResult_t lowcommResetErrorFeedback(lowcommComm_t comm, const char* errorFeedbackKey,
+                                          size_t* dropped) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto n = comm->comm->reset_error_feedback(errorFeedbackKey ? errorFeedbackKey : "");
+    if (!n) return record(comm, n.status());
+    if (dropped) *dropped = *n;
+    return lowcommSuccess;
+  });
+}
+
 lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                  lowcommDataType_t datatype, lowcommComm_t comm,
                                  lowcommRequest_t* request) {

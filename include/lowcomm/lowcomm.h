@@ -172,6 +172,21 @@ LOWCOMM_API lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuf
                                              lowcommDataType_t datatype, lowcommRedOp_t op,
                                              const char* codec, lowcommComm_t comm,
                                              lowcommRequest_t* request);
+/* lowcomm: lowcommAllReduce with error feedback (docs/collectives.md, "Error feedback"): this
+ * rank's quantization error is kept under the residual named errorFeedbackKey and added to its
+ * next contribution under that key; ownerErrorFeedback nonzero: the owners' re-quantization keeps
+ * a residual too. Needs a lossy codec (the call's, or LOWCOMM_CODEC's); a key used for a tensor of
+ * another size fails the call. */
+LOWCOMM_API lowcommResult_t lowcommAllReduceErrorFeedback(
+    const void* sendbuff, void* recvbuff, size_t count, lowcommDataType_t datatype,
+    lowcommRedOp_t op, const char* codec, const char* errorFeedbackKey, int ownerErrorFeedback,
+    lowcommComm_t comm, lowcommRequest_t* request);
+/* lowcomm: drops the residual errorFeedbackKey and every key under it ("layer3" drops
+ * "layer3/w", not "layer30"; NULL or "": all), in call order with the operations; *dropped (may
+ * be NULL) says how many. The next use of a dropped key starts from a zero residual. */
+LOWCOMM_API lowcommResult_t lowcommResetErrorFeedback(lowcommComm_t comm,
+                                                      const char* errorFeedbackKey,
+                                                      size_t* dropped);
 LOWCOMM_API lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                              lowcommDataType_t datatype, lowcommComm_t comm,
                                              lowcommRequest_t* request);
