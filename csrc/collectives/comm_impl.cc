@@ -126,6 +126,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     }
   }
   c->inline_bytes_ = static_cast<uint64_t>(opts.inline_bytes);
+  c->gate_->comm = c.get();
   c->control_ = std::vector<Control>(nranks);
   c->p2p_sent_.assign(static_cast<size_t>(nranks), 0);
   c->p2p_received_.assign(static_cast<size_t>(nranks), 0);
@@ -144,6 +145,11 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
 }
 
 CommImpl::~CommImpl() {
+  {
+    // No waiter may run an operation from now on (it would outlive us): wait out one that is.
+    std::lock_guard<std::mutex> hold(gate_->mu);
+    gate_->comm = nullptr;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -206,19 +212,33 @@ Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   desc.seq = next_seq_++;
   op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
   op.desc = desc;
-  // A small collective with nothing queued or running runs here, on the caller's thread: no
-  // hand-off to the executor and back (two thread wake-ups, most of a small op's cost on a
-  // loaded host). Only collectives: every rank calls them in the same order, so running one to
-  // completion on the caller cannot block another rank's progress; a point-to-point receive
-  // could ("irecv; isend" on both sides).
-  const uint64_t bytes = desc.count * dtype_size(desc.dtype);
-  if (bytes > inline_bytes_ || !queue_.empty() || running_ || stop_ || t_running_ == this)
-    return enqueue_locked(std::move(op));
-  running_ = true;
-  lock.unlock();
-  Work w(op.work);
+  // A small collective may run on the thread that waits for it (run_queued): no hand-off to the
+  // executor and back on the critical path. Only collectives: every rank calls them in the same
+  // order, so the waiter running one cannot hold up another rank; and only from Work::wait(),
+  // so an asynchronous call still returns at once and the executor runs it if nobody waits.
+  if (desc.count * dtype_size(desc.dtype) <= inline_bytes_) {
+    std::weak_ptr<StealGate> gate = gate_;
+    op.work->set_run_here([gate](WorkState* w) {
+      if (auto g = gate.lock()) {
+        std::lock_guard<std::mutex> hold(g->mu);  // the communicator outlives this call
+        if (g->comm) g->comm->run_queued(w);
+      }
+    });
+  }
+  return enqueue_locked(std::move(op));
+}
+
+void CommImpl::run_queued(WorkState* w) {
+  Op op;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (running_ || stop_ || t_running_ == this || queue_.empty() || queue_.front().work.get() != w)
+      return;  // started already, or behind other operations: the executor runs it
+    op = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+  }
   run_exclusive(op);
-  return w;
 }
 
 void CommImpl::run_exclusive(Op& op) {

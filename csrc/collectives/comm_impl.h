@@ -4,9 +4,9 @@
 //
 // Threads: the transport's engine thread ("lc-eng-r<rank>") moves bytes; the executor thread
 // ("lc-coll-r<rank>") runs one operation at a time (encode, reduce, decode, waits); user
-// threads enqueue and wait on Work, except that a collective of at most inline_bytes_ input
-// bytes submitted while nothing is queued or running runs to completion on the caller's thread
-// (which holds running_ meanwhile, so it is still one operation at a time, in call order).
+// threads enqueue and wait on Work, except that a thread waiting (Work::wait) for a collective of
+// at most inline_bytes_ input bytes that is next in the queue while nothing runs takes it and runs
+// it itself (holding running_ meanwhile, so it is still one operation at a time, in call order).
 //
 // Control channel: at init every rank posts one receive of a fixed-size control message on
 // tags::kControl from every peer, and sends at most one in its lifetime: an abort notice (this
@@ -131,6 +131,14 @@ class CommImpl {
   // Runs op on this thread (the executor, or a caller running a small collective inline) with
   // running_ already set by the caller under mu_; clears it and wakes the waiters.
   void run_exclusive(Op& op);
+  // Work::wait() of a small collective: runs it here if it is next in the queue and nothing runs.
+  void run_queued(WorkState* w);
+  // What a waiting thread reaches the communicator through; nulled (under mu) by the destructor.
+  struct StealGate {
+    std::mutex mu;
+    CommImpl* comm = nullptr;
+  };
+  std::shared_ptr<StealGate> gate_ = std::make_shared<StealGate>();
   // The INFO (collective) or TRACE (point-to-point) line summarizing a completed operation.
   void log_stats(const collectives::OpDescriptor& desc, const OpStats& st, const Status& s) const;
   // Latches `why` as the communicator's failure; the first time, tells the peers and aborts
@@ -156,7 +164,7 @@ class CommImpl {
   std::condition_variable cv_;
   std::deque<Op> queue_;
   bool running_ = false;  // an operation is inside run_one (on the executor or inline)
-  // The thread that runs an operation (running_): the executor, or the caller of a small
+  // The thread that runs an operation (running_): the executor, or a thread waiting for a small
   // collective (CommOptions::inline_bytes), which then acts as the executor until it returns.
   const Op* current_ = nullptr;
   uint64_t inline_bytes_ = 0;  // collectives up to this many input bytes may run inline

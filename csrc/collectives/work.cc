@@ -59,6 +59,8 @@ bool WorkState::done() const {
 }
 
 Status WorkState::wait() const {
+  // Only an unbounded wait runs the operation itself: wait_for's caller wants control back.
+  if (run_here_ && !done()) run_here_(const_cast<WorkState*>(this));
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_; });
   return status_;

@@ -35,6 +35,9 @@ class WorkState {
   uint64_t seq() const { return seq_; }
   int source() const;
   bool is_refused() const { return refused_; }
+  // Set once, before the state is shared: what wait() calls first, to run the operation on the
+  // waiting thread if nothing has started it yet (CommImpl, small collectives).
+  void set_run_here(std::function<void(WorkState*)> fn) { run_here_ = std::move(fn); }
 
  private:
   const uint64_t seq_;
@@ -46,6 +49,7 @@ class WorkState {
   OpStats stats_;
   int source_ = -1;
   std::vector<std::function<void(const Status&)>> callbacks_;  // until done_
+  std::function<void(WorkState*)> run_here_;                   // constant once shared
 
   void finish(Status s, OpStats* stats, int source = -1);
 };

@@ -5,7 +5,8 @@
 //   auto id = create_unique_id("10.0.0.5");              // on rank 0; distribute id.to_string()
 //   auto comm = Communicator::init(*id, rank, nranks);  // every rank, same id
 //   Work w = (*comm)->all_reduce(x, x, n, DType::kFloat32, ReduceOp::kAverage,
-//                                {.codec = *parse_codec_spec("q4"), .ef_key = "grads"});
+//                                {.codec = *parse_codec_spec("q4"), .error_feedback_key =
+//                                "grads"});
 //   Status s = w.wait();
 //
 // Every operation is asynchronous: it returns a Work at once and runs on the communicator's
@@ -109,11 +110,11 @@ struct CommOptions {
   // docs/transport.md); 0: integrity only; -1: LOWCOMM_ENCRYPT (0 or 1), else 0. All ranks must
   // agree: a rank that differs fails init naming the mismatch.
   int encrypt = -1;
-  // A collective of at most this many input bytes, called while nothing is queued or running,
-  // runs on the calling thread: the call returns with its Work complete, saving the hand-off to
-  // the communicator's thread and back (tens of microseconds per small op). Larger ones, and
-  // everything called while another operation is pending, are queued and return at once.
-  // Point-to-point operations are always queued. -1: LOWCOMM_INLINE_BYTES, else 64 KiB; 0: never.
+  // A collective of at most this many input bytes may run on the thread that waits for it
+  // (Work::wait, lowcommWait, torch's wait) when it is next in line and the communicator's
+  // thread has not started it: the hand-off to that thread and back leaves the critical path.
+  // Calls still return at once; wait_for and test never run anything. -1: LOWCOMM_INLINE_BYTES,
+  // else 64 KiB; 0: never.
   int64_t inline_bytes = -1;
 };
 
@@ -125,7 +126,7 @@ struct AllReduceOptions {
   std::optional<CodecSpec> codec;
   // Non-empty: error feedback on each rank's quantization of its contributions, in residual state
   // kept under this key across calls (save_error_feedback / restore_error_feedback).
-  std::string ef_key;
+  std::string error_feedback_key;
   bool owner_error_feedback = false;  // also on the owner's re-quantization (same key)
   // Stochastic rounding seeds derive from (seed, step, rank, element offset); step unset: the
   // operation sequence number.
@@ -158,13 +159,14 @@ struct CompressionPolicy {
 };
 struct Compression {
   std::optional<CodecSpec> codec;  // unset or plain: exact
-  std::string ef_key;
+  std::string error_feedback_key;
   bool owner_error_feedback = false;
   bool bypassed = false;  // a default codec existed but rule 2 left this call exact
 };
 LOWCOMM_API Compression decide_compression(const CompressionPolicy& policy,
                                            const std::optional<CodecSpec>& call_codec, DType dtype,
-                                           ReduceOp op, uint64_t bytes, std::string ef_key,
+                                           ReduceOp op, uint64_t bytes,
+                                           std::string error_feedback_key,
                                            bool owner_error_feedback);
 
 // reduce_scatter's options are all_reduce's; owner_error_feedback does not apply (the owner's
@@ -261,9 +263,9 @@ class LOWCOMM_API Communicator {
   Work all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                   const AllReduceOptions& options = {});
   // send holds recv_count * size() elements; recv gets this rank's reduced slice. With a codec,
-  // as all_reduce: each contribution is quantized once (error feedback under ef_key), the owner
-  // of a slice decode-accumulates them in rank order in fp32 and rounds once to the dtype, so
-  // the result is deterministic; bytes sent per rank are (P-1)/P of the encoded tensor.
+  // as all_reduce: each contribution is quantized once (error feedback under error_feedback_key),
+  // the owner of a slice decode-accumulates them in rank order in fp32 and rounds once to the
+  // dtype, so the result is deterministic; bytes sent per rank are (P-1)/P of the encoded tensor.
   Work reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype, ReduceOp op,
                       const ReduceScatterOptions& options = {});
   // recv (on root) = op over ranks of send, as all_reduce's (options too, owner_error_feedback
@@ -312,7 +314,7 @@ class LOWCOMM_API Communicator {
   Result<std::vector<uint8_t>> save_error_feedback();
   Status restore_error_feedback(const void* bytes, size_t len);
   // The residual names kept, sorted. Waits for the operations queued before the call.
-  Result<std::vector<std::string>> error_feedback_names();
+  Result<std::vector<std::string>> error_feedback_keys();
   // Drops the residual `name` and every name under it ("layer3" drops "layer3/w", not
   // "layer30"; "" drops all), in call order with the operations; returns how many were dropped.
   // A dropped name starts again from a zero residual at its next use. Local to this rank: all
