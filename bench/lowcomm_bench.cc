@@ -474,7 +474,7 @@ int run_rank(const Options& o, int rank, int P) {
       AllReduceOptions ar;
       ar.codec = spec;
       if (o.ef && spec && spec->quantized())
-        ar.ef_key = "bench:" + codec_text + ":" + std::to_string(size);
+        ar.error_feedback_key = "bench:" + codec_text + ":" + std::to_string(size);
       auto launch = [&]() -> Work {
         switch (o.collective) {
           case Collective::kAllReduce:
@@ -597,10 +597,11 @@ int run_rank(const Options& o, int rank, int P) {
         if (csv) {
           std::fprintf(
               csv, "lowcomm,%s,%s,%d,%d,%llu,%.6f,%.4f,%.4f,%llu,%.4f,%.4e,%.6f,%.4f,%.3f,%s\n",
-              bench::collective_name(o.collective), codec_text.c_str(), ar.ef_key.empty() ? 0 : 1,
-              P, static_cast<unsigned long long>(row.bytes), row.time_s, row.algbw, row.busbw,
-              static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err, row.limit_s,
-              row.limit_s > 0 ? row.limit_s / row.time_s : 0.0, row.cpu_ns_per_byte,
+              bench::collective_name(o.collective), codec_text.c_str(),
+              ar.error_feedback_key.empty() ? 0 : 1, P, static_cast<unsigned long long>(row.bytes),
+              row.time_s, row.algbw, row.busbw, static_cast<unsigned long long>(row.wire),
+              row.ratio, row.rel_err, row.limit_s, row.limit_s > 0 ? row.limit_s / row.time_s : 0.0,
+              row.cpu_ns_per_byte,
               link.kind == bench::LinkModel::kPerPeer || link.kind == bench::LinkModel::kSite
                   ? "wan"
               : link.kind == bench::LinkModel::kAccess ? "netns"

@@ -95,7 +95,7 @@ TEST(CollectivesArguments, RefusedAtOnceAndTheGroupStaysUsable) {
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, col5),
                    "multiple of col=5");
       AllReduceOptions ef;
-      ef.ef_key = "grads";
+      ef.error_feedback_key = "grads";
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, ef), "error feedback");
       ef.codec = *parse_codec_spec("none");
       RANK_REFUSED(comm, comm.all_reduce(x.data(), y.data(), 64, f32, sum, ef), "error feedback");

@@ -137,7 +137,7 @@ std::string ef_rank(int rank, const UniqueId& id) {
   std::vector<double> truth(n), with_ef(n), without(n);
   AllReduceOptions ef, plain;
   ef.codec = plain.codec = *parse_codec_spec("q2");
-  ef.ef_key = "grad";
+  ef.error_feedback_key = "grad";
   ef.owner_error_feedback = true;
   Tensor y(DType::kFloat32, n);
   const int steps = 20;
@@ -178,18 +178,18 @@ std::string ef_rank(int rank, const UniqueId& id) {
   Tensor small(DType::kFloat32, 100);
   // Names are listed; dropping one (and the names under it) frees it for another tensor.
   ef.owner_error_feedback = false;
-  ef.ef_key = "grad/sub";
+  ef.error_feedback_key = "grad/sub";
   RANK_OK((*comm)
               ->all_reduce(small.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum, ef)
               .wait());
-  auto names = (*comm)->error_feedback_names();
+  auto names = (*comm)->error_feedback_keys();
   RANK_OK(names.status());
   RANK_CHECK((*names == std::vector<std::string>{"grad", "grad/sub"}), "names not listed");
   auto dropped = (*comm)->reset_error_feedback("gra");  // a prefix that is not a name: nothing
   RANK_CHECK(dropped.is_ok() && *dropped == 0, "a partial name dropped something");
   dropped = (*comm)->reset_error_feedback("grad");
   RANK_CHECK(dropped.is_ok() && *dropped == 2, "reset did not drop grad and grad/sub");
-  ef.ef_key = "grad";
+  ef.error_feedback_key = "grad";
   RANK_OK((*comm)
               ->all_reduce(small.data(), small.data(), 100, DType::kFloat32, ReduceOp::kSum, ef)
               .wait());

@@ -75,7 +75,7 @@ TEST(CollectivesOneHop, CompressedIsOneQuantizationPerContributionOnEveryRank) {
         for (uint64_t i = 0; i < n; ++i) x[i] = input_value(step, rank, i);
         AllReduceOptions o;
         o.codec = spec;
-        o.ef_key = text;
+        o.error_feedback_key = text;
         o.seed = 5;
         o.step = step;
         RANK_OK(

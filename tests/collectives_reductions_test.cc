@@ -354,7 +354,7 @@ std::string compressed_reduce_scatter(int rank, const UniqueId& id, std::string 
   // Error feedback: the mean of T outputs for the same input has a far smaller error than one.
   ReduceScatterOptions ef;
   ef.codec = spec;
-  ef.ef_key = "rs";
+  ef.error_feedback_key = "rs";
   const int T = 16;
   std::vector<double> mean(rc, 0.0);
   double one_err = 0, mean_err = 0;

@@ -23,7 +23,7 @@ struct ReduceArgs {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   std::optional<CodecSpec> codec;  // unset: uncompressed
-  std::string ef_key;
+  std::string error_feedback_key;
   bool owner_ef = false;
   uint64_t seed = 0;
   uint64_t step = 0;

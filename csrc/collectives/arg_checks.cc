@@ -85,7 +85,8 @@ Status check_recv_any(const void* buf, uint64_t count, DType dtype, uint64_t tag
 // uncompressed spec in the tensor's dtype is dropped. Validated before anything divides by its
 // block size.
 Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
-                        const std::optional<CodecSpec>& codec, const std::string& ef_key) {
+                        const std::optional<CodecSpec>& codec,
+                        const std::string& error_feedback_key) {
   const char* what = "all_reduce";
   LOWCOMM_CHECK(check_dtype(what, dtype));
   LOWCOMM_CHECK(check_op(what, dtype, op));
@@ -93,22 +94,22 @@ Status check_all_reduce(const void* send, void* recv, uint64_t count, DType dtyp
   LOWCOMM_CHECK(check_buffer(what, "send", send, count));
   LOWCOMM_CHECK(check_buffer(what, "recv", recv, count));
   LOWCOMM_CHECK(check_codec(what, codec, count, dtype, op));
-  return check_ef_key(what, codec, dtype, ef_key);
+  return check_error_feedback_key(what, codec, dtype, error_feedback_key);
 }
 
-Status check_ef_key(const char* what, const std::optional<CodecSpec>& codec, DType dtype,
-                    const std::string& ef_key) {
-  if (plain_codec(codec, dtype) && !ef_key.empty())
-    return invalid_argument(std::string(what) + ": error feedback (ef_key '" + ef_key +
-                            "') needs a codec that loses precision; this " + what +
-                            " is uncompressed");
+Status check_error_feedback_key(const char* what, const std::optional<CodecSpec>& codec,
+                                DType dtype, const std::string& error_feedback_key) {
+  if (plain_codec(codec, dtype) && !error_feedback_key.empty())
+    return invalid_argument(std::string(what) + ": error feedback (error_feedback_key '" +
+                            error_feedback_key + "') needs a codec that loses precision; this " +
+                            what + " is uncompressed");
   return Status::ok();
 }
 
 // recv_count * size elements in `send`: checked without multiplying, which could wrap.
 Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
                             ReduceOp op, int size, const std::optional<CodecSpec>& codec,
-                            const std::string& ef_key) {
+                            const std::string& error_feedback_key) {
   const char* what = "reduce_scatter";
   LOWCOMM_CHECK(check_dtype(what, dtype));
   LOWCOMM_CHECK(check_op(what, dtype, op));
@@ -116,7 +117,7 @@ Status check_reduce_scatter(const void* send, void* recv, uint64_t recv_count, D
   LOWCOMM_CHECK(check_buffer(what, "send", send, recv_count));
   LOWCOMM_CHECK(check_buffer(what, "recv", recv, recv_count));
   LOWCOMM_CHECK(check_codec(what, codec, recv_count, dtype, op));
-  return check_ef_key(what, codec, dtype, ef_key);
+  return check_error_feedback_key(what, codec, dtype, error_feedback_key);
 }
 
 Status check_all_gather(const void* send, void* recv, uint64_t send_count, DType dtype, int size) {
@@ -141,7 +142,7 @@ Status check_broadcast(const void* send, void* recv, uint64_t count, DType dtype
 
 Status check_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                     int root, int rank, int size, const std::optional<CodecSpec>& codec,
-                    const std::string& ef_key) {
+                    const std::string& error_feedback_key) {
   const char* what = "reduce";
   LOWCOMM_CHECK(check_dtype(what, dtype));
   LOWCOMM_CHECK(check_op(what, dtype, op));
@@ -150,7 +151,7 @@ Status check_reduce(const void* send, void* recv, uint64_t count, DType dtype, R
   LOWCOMM_CHECK(check_buffer(what, "send", send, count));
   if (rank == root) LOWCOMM_CHECK(check_buffer(what, "recv", recv, count));  // others: unused
   LOWCOMM_CHECK(check_codec(what, codec, count, dtype, op));
-  return check_ef_key(what, codec, dtype, ef_key);
+  return check_error_feedback_key(what, codec, dtype, error_feedback_key);
 }
 
 Status check_root(const char* what, int root, int size) {

@@ -463,7 +463,7 @@ lowcommResult_t lowcommAllReduceErrorFeedback(const void* sendbuff, void* recvbu
                               "residual (use lowcommAllReduce for none)"));
     lowcomm::AllReduceOptions o;
     if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
-    o.ef_key = errorFeedbackKey;
+    o.error_feedback_key = errorFeedbackKey;
     o.owner_error_feedback = ownerErrorFeedback != 0;
     return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
   });

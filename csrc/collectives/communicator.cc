@@ -116,15 +116,16 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   if (Status s = host_only("all_reduce", options.memory); !s) return refused(s);
   const Compression c =
       decide_compression(policy_of(*impl_), options.codec, dtype, op, count * dtype_size(dtype),
-                         options.ef_key, options.owner_error_feedback);
+                         options.error_feedback_key, options.owner_error_feedback);
   const std::optional<CodecSpec>& codec = c.codec;
-  if (Status s = check_all_reduce(send, recv, count, dtype, op, codec, c.ef_key); !s)
+  if (Status s = check_all_reduce(send, recv, count, dtype, op, codec, c.error_feedback_key); !s)
     return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kAllReduce;
   d.count = count;
   collectives::ReduceArgs a{
-      send, recv, count, dtype, op, {}, c.ef_key, c.owner_error_feedback, options.seed, 0};
+      send,         recv, count, dtype, op, {}, c.error_feedback_key, c.owner_error_feedback,
+      options.seed, 0};
   const bool one_hop = size() > 1 && count * dtype_size(dtype) <=
                                          static_cast<uint64_t>(impl_->options().direct_bytes);
   return submit_reduce(
@@ -140,11 +141,13 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
                                   ReduceOp op, const ReduceScatterOptions& options) {
   if (Status s = host_only("reduce_scatter", options.memory); !s) return refused(s);
-  const Compression c = decide_compression(
-      policy_of(*impl_), options.codec, dtype, op,
-      recv_count * static_cast<uint64_t>(size()) * dtype_size(dtype), options.ef_key, false);
+  const Compression c =
+      decide_compression(policy_of(*impl_), options.codec, dtype, op,
+                         recv_count * static_cast<uint64_t>(size()) * dtype_size(dtype),
+                         options.error_feedback_key, false);
   const std::optional<CodecSpec>& codec = c.codec;
-  if (Status s = check_reduce_scatter(send, recv, recv_count, dtype, op, size(), codec, c.ef_key);
+  if (Status s = check_reduce_scatter(send, recv, recv_count, dtype, op, size(), codec,
+                                      c.error_feedback_key);
       !s)
     return refused(s);
   if (options.owner_error_feedback)
@@ -154,9 +157,15 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
   OpDescriptor d;
   d.kind = OpKind::kReduceScatter;
   d.count = recv_count;
-  collectives::ReduceArgs a{send,     recv,  recv_count * static_cast<uint64_t>(size()),
-                            dtype,    op,    {},
-                            c.ef_key, false, options.seed,
+  collectives::ReduceArgs a{send,
+                            recv,
+                            recv_count * static_cast<uint64_t>(size()),
+                            dtype,
+                            op,
+                            {},
+                            c.error_feedback_key,
+                            false,
+                            options.seed,
                             0};
   return submit_reduce(*impl_, d, codec, recv_count, a, options.step,
                        [](OpRun& run, const collectives::ReduceArgs& args) {
@@ -179,10 +188,10 @@ Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dt
   if (Status s = host_only("reduce", options.memory); !s) return refused(s);
   const Compression c =
       decide_compression(policy_of(*impl_), options.codec, dtype, op, count * dtype_size(dtype),
-                         options.ef_key, options.owner_error_feedback);
+                         options.error_feedback_key, options.owner_error_feedback);
   const std::optional<CodecSpec>& codec = c.codec;
   if (Status s = collectives::check_reduce(send, recv, count, dtype, op, root, rank(), size(),
-                                           codec, c.ef_key);
+                                           codec, c.error_feedback_key);
       !s)
     return refused(s);
   OpDescriptor d;
@@ -190,7 +199,8 @@ Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dt
   d.count = count;
   d.root = root;
   collectives::ReduceArgs a{
-      send, recv, count, dtype, op, {}, c.ef_key, c.owner_error_feedback, options.seed, 0};
+      send,         recv, count, dtype, op, {}, c.error_feedback_key, c.owner_error_feedback,
+      options.seed, 0};
   return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
                        [root](OpRun& run, const collectives::ReduceArgs& args) {
                          return collectives::reduce(run, args, root);
@@ -337,7 +347,7 @@ Status Communicator::restore_error_feedback(const void* bytes, size_t len) {
       .wait();
 }
 
-Result<std::vector<std::string>> Communicator::error_feedback_names() {
+Result<std::vector<std::string>> Communicator::error_feedback_keys() {
   std::vector<std::string> out;
   CommImpl* impl = impl_.get();
   Status s = impl_

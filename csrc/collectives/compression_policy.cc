@@ -8,9 +8,10 @@ namespace lowcomm {
 
 Compression decide_compression(const CompressionPolicy& policy,
                                const std::optional<CodecSpec>& call_codec, DType dtype, ReduceOp op,
-                               uint64_t bytes, std::string ef_key, bool owner_error_feedback) {
+                               uint64_t bytes, std::string error_feedback_key,
+                               bool owner_error_feedback) {
   Compression c;
-  c.ef_key = std::move(ef_key);
+  c.error_feedback_key = std::move(error_feedback_key);
   c.owner_error_feedback = owner_error_feedback;
   if (call_codec) {
     c.codec = call_codec;
@@ -24,7 +25,7 @@ Compression decide_compression(const CompressionPolicy& policy,
     return c;
   }
   c.bypassed = true;
-  c.ef_key.clear();
+  c.error_feedback_key.clear();
   c.owner_error_feedback = false;
   return c;
 }

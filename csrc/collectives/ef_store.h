@@ -1,6 +1,6 @@
 #pragma once
 // ErrorFeedbackStore: the residuals of error feedback, kept across all-reduce calls under a
-// user key (AllReduceOptions::ef_key).
+// user key (AllReduceOptions::error_feedback_key).
 //
 // Per key: the sender residual covers the whole tensor (n fp32 values: each rank quantizes
 // every element once, its own chunk included) and does not depend on how the tensor is cut

@@ -27,7 +27,8 @@
 namespace lowcomm::collectives {
 
 Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
-  LOWCOMM_CHECK(check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.ef_key));
+  LOWCOMM_CHECK(
+      check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.error_feedback_key));
   LOWCOMM_CHECK(run.post_descriptors());
   const int P = run.size(), me = run.rank();
   const uint64_t es = dtype_size(a.dtype);
@@ -52,8 +53,8 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
   } else {
     RoundingKey key{rounding_seed(a.seed, a.step, me, 1), 0};
     ScopedTimer t(run.counters().encode);
-    if (!a.ef_key.empty()) {
-      auto e = run.ef().sender(a.ef_key, a.n);
+    if (!a.error_feedback_key.empty()) {
+      auto e = run.ef().sender(a.error_feedback_key, a.n);
       if (!e) return e.status();
       LOWCOMM_CHECK(encode_error_feedback(wire, a.dtype, a.send, (*e)->sender.data(), a.n, own,
                                           bytes, key, cpu));

@@ -92,12 +92,12 @@ Status prepare_owner_reduce(OwnerReduce& o, const std::vector<Range>& chunks) {
   const bool to_root = o.finish.kind == Finish::kToRoot;
   o.gets_results = all_gather || (to_root && o.me == o.finish.root);
   o.sends_results = all_gather || (to_root && o.me != o.finish.root);
-  if (!a.ef_key.empty()) {
-    auto e = o.run.ef().sender(a.ef_key, a.n);
+  if (!a.error_feedback_key.empty()) {
+    auto e = o.run.ef().sender(a.error_feedback_key, a.n);
     if (!e) return e.status();
     o.ef = *e;
     if (a.owner_ef) {
-      auto r = o.run.ef().owner(a.ef_key, a.n, o.mine.begin, o.mine.count);
+      auto r = o.run.ef().owner(a.error_feedback_key, a.n, o.mine.begin, o.mine.count);
       if (!r) return r.status();
       o.owner_residual = *r;
     }
@@ -123,7 +123,8 @@ uint64_t reduce_segment_elems(uint64_t segment_bytes, DType dtype,
 }
 
 Status all_reduce(OpRun& run, const ReduceArgs& a) {
-  LOWCOMM_CHECK(check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.ef_key));
+  LOWCOMM_CHECK(
+      check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.error_feedback_key));
   LOWCOMM_CHECK(run.post_descriptors());
   return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)),
                       {Finish::kAllGather, -1});
@@ -131,7 +132,7 @@ Status all_reduce(OpRun& run, const ReduceArgs& a) {
 
 Status reduce(OpRun& run, const ReduceArgs& a, int root) {
   LOWCOMM_CHECK(check_reduce(a.send, a.recv, a.n, a.dtype, a.op, root, run.rank(), run.size(),
-                             a.codec, a.ef_key));
+                             a.codec, a.error_feedback_key));
   LOWCOMM_CHECK(run.post_descriptors());
   return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)),
                       {Finish::kToRoot, root});
@@ -139,8 +140,8 @@ Status reduce(OpRun& run, const ReduceArgs& a, int root) {
 
 Status reduce_scatter(OpRun& run, const ReduceArgs& a) {
   const uint64_t rc = a.n / static_cast<uint64_t>(run.size());
-  LOWCOMM_CHECK(
-      check_reduce_scatter(a.send, a.recv, rc, a.dtype, a.op, run.size(), a.codec, a.ef_key));
+  LOWCOMM_CHECK(check_reduce_scatter(a.send, a.recv, rc, a.dtype, a.op, run.size(), a.codec,
+                                     a.error_feedback_key));
   LOWCOMM_CHECK(run.post_descriptors());
   std::vector<Range> chunks;
   for (int j = 0; j < run.size(); ++j) chunks.push_back({rc * static_cast<uint64_t>(j), rc});

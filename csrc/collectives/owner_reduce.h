@@ -42,7 +42,7 @@ struct OwnerReduce {
   CpuOptions cpu;
   bool gets_results = false;         // receives the other owners' results
   bool sends_results = false;        // sends its own (to every rank, or to the root)
-  ErrorFeedbackEntry* ef = nullptr;  // the sender residual, under a.ef_key
+  ErrorFeedbackEntry* ef = nullptr;  // the sender residual, under a.error_feedback_key
   float* owner_residual = nullptr;   // this chunk's owner residual (owner error feedback)
   uint64_t reduce_tag = 0;           // contributions
   uint64_t gather_tag = 0;           // results

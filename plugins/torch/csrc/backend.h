@@ -127,8 +127,9 @@ class LowcommBackend : public c10d::Backend {
   // rounding step (else the operation's sequence number), so a resumed run rounds alike.
   // owner_ef: error feedback on the owners' re-quantization of the average too (same key).
   c10::intrusive_ptr<c10d::Work> allreduce_with(at::Tensor& tensor, const std::string& codec,
-                                                const std::string& ef_key, c10d::ReduceOp op,
-                                                int64_t step = -1, bool owner_ef = false);
+                                                const std::string& error_feedback_key,
+                                                c10d::ReduceOp op, int64_t step = -1,
+                                                bool owner_ef = false);
   // Error-feedback residuals of every key, as bytes (checkpoints), and back.
   std::vector<uint8_t> save_error_feedback();
   void restore_error_feedback(const std::vector<uint8_t>& bytes);

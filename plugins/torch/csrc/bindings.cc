@@ -14,8 +14,8 @@ PYBIND11_MODULE(_C, m) {
   py::module::import("torch.distributed");  // registers c10d::Backend's Python type
   py::class_<LowcommBackend, c10d::Backend, c10::intrusive_ptr<LowcommBackend>>(m, "LowcommBackend")
       .def("allreduce_with", &LowcommBackend::allreduce_with, py::arg("tensor"), py::arg("codec"),
-           py::arg("ef_key"), py::arg("op"), py::arg("step") = -1, py::arg("owner_ef") = false,
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("error_feedback_key"), py::arg("op"), py::arg("step") = -1,
+           py::arg("owner_ef") = false, py::call_guard<py::gil_scoped_release>())
       .def("save_error_feedback",
            [](LowcommBackend& b) {
              std::vector<uint8_t> v;

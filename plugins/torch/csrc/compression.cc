@@ -13,9 +13,11 @@
 namespace lowcomm::torch_backend {
 
 bool LowcommBackend::group_compresses(const at::Tensor& b, lowcomm::ReduceOp op) const {
-  return codec_ && codec_dtype(to_dtype(b.scalar_type())) &&
-         (op == lowcomm::ReduceOp::kSum || op == lowcomm::ReduceOp::kAverage) &&
-         b.nbytes() >= static_cast<size_t>(config_.codec_threshold);
+  // The core's one policy (lowcomm::decide_compression), with the group's codec and threshold.
+  const lowcomm::CompressionPolicy policy{codec_, static_cast<uint64_t>(config_.codec_threshold)};
+  return lowcomm::decide_compression(policy, std::nullopt, to_dtype(b.scalar_type()), op,
+                                     b.nbytes(), "", false)
+      .codec.has_value();
 }
 
 lowcomm::AllReduceOptions LowcommBackend::group_allreduce_options(const at::Tensor& b,
@@ -28,18 +30,18 @@ lowcomm::AllReduceOptions LowcommBackend::group_allreduce_options(const at::Tens
     // address with the same shape every step.
     std::ostringstream key;
     key << "ef/" << b.data_ptr() << "/" << b.sizes();
-    ar.ef_key = key.str();
+    ar.error_feedback_key = key.str();
   } else if (config_.error_feedback == BackendConfig::ErrorFeedback::kCallOrder) {
     std::ostringstream sig;
     sig << b.scalar_type() << b.sizes();
-    ar.ef_key = order_keys_.next(sig.str());
+    ar.error_feedback_key = order_keys_.next(sig.str());
   }
   return ar;
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor,
                                                               const std::string& codec,
-                                                              const std::string& ef_key,
+                                                              const std::string& error_feedback_key,
                                                               c10d::ReduceOp op, int64_t step,
                                                               bool owner_ef) {
   auto staged = std::make_shared<Staged>(tensor);
@@ -49,8 +51,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
     auto spec = lowcomm::parse_codec_spec(codec);
     TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
     ar.codec = *spec;
-    ar.ef_key = ef_key;
-    ar.owner_error_feedback = owner_ef && !ef_key.empty();
+    ar.error_feedback_key = error_feedback_key;
+    ar.owner_error_feedback = owner_ef && !error_feedback_key.empty();
   }
   if (step >= 0) ar.step = static_cast<uint64_t>(step);
   std::vector<lowcomm::Work> works{comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
@@ -71,7 +73,7 @@ void LowcommBackend::restore_error_feedback(const std::vector<uint8_t>& bytes) {
 }
 
 std::vector<std::string> LowcommBackend::error_feedback_keys() {
-  auto r = comm()->error_feedback_names();
+  auto r = comm()->error_feedback_keys();
   TORCH_CHECK(r.is_ok(), "lowcomm: ", r.status().to_string());
   return *r;
 }
