@@ -586,9 +586,13 @@ TEST_F(NcclNetPlugin, AKilledPeerFailsTheRequestsInsteadOfHanging) {
     RankComms c;
     if (connect_ranks(ch, c)) return 1;
     const abi::NetV12* net = c.net();
-    std::vector<uint8_t> big(64 << 20);
+    // Two receives: the victim's one message may land in the first before it dies (how far
+    // its send got is a race), but nothing is ever sent for the second, which must fail.
+    std::vector<uint8_t> big(64 << 20), more(64 << 20);
+    void* first = nullptr;
+    DRIVER_CHECK(post_recv(net, c.recv, big.data(), big.size(), &first) == 0 && first);
     void* r = nullptr;
-    DRIVER_CHECK(post_recv(net, c.recv, big.data(), big.size(), &r) == 0 && r);
+    DRIVER_CHECK(post_recv(net, c.recv, more.data(), more.size(), &r) == 0 && r);
     std::vector<uint8_t> out(8 << 20, 1);
     void* s = nullptr;
     DRIVER_CHECK(post_send(net, c.send, out.data(), out.size(), &s) == 0 && s);
@@ -596,6 +600,7 @@ TEST_F(NcclNetPlugin, AKilledPeerFailsTheRequestsInsteadOfHanging) {
     ch.send(&go, 1);  // the peer dies now
     int got = 0, rc = 0;
     auto t0 = Clock::now();
+    (void)wait_request(net, first, &got, &rc, std::chrono::seconds(30));  // either way
     bool ok = wait_request(net, r, &got, &rc, std::chrono::seconds(30));
     double took = std::chrono::duration<double>(Clock::now() - t0).count();
     DRIVER_CHECK(!ok && rc != abi::kSuccess, "the receive %s", ok ? "completed" : "timed out");
