@@ -431,9 +431,13 @@ lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm, lowcommResult_t* as
   return lowcommSuccess;
 }
 
-lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                 lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
-                                 lowcommComm_t comm, lowcommRequest_t* request) {
+namespace {
+
+// lowcommAllReduce and lowcommAllReduceErrorFeedback: one body, the key empty for the first.
+lowcommResult_t all_reduce_c(const void* sendbuff, void* recvbuff, size_t count,
+                             lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
+                             const char* errorFeedbackKey, int ownerErrorFeedback,
+                             lowcommComm_t comm, lowcommRequest_t* request) {
   return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
@@ -442,8 +446,18 @@ lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t co
     if (!rop) return record(comm, rop.status());
     lowcomm::AllReduceOptions o;
     if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
+    o.error_feedback_key = errorFeedbackKey ? errorFeedbackKey : "";
+    o.owner_error_feedback = ownerErrorFeedback != 0;
     return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
   });
+}
+
+}  // namespace
+
+lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                 lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
+                                 lowcommComm_t comm, lowcommRequest_t* request) {
+  return all_reduce_c(sendbuff, recvbuff, count, datatype, op, codec, nullptr, 0, comm, request);
 }
 
 lowcommResult_t lowcommAllReduceErrorFeedback(const void* sendbuff, void* recvbuff, size_t count,
@@ -451,22 +465,14 @@ lowcommResult_t lowcommAllReduceErrorFeedback(const void* sendbuff, void* recvbu
                                               const char* codec, const char* errorFeedbackKey,
                                               int ownerErrorFeedback, lowcommComm_t comm,
                                               lowcommRequest_t* request) {
-  return guarded(sink_of(comm), [&] {
-    LOWCOMM_C_CHECK_COMM(comm);
-    auto dt = to_dtype(datatype);
-    if (!dt) return record(comm, dt.status());
-    auto rop = to_op(op);
-    if (!rop) return record(comm, rop.status());
-    if (!errorFeedbackKey || !*errorFeedbackKey)
+  if (!errorFeedbackKey || !*errorFeedbackKey)
+    return guarded(sink_of(comm), [&] {
       return record(comm, lowcomm::invalid_argument(
                               "lowcommAllReduceErrorFeedback: errorFeedbackKey must name the "
                               "residual (use lowcommAllReduce for none)"));
-    lowcomm::AllReduceOptions o;
-    if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
-    o.error_feedback_key = errorFeedbackKey;
-    o.owner_error_feedback = ownerErrorFeedback != 0;
-    return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
-  });
+    });
+  return all_reduce_c(sendbuff, recvbuff, count, datatype, op, codec, errorFeedbackKey,
+                      ownerErrorFeedback, comm, request);
 }
 
 lowcommResult_t lowcommResetErrorFeedback(lowcommComm_t comm, const char* errorFeedbackKey,
