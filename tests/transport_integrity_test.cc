@@ -19,30 +19,17 @@ namespace {
 
 using Action = TamperProxy::Action;
 
-struct ProxiedPair {
-  std::shared_ptr<ProgressEngine> engine_a, engine_b;
-  std::unique_ptr<Listener> listener;
+struct ProxiedPair : PeerPair {  // a: the accepting side, receives what b sends via the proxy
   std::unique_ptr<TamperProxy> proxy;
-  std::unique_ptr<Peer> a;  // accepting side: receives what b sends through the proxy
-  std::unique_ptr<Peer> b;
 };
 
 ProxiedPair connect_through_proxy(const PeerConfig& accept_cfg, const PeerConfig& connect_cfg,
                                   TamperProxy::Policy policy) {
   ProxiedPair p;
-  p.engine_a = *ProgressEngine::create("lc-test-a");
-  p.engine_b = *ProgressEngine::create("lc-test-b");
-  p.listener = std::move(Listener::create(p.engine_a, accept_cfg, loopback())).value();
-  p.proxy = std::make_unique<TamperProxy>(p.listener->address(), std::move(policy));
-  auto connected = std::async(std::launch::async, [&] {
-    return connect_peer(p.engine_b, p.proxy->address(), connect_cfg, Deadline::after_seconds(10));
+  static_cast<PeerPair&>(p) = connect_pair(accept_cfg, connect_cfg, [&](SocketAddress target) {
+    p.proxy = std::make_unique<TamperProxy>(target, std::move(policy));
+    return p.proxy->address();
   });
-  auto accepted = p.listener->accept(Deadline::after_seconds(10));
-  auto c = connected.get();
-  EXPECT_TRUE(accepted.is_ok()) << accepted.status().to_string();
-  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
-  if (accepted) p.a = std::move(accepted).value();
-  if (c) p.b = std::move(c).value();
   return p;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <random>
@@ -36,8 +37,10 @@ struct PeerPair {
   std::unique_ptr<Listener> listener;
 };
 
-// Each side gets its own engine, as separate processes would.
-inline PeerPair connect_pair(const PeerConfig& accept_cfg, const PeerConfig& connect_cfg) {
+// Each side gets its own engine, as separate processes would. `route`, when given, maps the
+// listener's address to the one the connecting side dials (a proxy in between).
+inline PeerPair connect_pair(const PeerConfig& accept_cfg, const PeerConfig& connect_cfg,
+                             const std::function<SocketAddress(SocketAddress)>& route = {}) {
   PeerPair p;
   p.engine_a = *ProgressEngine::create("lc-test-a");
   p.engine_b = *ProgressEngine::create("lc-test-b");
@@ -45,7 +48,7 @@ inline PeerPair connect_pair(const PeerConfig& accept_cfg, const PeerConfig& con
   EXPECT_TRUE(l.is_ok()) << l.status().to_string();
   if (!l) return p;
   p.listener = std::move(l).value();
-  auto addr = p.listener->address();
+  auto addr = route ? route(p.listener->address()) : p.listener->address();
   auto connected = std::async(std::launch::async, [&] {
     return connect_peer(p.engine_b, addr, connect_cfg, Deadline::after_seconds(10));
   });
