@@ -1,0 +1,1043 @@
+#include "membership/elastic_impl.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/root_socket.h"
+#include "core/log.h"
+#include "transport/connector.h"
+#include "transport/little_endian.h"
+
+namespace lowcomm {
+
+using membership::MemberAddress;
+using membership::Message;
+using membership::MsgType;
+
+namespace {
+
+std::string id_list(const std::vector<uint32_t>& ids) {
+  std::string s = "{";
+  for (uint32_t id : ids) s += (s.size() > 1 ? "," : "") + std::to_string(id);
+  return s + "}";
+}
+std::string id_list(const std::set<uint32_t>& ids) {
+  return id_list(std::vector<uint32_t>(ids.begin(), ids.end()));
+}
+
+std::chrono::milliseconds env_ms(const char* name, std::chrono::milliseconds fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0' || x <= 0) return fallback;
+  return std::chrono::milliseconds(x);
+}
+
+// The local address this host uses to reach `remote` (a UDP connect sends nothing).
+Result<transport::SocketAddress> route_to(const std::string& remote) {
+  auto r = transport::SocketAddress::parse(remote);
+  if (!r) return r.status();
+  int fd = ::socket(r->family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status(StatusCode::kSystem, "socket: route lookup");
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  bool ok = ::connect(fd, r->sockaddr_ptr(), r->length()) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  ::close(fd);
+  if (!ok) return Status(StatusCode::kSystem, "route lookup to " + remote + " failed");
+  auto a = transport::SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&local), len);
+  if (a) a.value().set_port(0);
+  return a;
+}
+
+// One connection attempt: a refused or unreachable seed fails at once (connect_peer retries
+// refusals until its deadline, for ranks whose listener is not up yet; a seed's is).
+Result<std::unique_ptr<transport::Peer>> connect_once(
+    std::shared_ptr<transport::ProgressEngine> engine, const transport::SocketAddress& addr,
+    const transport::PeerConfig& cfg, Deadline deadline) {
+  auto op = transport::ConnectOp::start(std::move(engine), addr, cfg);
+  if (!op) return op.status();
+  for (;;) {
+    auto done = (*op)->test();
+    if (!done) return done.status();
+    if (*done) return (*op)->take_peer();
+    if (deadline.expired())
+      return Status(StatusCode::kTimeout, "connecting to " + addr.to_string() + " timed out");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Set-up
+
+Status ElasticImpl::start(const UniqueId& id) {
+  options_.comm.timeout =
+      options_.comm.timeout.count() ? options_.comm.timeout : std::chrono::minutes(30);
+  failure_floor_ = options_.failure_timeout.count()
+                       ? options_.failure_timeout
+                       : env_ms("LOWCOMM_FAILURE_TIMEOUT_MS", std::chrono::milliseconds(1500));
+  change_timeout_ = options_.view_change_timeout.count() ? options_.view_change_timeout
+                                                         : std::chrono::milliseconds(30000);
+  if (options_.heartbeat_interval.count() <= 0)
+    return invalid_argument("ElasticOptions::heartbeat_interval must be positive");
+  if (options_.retries < 0) return invalid_argument("ElasticOptions::retries must be >= 0");
+  secret_ = id.secret;
+  auto engine = transport::ProgressEngine::create("lc-eng-m" + std::to_string(me_));
+  if (!engine) return engine.status();
+  engine_ = *engine;
+  return Status::ok();
+}
+
+Result<std::unique_ptr<ElasticImpl>> ElasticImpl::found(const UniqueId& id, int rank, int nranks,
+                                                        const ElasticOptions& options) {
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return invalid_argument("ElasticCommunicator::init: rank " + std::to_string(rank) +
+                            " outside [0, " + std::to_string(nranks) + ")");
+  std::unique_ptr<ElasticImpl> e(new ElasticImpl());
+  e->options_ = options;
+  e->me_ = static_cast<uint32_t>(rank);
+  LOWCOMM_CHECK(e->start(id));
+  // View 0's communicator is the founding id's: it carries the membership addresses.
+  auto comm = Communicator::init(id, rank, nranks, e->options_.comm);
+  if (!comm) return comm.status();
+  std::shared_ptr<Communicator> data(std::move(comm).value());
+  auto cfg = transport::PeerConfig::from_env(
+      rank, std::string(reinterpret_cast<const char*>(id.secret.data()), id.secret.size()));
+  if (!cfg) return cfg.status();
+  cfg.value().streams = 1;
+  cfg.value().socket_buffer_bytes = 1 << 20;
+  auto bind = options.listen_address.empty()
+                  ? route_to(id.root_address)
+                  : transport::SocketAddress::parse(options.listen_address);
+  if (!bind) return bind.status();
+  auto listener = transport::Listener::create(e->engine_, *cfg, *bind);
+  if (!listener) return listener.status();
+  e->listener_ = std::move(listener).value();
+  // Everyone's membership address, through view 0's all-gather (fixed 64-byte fields).
+  constexpr size_t kAddr = 64;
+  std::string mine = e->listener_->address().to_string();
+  if (mine.size() >= kAddr) return internal_error("membership address too long: " + mine);
+  std::vector<char> all(kAddr * static_cast<size_t>(nranks), 0);
+  std::vector<char> own(kAddr, 0);
+  std::memcpy(own.data(), mine.data(), mine.size());
+  LOWCOMM_CHECK(data->all_gather(own.data(), all.data(), kAddr, DType::kUInt8).wait());
+  // The higher id connects to the lower; the lower accepts.
+  Deadline deadline = Deadline::after(e->options_.comm.timeout);
+  for (int r = 0; r < nranks; ++r) {
+    std::string a(all.data() + kAddr * static_cast<size_t>(r));
+    e->addresses_[static_cast<uint32_t>(r)] = a;
+    e->view_.members.push_back(static_cast<uint32_t>(r));
+    if (r >= rank) continue;
+    auto addr = transport::SocketAddress::parse(a);
+    if (!addr) return addr.status();
+    auto peer = transport::connect_peer(e->engine_, *addr, *cfg, deadline);
+    if (!peer) return peer.status();
+    auto [it, _] = e->slots_.try_emplace(static_cast<uint32_t>(r), std::move(peer).value(),
+                                         e->options_, e->failure_floor_);
+    (void)it;
+  }
+  while (static_cast<int>(e->slots_.size()) < nranks - 1) {
+    auto peer = e->listener_->accept(deadline);
+    if (!peer) return peer.status();
+    uint32_t from = static_cast<uint32_t>((*peer)->remote_rank());
+    if (from <= e->me_ || from >= static_cast<uint32_t>(nranks) || e->slots_.count(from))
+      return corrupt_data("membership connection from unexpected member " + std::to_string(from));
+    e->slots_.try_emplace(from, std::move(peer).value(), e->options_, e->failure_floor_);
+  }
+  e->next_id_ = static_cast<uint32_t>(nranks);
+  e->data_ = std::move(data);
+  e->data_view_ = 0;
+  e->thread_ = std::thread([p = e.get()] { p->loop(); });
+  LOWCOMM_LOG(kInfo, "elastic member %u: view 0 of %d members, membership address %s", e->me_,
+              nranks, mine.c_str());
+  return e;
+}
+
+Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
+                                                       const std::vector<std::string>& seeds,
+                                                       const ElasticOptions& options) {
+  if (seeds.empty()) return invalid_argument("ElasticCommunicator::join: no seed addresses");
+  std::unique_ptr<ElasticImpl> e(new ElasticImpl());
+  e->options_ = options;
+  uint32_t temp = 0;
+  if (RAND_bytes(reinterpret_cast<uint8_t*>(&temp), sizeof(temp)) != 1)
+    return internal_error("RAND_bytes failed");
+  temp |= 0x80000000u;  // joiners' temporary ids; member ids stay below 2^31
+  e->me_ = temp;
+  LOWCOMM_CHECK(e->start(id));
+  std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
+  auto cfg = transport::PeerConfig::from_env(static_cast<int>(temp), secret);
+  if (!cfg) return cfg.status();
+  cfg.value().streams = 1;
+  cfg.value().socket_buffer_bytes = 1 << 20;
+  auto bind = options.listen_address.empty()
+                  ? route_to(seeds.front())
+                  : transport::SocketAddress::parse(options.listen_address);
+  if (!bind) return bind.status();
+  auto listener = transport::Listener::create(e->engine_, *cfg, *bind);
+  if (!listener) return listener.status();
+  e->listener_ = std::move(listener).value();
+  std::string errors;
+  for (const auto& seed : seeds) {
+    auto addr = transport::SocketAddress::parse(seed);
+    if (!addr) return addr.status();
+    auto peer = connect_once(e->engine_, *addr, *cfg, Deadline::after(std::chrono::seconds(5)));
+    if (!peer) {
+      errors += "; " + seed + ": " + peer.status().message();
+      continue;
+    }
+    uint32_t via = static_cast<uint32_t>((*peer)->remote_rank());
+    std::lock_guard<std::mutex> lk(e->mu_);
+    e->slots_.try_emplace(via, std::move(peer).value(), e->options_, e->failure_floor_);
+    Message m = e->message(MsgType::kJoin);
+    m.text = e->listener_->address().to_string();
+    e->send_to(via, m);
+    break;
+  }
+  if (e->slots_.empty())
+    return Status(StatusCode::kRemoteError,
+                  "ElasticCommunicator::join: no seed accepted the connection" + errors);
+  e->thread_ = std::thread([p = e.get()] { p->loop(); });
+  // Admitted when a commit names this member's address; then connect to every member.
+  std::unique_lock<std::mutex> lk(e->mu_);
+  auto until = Clock::now() + e->change_timeout_;
+  while (e->me_ == temp && e->fence_.is_ok()) {
+    if (e->cv_.wait_until(lk, until) == std::cv_status::timeout) {
+      return Status(StatusCode::kTimeout,
+                    "ElasticCommunicator::join: not admitted within " +
+                        std::to_string(e->change_timeout_.count()) +
+                        " ms (the group admits joiners when it commits a collective)");
+    }
+  }
+  if (!e->fence_.is_ok()) return e->fence_;
+  cfg.value().local_rank = static_cast<int>(e->me_);
+  auto members = e->addresses_;
+  lk.unlock();
+  Deadline deadline = Deadline::after(e->change_timeout_);
+  for (const auto& [id2, a] : members) {
+    if (id2 == e->me_) continue;
+    auto addr = transport::SocketAddress::parse(a);
+    if (!addr) return addr.status();
+    auto peer = transport::connect_peer(e->engine_, *addr, *cfg, deadline);
+    if (!peer) return peer.status();
+    std::lock_guard<std::mutex> g(e->mu_);
+    e->slots_.erase(id2);
+    e->slots_.try_emplace(id2, std::move(peer).value(), e->options_, e->failure_floor_);
+    e->awaited_.erase(id2);
+  }
+  LOWCOMM_LOG(kInfo, "elastic member %u: joined view %llu", e->me_,
+              static_cast<unsigned long long>(e->view_.id));
+  return e;
+}
+
+ElasticImpl::~ElasticImpl() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (fence_.is_ok() && !slots_.empty()) {
+      broadcast(message(MsgType::kLeave));
+      for (auto& [id, s] : slots_)
+        (void)s.peer->flush().wait(Deadline::after(std::chrono::seconds(1)));
+    }
+    fence_ = Status(StatusCode::kAborted, "this member left the group");
+  }
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  std::shared_ptr<Communicator> data;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    data = std::move(data_);
+    for (auto& [id, s] : slots_) s.peer->abort();
+    for (auto& [id, s] : joiner_slots_) s.peer->abort();
+  }
+  if (data) data->abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accessors
+
+ElasticView ElasticImpl::view() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return view_;
+}
+int ElasticImpl::rank() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = std::find(view_.members.begin(), view_.members.end(), me_);
+  return it == view_.members.end() ? -1 : static_cast<int>(it - view_.members.begin());
+}
+ElasticStats ElasticImpl::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+Status ElasticImpl::status() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return fence_;
+}
+
+Message ElasticImpl::message(MsgType t, uint64_t seq) const {
+  Message m;
+  m.type = t;
+  m.from = me_;
+  m.view = view_.id;
+  m.seq = seq;
+  return m;
+}
+
+std::array<uint8_t, UniqueId::kSecretBytes> ElasticImpl::view_secret(uint64_t view) const {
+  // Each view's communicator has its own secret, HMAC-SHA256(group secret, "lowcomm view" ||
+  // view): a member fenced out of an older view cannot enter a newer view's mesh.
+  uint8_t msg[20] = {'l', 'o', 'w', 'c', 'o', 'm', 'm', ' ', 'v', 'i', 'e', 'w'};
+  transport::store_le64(msg + 12, view);
+  std::array<uint8_t, UniqueId::kSecretBytes> out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()), msg, sizeof(msg), out.data(),
+       &len);
+  return out;
+}
+
+Result<std::string> ElasticImpl::open_data_root(uint64_t view) {
+  // The coordinator opens the next view's root socket now, so its address is ours when sent.
+  std::string host = listener_->address().to_string();
+  host = host.substr(0, host.rfind(':'));
+  auto id = create_unique_id(host);
+  if (!id) return id.status();
+  UniqueFd fd = collectives::take_root_socket(id->to_string());
+  UniqueId keyed = *id;
+  keyed.secret = view_secret(view);
+  collectives::register_root_socket(keyed.to_string(), std::move(fd));
+  return id->root_address;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The membership thread
+
+void ElasticImpl::loop() {
+  while (!stop_) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto now = Clock::now();
+      accept_pending();
+      std::vector<uint32_t> ids;
+      for (auto& [id, s] : slots_) ids.push_back(id);
+      for (uint32_t id : ids) {
+        auto it = slots_.find(id);
+        if (it != slots_.end()) poll_slot(id, it->second, now);
+      }
+      ids.clear();
+      for (auto& [id, s] : joiner_slots_) ids.push_back(id);
+      for (uint32_t id : ids) {
+        auto it = joiner_slots_.find(id);
+        if (it == joiner_slots_.end()) continue;
+        Slot& s = it->second;
+        while (s.rx_req.valid() && s.rx_req.test()) {
+          if (!s.rx_req.status().is_ok()) {
+            s.peer->abort();
+            joiner_slots_.erase(it);
+            break;
+          }
+          auto m = membership::decode(s.rx.data(), s.rx_req.received_bytes(), s.peer->name());
+          if (m && m->type == MsgType::kPing) {
+            Message pong = message(MsgType::kPong);
+            pong.time_ns = m->time_ns;
+            send_to(id, pong);
+          } else if (m && m->type == MsgType::kJoin && fence_.is_ok()) {
+            // Forwarded to the coordinator, which admits it at its next commit.
+            Message f = message(MsgType::kJoin);
+            f.text = m->text;
+            f.next_id = id;
+            if (view_.coordinator() == me_) {
+              pending_joiners_.push_back({0, m->text});
+            } else {
+              send_to(view_.coordinator(), f);
+            }
+          }
+          s.rx_req = s.peer->irecv_upto(membership::kTag, s.rx.data(), s.rx.size());
+        }
+      }
+      for (auto it = awaited_.begin(); it != awaited_.end();) {
+        if (now - it->second > failure_floor_ * 2) {
+          uint32_t id = it->first;
+          it = awaited_.erase(it);
+          lose(id, "member " + std::to_string(id) + " never connected to this member");
+        } else {
+          ++it;
+        }
+      }
+      if (changing_ && fence_.is_ok() && now - change_started_ > change_timeout_) {
+        std::set<uint32_t> missing;
+        for (uint32_t id : view_.members)
+          if (!failed_.count(id) && !reports_.count(id)) missing.insert(id);
+        fence(Status(StatusCode::kTimeout,
+                     "view change from view " + std::to_string(view_.id) + " did not finish in " +
+                         std::to_string(change_timeout_.count()) + " ms (" + change_reason_ +
+                         "); no report from " + id_list(missing)));
+      }
+      serve_fetches();
+      while (!outbox_.empty() && outbox_.front().req.test()) outbox_.pop_front();
+      if (outbox_.size() > 4096) {
+        std::erase_if(outbox_, [](const Outgoing& o) { return o.req.test(); });
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void ElasticImpl::accept_pending() {
+  for (;;) {
+    auto peer = listener_->test_accept();
+    if (!peer || !*peer) return;
+    uint32_t from = static_cast<uint32_t>((*peer)->remote_rank());
+    auto& map = (from & 0x80000000u) ? joiner_slots_ : slots_;
+    if (!(from & 0x80000000u) && addresses_.count(from) == 0 && from < next_id_) {
+      LOWCOMM_LOG(kWarn,
+                  "elastic member %u: refusing a membership connection from member %u, "
+                  "not in view %llu",
+                  me_, from, static_cast<unsigned long long>(view_.id));
+      (*peer)->abort();
+      continue;
+    }
+    if (auto old = map.find(from); old != map.end()) {
+      old->second.peer->abort();
+      map.erase(old);
+    }
+    auto [it, _] = map.try_emplace(from, std::move(peer).value(), options_, failure_floor_);
+    it->second.rx.resize(membership::kMaxMessageBytes);
+    it->second.rx_req =
+        it->second.peer->irecv_upto(membership::kTag, it->second.rx.data(), it->second.rx.size());
+    it->second.fd.heard(Clock::now());
+    awaited_.erase(from);
+  }
+}
+
+void ElasticImpl::poll_slot(uint32_t id, Slot& s, Clock::time_point now) {
+  if (!s.rx_req.valid()) {
+    s.rx.resize(membership::kMaxMessageBytes);
+    s.rx_req = s.peer->irecv_upto(membership::kTag, s.rx.data(), s.rx.size());
+    s.fd.heard(now);
+  }
+  while (s.rx_req.test()) {
+    Status st = s.rx_req.status();
+    if (!st.is_ok()) {
+      lose(id,
+           "membership connection to member " + std::to_string(id) + " failed: " + st.message());
+      return;  // s is gone
+    }
+    s.fd.heard(Clock::now());
+    auto m = membership::decode(s.rx.data(), s.rx_req.received_bytes(), s.peer->name());
+    s.rx_req = s.peer->irecv_upto(membership::kTag, s.rx.data(), s.rx.size());
+    if (!m) {
+      LOWCOMM_LOG(kWarn, "elastic member %u: %s", me_, m.status().message().c_str());
+      continue;
+    }
+    if (m->type == MsgType::kPing) {
+      Message pong = message(MsgType::kPong);
+      pong.time_ns = m->time_ns;
+      send_to(id, pong);
+    } else if (m->type == MsgType::kPong) {
+      s.fd.rtt_sample(std::chrono::nanoseconds(steady_ns() - static_cast<int64_t>(m->time_ns)));
+    } else {
+      handle(*m, id);
+      if (!slots_.count(id)) return;  // the message removed the slot (a leave)
+    }
+  }
+  if (now - s.last_ping >= options_.heartbeat_interval) {
+    Message ping = message(MsgType::kPing);
+    ping.time_ns = static_cast<uint64_t>(steady_ns());
+    send_to(id, ping);
+    s.last_ping = now;
+  }
+  if (s.fd.expired(now) && addresses_.count(id)) {
+    auto ms = [](std::chrono::nanoseconds d) {
+      return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+    };
+    lose(id, "member " + std::to_string(id) + " silent for " + ms(s.fd.silent_for(now)) +
+                 " ms (timeout " + ms(s.fd.timeout()) + " ms, heartbeat srtt " + ms(s.fd.srtt()) +
+                 " ms): frozen or cut off");
+  }
+}
+
+void ElasticImpl::send_to(uint32_t to, const Message& m) {
+  Slot* s = nullptr;
+  if (auto it = slots_.find(to); it != slots_.end()) s = &it->second;
+  if (auto it = joiner_slots_.find(to); !s && it != joiner_slots_.end()) s = &it->second;
+  if (!s) return;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(membership::encode(m));
+  transport::Request r = s->peer->isend(membership::kTag, bytes->data(), bytes->size());
+  outbox_.push_back({std::move(bytes), std::move(r)});
+}
+
+void ElasticImpl::broadcast(const Message& m) {
+  for (uint32_t id : view_.members)
+    if (id != me_ && !failed_.count(id)) send_to(id, m);
+}
+
+uint32_t ElasticImpl::coordinator_candidate() const {
+  for (uint32_t id : view_.members)
+    if (!failed_.count(id)) return id;
+  return me_;
+}
+
+void ElasticImpl::lose(uint32_t id, const std::string& why) {
+  if (auto it = slots_.find(id); it != slots_.end()) {
+    it->second.peer->abort();
+    slots_.erase(it);
+  }
+  if (!addresses_.count(id) || failed_.count(id) || !fence_.is_ok()) return;
+  LOWCOMM_LOG(kWarn, "elastic member %u: %s", me_, why.c_str());
+  failed_.insert(id);
+  begin_change(why);
+}
+
+void ElasticImpl::fence(Status why) {
+  if (!fence_.is_ok()) return;
+  LOWCOMM_LOG(kWarn, "elastic member %u: fenced: %s", me_, why.message().c_str());
+  fence_ = std::move(why);
+  if (data_) data_->abort();
+  cv_.notify_all();
+}
+
+void ElasticImpl::begin_change(const std::string& why) {
+  if (!fence_.is_ok()) return;
+  if (!changing_) {
+    changing_ = true;
+    change_started_ = Clock::now();
+    change_reason_ = why;
+    reports_.clear();
+    done_.clear();
+    if (data_) data_->abort();  // the collective in flight fails now on this member
+    cv_.notify_all();
+  }
+  Message c = message(MsgType::kChange);
+  c.failed.assign(failed_.begin(), failed_.end());
+  c.text = why;
+  broadcast(c);
+  report_to_coordinator();
+}
+
+void ElasticImpl::report_to_coordinator() {
+  Message r = message(MsgType::kReport);
+  r.committed = committed_;
+  r.staged = staged_;
+  uint32_t c = coordinator_candidate();
+  if (c == me_) {
+    reports_[me_] = r;
+    try_decide();
+  } else {
+    send_to(c, r);
+  }
+}
+
+void ElasticImpl::try_decide() {
+  if (!changing_ || coordinator_candidate() != me_ || !fence_.is_ok()) return;
+  std::vector<uint32_t> live;
+  for (uint32_t id : view_.members) {
+    if (failed_.count(id)) continue;
+    if (!reports_.count(id)) return;  // still waiting for a report (or for its failure)
+    live.push_back(id);
+  }
+  if (live.size() * 2 <= view_.members.size()) {
+    Message q = message(MsgType::kNoQuorum);
+    q.text = "no quorum: members " + id_list(live) + " reachable of view " +
+             std::to_string(view_.id) + "'s " + id_list(view_.members) + ", " +
+             std::to_string(view_.members.size() / 2 + 1) + " needed (" + change_reason_ +
+             "); this side of the partition commits nothing";
+    broadcast(q);
+    fence(Status(StatusCode::kAborted, q.text));
+    return;
+  }
+  // Commit what anyone committed: a commit message reaches members only after every member
+  // reported the result held, so every survivor holds it.
+  uint64_t decision = 0;
+  for (auto& [id, r] : reports_) decision = std::max(decision, r.committed);
+  auto root = open_data_root(view_.id + 1);
+  if (!root) {
+    fence(root.status());
+    return;
+  }
+  Message v = message(MsgType::kNewView);
+  v.view = view_.id + 1;
+  v.committed = decision;
+  v.next_id = next_id_;
+  v.data_root = *root;
+  for (uint32_t id : live) v.members.push_back({id, addresses_[id]});
+  for (uint32_t id : fresh_)
+    if (!failed_.count(id)) v.failed.push_back(id);
+  for (uint32_t id : live)
+    if (id != me_) send_to(id, v);
+  apply_view(v.view, v.members, v.data_root, v.committed, v.next_id, v.failed);
+}
+
+void ElasticImpl::commit_locally(uint64_t seq) {
+  committed_ = seq;
+  staged_ = membership::kNone;
+  done_.clear();
+  ++stats_.committed;
+  cv_.notify_all();
+}
+
+void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& members,
+                             const std::string& data_root, uint64_t committed, uint32_t next_id,
+                             const std::vector<uint32_t>& fresh) {
+  if (committed > committed_) {
+    if (staged_ == committed) {
+      commit_locally(committed);
+    } else {
+      fence(Status(StatusCode::kAborted, "view " + std::to_string(view) + " committed collective " +
+                                             std::to_string(committed) +
+                                             ", which this member does not hold; "
+                                             "rejoin to fetch the state"));
+      return;
+    }
+  }
+  staged_ = membership::kNone;
+  bool in_view = false;
+  std::map<uint32_t, std::string> addrs;
+  std::vector<uint32_t> ids;
+  for (const auto& a : members) {
+    addrs[a.id] = a.address;
+    ids.push_back(a.id);
+    if (a.id == me_) in_view = true;
+  }
+  if (!in_view && !(me_ & 0x80000000u)) {
+    fence(Status(StatusCode::kAborted, "evicted: view " + std::to_string(view) + " is " +
+                                           id_list(ids) + " without this member " +
+                                           std::to_string(me_) + "; rejoin as a new member"));
+    return;
+  }
+  if (!in_view) return;  // a joiner that was not admitted by this view
+  // Connections to members that left the view close; members new to it connect to us.
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (!addrs.count(it->first)) {
+      it->second.peer->abort();
+      it = slots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (uint32_t id : ids)
+    if (id != me_ && !slots_.count(id) && !addresses_.count(id)) awaited_[id] = Clock::now();
+  auto started = change_started_;
+  bool was_changing = changing_;
+  view_.id = view;
+  view_.members = ids;
+  addresses_ = addrs;
+  data_root_ = data_root;
+  next_id_ = std::max(next_id_, next_id);
+  fresh_ = std::set<uint32_t>(fresh.begin(), fresh.end());
+  changing_ = false;
+  failed_.clear();
+  reports_.clear();
+  done_.clear();
+  ++stats_.view_changes;
+  if (was_changing) stats_.last_view_change = Clock::now() - started;
+  if (data_) data_->abort();  // the old view's communicator; the caller builds the next
+  LOWCOMM_LOG(kInfo, "elastic member %u: view %llu = %s (data root %s, committed %llu)", me_,
+              static_cast<unsigned long long>(view), id_list(ids).c_str(), data_root.c_str(),
+              static_cast<unsigned long long>(committed_));
+  cv_.notify_all();
+}
+
+void ElasticImpl::handle(const Message& m, uint32_t via) {
+  if (!fence_.is_ok()) return;
+  switch (m.type) {
+    case MsgType::kChange:
+      if (m.view != view_.id) return;
+      for (uint32_t id : m.failed) {
+        if (id == me_) {
+          fence(Status(StatusCode::kAborted, "evicted: member " + std::to_string(m.from) +
+                                                 " declared this member " + std::to_string(me_) +
+                                                 " failed in view " + std::to_string(view_.id) +
+                                                 " (" + m.text + "); rejoin as a new member"));
+          return;
+        }
+        if (addresses_.count(id) && !failed_.count(id)) {
+          failed_.insert(id);
+          if (auto it = slots_.find(id); it != slots_.end()) {
+            it->second.peer->abort();
+            slots_.erase(it);
+          }
+        }
+      }
+      if (!changing_ || !m.failed.empty())
+        begin_change(m.text);
+      else
+        report_to_coordinator();
+      try_decide();
+      return;
+    case MsgType::kReport:
+      if (m.view != view_.id) return;
+      if (!changing_) begin_change("member " + std::to_string(m.from) + " started a view change");
+      reports_[m.from] = m;
+      try_decide();
+      return;
+    case MsgType::kNewView:
+      if (m.view <= view_.id) return;
+      apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed);
+      return;
+    case MsgType::kDone: {
+      if (m.view != view_.id || changing_ || view_.coordinator() != me_) return;
+      if (m.seq != committed_ + 1) return;
+      done_[m.from] = m.hash;
+      if (done_.size() < view_.members.size()) return;
+      Message c = message(MsgType::kCommit, m.seq);
+      for (auto& [id, h] : done_) c.hashes.push_back({id, h});
+      if (!pending_joiners_.empty()) {
+        // Admission: the joiners enter the next view at this commit, fresh until they hold the
+        // registered state (fetched during their first collective).
+        auto root = open_data_root(view_.id + 1);
+        if (root) {
+          c.data_root = *root;
+          for (uint32_t id : view_.members) c.members.push_back({id, addresses_[id]});
+          for (auto& j : pending_joiners_) {
+            c.members.push_back({next_id_, j.address});
+            c.failed.push_back(next_id_++);
+          }
+          c.next_id = next_id_;
+        }
+        pending_joiners_.clear();
+      }
+      broadcast(c);
+      for (auto& [tid, s] : joiner_slots_) send_to(tid, c);
+      handle(c, me_);
+      return;
+    }
+    case MsgType::kCommit: {
+      if (me_ & 0x80000000u) {
+        // A joiner learns its admission from a relayed commit.
+        if (m.members.empty()) return;
+      } else if (m.view != view_.id) {
+        return;
+      } else {
+        if (m.seq > committed_) {
+          if (staged_ != m.seq) {
+            fence(Status(StatusCode::kInternal, "commit of collective " + std::to_string(m.seq) +
+                                                    " that this member does not hold"));
+            return;
+          }
+          commit_locally(m.seq);
+          commit_hashes_ = m.hashes;
+        }
+      }
+      if (m.members.empty()) return;
+      if (me_ & 0x80000000u) {
+        for (const auto& a : m.members)
+          if (a.address == listener_->address().to_string()) me_ = a.id;
+        if (me_ & 0x80000000u) return;  // another joiner's admission
+        committed_ = m.seq;
+        stats_.committed = 0;
+      } else if (m.from != me_) {
+        for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners entering here
+      }
+      apply_view(m.view + 1, m.members, m.data_root, committed_, m.next_id, m.failed);
+      return;
+    }
+    case MsgType::kNoQuorum:
+      fence(Status(StatusCode::kAborted, m.text));
+      return;
+    case MsgType::kLeave:
+      LOWCOMM_LOG(kInfo, "elastic member %u: member %u leaves the group", me_, m.from);
+      lose(m.from, "member " + std::to_string(m.from) + " left the group");
+      return;
+    case MsgType::kJoin:
+      if (view_.coordinator() == me_)
+        pending_joiners_.push_back({0, m.text});
+      else
+        send_to(view_.coordinator(), m);
+      return;
+    case MsgType::kFetch:
+      fetches_.push_back({via, m});
+      serve_fetches();
+      return;
+    case MsgType::kPing:
+    case MsgType::kPong:
+      return;
+  }
+}
+
+void ElasticImpl::serve_fetches() {
+  while (!fetches_.empty()) {
+    auto& [to, m] = fetches_.front();
+    if (!snapshot_ || snapshot_seq_ < m.seq)
+      return;  // not taken yet: its collective has not started here
+    auto it = slots_.find(to);
+    if (snapshot_seq_ == m.seq && it != slots_.end() && m.hash <= snapshot_->size() &&
+        m.length <= snapshot_->size() - m.hash) {
+      transport::Request r =
+          it->second.peer->isend(membership::kStateTag, snapshot_->data() + m.hash, m.length);
+      outbox_.push_back({snapshot_, std::move(r)});
+    }
+    fetches_.pop_front();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The caller's thread
+
+Status ElasticImpl::register_state(const std::string& name, void* data, uint64_t bytes) {
+  if (name.empty() || (!data && bytes))
+    return invalid_argument("register_state: empty name or null data");
+  std::lock_guard<std::mutex> lk(mu_);
+  state_[name] = {data, bytes};
+  return Status::ok();
+}
+
+uint64_t ElasticImpl::registered_hash() const {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  for (const auto& [name, d] : state_) {
+    uint64_t len = d.second;
+    XXH3_64bits_update(st, name.data(), name.size() + 1);
+    XXH3_64bits_update(st, &len, sizeof(len));
+    XXH3_64bits_update(st, d.first, d.second);
+  }
+  uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+Status ElasticImpl::wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view) {
+  auto until = Clock::now() + change_timeout_ + failure_floor_ * 4;
+  while (fence_.is_ok() && (view_.id <= view || changing_)) {
+    if (cv_.wait_until(lk, until) == std::cv_status::timeout)
+      return Status(StatusCode::kTimeout,
+                    "no new view formed within " + std::to_string(change_timeout_.count()) + " ms");
+  }
+  return fence_;
+}
+
+Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
+  while (fence_.is_ok()) {
+    if (changing_) {
+      LOWCOMM_CHECK(wait_for_view_after(lk, view_.id));
+      continue;
+    }
+    if (data_view_ == view_.id && data_) {
+      Status ds = data_->status();
+      if (ds.is_ok()) return Status::ok();
+      begin_change("view " + std::to_string(view_.id) + "'s communicator failed: " + ds.message());
+      continue;
+    }
+    uint64_t v = view_.id;
+    UniqueId id;
+    id.root_address = data_root_;
+    id.secret = view_secret(v);
+    int rank = static_cast<int>(std::find(view_.members.begin(), view_.members.end(), me_) -
+                                view_.members.begin());
+    int size = static_cast<int>(view_.members.size());
+    auto old = std::move(data_);
+    lk.unlock();
+    if (old) old->abort();
+    old.reset();
+    auto comm = Communicator::init(id, rank, size, options_.comm);
+    lk.lock();
+    if (view_.id != v) continue;  // the view changed meanwhile: build the next one
+    if (!comm) {
+      begin_change("building view " + std::to_string(v) +
+                   "'s communicator failed: " + comm.status().message());
+      continue;
+    }
+    data_ = std::shared_ptr<Communicator>(std::move(comm).value());
+    data_view_ = v;
+  }
+  return fence_;
+}
+
+Status ElasticImpl::fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into) {
+  // Stripes of 4 MiB dealt round-robin over the sources, all requested at once.
+  constexpr uint64_t kStripe = 4 << 20;
+  std::vector<transport::Request> reqs;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    uint64_t seq = committed_ + 1;
+    size_t k = 0;
+    for (uint64_t off = 0; off < into.size(); off += kStripe, ++k) {
+      uint32_t src = sources[k % sources.size()];
+      auto it = slots_.find(src);
+      if (it == slots_.end()) return Status(StatusCode::kAborted, "state source gone");
+      uint64_t len = std::min<uint64_t>(kStripe, into.size() - off);
+      reqs.push_back(it->second.peer->irecv(membership::kStateTag, into.data() + off, len));
+      Message f = message(MsgType::kFetch, seq);
+      f.hash = off;
+      f.length = len;
+      send_to(src, f);
+    }
+  }
+  for (auto& r : reqs) LOWCOMM_CHECK(r.wait(Deadline::after(change_timeout_)));
+  return Status::ok();
+}
+
+Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash) {
+  std::lock_guard<std::mutex> lk(mu_);
+  uint64_t off = 0;
+  for (auto& [name, d] : state_) {
+    std::memcpy(d.first, bytes.data() + off, d.second);
+    off += d.second;
+  }
+  uint64_t h = registered_hash();
+  if (h != expected_hash)
+    return corrupt_data("fetched state hash " + std::to_string(h) + " != the group's " +
+                        std::to_string(expected_hash));
+  stats_.state_hash = h;
+  return Status::ok();
+}
+
+struct ElasticImpl::Attempt {
+  uint64_t view = 0;
+  uint64_t seq = 0;
+  std::shared_ptr<Communicator> comm;
+  bool fresh_me = false;      // this member is fresh: contributes nothing, fetches the state
+  uint64_t contributors = 0;  // members contributing (the view less its fresh members)
+  std::vector<uint32_t> sources;
+  uint64_t state_bytes = 0;
+  bool any_fresh = false;
+  std::set<uint32_t> fresh;
+  size_t size = 0;
+};
+
+Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
+                               ReduceOp op, const AllReduceOptions& options) {
+  size_t bytes = count * dtype_size(dtype);
+  std::vector<uint8_t> staging, zeros, fetched;
+  std::vector<uint8_t> ef_committed;
+  bool use_ef = !options.error_feedback_key.empty();
+  Status last;
+  for (int attempt = 0;; ++attempt) {
+    Attempt a;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      LOWCOMM_CHECK(ensure_data_comm(lk));
+      a.view = view_.id;
+      a.seq = committed_ + 1;
+      a.comm = data_;
+      a.fresh_me = fresh_.count(me_) > 0;
+      a.contributors = view_.members.size() - fresh_.size();
+      a.any_fresh = !fresh_.empty();
+      a.fresh = fresh_;
+      a.size = view_.members.size();
+      for (uint32_t id : view_.members)
+        if (!fresh_.count(id) && id != me_) a.sources.push_back(id);
+      for (auto& [n, d] : state_) a.state_bytes += d.second;
+      if (!fresh_.empty() && !a.fresh_me) {
+        // Serve the state as it is now to the fresh members, for this collective's duration.
+        auto snap = std::make_shared<std::vector<uint8_t>>();
+        snap->reserve(a.state_bytes);
+        for (auto& [n, d] : state_) {
+          auto* p = static_cast<const uint8_t*>(d.first);
+          snap->insert(snap->end(), p, p + d.second);
+        }
+        snapshot_ = std::move(snap);
+        snapshot_seq_ = a.seq;
+        serve_fetches();
+      }
+    }
+    if (a.any_fresh && dtype != DType::kFloat32)
+      return unsupported("a collective with a fresh joiner takes fp32 sum or average");
+    uint64_t hash = a.fresh_me ? 0 : registered_hash();
+    const void* in = send;
+    if (a.fresh_me) {
+      zeros.assign(bytes, 0);
+      in = zeros.data();
+    }
+    void* out = recv;
+    if (send == recv) {
+      staging.resize(bytes);
+      out = staging.data();
+    }
+    ReduceOp data_op = (a.contributors < a.size && op == ReduceOp::kAverage) ? ReduceOp::kSum : op;
+    if (use_ef && attempt > 0 && !ef_committed.empty())
+      (void)a.comm->restore_error_feedback(ef_committed.data(), ef_committed.size());
+    if (use_ef && attempt == 0) {
+      auto saved = a.comm->save_error_feedback();
+      if (saved) ef_committed = std::move(saved).value();
+    }
+    std::vector<uint8_t> fetch_into;
+    std::thread fetcher;
+    Status fetch_status;
+    if (a.fresh_me && a.state_bytes) {
+      fetch_into.resize(a.state_bytes);
+      fetcher = std::thread([&] { fetch_status = fetch_state(a.sources, fetch_into); });
+    }
+    Status s = a.comm->all_reduce(in, out, count, dtype, data_op, options).wait();
+    if (fetcher.joinable()) fetcher.join();
+    std::unique_lock<std::mutex> lk(mu_);
+    if (s.is_ok() && view_.id == a.view && !changing_) {
+      staged_ = a.seq;
+      Message d = message(MsgType::kDone, a.seq);
+      d.hash = hash;
+      if (view_.coordinator() == me_)
+        handle(d, me_);
+      else
+        send_to(view_.coordinator(), d);
+    } else if (!s.is_ok() && view_.id == a.view) {
+      begin_change("all_reduce #" + std::to_string(a.seq) + " failed on member " +
+                   std::to_string(me_) + ": " + s.message());
+    }
+    auto until = Clock::now() + change_timeout_ + failure_floor_ * 4;
+    while (fence_.is_ok() && committed_ < a.seq && view_.id == a.view) {
+      if (cv_.wait_until(lk, until) == std::cv_status::timeout) {
+        fence(Status(StatusCode::kTimeout, "all_reduce #" + std::to_string(a.seq) +
+                                               ": neither committed nor aborted in time"));
+      }
+    }
+    if (committed_ >= a.seq) {
+      auto hashes = commit_hashes_;
+      lk.unlock();
+      if (out != recv) std::memcpy(recv, out, bytes);
+      if (data_op != op) {
+        float scale = 1.0f / static_cast<float>(a.contributors);
+        auto* f = static_cast<float*>(recv);
+        for (uint64_t i = 0; i < count; ++i) f[i] *= scale;
+      }
+      if (a.fresh_me && a.state_bytes) {
+        LOWCOMM_CHECK(fetch_status);
+        uint64_t want = 0;
+        for (auto& [id, h] : hashes)
+          if (id != me_ && h) want = h;
+        LOWCOMM_CHECK(install_state(fetch_into, want));
+      }
+      lk.lock();
+      for (uint32_t id : a.fresh) fresh_.erase(id);  // they hold the state now
+      // Replica check: every contributing member's state hash must agree.
+      std::map<uint64_t, std::vector<uint32_t>> by_hash;
+      for (auto& [id, h] : hashes)
+        if (!(a.fresh_me && id == me_) && h) by_hash[h].push_back(id);
+      if (!hashes.empty() && !by_hash.empty()) stats_.state_hash = by_hash.begin()->first;
+      if (by_hash.size() > 1) {
+        std::string t = "registered state differs between replicas after collective " +
+                        std::to_string(a.seq) + ":";
+        for (auto& [h, ids] : by_hash) t += " hash " + std::to_string(h) + " on " + id_list(ids);
+        return corrupt_data(t);
+      }
+      return Status::ok();
+    }
+    Status why = fence_;
+    if (why.is_ok()) {
+      Status w = wait_for_view_after(lk, a.view);
+      if (!w.is_ok()) return w;
+    } else {
+      return why;
+    }
+    last =
+        Status(StatusCode::kAborted, "all_reduce #" + std::to_string(a.seq) + " aborted in view " +
+                                         std::to_string(a.view) + " (" + change_reason_ +
+                                         "); view " + std::to_string(view_.id) + " = " +
+                                         id_list(view_.members) + "; inputs untouched, call again");
+    if (attempt >= options_.retries) return last;
+    ++stats_.retried;
+  }
+}
+
+}  // namespace lowcomm

@@ -1,0 +1,141 @@
+#pragma once
+// ElasticImpl: the state behind ElasticCommunicator (docs/membership.md).
+//
+// Threads: the caller's thread runs collectives on the view's Communicator and waits for their
+// commit; the membership thread ("lc-member") polls the membership connections every 2 ms:
+// heartbeats and their timeouts, accepting members and joiners, and every message of the view
+// protocol (it never blocks on the network; it may abort the view's Communicator). The
+// transport's engine thread ("lc-eng-m<id>") moves the membership connections' bytes.
+//
+// Locking: mu_ guards everything below it; cv_ wakes the caller's thread when the view, the
+// commit counter or the fence changes.
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lowcomm/elastic.h"
+#include "membership/failure_detector.h"
+#include "membership/message.h"
+#include "transport/listener.h"
+#include "transport/peer.h"
+
+namespace lowcomm {
+
+class ElasticImpl {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static Result<std::unique_ptr<ElasticImpl>> found(const UniqueId& id, int rank, int nranks,
+                                                    const ElasticOptions& options);
+  static Result<std::unique_ptr<ElasticImpl>> join(const UniqueId& id,
+                                                   const std::vector<std::string>& seeds,
+                                                   const ElasticOptions& options);
+  ~ElasticImpl();
+
+  uint32_t member_id() const { return me_; }
+  std::string member_address() const { return listener_->address().to_string(); }
+  ElasticView view() const;
+  int rank() const;
+  ElasticStats stats() const;
+  Status status() const;
+  Status all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
+                    const AllReduceOptions& options);
+  Status register_state(const std::string& name, void* data, uint64_t bytes);
+
+ private:
+  struct Slot {  // one membership connection
+    std::unique_ptr<transport::Peer> peer;
+    std::vector<uint8_t> rx;
+    transport::Request rx_req;
+    membership::FailureDetector fd;
+    Clock::time_point last_ping{};
+    Slot(std::unique_ptr<transport::Peer> p, const ElasticOptions& o, std::chrono::milliseconds f)
+        : peer(std::move(p)), fd(f, o.heartbeat_interval) {}
+  };
+  struct Outgoing {
+    std::shared_ptr<std::vector<uint8_t>> bytes;
+    transport::Request req;
+  };
+  struct Attempt;  // one try of a collective (elastic_impl.cc)
+
+  ElasticImpl() = default;
+  Status start(const UniqueId& id);  // engine, listener; not the thread
+  void loop();
+  // --- membership thread, mu_ held ---
+  void poll_slot(uint32_t id, Slot& s, Clock::time_point now);
+  void accept_pending();
+  void handle(const membership::Message& m, uint32_t via);
+  void lose(uint32_t id, const std::string& why);
+  void begin_change(const std::string& why);
+  void report_to_coordinator();
+  void try_decide();
+  void commit_locally(uint64_t seq);
+  void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
+                  const std::string& data_root, uint64_t committed, uint32_t next_id,
+                  const std::vector<uint32_t>& fresh);
+  void fence(Status why);
+  void send_to(uint32_t to, const membership::Message& m);
+  void broadcast(const membership::Message& m);
+  void serve_fetches();
+  uint32_t coordinator_candidate() const;
+  membership::Message message(membership::MsgType t, uint64_t seq = 0) const;
+  Result<std::string> open_data_root(uint64_t view);
+  // --- caller's thread ---
+  Status ensure_data_comm(std::unique_lock<std::mutex>& lk);
+  Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
+  uint64_t registered_hash() const;
+  Status fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into);
+  Status install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash);
+  std::array<uint8_t, UniqueId::kSecretBytes> view_secret(uint64_t view) const;
+
+  ElasticOptions options_;
+  std::chrono::milliseconds failure_floor_{1500};
+  std::chrono::milliseconds change_timeout_{30000};
+  std::array<uint8_t, UniqueId::kSecretBytes> secret_{};
+  uint32_t me_ = 0;
+  std::shared_ptr<transport::ProgressEngine> engine_;
+  std::unique_ptr<transport::Listener> listener_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  ElasticView view_;
+  std::map<uint32_t, std::string> addresses_;      // member id -> membership address, this view
+  std::map<uint32_t, Slot> slots_;                 // membership connections to members
+  std::map<uint32_t, Slot> joiner_slots_;          // not yet admitted joiners, by temporary id
+  std::map<uint32_t, Clock::time_point> awaited_;  // members of the view not connected yet
+  std::deque<Outgoing> outbox_;
+  std::shared_ptr<Communicator> data_;  // the view's communicator; null until built
+  std::string data_root_;               // its root address (the coordinator opened it)
+  uint64_t data_view_ = ~0ull;          // the view data_ belongs to
+  Status fence_;                        // non-ok: this member takes no further part
+  bool changing_ = false;
+  Clock::time_point change_started_{};
+  std::string change_reason_;
+  std::set<uint32_t> failed_;                        // members of view_ known failed
+  std::map<uint32_t, membership::Message> reports_;  // coordinator: reports in this change
+  uint64_t committed_ = 0;                           // collectives committed
+  uint64_t staged_ = membership::kNone;              // collective whose result this member holds
+  std::map<uint32_t, uint64_t> done_;  // coordinator: member -> hash, for committed_+1
+  std::vector<std::pair<uint32_t, uint64_t>> commit_hashes_;  // with the last commit
+  uint32_t next_id_ = 0;                                      // the next joiner's member id
+  std::vector<membership::MemberAddress> pending_joiners_;    // coordinator: to admit at a commit
+  std::set<uint32_t> fresh_;  // members admitted but not yet holding the registered state
+  std::map<std::string, std::pair<void*, uint64_t>> state_;  // registered, by name
+  // Registered state as served to fresh members: taken when a collective starts in a view with
+  // fresh members (the state then is what every replica holds until that collective commits).
+  std::shared_ptr<std::vector<uint8_t>> snapshot_;
+  uint64_t snapshot_seq_ = membership::kNone;                     // the collective it was taken for
+  std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // waiting for the snapshot
+  ElasticStats stats_;
+};
+
+}  // namespace lowcomm

@@ -1,0 +1,70 @@
+#pragma once
+// Membership messages: what members say to each other on the membership connections
+// (docs/membership.md lists each type, who sends it and when).
+//
+// Layout, little-endian: a 32-byte header
+//   [0,4) magic "LCMB"  [4,6) version 1  [6,8) type  [8,12) sender member id  [12,16) 0
+//   [16,24) view id     [24,32) sequence (the collective it concerns; 0 when none)
+// then a body whose layout the type fixes (message.cc). Every field is checked by decode()
+// before use: a message that is short, long, of unknown type or with a count that does not fit
+// its length is kCorruptData naming the sender, and is dropped.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lowcomm/status.h"
+
+namespace lowcomm::membership {
+
+inline constexpr uint32_t kMagic = 0x424d434c;  // "LCMB"
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 32;
+inline constexpr size_t kMaxMessageBytes = 64 << 10;
+inline constexpr uint64_t kTag = 0x4d454d42ull;       // the transport tag of membership messages
+inline constexpr uint64_t kStateTag = 0x4d454d53ull;  // state stripes to a joiner
+inline constexpr uint64_t kNone = ~0ull;
+
+enum class MsgType : uint16_t {
+  kPing = 1,  // t: the sender's clock; answered with kPong carrying the same t
+  kPong = 2,
+  kChange = 3,    // the view must change: the members the sender knows to have failed
+  kReport = 4,    // to the coordinator during a change: what this member committed and staged
+  kNewView = 5,   // from the coordinator: the next view, what commits, the data root
+  kDone = 6,      // to the coordinator: this member holds the result of collective `seq`
+  kCommit = 7,    // from the coordinator: collective `seq` is committed; the state hashes
+  kNoQuorum = 8,  // from a would-be coordinator: too few members reachable to go on
+  kLeave = 9,     // the sender is leaving the group
+  kJoin = 10,     // a joiner asks to enter (to any member; forwarded to the coordinator)
+  kFetch = 11,    // a joiner asks for a stripe of the registered state
+};
+const char* msg_type_name(MsgType t);
+
+struct MemberAddress {
+  uint32_t id = 0;
+  std::string address;
+};
+
+struct Message {
+  MsgType type = MsgType::kPing;
+  uint32_t from = 0;
+  uint64_t view = 0;
+  uint64_t seq = 0;
+  // Bodies (only the fields of `type` are encoded):
+  uint64_t time_ns = 0;                // kPing, kPong
+  std::vector<uint32_t> failed;        // kChange: members known failed; kNewView: fresh joiners
+  std::string text;                    // kChange, kNoQuorum: why; kJoin: the joiner's address
+  uint64_t committed = 0;              // kReport: collectives committed; kNewView: decision
+  uint64_t staged = kNone;             // kReport: collective whose result is held, or kNone
+  uint64_t hash = 0;                   // kDone: registered state hash; kFetch: offset
+  uint64_t length = 0;                 // kFetch: bytes
+  uint32_t next_id = 0;                // kNewView, kCommit: the next joiner's member id
+  std::vector<MemberAddress> members;  // kNewView, kCommit (admission): the view's members
+  std::string data_root;               // kNewView, kCommit (admission): the data root address
+  std::vector<std::pair<uint32_t, uint64_t>> hashes;  // kCommit: each member's state hash
+};
+
+std::vector<uint8_t> encode(const Message& m);
+Result<Message> decode(const uint8_t* p, size_t n, const std::string& who);
+
+}  // namespace lowcomm::membership

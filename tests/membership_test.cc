@@ -1,0 +1,424 @@
+// Membership: elastic communicators over real forked processes on loopback. Members die
+// (SIGKILL), freeze (SIGSTOP), lose their quorum and join, in the middle of compressed
+// all-reduces; after every commit the survivors hold bitwise identical results and state.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/root_socket.h"
+#include "lowcomm/elastic.h"
+#include "membership/failure_detector.h"
+#include "membership/message.h"
+
+namespace lowcomm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// Shared between the forked members (MAP_SHARED before fork).
+struct Shared {
+  std::atomic<int64_t> fault_ns{0};  // when the fault was injected (steady clock)
+  char addresses[8][64];             // members' membership addresses, for joiners
+  std::atomic<int> published{0};
+};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+struct Proc {
+  pid_t pid = -1;
+  int fd = -1;
+  std::string text;
+  int exit_code = -1;
+};
+
+// Forks one process running fn; its returned text comes back through a pipe.
+Proc spawn(const std::function<std::string()>& fn) {
+  int p[2];
+  EXPECT_EQ(::pipe(p), 0);
+  Proc pr;
+  pr.pid = ::fork();
+  if (pr.pid == 0) {
+    ::close(p[0]);
+    std::string s = fn();
+    (void)!::write(p[1], s.data(), s.size());
+    ::_exit(s.rfind("ok", 0) == 0 ? 0 : 1);
+  }
+  ::close(p[1]);
+  pr.fd = p[0];
+  return pr;
+}
+
+void collect(std::vector<Proc>& ps, double timeout_s) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  for (auto& p : ps) {
+    while (p.fd >= 0) {
+      pollfd f{p.fd, POLLIN, 0};
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        ::kill(p.pid, SIGCONT);
+        ::kill(p.pid, SIGKILL);
+        p.text += " [killed by the harness: no result in time]";
+        ::close(p.fd);
+        p.fd = -1;
+        break;
+      }
+      ::poll(&f, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
+      if (!(f.revents & (POLLIN | POLLHUP))) continue;
+      char buf[4096];
+      ssize_t n = ::read(p.fd, buf, sizeof(buf));
+      if (n > 0) {
+        p.text.append(buf, static_cast<size_t>(n));
+      } else {
+        ::close(p.fd);
+        p.fd = -1;
+      }
+    }
+    int st = 0;
+    ::waitpid(p.pid, &st, 0);
+    p.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+}
+
+ElasticOptions test_options() {
+  ElasticOptions o;
+  o.comm.streams = 2;
+  o.comm.socket_buffer_bytes = 1 << 20;
+  o.comm.timeout = 20s;
+  o.comm.codec_threads = 1;
+  o.failure_timeout = 1500ms;
+  o.view_change_timeout = 15s;
+  o.retries = 2;
+  return o;
+}
+
+float input(uint32_t member, int round, uint64_t i) {
+  return std::sin(0.001f * static_cast<float>(i) + static_cast<float>(member)) +
+         0.01f * static_cast<float>(round);
+}
+
+std::string hex(uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof(b), "%016llx", static_cast<unsigned long long>(h));
+  return b;
+}
+
+// What a member reports: "ok view=<id> size=<n> result=<hash> ..." so the parent can compare.
+std::string field(const std::string& text, const std::string& key) {
+  auto p = text.find(key + "=");
+  if (p == std::string::npos) return "";
+  p += key.size() + 1;
+  return text.substr(p, text.find(' ', p) - p);
+}
+
+struct Fixture {
+  Shared* shared = nullptr;
+  UniqueId id;
+  Fixture() {
+    shared = static_cast<Shared*>(
+        ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    new (shared) Shared();
+    auto r = create_unique_id("127.0.0.1");
+    EXPECT_TRUE(r.is_ok());
+    id = *r;
+  }
+  ~Fixture() { ::munmap(shared, sizeof(Shared)); }
+  void parent_done_forking() { (void)collectives::take_root_socket(id.to_string()); }
+};
+
+enum class Fault { kNone, kKill, kStop };
+
+// n members run `rounds` in-place q4 all-reduces (average) of `count` floats. Member `victim`
+// injects `fault` into itself 5 ms into round `fault_round` (while its data is on the wire).
+std::vector<Proc> run_group(Fixture& fx, int n, int rounds, uint64_t count, int victim, Fault fault,
+                            int fault_round, const ElasticOptions& opts) {
+  std::vector<Proc> ps;
+  for (int r = 0; r < n; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, n, opts);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::vector<float> buf(count);
+      AllReduceOptions ar;
+      ar.codec = *parse_codec_spec("q4");
+      std::string log;
+      for (int round = 0; round < rounds; ++round) {
+        for (uint64_t i = 0; i < count; ++i) buf[i] = input(static_cast<uint32_t>(r), round, i);
+        std::thread injector;
+        if (r == victim && round == fault_round && fault != Fault::kNone) {
+          injector = std::thread([&] {
+            std::this_thread::sleep_for(5ms);
+            fx.shared->fault_ns = now_ns();
+            ::raise(fault == Fault::kKill ? SIGKILL : SIGSTOP);
+          });
+        }
+        Status s = (*ec)->all_reduce(buf.data(), buf.data(), count, DType::kFloat32,
+                                     ReduceOp::kAverage, ar);
+        if (injector.joinable()) injector.join();
+        if (!s.is_ok()) return "failed round=" + std::to_string(round) + " " + s.to_string();
+        if (round == fault_round && r != victim && fault != Fault::kNone &&
+            fx.shared->fault_ns.load() != 0) {
+          int64_t since = now_ns() - fx.shared->fault_ns.load();
+          log += " recovered_ms=" + std::to_string(since / 1000000);
+        }
+      }
+      auto v = (*ec)->view();
+      auto st = (*ec)->stats();
+      return "ok view=" + std::to_string(v.id) + " size=" + std::to_string(v.members.size()) +
+             " result=" + hex(XXH3_64bits(buf.data(), buf.size() * 4)) +
+             " retried=" + std::to_string(st.retried) + log;
+    }));
+  }
+  fx.parent_done_forking();
+  return ps;
+}
+
+TEST(Membership, CommitsWithoutFailures) {
+  Fixture fx;
+  auto ps = run_group(fx, 4, 5, 1 << 16, -1, Fault::kNone, 0, test_options());
+  collect(ps, 60);
+  for (auto& p : ps) {
+    EXPECT_EQ(p.exit_code, 0) << p.text;
+    EXPECT_EQ(field(p.text, "view"), "0") << p.text;
+    EXPECT_EQ(field(p.text, "result"), field(ps[0].text, "result")) << p.text;
+  }
+}
+
+class MembershipKill : public ::testing::TestWithParam<int> {};
+
+// SIGKILL of the coordinator (member 0) or of another member during a compressed all-reduce:
+// the survivors' call is retried in a view without it and completes, identical everywhere.
+TEST_P(MembershipKill, SurvivorsRetryAndAgree) {
+  const int victim = GetParam();
+  Fixture fx;
+  auto ps = run_group(fx, 4, 4, 8 << 20, victim, Fault::kKill, 2, test_options());
+  collect(ps, 90);
+  std::string result;
+  for (int r = 0; r < 4; ++r) {
+    if (r == victim) {
+      EXPECT_EQ(ps[r].exit_code, 128 + SIGKILL) << ps[r].text;
+      continue;
+    }
+    EXPECT_EQ(ps[r].exit_code, 0) << "member " << r << ": " << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "size"), "3") << ps[r].text;
+    if (result.empty()) result = field(ps[r].text, "result");
+    EXPECT_EQ(field(ps[r].text, "result"), result) << ps[r].text;
+    std::printf("member %d: %s\n", r, ps[r].text.c_str());
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Victims, MembershipKill, ::testing::Values(0, 2));
+
+// SIGSTOP: the others evict the frozen member by heartbeat timeout and complete; once
+// continued, the frozen member learns it was evicted and fails (no wrong success).
+TEST(Membership, FrozenMemberEvicted) {
+  Fixture fx;
+  auto ps = run_group(fx, 4, 4, 1 << 20, 3, Fault::kStop, 1, test_options());
+  // Continue the frozen member once the others are done (or after 20 s).
+  std::vector<Proc> others(ps.begin(), ps.begin() + 3);
+  collect(others, 60);
+  ::kill(ps[3].pid, SIGCONT);
+  std::vector<Proc> frozen{ps[3]};
+  collect(frozen, 30);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(others[r].exit_code, 0) << others[r].text;
+    EXPECT_EQ(field(others[r].text, "size"), "3") << others[r].text;
+    EXPECT_EQ(field(others[r].text, "result"), field(others[0].text, "result"));
+    std::printf("member %d: %s\n", r, others[r].text.c_str());
+  }
+  EXPECT_NE(frozen[0].exit_code, 0) << frozen[0].text;
+  // Evicted, or alone with no quorum once the others are gone: either way out of the group.
+  EXPECT_TRUE(frozen[0].text.find("evicted") != std::string::npos ||
+              frozen[0].text.find("no quorum") != std::string::npos)
+      << frozen[0].text;
+}
+
+// Two of four freeze: the two left are a minority of the view and fail naming the partition;
+// nobody commits the round.
+TEST(Membership, NoQuorumCommitsNothing) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  std::vector<Proc> ps;
+  for (int r = 0; r < 4; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 4, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::vector<float> buf(1 << 16, 1.0f);
+      Status s =
+          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      if (!s.is_ok()) return "round0 " + s.to_string();
+      if (r >= 2) ::raise(SIGSTOP);
+      for (auto& x : buf) x = 1.0f;
+      s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      bool untouched = buf[0] == 1.0f && buf.back() == 1.0f;
+      if (s.is_ok()) return "committed (wrong) sum=" + std::to_string(buf[0]);
+      return std::string(untouched ? "ok " : "inputs touched ") + s.to_string();
+    }));
+  }
+  fx.parent_done_forking();
+  std::vector<Proc> running(ps.begin(), ps.begin() + 2);
+  collect(running, 60);
+  for (int r = 2; r < 4; ++r) ::kill(ps[r].pid, SIGCONT);
+  std::vector<Proc> stopped(ps.begin() + 2, ps.end());
+  collect(stopped, 60);
+  for (auto& p : running) {
+    EXPECT_EQ(p.exit_code, 0) << p.text;
+    EXPECT_NE(p.text.find("no quorum"), std::string::npos) << p.text;
+  }
+  for (auto& p : stopped) EXPECT_EQ(p.exit_code, 0) << p.text;
+}
+
+// A joiner enters through a member that is not the coordinator, fetches the registered state
+// from the members during its first collective and ends with the same state and results.
+TEST(Membership, JoinerFetchesStateAndAgrees) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kState = 3 << 20;  // floats: 12 MiB, striped over the members
+  const uint64_t kCount = 1 << 16;
+  auto body = [&](ElasticCommunicator& ec, std::vector<float>& state, int rounds_after_join,
+                  bool founder) -> std::string {
+    std::vector<float> buf(kCount);
+    int after = -1;
+    for (int round = 0; round < 400 && after < rounds_after_join; ++round) {
+      for (uint64_t i = 0; i < kCount; ++i) buf[i] = input(ec.member_id(), round, i);
+      Status s = ec.all_reduce(buf.data(), buf.data(), kCount, DType::kFloat32, ReduceOp::kAverage);
+      if (!s.is_ok()) return "failed " + s.to_string();
+      for (uint64_t i = 0; i < kState; ++i) state[i] += buf[i % kCount];  // the "outer step"
+      if (after >= 0 || ec.size() == 4) ++after;
+      if (founder && after < 0) std::this_thread::sleep_for(5ms);
+    }
+    return "ok size=" + std::to_string(ec.size()) +
+           " state=" + hex(XXH3_64bits(state.data(), state.size() * 4)) +
+           " result=" + hex(XXH3_64bits(buf.data(), buf.size() * 4));
+  };
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 3, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::string a = (*ec)->member_address();
+      std::memcpy(fx.shared->addresses[r], a.c_str(), a.size() + 1);
+      fx.shared->published++;
+      std::vector<float> state(kState, 0.5f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      return body(**ec, state, 3, true);
+    }));
+  }
+  ps.push_back(spawn([&]() -> std::string {
+    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
+    // Through member 2 (not the coordinator); a dead address first.
+    auto ec = ElasticCommunicator::join(fx.id, {"127.0.0.1:1", fx.shared->addresses[2]}, o);
+    if (!ec) return "join: " + ec.status().to_string();
+    std::vector<float> state(kState, 0.0f);
+    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+      return s.to_string();
+    return body(**ec, state, 2, false);
+  }));
+  fx.parent_done_forking();
+  collect(ps, 90);
+  for (auto& p : ps) {
+    EXPECT_EQ(p.exit_code, 0) << p.text;
+    EXPECT_EQ(field(p.text, "size"), "4") << p.text;
+    EXPECT_EQ(field(p.text, "state"), field(ps[0].text, "state")) << p.text;
+    EXPECT_EQ(field(p.text, "result"), field(ps[0].text, "result")) << p.text;
+  }
+}
+
+// A joiner with the wrong secret is refused at the handshake; the group is unaffected.
+TEST(Membership, WrongSecretJoinerRefused) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 2, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::string a = (*ec)->member_address();
+      std::memcpy(fx.shared->addresses[r], a.c_str(), a.size() + 1);
+      fx.shared->published++;
+      std::vector<float> buf(1024);
+      for (int round = 0; round < 20; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+        if (!s.is_ok() || buf[0] != 2.0f) return "round failed " + s.to_string();
+        std::this_thread::sleep_for(50ms);
+      }
+      return "ok size=" + std::to_string((*ec)->size());
+    }));
+  }
+  ps.push_back(spawn([&]() -> std::string {
+    while (fx.shared->published.load() < 2) std::this_thread::sleep_for(5ms);
+    UniqueId wrong = fx.id;
+    wrong.secret[0] ^= 1;
+    ElasticOptions jo = o;
+    jo.view_change_timeout = 3s;
+    auto ec = ElasticCommunicator::join(wrong, {fx.shared->addresses[0]}, jo);
+    if (ec) return "joined with a wrong secret";
+    return "ok " + ec.status().to_string();
+  }));
+  fx.parent_done_forking();
+  collect(ps, 60);
+  for (auto& p : ps) EXPECT_EQ(p.exit_code, 0) << p.text;
+  EXPECT_EQ(field(ps[0].text, "size"), "2");
+}
+
+TEST(MembershipMessage, RoundTripsAndRejectsMalformed) {
+  membership::Message m;
+  m.type = membership::MsgType::kNewView;
+  m.from = 3;
+  m.view = 7;
+  m.committed = 11;
+  m.members = {{0, "127.0.0.1:5"}, {3, "127.0.0.1:6"}};
+  m.failed = {2};
+  m.data_root = "127.0.0.1:9";
+  auto b = membership::encode(m);
+  auto d = membership::decode(b.data(), b.size(), "t");
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(d->members.size(), 2u);
+  EXPECT_EQ(d->members[1].address, "127.0.0.1:6");
+  EXPECT_EQ(d->failed, std::vector<uint32_t>{2});
+  EXPECT_EQ(d->view, 7u);
+  for (size_t cut = 0; cut < b.size(); ++cut)
+    EXPECT_EQ(membership::decode(b.data(), cut, "t").status().code(), StatusCode::kCorruptData);
+  auto bad = b;
+  bad[6] = 99;  // unknown type
+  EXPECT_FALSE(membership::decode(bad.data(), bad.size(), "t").is_ok());
+  bad = b;
+  bad[bad.size() - 4] = 0xff;  // the hash count: more entries than bytes left
+  EXPECT_FALSE(membership::decode(bad.data(), bad.size(), "t").is_ok());
+  bad = b;
+  bad[bad.size() - 16] = 0xff;  // the last address's length: past the end
+  EXPECT_FALSE(membership::decode(bad.data(), bad.size(), "t").is_ok());
+}
+
+TEST(MembershipFailureDetector, TimeoutFollowsRtt) {
+  membership::FailureDetector lan(1500ms, 100ms);
+  for (int i = 0; i < 20; ++i) lan.rtt_sample(100us);
+  EXPECT_EQ(lan.timeout(), std::chrono::nanoseconds(1500ms));  // the floor on a LAN
+  membership::FailureDetector wan(1500ms, 100ms);
+  for (int i = 0; i < 50; ++i) wan.rtt_sample(i % 2 ? 400ms : 200ms);  // 200 ms RTT, jittery
+  EXPECT_GT(wan.timeout(), std::chrono::nanoseconds(2000ms));
+  auto t0 = Clock::now();
+  wan.heard(t0);
+  EXPECT_FALSE(wan.expired(t0 + 1900ms));
+  EXPECT_TRUE(wan.expired(t0 + 60s));
+}
+
+}  // namespace
+}  // namespace lowcomm
