@@ -4,8 +4,8 @@
 #   1. Release build (CUDA kernels compiled where nvcc exists), all CTest suites; CUDA tests
 #      report themselves skipped where no GPU is present.
 #   2. ASan + UBSan build of lowcomm's code and tests, all CTest suites.
-#   3. ThreadSanitizer build of the transport and the collectives and their tests (the epoll
-#      engine, the executor, and their users).
+#   3. ThreadSanitizer build of the transport, the collectives and membership and their tests
+#      (the epoll engine, the executor, the membership thread, and their users).
 #   4. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
 #   5. The torch backend: built with pip into .venv (torch from scripts/deps.sh) and its pytest
 #      suite, real processes against Gloo; then the same on the oldest supported torch
@@ -33,15 +33,15 @@ cmake --build build-asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
-echo "== TSan build, transport, collectives and NCCL plugin tests"
+echo "== TSan build, transport, collectives, membership and NCCL plugin tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOWCOMM_CUDA=OFF \
   -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j "$JOBS" --target lowcomm_transport_test lowcomm_collectives_test \
-  nccl_net_plugin_test nccl_net_load_cycle_test
+  nccl_net_plugin_test nccl_net_load_cycle_test lowcomm_membership_test
 # The plugin driver's random-transfer stream is 10,000 messages in the Release and ASan runs;
 # 1,000 under TSan, which is ~10x slower.
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 LOWCOMM_DRIVER_TRANSFERS=1000 \
-  ctest --test-dir build-tsan --output-on-failure -j "$JOBS" -R '^(transport|collectives|nccl_net)\.'
+  ctest --test-dir build-tsan --output-on-failure -j "$JOBS" -R '^(transport|collectives|nccl_net|membership)\.'
 
 echo "== wire decoder fuzzing"
 scripts/fuzz.sh "${LOWCOMM_FUZZ_SECONDS:-60}"

@@ -391,7 +391,7 @@ void ElasticImpl::loop() {
         std::erase_if(outbox_, [](const Outgoing& o) { return o.req.test(); });
       }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
 }
 
@@ -910,7 +910,7 @@ struct ElasticImpl::Attempt {
 Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                                ReduceOp op, const AllReduceOptions& options) {
   size_t bytes = count * dtype_size(dtype);
-  std::vector<uint8_t> staging, zeros, fetched;
+  std::vector<uint8_t> zeros;
   std::vector<uint8_t> ef_committed;
   bool use_ef = !options.error_feedback_key.empty();
   Status last;
@@ -953,8 +953,13 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
     }
     void* out = recv;
     if (send == recv) {
-      staging.resize(bytes);
-      out = staging.data();
+      // In place: the result lands in staging and is copied over the input once committed. Kept
+      // between calls (allocating and faulting in a fresh buffer per call cost more than the copy).
+      if (staging_bytes_ < bytes) {
+        staging_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+        staging_bytes_ = bytes;
+      }
+      out = staging_.get();
     }
     ReduceOp data_op = (a.contributors < a.size && op == ReduceOp::kAverage) ? ReduceOp::kSum : op;
     if (use_ef && attempt > 0 && !ef_committed.empty())

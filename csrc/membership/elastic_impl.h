@@ -2,7 +2,7 @@
 // ElasticImpl: the state behind ElasticCommunicator (docs/membership.md).
 //
 // Threads: the caller's thread runs collectives on the view's Communicator and waits for their
-// commit; the membership thread ("lc-member") polls the membership connections every 2 ms:
+// commit; the membership thread ("lc-member") polls the membership connections every 0.5 ms:
 // heartbeats and their timeouts, accepting members and joiners, and every message of the view
 // protocol (it never blocks on the network; it may abort the view's Communicator). The
 // transport's engine thread ("lc-eng-m<id>") moves the membership connections' bytes.
@@ -136,6 +136,8 @@ class ElasticImpl {
   uint64_t snapshot_seq_ = membership::kNone;                     // the collective it was taken for
   std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // waiting for the snapshot
   ElasticStats stats_;
+  std::unique_ptr<uint8_t[]> staging_;  // caller's thread: in-place results until committed
+  uint64_t staging_bytes_ = 0;
 };
 
 }  // namespace lowcomm

@@ -1,0 +1,247 @@
+// lowcomm-elastic-bench: how fast an elastic group recovers from a member's death or freeze,
+// and what membership costs when nothing fails (docs/membership.md).
+//
+//   lowcomm-elastic-bench --fault kill --trials 20 --mib 64    # SIGKILL into the all-reduce
+//   lowcomm-elastic-bench --fault stop --trials 20             # SIGSTOP (evicted by heartbeat)
+//   lowcomm-elastic-bench --fault none --rounds 20             # elastic vs static, interleaved
+//
+// Every trial forks --members processes on loopback. In round 1 one member (trial % members,
+// so the coordinator, member 0, is a victim too) injects the fault into itself a random 0-20 ms
+// into its compressed all-reduce; each survivor records the time from the fault to the
+// completion of its (retried) call. Survivors' results are compared bitwise.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/root_socket.h"
+#include "lowcomm/elastic.h"
+
+using namespace lowcomm;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Shared {
+  std::atomic<int64_t> fault_ns{0};
+  std::atomic<int64_t> done_ns[16];
+  std::atomic<uint64_t> hash[16];
+  std::atomic<int> ok[16];
+  double elastic_s[16];
+  double static_s[16];
+};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+struct Args {
+  std::string fault = "kill";
+  int trials = 20;
+  int members = 4;
+  double mib = 64;
+  int rounds = 10;
+  std::string codec = "q4";
+};
+
+ElasticOptions options() {
+  ElasticOptions o;
+  o.comm.streams = 2;
+  o.comm.timeout = std::chrono::seconds(60);
+  o.retries = 2;
+  o.view_change_timeout = std::chrono::seconds(20);
+  return o;
+}
+
+void member(Shared* sh, const UniqueId& id, const UniqueId& static_id, int r, const Args& a,
+            int victim, int delay_ms) {
+  auto ec = ElasticCommunicator::init(id, r, a.members, options());
+  if (!ec) {
+    std::fprintf(stderr, "member %d: %s\n", r, ec.status().to_string().c_str());
+    _exit(1);
+  }
+  uint64_t n = static_cast<uint64_t>(a.mib * (1 << 20) / 4);
+  std::vector<float> buf(n);
+  AllReduceOptions ar;
+  ar.codec = *parse_codec_spec(a.codec);
+  auto fill = [&](int round) {
+    for (uint64_t i = 0; i < n; ++i)
+      buf[i] = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r + round));
+  };
+  if (a.fault == "none") {
+    auto sc = Communicator::init(static_id, r, a.members, options().comm);
+    if (!sc) _exit(1);
+    double e = 0, s = 0;
+    // Alternating which goes first, so neither always starts behind the other's stragglers.
+    auto run_elastic = [&] {
+      return (*ec)->all_reduce(buf.data(), buf.data(), n, DType::kFloat32, ReduceOp::kAverage, ar);
+    };
+    auto run_static = [&] {
+      return (*sc)
+          ->all_reduce(buf.data(), buf.data(), n, DType::kFloat32, ReduceOp::kAverage, ar)
+          .wait();
+    };
+    for (int round = 0; round < a.rounds; ++round) {
+      for (int k = 0; k < 2; ++k) {
+        bool elastic = (k == 0) == (round % 2 == 0);
+        fill(round);
+        auto t0 = Clock::now();
+        if (!(elastic ? run_elastic() : run_static()).is_ok()) _exit(1);
+        double d = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (round == 0) continue;  // warm-up
+        (elastic ? e : s) += d;
+      }
+    }
+    sh->elastic_s[r] = e;
+    sh->static_s[r] = s;
+    sh->ok[r] = 1;
+    _exit(0);
+  }
+  for (int round = 0; round < 2; ++round) {
+    fill(round);
+    std::thread inj;
+    if (round == 1 && r == victim) {
+      inj = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        sh->fault_ns = now_ns();
+        ::raise(a.fault == "kill" ? SIGKILL : SIGSTOP);
+      });
+    }
+    Status s =
+        (*ec)->all_reduce(buf.data(), buf.data(), n, DType::kFloat32, ReduceOp::kAverage, ar);
+    if (inj.joinable()) inj.join();
+    if (!s.is_ok()) {
+      std::fprintf(stderr, "member %d round %d: %s\n", r, round, s.to_string().c_str());
+      _exit(1);
+    }
+  }
+  sh->done_ns[r] = now_ns();
+  sh->hash[r] = XXH3_64bits(buf.data(), n * 4);
+  sh->ok[r] = 1;
+  _exit(0);
+}
+
+double pct(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - 1;
+  return v[std::min(i, v.size() - 1)];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--fault")
+      a.fault = v;
+    else if (k == "--trials")
+      a.trials = std::stoi(v);
+    else if (k == "--members")
+      a.members = std::stoi(v);
+    else if (k == "--mib")
+      a.mib = std::stod(v);
+    else if (k == "--rounds")
+      a.rounds = std::stoi(v);
+    else if (k == "--codec")
+      a.codec = v;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (a.members < 3 || a.members > 16 ||
+      (a.fault != "kill" && a.fault != "stop" && a.fault != "none")) {
+    std::fprintf(stderr, "--members 3..16, --fault kill|stop|none\n");
+    return 2;
+  }
+  auto* sh = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::mt19937 rng(12345);
+  std::vector<double> rec;
+  int failures = 0, mismatches = 0;
+  int trials = a.fault == "none" ? 1 : a.trials;
+  std::printf("# lowcomm-elastic-bench: %d members, %.0f MiB fp32, codec %s, fault %s\n", a.members,
+              a.mib, a.codec.c_str(), a.fault.c_str());
+  for (int t = 0; t < trials; ++t) {
+    new (sh) Shared();
+    auto id = create_unique_id("127.0.0.1");
+    auto sid = create_unique_id("127.0.0.1");
+    if (!id || !sid) return 1;
+    int victim = t % a.members;
+    int delay = static_cast<int>(rng() % 21);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < a.members; ++r) {
+      pid_t p = fork();
+      if (p == 0) member(sh, *id, *sid, r, a, a.fault == "none" ? -1 : victim, delay);
+      pids.push_back(p);
+    }
+    (void)collectives::take_root_socket(id->to_string());
+    (void)collectives::take_root_socket(sid->to_string());
+    for (int r = 0; r < a.members; ++r) {
+      if (r == victim && a.fault == "stop") continue;
+      int st = 0;
+      waitpid(pids[r], &st, 0);
+    }
+    if (a.fault == "stop") {
+      kill(pids[victim], SIGKILL);
+      kill(pids[victim], SIGCONT);
+      waitpid(pids[victim], nullptr, 0);
+    }
+    if (a.fault == "none") {
+      double e = 0, s = 0;
+      for (int r = 0; r < a.members; ++r) {
+        e = std::max(e, sh->elastic_s[r]);
+        s = std::max(s, sh->static_s[r]);
+      }
+      int rr = a.rounds - 1;
+      std::printf(
+          "elastic %.1f ms/call, static %.1f ms/call over %d interleaved calls: "
+          "elastic/static = %.3f\n",
+          1e3 * e / rr, 1e3 * s / rr, rr, e / s);
+      return 0;
+    }
+    double worst = 0;
+    uint64_t h = 0;
+    bool ok = true;
+    for (int r = 0; r < a.members; ++r) {
+      if (r == victim) continue;
+      if (!sh->ok[r]) {
+        ok = false;
+        continue;
+      }
+      worst = std::max(worst, 1e-6 * static_cast<double>(sh->done_ns[r] - sh->fault_ns));
+      if (h && sh->hash[r] != h) ++mismatches;
+      h = sh->hash[r];
+    }
+    if (!ok || sh->fault_ns == 0) {
+      ++failures;
+      std::printf("trial %2d victim %d delay %2d ms: FAILED (a survivor did not complete)\n", t,
+                  victim, delay);
+      continue;
+    }
+    rec.push_back(worst);
+    std::printf("trial %2d victim %d delay %2d ms: fault -> last survivor done %.0f ms\n", t,
+                victim, delay, worst);
+  }
+  if (!rec.empty())
+    std::printf(
+        "%s: %zu trials, p50 %.0f ms, p99 %.0f ms, max %.0f ms; %d failed, %d result "
+        "mismatches\n",
+        a.fault.c_str(), rec.size(), pct(rec, 0.5), pct(rec, 0.99), pct(rec, 1.0), failures,
+        mismatches);
+  return failures || mismatches ? 1 : 0;
+}
