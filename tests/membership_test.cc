@@ -20,6 +20,7 @@
 
 #include "collectives/root_socket.h"
 #include "lowcomm/elastic.h"
+#include "lowcomm/lowcomm.h"
 #include "membership/failure_detector.h"
 #include "membership/message.h"
 
@@ -380,6 +381,69 @@ TEST(Membership, WrongSecretJoinerRefused) {
   collect(ps, 60);
   for (auto& p : ps) EXPECT_EQ(p.exit_code, 0) << p.text;
   EXPECT_EQ(field(ps[0].text, "size"), "2");
+}
+
+// The C API: with retries 0 a member's death returns lowcommAborted with the buffer untouched,
+// the view shrinks, and the same call succeeds when made again.
+TEST(Membership, CApiAbortsThenSucceedsInTheNextView) {
+  Fixture fx;
+  lowcommUniqueId cid;
+  auto bytes = fx.id.to_bytes();
+  std::memcpy(cid.internal, bytes.data(), sizeof(cid.internal));
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      lowcommElasticConfig_t cfg = LOWCOMM_ELASTIC_CONFIG_INIT;
+      cfg.failureTimeoutMs = 3000;
+      lowcommElasticComm_t c = nullptr;
+      if (lowcommElasticCommInitRank(&c, 3, cid, r, &cfg) != lowcommSuccess)
+        return std::string("init: ") + lowcommElasticGetLastError(nullptr);
+      std::vector<float> buf(1 << 16, static_cast<float>(r + 1));
+      if (lowcommElasticAllReduce(buf.data(), buf.data(), buf.size(), lowcommFloat32, lowcommSum,
+                                  nullptr, nullptr, c) != lowcommSuccess)
+        return std::string("round 0: ") + lowcommElasticGetLastError(c);
+      if (r == 2) ::raise(SIGKILL);  // between collectives: the next one finds it gone
+      std::fill(buf.begin(), buf.end(), static_cast<float>(r + 1));
+      lowcommResult_t res = lowcommElasticAllReduce(buf.data(), buf.data(), buf.size(),
+                                                    lowcommFloat32, lowcommSum, "q8", nullptr, c);
+      std::string first = res == lowcommSuccess ? "success" : lowcommElasticGetLastError(c);
+      if (res != lowcommSuccess) {
+        if (res != lowcommAborted) return "not aborted: " + first;
+        if (buf[0] != static_cast<float>(r + 1)) return "input touched after abort";
+        res = lowcommElasticAllReduce(buf.data(), buf.data(), buf.size(), lowcommFloat32,
+                                      lowcommSum, "q8", nullptr, c);
+        if (res != lowcommSuccess) return std::string("retry: ") + lowcommElasticGetLastError(c);
+      }
+      uint64_t view = 0;
+      int members[4] = {0}, n = 0, small[1];
+      if (lowcommElasticCommView(c, &view, members, 4, &n) != lowcommSuccess)
+        return lowcommElasticGetLastError(c);
+      if (lowcommElasticCommView(c, &view, small, 1, &n) != lowcommInvalidArgument)
+        return "capacity not checked";
+      if (lowcommElasticAllReduce(nullptr, buf.data(), 4, lowcommFloat32, lowcommSum, nullptr,
+                                  nullptr, c) != lowcommInvalidArgument)
+        return "NULL buffer not refused";
+      int rank = -1;
+      (void)lowcommElasticCommUserRank(c, &rank);
+      char addr[64];
+      if (lowcommElasticCommMemberAddress(c, addr, sizeof(addr)) != lowcommSuccess)
+        return "no address";
+      lowcommElasticCommDestroy(c);
+      return "ok view=" + std::to_string(view) + " size=" + std::to_string(n) +
+             " members=" + std::to_string(members[0]) + "," + std::to_string(members[1]) +
+             " rank=" + std::to_string(rank) + " sum=" + std::to_string(buf[0]) +
+             " first=" + first.substr(0, 40);
+    }));
+  }
+  fx.parent_done_forking();
+  collect(ps, 60);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ps[r].exit_code, 0) << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "size"), "2") << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "members"), "0,1") << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "rank"), std::to_string(r)) << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "sum"), field(ps[0].text, "sum")) << ps[r].text;
+  }
 }
 
 TEST(MembershipMessage, RoundTripsAndRejectsMalformed) {

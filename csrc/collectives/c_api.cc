@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/c_conversions.h"
 #include "lowcomm/communicator.h"
 #include "lowcomm/version.h"
 
@@ -52,29 +53,7 @@ thread_local std::string t_last_error;
 
 static_assert(sizeof(lowcommUniqueId) == lowcomm::UniqueId::kOpaqueBytes);
 
-lowcommResult_t to_result(StatusCode c) {
-  switch (c) {
-    case StatusCode::kOk:
-      return lowcommSuccess;
-    case StatusCode::kInvalidArgument:
-      return lowcommInvalidArgument;
-    case StatusCode::kCorruptData:
-      return lowcommCorruptData;
-    case StatusCode::kUnsupported:
-      return lowcommUnsupported;
-    case StatusCode::kInternal:
-      return lowcommInternalError;
-    case StatusCode::kSystem:
-      return lowcommSystemError;
-    case StatusCode::kTimeout:
-      return lowcommTimeout;
-    case StatusCode::kRemoteError:
-      return lowcommRemoteError;
-    case StatusCode::kAborted:
-      return lowcommAborted;
-  }
-  return lowcommInternalError;
-}
+using lowcomm::to_result;
 
 // Records a failure in `sink` (NULL: no communicator; or one being closed: this thread's last
 // error) and translates its code.
@@ -114,61 +93,8 @@ lowcommResult_t guarded(ErrorSink* sink, F&& f) {
   }
 }
 
-lowcomm::Result<lowcomm::DType> to_dtype(lowcommDataType_t t) {
-  using lowcomm::DType;
-  switch (t) {
-    case lowcommInt8:
-      return DType::kInt8;
-    case lowcommUint8:
-      return DType::kUInt8;
-    case lowcommInt32:
-      return DType::kInt32;
-    case lowcommUint32:
-      return DType::kUInt32;
-    case lowcommInt64:
-      return DType::kInt64;
-    case lowcommUint64:
-      return DType::kUInt64;
-    case lowcommFloat16:
-      return DType::kFloat16;
-    case lowcommFloat32:
-      return DType::kFloat32;
-    case lowcommFloat64:
-      return DType::kFloat64;
-    case lowcommBfloat16:
-      return DType::kBFloat16;
-    case lowcommInt16:
-      return DType::kInt16;
-    case lowcommBool:
-      return DType::kBool;
-  }
-  return lowcomm::invalid_argument("unsupported datatype " + std::to_string(static_cast<int>(t)) +
-                                   " (a lowcommDataType_t value)");
-}
-
-lowcomm::Result<lowcomm::ReduceOp> to_op(lowcommRedOp_t op) {
-  using lowcomm::ReduceOp;
-  switch (op) {
-    case lowcommSum:
-      return ReduceOp::kSum;
-    case lowcommProd:
-      return ReduceOp::kProduct;
-    case lowcommMax:
-      return ReduceOp::kMax;
-    case lowcommMin:
-      return ReduceOp::kMin;
-    case lowcommAvg:
-      return ReduceOp::kAverage;
-    case lowcommBand:
-      return ReduceOp::kBAnd;
-    case lowcommBor:
-      return ReduceOp::kBOr;
-    case lowcommBxor:
-      return ReduceOp::kBXor;
-  }
-  return lowcomm::invalid_argument("unsupported reduction " + std::to_string(static_cast<int>(op)) +
-                                   " (a lowcommRedOp_t value)");
-}
+using lowcomm::to_dtype;
+using lowcomm::to_op;
 
 // NULL: none named (the communicator's LOWCOMM_CODEC default applies where it can).
 lowcomm::Status parse_codec_arg(const char* codec, std::optional<lowcomm::CodecSpec>* out) {

@@ -243,6 +243,62 @@ LOWCOMM_API lowcommResult_t lowcommWaitStats(lowcommRequest_t request, lowcommOp
  * fields within stats->structSize are written (lowcommOpStats). */
 LOWCOMM_API lowcommResult_t lowcommCommGetLastOpStats(lowcommComm_t comm, lowcommOpStats* stats);
 
+/* ---- lowcomm: elastic communicators (docs/membership.md) ----
+ * A group whose members may die, freeze, leave and join between collectives; each collective
+ * commits on every live member or fails with its inputs untouched (lowcommAborted: a member
+ * failed; the group formed a new view of the survivors; call again). Named after NCCL's
+ * ncclCommInitRankScalable / ncclCommShrink family; blocking calls, one calling thread. */
+typedef struct lowcommElasticComm* lowcommElasticComm_t;
+
+/* Versioned by its size, as lowcommOpStats: set structSize (LOWCOMM_ELASTIC_CONFIG_INIT);
+ * zero fields take the defaults. */
+typedef struct {
+  size_t structSize;
+  int retries;             /* collectives re-run by the library in the next view (default 0) */
+  int heartbeatMs;         /* heartbeat interval (default 100) */
+  int failureTimeoutMs;    /* least silence before a member is failed (LOWCOMM_FAILURE_TIMEOUT_MS,
+                              default 1500; grows with the measured heartbeat RTT) */
+  int viewChangeTimeoutMs; /* how long a call waits for a new view (default 30000) */
+} lowcommElasticConfig_t;
+#define LOWCOMM_ELASTIC_CONFIG_INIT \
+  { sizeof(lowcommElasticConfig_t), 0, 0, 0, 0 }
+
+/* The founding members: every rank of [0, nranks) calls it with the same id; member id = rank.
+ * config may be NULL. */
+LOWCOMM_API lowcommResult_t lowcommElasticCommInitRank(lowcommElasticComm_t* comm, int nranks,
+                                                       lowcommUniqueId commId, int rank,
+                                                       const lowcommElasticConfig_t* config);
+/* A new member: enters through any live member listed in seeds (their
+ * lowcommElasticCommMemberAddress), authenticated with the group's id; returns once admitted
+ * (the group admits joiners when it commits its next collective). */
+LOWCOMM_API lowcommResult_t lowcommElasticCommJoin(lowcommElasticComm_t* comm,
+                                                   lowcommUniqueId commId, const char* const* seeds,
+                                                   int nseeds,
+                                                   const lowcommElasticConfig_t* config);
+/* Leaves the group (the others form a view without this member at once) and frees comm. */
+LOWCOMM_API lowcommResult_t lowcommElasticCommDestroy(lowcommElasticComm_t comm);
+/* The current view: its id and its members' ids, ascending (a member's rank is its position);
+ * members may be NULL to ask only for the count (*nmembers). capacity: entries in members. */
+LOWCOMM_API lowcommResult_t lowcommElasticCommView(lowcommElasticComm_t comm, uint64_t* viewId,
+                                                   int* members, int capacity, int* nmembers);
+LOWCOMM_API lowcommResult_t lowcommElasticCommUserRank(lowcommElasticComm_t comm, int* rank);
+LOWCOMM_API lowcommResult_t lowcommElasticCommCount(lowcommElasticComm_t comm, int* count);
+LOWCOMM_API lowcommResult_t lowcommElasticCommMemberId(lowcommElasticComm_t comm, int* memberId);
+/* Where joiners reach this member ("host:port"), NUL-terminated within len bytes. */
+LOWCOMM_API lowcommResult_t lowcommElasticCommMemberAddress(lowcommElasticComm_t comm, char* buf,
+                                                            size_t len);
+/* Named state every replica holds alike (hashed at every commit; fetched by joiners). */
+LOWCOMM_API lowcommResult_t lowcommElasticRegisterState(lowcommElasticComm_t comm, const char* name,
+                                                        void* data, size_t bytes);
+/* Blocking all-reduce in the current view; codec and errorFeedbackKey may be NULL. */
+LOWCOMM_API lowcommResult_t lowcommElasticAllReduce(const void* sendbuff, void* recvbuff,
+                                                    size_t count, lowcommDataType_t datatype,
+                                                    lowcommRedOp_t op, const char* codec,
+                                                    const char* errorFeedbackKey,
+                                                    lowcommElasticComm_t comm);
+/* The text of this comm's last failed call (NULL: this thread's last failed init or join). */
+LOWCOMM_API const char* lowcommElasticGetLastError(lowcommElasticComm_t comm);
+
 #ifdef __cplusplus
 }
 #endif
