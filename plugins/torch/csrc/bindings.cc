@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "codec_bindings.h"
+#include "elastic_bindings.h"
 
 namespace py = pybind11;
 using lowcomm::torch_backend::LowcommBackend;
@@ -74,5 +75,6 @@ PYBIND11_MODULE(_C, m) {
         return d;
       });
   lowcomm::torch_backend::bind_codecs(m);
+  lowcomm::torch_backend::bind_elastic(m);
   m.def("create_backend", &LowcommBackend::create, py::call_guard<py::gil_scoped_release>());
 }

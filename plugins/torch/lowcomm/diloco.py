@@ -31,6 +31,14 @@ pending averages and residuals: resuming reproduces the bits of an uninterrupted
 The inner model may be DDP/FSDP on a site's own group (NCCL, Gloo): give DiLoCo the module
 whose parameters this rank holds, and a group of the ranks holding the same ones on the other
 sites.
+
+group may be a lowcomm.elastic.ElasticGroup: workers may then die, freeze and join. A round that
+loses a worker completes with the survivors (the library retries it in the new view; nobody's
+inner steps are thrown away), and the global parameters, the outer momentum and the round count
+are registered with the group, so every commit checks that the replicas hold the same ones and a
+joiner fetches them: a joiner calls catch_up() once (its first round contributes nothing and
+ends with the group's state), then trains as the others. Elastic groups take fragments=1,
+overlap=False and the built-in outer SGD.
 """
 import time
 
@@ -38,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from lowcomm import _C
+from lowcomm import elastic as lowcomm_elastic
 from lowcomm import torch as lowcomm_torch
 
 
@@ -103,13 +112,19 @@ class DiLoCo:
             if not 0.0 <= self.ef_decay <= 1.0:
                 raise ValueError(f"lowcomm.diloco: error_feedback_decay must be in [0, 1], "
                                  f"got {self.ef_decay}")
-        self.on_lowcomm = _is_lowcomm(group)
-        if self.codec and not self.on_lowcomm:
+        self.elastic = isinstance(group, lowcomm_elastic.ElasticGroup)
+        if self.elastic and (fragments != 1 or overlap or outer_optimizer is not None
+                             or error_feedback in ("both", "local")
+                             or error_feedback_decay is not None):
+            raise ValueError("lowcomm.diloco: an elastic group takes fragments=1, overlap=False, "
+                             "the built-in outer SGD and error_feedback False or True")
+        self.on_lowcomm = not self.elastic and _is_lowcomm(group)
+        if self.codec and not self.on_lowcomm and not self.elastic:
             raise ValueError("lowcomm.diloco: a codec needs a lowcomm group "
                              "(dist.new_group(backend='lowcomm'))")
         self.overlap = bool(overlap)
         self.name = name
-        self.world = dist.get_world_size(group)
+        self.world = group.size() if self.elastic else dist.get_world_size(group)
         self.inner_steps = 0
         self.fragments = _cut(self.params, fragments)
         self.offsets = [(f + 1) * self.sync_every // fragments for f in range(fragments)]
@@ -133,6 +148,32 @@ class DiLoCo:
         self.comm_wait_s = 0.0
         self.bytes_sent = 0
         self.last_stats = None
+        if self.elastic:
+            self._register_elastic_state()
+
+    def _register_elastic_state(self):
+        """What a joiner needs and every commit checks: θ_g, the outer momentum (created now, as
+        zeros: SGD's first step then gives the same buffer as creating it from the gradient), and
+        the round count."""
+        g = self.global_params[0]
+        self.group.register_state(f"{self.name}/global", g)
+        if self.outer.defaults.get("momentum", 0):
+            buf = self.outer.state[g].setdefault("momentum_buffer", torch.zeros_like(g))
+            self.group.register_state(f"{self.name}/momentum", buf)
+        self._round_t = torch.zeros(1, dtype=torch.int64)
+        self.group.register_state(f"{self.name}/rounds", self._round_t)
+
+    @torch.no_grad()
+    def catch_up(self):
+        """A joiner's first round, at once: it contributes nothing, receives the group's global
+        parameters, outer state and round count with the round's average, and takes the same
+        outer step as everyone; its model then holds θ_g and it trains in step with the others
+        (the next outer step after sync_every more inner steps)."""
+        if not self.elastic or not self.group.fresh:
+            raise ValueError("lowcomm.diloco: catch_up is for a joiner of an elastic group, "
+                             "before its first round")
+        self._sync(0)
+        self.inner_steps = 0
 
     # -- the training loop's calls ------------------------------------------------------------
 
@@ -183,6 +224,8 @@ class DiLoCo:
             self.residuals[f] = (delta - sent).mul_(self.ef_decay)
             key = ""
         step = self.rounds[f] * len(self.fragments) + f  # stochastic rounding: resumable
+        if self.elastic:
+            self._round_t[0] = self.rounds[f]  # the registered count: as of the last commit
         self.rounds[f] += 1
         if not self.overlap:
             self._wait(self._launch(delta, key, step))
@@ -198,6 +241,15 @@ class DiLoCo:
 
     def _launch(self, delta, key, step):
         """Start averaging delta in place over the group; returns its work."""
+        if self.elastic:
+            fresh = self.group.fresh
+            t0 = time.perf_counter()
+            self.group.all_reduce(delta, average=True, codec=self.codec, error_feedback_key=key)
+            self.comm_wait_s += time.perf_counter() - t0
+            if fresh:  # a joiner: the round count came with the fetched state
+                self.rounds[0] = int(self._round_t[0]) + 1
+            self.world = self.group.size()
+            return None
         if not self.codec:
             # Exact: lowcomm averages (fp32 sum in rank order, then / P); other backends (Gloo
             # has no AVG) sum, and _wait divides.
@@ -219,6 +271,8 @@ class DiLoCo:
         self._outer_step(f, avg)
 
     def _wait(self, work):
+        if work is None:  # an elastic group's all-reduce, complete when it returned
+            return
         t0 = time.perf_counter()
         work.wait()
         self.comm_wait_s += time.perf_counter() - t0

@@ -1,0 +1,112 @@
+"""Elastic groups: members die, freeze, leave and join between collectives; every all-reduce
+commits on all live members or raises ElasticAborted with the tensor untouched
+(lowcomm::ElasticCommunicator, docs/membership.md).
+
+    import torch.distributed as dist
+    from lowcomm.elastic import ElasticGroup
+    store = dist.TCPStore(host, port, world, rank == 0)
+    g = ElasticGroup.init(store, rank, world, retries=2)     # the founding members
+    g.all_reduce(t, average=True, codec="q4")                 # in place, blocking
+    j = ElasticGroup.join(store)                              # later, a new member
+
+The store carries the group id and the members' addresses (each member publishes its own); a
+joiner may also be given `seeds` (members' `member_address()`) and the id directly, so that the
+store's host is not needed once the group runs. `lowcomm.diloco.DiLoCo(model, group=g)` runs
+DiLoCo on an elastic group: a round that loses a worker completes with the survivors, and a
+joiner fetches the global parameters and the outer optimizer's state (DiLoCo.catch_up).
+"""
+import torch
+
+from lowcomm import _C
+
+ElasticAborted = _C.ElasticAborted
+
+_PREFIX = "lowcomm/elastic"
+
+
+class ElasticGroup:
+    """A member of an elastic group (see the module doc). Founders: ElasticGroup.init; new
+    members: ElasticGroup.join. rank()/size() are this view's; they change with the view."""
+
+    def __init__(self, impl, group_id, store=None, prefix=_PREFIX, joined=False):
+        self._impl = impl
+        self.id = group_id
+        self._store = store
+        self._prefix = prefix
+        self.fresh = joined  # a joiner before its first collective: it holds no state yet
+        self._state = {}     # name -> tensor (kept alive here: the core holds raw pointers)
+        if store is not None:
+            n = store.add(f"{prefix}/naddr", 1)
+            store.set(f"{prefix}/addr/{n}", impl.member_address())
+
+    @classmethod
+    def init(cls, store, rank, world_size, *, prefix=_PREFIX, bind="", retries=2,
+             failure_timeout=1.5, view_change_timeout=30.0, timeout=1800):
+        """The founding members: every rank of [0, world_size) calls it; rank 0 creates the id.
+        bind: the address the group's sockets use ("" the first interface that is up)."""
+        if rank == 0:
+            gid = _C.create_unique_id(bind)
+            store.set(f"{prefix}/id", gid)
+        else:
+            gid = store.get(f"{prefix}/id").decode()
+        impl = _C.ElasticGroup.found(gid, rank, world_size, retries,
+                                     int(failure_timeout * 1000),
+                                     int(view_change_timeout * 1000), int(timeout))
+        return cls(impl, gid, store, prefix)
+
+    @classmethod
+    def join(cls, store=None, *, group_id=None, seeds=None, prefix=_PREFIX, retries=2,
+             failure_timeout=1.5, view_change_timeout=30.0, timeout=1800):
+        """A new member, entering through the newest published members first (or `seeds`).
+        Returns once admitted, at the group's next commit."""
+        if group_id is None:
+            if store is None:
+                raise ValueError("lowcomm.elastic: join needs a store or a group_id and seeds")
+            group_id = store.get(f"{prefix}/id").decode()
+        if seeds is None:
+            if store is None:
+                raise ValueError("lowcomm.elastic: join needs a store or seeds")
+            n = int(store.add(f"{prefix}/naddr", 0))
+            seeds = [store.get(f"{prefix}/addr/{i}").decode() for i in range(n, 0, -1)]
+        impl = _C.ElasticGroup.join(group_id, list(seeds), retries, int(failure_timeout * 1000),
+                                    int(view_change_timeout * 1000), int(timeout))
+        return cls(impl, group_id, store, prefix, joined=True)
+
+    def all_reduce(self, tensor, *, average=True, codec="", error_feedback_key=""):
+        """In place, blocking (fp32, contiguous, CPU). A fresh joiner's first call contributes
+        nothing and fetches the registered state before it returns."""
+        self._impl.all_reduce(tensor, average, codec or "", error_feedback_key or "")
+        self.fresh = False
+
+    def register_state(self, name, tensor):
+        """A tensor every replica holds alike and changes only between collectives (checked by
+        hash at every commit; fetched by joiners). Contiguous CPU; kept alive by the group."""
+        self._state[name] = tensor
+        self._impl.register_state(name, tensor)
+
+    def rank(self):
+        return self._impl.rank()
+
+    def size(self):
+        return self._impl.size()
+
+    def view(self):
+        """(view id, member ids)."""
+        return self._impl.view()
+
+    def member_id(self):
+        return self._impl.member_id()
+
+    def member_address(self):
+        return self._impl.member_address()
+
+    def stats(self):
+        return self._impl.stats()
+
+    def status(self):
+        """"" while this member takes part; else why not (evicted, no quorum, left)."""
+        return self._impl.status()
+
+    def close(self):
+        """Leave the group now (the others form a view without this member at once)."""
+        self._impl = None
