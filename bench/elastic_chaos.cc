@@ -1,0 +1,308 @@
+// lowcomm-elastic-chaos: a DiLoCo-style loop under random kills (SIGKILL), freezes
+// (SIGSTOP, SIGCONT later) and joins, checking that no round is lost or applied twice and that
+// the replicas stay identical (docs/membership.md).
+//
+//   lowcomm-elastic-chaos --events 12 --rounds 1000 --seconds 60      # scripts/test.sh's run
+//   lowcomm-elastic-chaos --events 500 --rounds 100000 --seconds 3600  # the soak
+//
+// Members hold registered state (a parameter vector and the round counter). Each round every
+// member contributes a vector that depends on (member, round), the group averages it (q4), and
+// every member adds the average to its parameters and counts the round; the library checks at
+// every commit that all members hold the same state. A frozen member that was evicted fails its
+// call ("evicted"/"no quorum") and exits; the driver then starts a joiner in its place. Faults
+// are injected one at a time: the next waits until the group's view has settled, so a majority
+// is never lost at once. At the end every surviving member must hold the same state and the
+// full round count; a round that makes no progress for --hang-seconds fails the run.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/root_socket.h"
+#include "lowcomm/elastic.h"
+
+using namespace lowcomm;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kSlots = 64;  // processes over a run
+constexpr uint64_t kParams = 1 << 16;
+
+struct Slot {
+  std::atomic<int> state{0};  // 0 unused, 1 running, 2 done ok, 3 fenced, 4 failed
+  std::atomic<uint64_t> round{0};
+  std::atomic<uint64_t> hash{0};
+  std::atomic<int> view_size{0};
+  char address[64];
+  char error[256];
+};
+struct Shared {
+  Slot slot[kSlots];
+};
+
+struct Args {
+  int events = 12;
+  uint64_t rounds = 400;
+  double seconds = 120;
+  double hang_seconds = 15;
+  int members = 4;
+  int round_ms = 20;  // the inner steps between collectives
+  unsigned seed = 1;
+};
+
+ElasticOptions options() {
+  ElasticOptions o;
+  o.comm.streams = 1;
+  o.comm.socket_buffer_bytes = 1 << 20;
+  o.comm.timeout = 30s;
+  o.comm.codec_threads = 1;
+  o.retries = 3;
+  o.failure_timeout = 2000ms;
+  o.view_change_timeout = 20s;
+  return o;
+}
+
+[[noreturn]] void member_main(Shared* sh, int s, const UniqueId& id, int rank, int nranks,
+                              const Args& a) {
+  Slot& me = sh->slot[s];
+  auto fail = [&](int code, const std::string& why) {
+    std::snprintf(me.error, sizeof(me.error), "%s", why.c_str());
+    me.state = code;
+    _exit(0);
+  };
+  Result<std::unique_ptr<ElasticCommunicator>> ec = Status();
+  if (rank >= 0) {
+    ec = ElasticCommunicator::init(id, rank, nranks, options());
+  } else {
+    std::vector<std::string> seeds;
+    for (int i = kSlots - 1; i >= 0; --i)
+      if (i != s && sh->slot[i].state == 1 && sh->slot[i].address[0])
+        seeds.emplace_back(sh->slot[i].address);
+    ec = ElasticCommunicator::join(id, seeds, options());
+  }
+  if (!ec) fail(4, "start: " + ec.status().to_string());
+  std::string addr = (*ec)->member_address();
+  std::snprintf(me.address, sizeof(me.address), "%s", addr.c_str());
+  std::vector<float> params(kParams, 0.0f), g(kParams);
+  std::vector<uint64_t> round(1, 0);
+  (void)(*ec)->register_state("params", params.data(), kParams * 4);
+  (void)(*ec)->register_state("round", round.data(), 8);
+  AllReduceOptions ar;
+  ar.codec = *parse_codec_spec("q4");
+  uint32_t m = (*ec)->member_id();
+  while (round[0] < a.rounds) {
+    for (uint64_t i = 0; i < kParams; ++i)
+      g[i] = std::sin(0.01f * static_cast<float>(i + m) + static_cast<float>(round[0] % 97));
+    Status st =
+        (*ec)->all_reduce(g.data(), g.data(), kParams, DType::kFloat32, ReduceOp::kAverage, ar);
+    if (!st.is_ok()) {
+      bool fenced = st.message().find("evicted") != std::string::npos ||
+                    st.message().find("no quorum") != std::string::npos;
+      fail(fenced ? 3 : 4, st.to_string());
+    }
+    for (uint64_t i = 0; i < kParams; ++i) params[i] = 0.5f * params[i] + g[i];
+    ++round[0];
+    me.round = round[0];
+    me.hash = XXH3_64bits(params.data(), kParams * 4) ^ round[0];
+    me.view_size = (*ec)->size();
+    std::this_thread::sleep_for(std::chrono::milliseconds(a.round_ms));  // the inner steps
+  }
+  me.state = 2;
+  // Stay until the others are done too (leaving early would change their views).
+  for (;;) {
+    bool all = true;
+    for (int i = 0; i < kSlots; ++i)
+      if (sh->slot[i].state == 1) all = false;
+    if (all) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  _exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--events")
+      a.events = std::stoi(v);
+    else if (k == "--rounds")
+      a.rounds = std::stoull(v);
+    else if (k == "--seconds")
+      a.seconds = std::stod(v);
+    else if (k == "--hang-seconds")
+      a.hang_seconds = std::stod(v);
+    else if (k == "--members")
+      a.members = std::stoi(v);
+    else if (k == "--round-ms")
+      a.round_ms = std::stoi(v);
+    else if (k == "--seed")
+      a.seed = static_cast<unsigned>(std::stoul(v));
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (a.members < 3 || a.members > 8) {
+    std::fprintf(stderr, "--members must be in [3, 8]\n");
+    return 2;
+  }
+  auto* sh = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (sh) Shared();
+  auto id = create_unique_id("127.0.0.1");
+  if (!id) return 1;
+  std::vector<pid_t> pid(kSlots, -1);
+  int used = 0;
+  auto spawn = [&](int rank) {
+    int s = used++;
+    sh->slot[s].state = 1;
+    pid_t p = fork();
+    if (p == 0) member_main(sh, s, *id, rank, a.members, a);
+    pid[s] = p;
+    return s;
+  };
+  for (int r = 0; r < a.members; ++r) spawn(r);
+  (void)collectives::take_root_socket(id->to_string());
+
+  std::mt19937 rng(a.seed);
+  auto start = Clock::now();
+  auto live = [&] {
+    std::vector<int> v;
+    for (int s = 0; s < used; ++s)
+      if (sh->slot[s].state == 1) v.push_back(s);
+    return v;
+  };
+  auto max_round = [&] {
+    uint64_t r = 0;
+    for (int s = 0; s < used; ++s) r = std::max<uint64_t>(r, sh->slot[s].round);
+    return r;
+  };
+  int events = 0, kills = 0, freezes = 0, joins = 0;
+  uint64_t last_round = 0;
+  auto last_progress = Clock::now();
+  int frozen = -1;
+  auto thaw_at = Clock::now();
+  bool failed = false;
+  std::string why;
+  while (true) {
+    std::this_thread::sleep_for(20ms);
+    for (int s = 0; s < used; ++s) {  // reap
+      if (pid[s] > 0 && waitpid(pid[s], nullptr, WNOHANG) == pid[s]) pid[s] = -1;
+    }
+    uint64_t mr = max_round();
+    if (mr != last_round) {
+      last_round = mr;
+      last_progress = Clock::now();
+    }
+    auto lv = live();
+    bool done = mr >= a.rounds && lv.empty();
+    if (done) break;
+    for (int s = 0; s < used; ++s)
+      if (sh->slot[s].state == 4) {
+        failed = true;
+        why = "member slot " + std::to_string(s) + " failed: " + sh->slot[s].error;
+      }
+    if (failed) break;
+    if (frozen < 0 &&
+        Clock::now() - last_progress > std::chrono::duration<double>(a.hang_seconds)) {
+      failed = true;
+      why = "no round completed for " + std::to_string(a.hang_seconds) + " s";
+      break;
+    }
+    if (frozen >= 0 && Clock::now() >= thaw_at) {
+      kill(pid[frozen], SIGCONT);
+      frozen = -1;
+    }
+    // Replace fenced members with joiners (not near the end: a joiner enters at a commit).
+    bool late = mr + 50 >= a.rounds;
+    for (int s = 0; s < used; ++s) {
+      if (sh->slot[s].state == 3 && used < kSlots && !late) {
+        sh->slot[s].state = 5;  // replaced
+        spawn(-1);
+        ++joins;
+      }
+    }
+    bool out_of_time = Clock::now() - start > std::chrono::duration<double>(a.seconds);
+    if (events >= a.events || late || out_of_time || frozen >= 0 || used + 2 >= kSlots) continue;
+    // The next fault only once the views agree with the live set (one fault at a time).
+    lv = live();
+    bool settled = true;
+    for (int s : lv)
+      if (sh->slot[s].view_size != static_cast<int>(lv.size()) || sh->slot[s].round == 0)
+        settled = false;
+    if (!settled || rng() % 25 != 0) continue;
+    int kind = static_cast<int>(rng() % 3);
+    if (lv.size() < 4 && kind != 2) kind = 2;  // few left: add one first
+    if (lv.size() >= 7 && kind == 2) kind = 0;
+    int victim = lv[rng() % lv.size()];
+    ++events;
+    if (kind == 0) {
+      kill(pid[victim], SIGKILL);
+      sh->slot[victim].state = 6;  // killed
+      ++kills;
+      std::printf("event %3d  round %5llu  kill slot %d\n", events,
+                  static_cast<unsigned long long>(mr), victim);
+    } else if (kind == 1) {
+      kill(pid[victim], SIGSTOP);
+      frozen = victim;
+      thaw_at = Clock::now() + std::chrono::milliseconds(500 + rng() % 3500);
+      ++freezes;
+      std::printf("event %3d  round %5llu  freeze slot %d\n", events,
+                  static_cast<unsigned long long>(mr), victim);
+    } else {
+      spawn(-1);
+      ++joins;
+      std::printf("event %3d  round %5llu  join\n", events, static_cast<unsigned long long>(mr));
+    }
+    std::fflush(stdout);
+  }
+  for (int s = 0; s < used; ++s)
+    if (pid[s] > 0) {
+      kill(pid[s], SIGCONT);
+      kill(pid[s], SIGKILL);
+      waitpid(pid[s], nullptr, 0);
+    }
+  uint64_t hash = 0;
+  int finishers = 0;
+  for (int s = 0; s < used && !failed; ++s) {
+    if (sh->slot[s].state != 2) continue;
+    ++finishers;
+    if (sh->slot[s].round != a.rounds) {
+      failed = true;
+      why = "slot " + std::to_string(s) + " finished at round " +
+            std::to_string(sh->slot[s].round.load());
+    }
+    if (hash && sh->slot[s].hash != hash) {
+      failed = true;
+      why = "replicas differ at the end";
+    }
+    hash = sh->slot[s].hash;
+  }
+  if (!failed && finishers < 2) {
+    failed = true;
+    why = "fewer than two members finished";
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf(
+      "%s: %llu rounds in %.1f s, %d events (%d kills, %d freezes, %d joins incl. "
+      "replacements), %d members finished with identical state%s%s\n",
+      failed ? "FAILED" : "ok", static_cast<unsigned long long>(max_round()), secs, events, kills,
+      freezes, joins, finishers, failed ? ": " : "", why.c_str());
+  return failed ? 1 : 0;
+}
