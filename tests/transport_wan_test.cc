@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <memory>
 #include <vector>
 
 #include "core/deadline.h"
 #include "core/sys_check.h"
+#include "transport/link_emulator.h"
 #include "transport/pacer.h"
 #include "transport/path_model.h"
 #include "transport/peer_config.h"
@@ -59,6 +61,84 @@ TEST(TransportParseWan, Errors) {
     EXPECT_NE(w.status().message().find("LOWCOMM_WAN"), std::string::npos) << bad;
   }
   EXPECT_NE(parse_wan("bw=1gbyte").status().message().find("gbyte"), std::string::npos);
+}
+
+TEST(TransportParseWan, LossIsAPercentageOfSegments) {
+  auto w = parse_wan("bw=1gbit,rtt=200ms,loss=1%");
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  EXPECT_DOUBLE_EQ(w->loss, 0.01);
+  EXPECT_TRUE(parse_wan("loss=0.5%")->shaped());
+  EXPECT_NE(w->to_string().find("loss=1%"), std::string::npos);
+  EXPECT_DOUBLE_EQ(parse_wan(w->to_string())->loss, 0.01);  // round trip
+  for (const char* bad :
+       {"loss=1", "loss=100%", "loss=-1%", "loss=x%", "loss=1%%", "loss=1%,loss=2%"}) {
+    auto b = parse_wan(bad);
+    EXPECT_FALSE(b.is_ok()) << bad;
+    EXPECT_NE(b.status().message().find("loss"), std::string::npos) << bad;
+  }
+  auto plan = parse_wan_plan("rtt=20ms;pair=0/1:loss=2%");
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_DOUBLE_EQ(plan->link(0, 1)->loss, 0.02);
+  EXPECT_DOUBLE_EQ(plan->link(0, 2)->loss, 0.0);
+}
+
+// A lost single-segment chunk (a heartbeat) waits for the retransmission timeout; one with
+// segments behind it for one RTT (fast retransmit); nothing is delivered out of order.
+TEST(TransportLinkEmulator, LossDelaysByTcpRecoveryAndKeepsOrder) {
+  WanLink link = *parse_wan("rtt=200ms,loss=1%");
+  LinkEmulator em(link, nullptr, 7, 1, 1 << 20);
+  auto t0 = Clock::now();
+  const int n = 20000;
+  std::vector<double> extra;
+  for (int i = 0; i < n; ++i) {
+    OutChunk c{};
+    c.len = 32;  // one segment with its header
+    auto at = t0 + std::chrono::milliseconds(i);
+    em.submit(std::move(c), at);
+  }
+  int delayed = 0;
+  double last = 0;
+  bool ordered = true;
+  int i = 0;
+  em.drain([&](OutChunk& c) {
+    double d = secs(c.release - (t0 + std::chrono::milliseconds(i)));
+    if (secs(c.release - t0) < last) ordered = false;
+    last = secs(c.release - t0);
+    // Own loss: exactly RTT + 200 ms late; held behind an earlier one: less.
+    if (std::abs(d - (0.1 + 0.4)) < 1e-6) ++delayed;
+    ++i;
+  });
+  EXPECT_TRUE(ordered);
+  EXPECT_NEAR(delayed, n * 0.01, n * 0.01 * 0.3);  // binomial: sd ~ 14 of 200
+
+  // A 64-segment chunk: a loss is almost always followed by three segments -> 1 RTT.
+  LinkEmulator big(link, nullptr, 9, 1, 64 << 20);
+  int rtt_late = 0, rto_late = 0, on_time = 0, backed_off = 0;
+  const int m = 3000;
+  for (int k = 0; k < m; ++k) {
+    OutChunk c{};
+    c.len = 64 * 1448 - 64;
+    big.submit(std::move(c), t0 + std::chrono::seconds(k));  // far apart: no head of line
+  }
+  int k = 0;
+  big.drain([&](OutChunk& c) {
+    double d = secs(c.release - c.depart);
+    if (std::abs(d - 0.1) < 1e-3)
+      ++on_time;
+    else if (std::abs(d - 0.3) < 1e-3)
+      ++rtt_late;
+    else if (std::abs(d - 0.5) < 1e-3)
+      ++rto_late;
+    else if (d > 0.5)
+      ++backed_off;  // the retransmission was lost too
+    ++k;
+  });
+  EXPECT_EQ(on_time + rtt_late + rto_late + backed_off, m);
+  EXPECT_LT(backed_off, m / 50);
+  // P(some loss in 64 segments) = 1 - 0.99^64 = 47%; tail losses ~ 3/64 of segments.
+  EXPECT_NEAR(rtt_late + rto_late + backed_off, m * 0.474, m * 0.05);
+  EXPECT_GT(rtt_late, 5 * rto_late);
+  EXPECT_GT(rto_late, 0);
 }
 
 TEST(TransportParseWan, FromEnv) {

@@ -6,7 +6,12 @@ namespace lowcomm::transport {
 
 LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site, uint64_t seed,
                            int streams, uint64_t window_bytes)
-    : link_(link), site_(std::move(site)), seed_(seed), streams_(streams), pacer_(link) {
+    : link_(link),
+      site_(std::move(site)),
+      seed_(seed),
+      streams_(streams),
+      pacer_(link),
+      loss_rng_(seed ^ 0x6c6f737321ull) {
   if (link_.model == WanModel::kSite && !site_) {
     // A shared site is set up by its creator (and read on the engine thread meanwhile: never
     // written here); a peer without one gets its own.
@@ -32,8 +37,35 @@ void LinkEmulator::submit(OutChunk c, Clock::time_point now) {
   Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
   c.depart = slot.sent;
   c.release = slot.deliver;
+  if (link_.loss > 0) c.release += loss_penalty(kChunkHeaderBytes + c.len);
+  // In order, as TCP delivers (a recovering segment holds back what follows it).
+  c.release = std::max(c.release, last_release_);
+  last_release_ = c.release;
   c.stream = slot.stream;
   held_.push_back(std::move(c));
+}
+
+LinkEmulator::Clock::duration LinkEmulator::loss_penalty(uint64_t bytes) {
+  const uint64_t segments = (bytes + WanLink::kTcpSegmentBytes - 1) / WanLink::kTcpSegmentBytes;
+  std::binomial_distribution<uint64_t> lost(segments, link_.loss);
+  uint64_t n = lost(loss_rng_);
+  if (n == 0) return Clock::duration::zero();
+  const double rtt = 2.0 * link_.one_way_delay_s;
+  // Several losses in one window recover together (SACK): the slowest sets the delay. A segment
+  // with three or more behind it is fast-retransmitted after one RTT; a tail segment waits for
+  // the retransmission timeout (Linux: srtt + max(4 rttvar, 200 ms)).
+  std::uniform_int_distribution<uint64_t> at(0, segments - 1);
+  double penalty = 0;
+  const double rto = rtt + 0.2;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (uint64_t i = 0; i < n; ++i) {
+    bool tail = at(loss_rng_) + 3 >= segments;
+    double p = tail ? rto : rtt;
+    // A lost retransmission waits for the timeout again, doubled each time (backoff).
+    for (double backoff = rto; u(loss_rng_) < link_.loss; backoff *= 2) p += backoff;
+    penalty = std::max(penalty, p);
+  }
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(penalty));
 }
 
 Status LinkEmulator::advance(Clock::time_point now, const std::function<Status(OutChunk&)>& depart,

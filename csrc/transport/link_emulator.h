@@ -11,6 +11,9 @@
 // has come to `deliver`, in order; next_event() says when to call it again. A send completes at
 // departure, as a kernel socket takes bytes long before they arrive.
 //
+// Loss (loss=, wan_link.h): a chunk with a lost segment is released later by TCP's recovery
+// time, and no chunk after it is released before it (head of line).
+//
 // Receive side (site model): pass_downlink() says when a chunk that arrived now has passed the
 // rank's one downlink, shared by all its peers; the peer completes the message no earlier.
 //
@@ -20,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 
 #include "lowcomm/status.h"
 #include "transport/out_chunk.h"
@@ -57,6 +61,7 @@ class LinkEmulator {
 
  private:
   void make_pacer(uint64_t window_bytes);
+  Clock::duration loss_penalty(uint64_t bytes);  // TCP's recovery of the chunk's lost segments
 
   WanLink link_;
   std::shared_ptr<SiteLinks> site_;
@@ -65,6 +70,8 @@ class LinkEmulator {
   Pacer pacer_;
   std::deque<OutChunk> held_;  // release times non-decreasing (the pacer never reorders)
   size_t departed_ = 0;        // held_[0, departed_) have left the sender's end
+  std::mt19937_64 loss_rng_;   // loss= draws, keyed by the seed
+  Clock::time_point last_release_{};
 };
 
 }  // namespace lowcomm::transport

@@ -115,6 +115,19 @@ Status apply_keys(std::string_view text, const std::vector<std::string>& allowed
       link.frame_bytes = b;
       continue;
     }
+    if (key == "loss") {
+      std::string v(trim(value));
+      char* end = nullptr;
+      double pct = std::strtod(v.c_str(), &end);
+      if (v.empty() || end == v.c_str() || std::string(end) != "%" || !std::isfinite(pct) ||
+          pct < 0 || pct >= 100)
+        return invalid_argument(
+            "LOWCOMM_WAN: loss= takes a percentage of segments in [0%, 100%) (e.g. loss=1%), "
+            "not '" +
+            v + "'");
+      link.loss = pct / 100.0;
+      continue;
+    }
     const bool rate = key == "bw" || key == "up" || key == "down";
     auto q = parse_quantity(key, value, rate);
     if (!q) return q.status();
@@ -128,10 +141,10 @@ Status apply_keys(std::string_view text, const std::vector<std::string>& allowed
   return Status::ok();
 }
 
-const std::vector<std::string> kDefaultKeys = {"bw",    "up",     "down",  "rtt",
-                                               "delay", "jitter", "model", "frame"};
+const std::vector<std::string> kDefaultKeys = {"bw",     "up",   "down",  "rtt",  "delay",
+                                               "jitter", "loss", "model", "frame"};
 const std::vector<std::string> kRankKeys = {"bw", "up", "down"};
-const std::vector<std::string> kPairKeys = {"bw", "rtt", "delay", "jitter"};
+const std::vector<std::string> kPairKeys = {"bw", "rtt", "delay", "jitter", "loss"};
 
 Result<WanPlan::RankRange> parse_ranks(std::string_view text) {
   text = trim(text);
@@ -263,7 +276,12 @@ std::string WanLink::to_string() const {
                   bits_per_second, down_bits_per_second, one_way_delay_s * 2e3, jitter_s * 1e3,
                   frame_bytes);
   }
-  return buf;
+  std::string out = buf;
+  if (loss > 0) {
+    std::snprintf(buf, sizeof(buf), ",loss=%.6g%%", loss * 100.0);
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace lowcomm::transport

@@ -18,13 +18,21 @@
 //   delay=<number><unit>   one-way delay directly (alternative to rtt)
 //   jitter=<number><unit>  extra one-way delay drawn uniformly from [-jitter, +jitter], never
 //                          reordering (see pacer.h)
+//   loss=<number>%         the probability that a TCP segment is lost (e.g. loss=1%). A lost
+//                          segment delays its chunk, and every chunk after it on the peer
+//                          (head of line, as TCP delivers in order), by what Linux TCP takes
+//                          to recover it: one RTT when at least three segments follow it in
+//                          the chunk (fast retransmit on duplicate ACKs), else a
+//                          retransmission timeout, RTT + 200 ms (tcp_rto_min); a lost
+//                          retransmission adds the timeout again, doubled each time. The rate
+//                          is not reduced (no congestion-window model).
 //   model=site|pair
 //   frame=<bytes>          TCP/IP framing per 1448-byte segment the link also carries (default
 //                          66: Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12, what a
 //                          kernel's tbf counts); frame=0 paces the payload alone
 // Later sections override the defaults for some ranks or pairs (heterogeneous sites):
 //   rank=<ranks>:<keys>            rates of those ranks' sites (bw, up, down)
-//   pair=<ranks>/<ranks>:<keys>    delay and jitter (and bw, pair model) between any rank of
+//   pair=<ranks>/<ranks>:<keys>    delay, jitter and loss (and bw, pair model) between any rank of
 //                                  the first set and any of the second, both directions
 // <ranks> is one rank or an inclusive range A-B. Example, two sites of two ranks with 1 Gbit/s
 // uplinks 20 ms apart inside a continent, and a third site of two ranks on 200 Mbit/s 150 ms
@@ -48,6 +56,7 @@ struct WanLink {
   double down_bits_per_second = 0.0;  // site: this rank's downlink; 0 = unlimited
   double one_way_delay_s = 0.0;
   double jitter_s = 0.0;
+  double loss = 0.0;  // per TCP segment, [0, 1)
   WanModel model = WanModel::kSite;
   double frame_bytes = 66;  // per kTcpSegmentBytes of payload
 
@@ -60,7 +69,7 @@ struct WanLink {
 
   bool shaped() const {
     return bits_per_second > 0.0 || down_bits_per_second > 0.0 || one_way_delay_s > 0.0 ||
-           jitter_s > 0.0;
+           jitter_s > 0.0 || loss > 0.0;
   }
   std::string to_string() const;  // in the syntax parse_wan accepts
 };
