@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Partitions of an elastic group across network namespaces (docs/membership.md): creates four
+# namespaces behind 1 Gbit/s links (scripts/wan_netns.sh, prefix lce, subnet 10.78.0), runs
+# lowcomm-elastic-partition (2|2: no side commits; 3|1: the three go on, the one fences, and a
+# joiner takes its place once healed), and removes the namespaces again.
+#
+#   scripts/elastic_netns.sh [BUILD_DIR] [lowcomm-elastic-partition args...]
+#
+# Exit status 77 (skipped) where this machine cannot create namespaces or has no nft: it needs
+# root (CAP_NET_ADMIN), iproute2 and nftables (scripts/deps.sh installs both).
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+BUILD=${1:-$HERE/../build}
+shift || true
+BIN=$BUILD/bin/lowcomm-elastic-partition
+[ -x "$BIN" ] || { echo "elastic_netns: $BIN not built" >&2; exit 1; }
+if [ "$(id -u)" -ne 0 ] || ! command -v nft >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+  echo "elastic_netns: SKIPPED: needs root, iproute2 and nftables" >&2
+  exit 77
+fi
+if ! ip netns add lce_probe 2>/dev/null; then
+  echo "elastic_netns: SKIPPED: this machine cannot create network namespaces" >&2
+  exit 77
+fi
+ip netns del lce_probe
+cleanup() { "$HERE/wan_netns.sh" down --prefix lce >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+"$HERE/wan_netns.sh" up 4 --rate 1gbit --prefix lce --subnet 10.78.0 >/dev/null || exit 1
+"$BIN" --netns lce --subnet 10.78.0 "$@"
