@@ -13,6 +13,14 @@
 // are injected one at a time: the next waits until the group's view has settled, so a majority
 // is never lost at once. At the end every surviving member must hold the same state and the
 // full round count; a round that makes no progress for --hang-seconds fails the run.
+//
+// With --netns PREFIX (namespaces from scripts/wan_netns.sh up N --prefix PREFIX --subnet S,
+// or scripts/elastic_netns.sh chaos ...), member k starts in namespace k % N and a joiner in
+// the namespace with the fewest live members, and a fourth kind of event is a partition: the
+// network between one namespace holding a strict minority of the live members and all the
+// others is cut (nftables drops) for 0.5-6 s, then healed. Members cut off longer than the
+// failure timeout fence themselves ("no quorum") and are replaced once the network heals;
+// a shorter cut must cost no member.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -32,6 +40,7 @@
 
 #include "collectives/root_socket.h"
 #include "lowcomm/elastic.h"
+#include "netns.h"
 
 using namespace lowcomm;
 using Clock = std::chrono::steady_clock;
@@ -48,6 +57,7 @@ struct Slot {
   std::atomic<uint64_t> hash{0};
   std::atomic<int> view_size{0};
   std::atomic<uint64_t> view_changes{0};
+  int ns = 0;  // --netns: the namespace it runs in
   char address[64];
   char error[256];
 };
@@ -64,6 +74,8 @@ struct Args {
   int round_ms = 20;  // the inner steps between collectives
   unsigned seed = 1;
   int failure_ms = 3000;  // the suite shares two cores with other tests; 0: the library default
+  bench::Netns net{"", "10.78.0"};
+  int namespaces = 4;
 };
 
 ElasticOptions options(const Args& a) {
@@ -86,15 +98,20 @@ ElasticOptions options(const Args& a) {
     me.state = code;
     _exit(0);
   };
+  ElasticOptions opts = options(a);
+  if (a.net.enabled()) {
+    if (!a.net.enter(me.ns)) fail(4, "cannot enter namespace " + a.net.name(me.ns));
+    opts.listen_address = a.net.ip(me.ns) + ":0";
+  }
   Result<std::unique_ptr<ElasticCommunicator>> ec = Status();
   if (rank >= 0) {
-    ec = ElasticCommunicator::init(id, rank, nranks, options(a));
+    ec = ElasticCommunicator::init(id, rank, nranks, opts);
   } else {
     std::vector<std::string> seeds;
     for (int i = kSlots - 1; i >= 0; --i)
       if (i != s && sh->slot[i].state == 1 && sh->slot[i].address[0])
         seeds.emplace_back(sh->slot[i].address);
-    ec = ElasticCommunicator::join(id, seeds, options(a));
+    ec = ElasticCommunicator::join(id, seeds, opts);
   }
   if (!ec) fail(4, "start: " + ec.status().to_string());
   std::string addr = (*ec)->member_address();
@@ -156,6 +173,12 @@ int main(int argc, char** argv) {
       a.round_ms = std::stoi(v);
     else if (k == "--failure-ms")
       a.failure_ms = std::stoi(v);
+    else if (k == "--netns")
+      a.net.prefix = v;
+    else if (k == "--subnet")
+      a.net.subnet = v;
+    else if (k == "--namespaces")
+      a.namespaces = std::stoi(v);
     else if (k == "--seed")
       a.seed = static_cast<unsigned>(std::stoul(v));
     else {
@@ -170,12 +193,35 @@ int main(int argc, char** argv) {
   auto* sh = static_cast<Shared*>(
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (sh) Shared();
-  auto id = create_unique_id("127.0.0.1");
+  if (a.net.enabled()) {
+    for (int k = 0; k < a.namespaces; ++k)
+      if (!a.net.exists(k)) {
+        std::fprintf(stderr, "namespace %s missing (scripts/wan_netns.sh up %d --prefix %s)\n",
+                     a.net.name(k).c_str(), a.namespaces, a.net.prefix.c_str());
+        return 77;
+      }
+    for (int k = 0; k < a.namespaces; ++k) a.net.heal(k);
+  }
+  auto id = create_unique_id(a.net.enabled() ? a.net.root_ip() : "127.0.0.1");
   if (!id) return 1;
   std::vector<pid_t> pid(kSlots, -1);
   int used = 0;
+  auto live_in = [&](int k) {
+    int n = 0;
+    for (int s = 0; s < used; ++s)
+      if (sh->slot[s].state == 1 && sh->slot[s].ns == k) ++n;
+    return n;
+  };
   auto spawn = [&](int rank) {
     int s = used++;
+    if (rank >= 0) {
+      sh->slot[s].ns = rank % a.namespaces;
+    } else {  // a joiner: where the fewest live members are
+      int best = 0;
+      for (int k = 1; k < a.namespaces; ++k)
+        if (live_in(k) < live_in(best)) best = k;
+      sh->slot[s].ns = best;
+    }
     sh->slot[s].state = 1;
     pid_t p = fork();
     if (p == 0) member_main(sh, s, *id, rank, a.members, a);
@@ -203,6 +249,9 @@ int main(int argc, char** argv) {
   auto last_progress = Clock::now();
   int frozen = -1;
   auto thaw_at = Clock::now();
+  int cut_ns = -1;  // the namespace cut off, -1: none
+  auto heal_at = Clock::now();
+  int partitions = 0, partition_losses = 0;
   bool failed = false;
   std::string why;
   while (true) {
@@ -224,7 +273,7 @@ int main(int argc, char** argv) {
         why = "member slot " + std::to_string(s) + " failed: " + sh->slot[s].error;
       }
     if (failed) break;
-    if (frozen < 0 &&
+    if (frozen < 0 && cut_ns < 0 &&
         Clock::now() - last_progress > std::chrono::duration<double>(a.hang_seconds)) {
       failed = true;
       why = "no round completed for " + std::to_string(a.hang_seconds) + " s";
@@ -234,17 +283,30 @@ int main(int argc, char** argv) {
       kill(pid[frozen], SIGCONT);
       frozen = -1;
     }
+    if (cut_ns >= 0 && Clock::now() >= heal_at) {
+      a.net.heal(cut_ns);
+      partition_losses = 0;
+      for (int s = 0; s < used; ++s)
+        if (sh->slot[s].state == 3 && sh->slot[s].ns == cut_ns) ++partition_losses;
+      std::printf("               heal namespace %d (%d of its members fenced)\n", cut_ns,
+                  partition_losses);
+      std::fflush(stdout);
+      cut_ns = -1;
+      last_progress = Clock::now();
+    }
     // Replace fenced members with joiners (not near the end: a joiner enters at a commit).
     bool late = mr + 50 >= a.rounds;
     for (int s = 0; s < used; ++s) {
-      if (sh->slot[s].state == 3 && used < kSlots && !late) {
+      if (sh->slot[s].state == 3 && used < kSlots && !late && cut_ns < 0) {
         sh->slot[s].state = 5;  // replaced
         spawn(-1);
         ++joins;
       }
     }
     bool out_of_time = Clock::now() - start > std::chrono::duration<double>(a.seconds);
-    if (events >= a.events || late || out_of_time || frozen >= 0 || used + 2 >= kSlots) continue;
+    if (events >= a.events || late || out_of_time || frozen >= 0 || cut_ns >= 0 ||
+        used + 2 >= kSlots)
+      continue;
     // The next fault only once the views agree with the live set (one fault at a time).
     lv = live();
     bool settled = true;
@@ -252,10 +314,14 @@ int main(int argc, char** argv) {
       if (sh->slot[s].view_size != static_cast<int>(lv.size()) || sh->slot[s].round == 0)
         settled = false;
     if (!settled || rng() % 25 != 0) continue;
-    int kind = static_cast<int>(rng() % 3);
+    int kind = static_cast<int>(rng() % (a.net.enabled() ? 4 : 3));
     if (lv.size() < 4 && kind != 2) kind = 2;  // few left: add one first
     if (lv.size() >= 7 && kind == 2) kind = 0;
     int victim = lv[rng() % lv.size()];
+    if (kind == 3) {  // cut off the victim's namespace, if its members are a strict minority
+      int k = sh->slot[victim].ns;
+      if (2 * live_in(k) >= static_cast<int>(lv.size())) kind = 0;
+    }
     ++events;
     if (kind == 0) {
       kill(pid[victim], SIGKILL);
@@ -270,13 +336,30 @@ int main(int argc, char** argv) {
       ++freezes;
       std::printf("event %3d  round %5llu  freeze slot %d\n", events,
                   static_cast<unsigned long long>(mr), victim);
-    } else {
+    } else if (kind == 2) {
       spawn(-1);
       ++joins;
       std::printf("event %3d  round %5llu  join\n", events, static_cast<unsigned long long>(mr));
+    } else {
+      cut_ns = sh->slot[victim].ns;
+      std::vector<int> others;
+      for (int k = 0; k < a.namespaces; ++k)
+        if (k != cut_ns) others.push_back(k);
+      if (!a.net.cut(cut_ns, others)) {
+        failed = true;
+        why = "nft rules could not be installed";
+        break;
+      }
+      int ms = 500 + static_cast<int>(rng() % 5500);
+      heal_at = Clock::now() + std::chrono::milliseconds(ms);
+      ++partitions;
+      std::printf(
+          "event %3d  round %5llu  partition: namespace %d (%d members) cut off for %d ms\n",
+          events, static_cast<unsigned long long>(mr), cut_ns, live_in(cut_ns), ms);
     }
     std::fflush(stdout);
   }
+  if (cut_ns >= 0) a.net.heal(cut_ns);
   for (int s = 0; s < used; ++s)
     if (pid[s] > 0) {
       kill(pid[s], SIGCONT);
@@ -308,11 +391,11 @@ int main(int argc, char** argv) {
   for (int s = 0; s < used; ++s)
     most_changes = std::max<uint64_t>(most_changes, sh->slot[s].view_changes);
   std::printf(
-      "%s: %llu rounds in %.1f s, %d events (%d kills, %d freezes, %d joins incl. "
+      "%s: %llu rounds in %.1f s, %d events (%d kills, %d freezes, %d partitions, %d joins incl. "
       "replacements), %d members finished with identical state, at most %llu view changes seen "
       "by one member%s%s\n",
       failed ? "FAILED" : "ok", static_cast<unsigned long long>(max_round()), secs, events, kills,
-      freezes, joins, finishers, static_cast<unsigned long long>(most_changes), failed ? ": " : "",
-      why.c_str());
+      freezes, partitions, joins, finishers, static_cast<unsigned long long>(most_changes),
+      failed ? ": " : "", why.c_str());
   return failed ? 1 : 0;
 }

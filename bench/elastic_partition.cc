@@ -19,8 +19,6 @@
 //     together with identical state.
 // Exit status 0 when the outcome is the expected one, 1 otherwise, 77 when the namespaces are
 // missing (the ctest wrapper reports that as skipped).
-#include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -40,6 +38,7 @@
 
 #include "collectives/root_socket.h"
 #include "lowcomm/elastic.h"
+#include "netns.h"
 
 using namespace lowcomm;
 using Clock = std::chrono::steady_clock;
@@ -66,8 +65,7 @@ struct Shared {
 };
 
 struct Args {
-  std::string netns = "lce";
-  std::string subnet = "10.78.0";
+  bench::Netns net{"lce", "10.78.0"};
   int split = 0;  // 0: both cases
   int failure_ms = 1500;
 };
@@ -77,50 +75,12 @@ int64_t now_ns() {
       .count();
 }
 
-std::string ip_of(const Args& a, int ns) {
-  return a.subnet + "." + std::to_string(ns + 1);
-}
-
-bool enter_netns(const std::string& name) {
-  std::string path = "/run/netns/" + name;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  bool ok = ::setns(fd, CLONE_NEWNET) == 0;
-  ::close(fd);
-  return ok;
-}
-
-int sh_run(const std::string& cmd) {
-  int rc = std::system(cmd.c_str());
-  if (rc != 0) std::fprintf(stderr, "command failed (%d): %s\n", rc, cmd.c_str());
-  return rc;
-}
-
-// Drops every packet between namespace `ns` and the addresses of `others` (both directions).
-int cut(const Args& a, int ns, const std::vector<int>& others) {
-  std::string set;
-  for (int o : others) set += (set.empty() ? "" : ", ") + ip_of(a, o);
-  std::string x = "ip netns exec " + a.netns + std::to_string(ns) + " nft ";
-  int rc = sh_run(x + "add table inet lcpart");
-  rc |= sh_run(x + "'add chain inet lcpart in { type filter hook input priority 0; }'");
-  rc |= sh_run(x + "'add chain inet lcpart out { type filter hook output priority 0; }'");
-  rc |= sh_run(x + "'add rule inet lcpart in ip saddr { " + set + " } drop'");
-  rc |= sh_run(x + "'add rule inet lcpart out ip daddr { " + set + " } drop'");
-  return rc;
-}
-
-void heal(const Args& a, int ns) {
-  std::string cmd =
-      "ip netns exec " + a.netns + std::to_string(ns) + " nft delete table inet lcpart 2>/dev/null";
-  (void)std::system(cmd.c_str());
-}
-
 ElasticOptions options(const Args& a, int ns) {
   ElasticOptions o;
   o.comm.streams = 1;
   o.comm.timeout = 30s;
   o.comm.codec_threads = 1;
-  o.listen_address = ip_of(a, ns) + ":0";
+  o.listen_address = a.net.ip(ns) + ":0";
   o.retries = 3;
   o.failure_timeout = std::chrono::milliseconds(a.failure_ms);
   o.view_change_timeout = 20s;
@@ -136,7 +96,7 @@ ElasticOptions options(const Args& a, int ns) {
     me.state = code;
     _exit(0);
   };
-  if (!enter_netns(a.netns + std::to_string(ns))) finish(4, "cannot enter the namespace");
+  if (!a.net.enter(ns)) finish(4, "cannot enter the namespace");
   Result<std::unique_ptr<ElasticCommunicator>> ec = Status();
   if (rank >= 0) {
     ec = ElasticCommunicator::init(id, rank, kMembers, options(a, ns));
@@ -198,8 +158,8 @@ bool run_case(const Args& a, int split) {
   auto* sh = static_cast<Shared*>(
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (sh) Shared();
-  for (int k = 0; k < kMembers; ++k) heal(a, k);
-  auto id = create_unique_id(a.subnet + ".254");
+  for (int k = 0; k < kMembers; ++k) a.net.heal(k);
+  auto id = create_unique_id(a.net.root_ip());
   if (!id) {
     std::fprintf(stderr, "unique id: %s\n", id.status().to_string().c_str());
     return false;
@@ -238,9 +198,9 @@ bool run_case(const Args& a, int split) {
     for (int k = 0; k < kMembers; ++k) at_cut = std::max<uint64_t>(at_cut, sh->slot[k].round);
     cut_ns = now_ns();
     for (int k : left)
-      if (cut(a, k, right) != 0) fail("nft rules could not be installed");
+      if (!a.net.cut(k, right)) fail("nft rules could not be installed");
     for (int k : right)
-      if (cut(a, k, left) != 0) fail("nft rules could not be installed");
+      if (!a.net.cut(k, left)) fail("nft rules could not be installed");
   }
   auto ms_since_cut = [&](int k) {
     return static_cast<double>(sh->slot[k].fenced_ns - cut_ns) / 1e6;
@@ -298,7 +258,7 @@ bool run_case(const Args& a, int split) {
           ms_since_cut(lone), static_cast<unsigned long long>(lone_round), sh->slot[lone].error);
     }
     // Heal; a joiner takes the lone member's place (its namespace) and the four finish together.
-    for (int k = 0; k < kMembers; ++k) heal(a, k);
+    for (int k = 0; k < kMembers; ++k) a.net.heal(k);
     if (ok) {
       waitpid(pid[lone], nullptr, 0);
       pid[lone] = -1;
@@ -335,7 +295,7 @@ bool run_case(const Args& a, int split) {
     }
   }
   sh->stop_round = 0;
-  for (int k = 0; k < kMembers; ++k) heal(a, k);
+  for (int k = 0; k < kMembers; ++k) a.net.heal(k);
   for (int s = 0; s < kSlots; ++s)
     if (pid[s] > 0) {
       kill(pid[s], SIGKILL);
@@ -353,9 +313,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--netns")
-      a.netns = v;
+      a.net.prefix = v;
     else if (k == "--subnet")
-      a.subnet = v;
+      a.net.subnet = v;
     else if (k == "--split")
       a.split = std::stoi(v);
     else if (k == "--failure-ms")
@@ -370,9 +330,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (int k = 0; k < kMembers; ++k)
-    if (::access(("/run/netns/" + a.netns + std::to_string(k)).c_str(), R_OK) != 0) {
-      std::printf("namespace %s%d missing: run scripts/elastic_netns.sh (it creates them)\n",
-                  a.netns.c_str(), k);
+    if (!a.net.exists(k)) {
+      std::printf("namespace %s missing: run scripts/elastic_netns.sh (it creates them)\n",
+                  a.net.name(k).c_str());
       return 77;
     }
   bool ok = true;

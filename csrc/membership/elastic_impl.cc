@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "collectives/root_socket.h"
 #include "core/log.h"
@@ -191,24 +192,35 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   auto listener = transport::Listener::create(e->engine_, *cfg, *bind);
   if (!listener) return listener.status();
   e->listener_ = std::move(listener).value();
+  // Enter through the first seed that answers. A seed that goes away before this joiner is
+  // admitted (it died, or was evicted) is replaced by the next one, in a cycle, until admitted.
+  size_t next_seed = 0;
   std::string errors;
-  for (const auto& seed : seeds) {
-    auto addr = transport::SocketAddress::parse(seed);
-    if (!addr) return addr.status();
-    auto peer = connect_once(e->engine_, *addr, *cfg, Deadline::after(std::chrono::seconds(5)));
-    if (!peer) {
-      errors += "; " + seed + ": " + peer.status().message();
-      continue;
+  auto enter = [&]() -> bool {  // mu_ not held
+    for (size_t tried = 0; tried < seeds.size(); ++tried) {
+      const std::string& seed = seeds[next_seed++ % seeds.size()];
+      auto addr = transport::SocketAddress::parse(seed);
+      if (!addr) {
+        errors += "; " + seed + ": " + addr.status().message();
+        continue;
+      }
+      auto peer = connect_once(e->engine_, *addr, *cfg, Deadline::after(std::chrono::seconds(5)));
+      if (!peer) {
+        errors += "; " + seed + ": " + peer.status().message();
+        continue;
+      }
+      uint32_t via = static_cast<uint32_t>((*peer)->remote_rank());
+      std::lock_guard<std::mutex> lk(e->mu_);
+      e->slots_.erase(via);
+      e->slots_.try_emplace(via, std::move(peer).value(), e->options_, e->failure_floor_);
+      Message m = e->message(MsgType::kJoin);
+      m.text = e->listener_->address().to_string();
+      e->send_to(via, m);
+      return true;
     }
-    uint32_t via = static_cast<uint32_t>((*peer)->remote_rank());
-    std::lock_guard<std::mutex> lk(e->mu_);
-    e->slots_.try_emplace(via, std::move(peer).value(), e->options_, e->failure_floor_);
-    Message m = e->message(MsgType::kJoin);
-    m.text = e->listener_->address().to_string();
-    e->send_to(via, m);
-    break;
-  }
-  if (e->slots_.empty())
+    return false;
+  };
+  if (!enter())
     return Status(StatusCode::kRemoteError,
                   "ElasticCommunicator::join: no seed accepted the connection" + errors);
   e->thread_ = std::thread([p = e.get()] { p->loop(); });
@@ -216,11 +228,19 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   std::unique_lock<std::mutex> lk(e->mu_);
   auto until = Clock::now() + e->change_timeout_;
   while (e->me_ == temp && e->fence_.is_ok()) {
-    if (e->cv_.wait_until(lk, until) == std::cv_status::timeout) {
+    if (Clock::now() >= until) {
       return Status(StatusCode::kTimeout,
                     "ElasticCommunicator::join: not admitted within " +
                         std::to_string(e->change_timeout_.count()) +
                         " ms (the group admits joiners when it commits a collective)");
+    }
+    e->cv_.wait_for(lk, std::chrono::milliseconds(50));
+    if (e->me_ == temp && e->slots_.empty()) {  // the seed's connection closed
+      lk.unlock();
+      LOWCOMM_LOG(kInfo, "elastic joiner: seed gone before admission; trying the next");
+      bool ok = enter();
+      if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      lk.lock();
     }
   }
   if (!e->fence_.is_ok()) return e->fence_;
@@ -346,6 +366,7 @@ void ElasticImpl::loop() {
           if (!s.rx_req.status().is_ok()) {
             s.peer->abort();
             joiner_slots_.erase(it);
+            joiner_address_.erase(id);
             break;
           }
           auto m = membership::decode(s.rx.data(), s.rx_req.received_bytes(), s.peer->name());
@@ -354,15 +375,10 @@ void ElasticImpl::loop() {
             pong.time_ns = m->time_ns;
             send_to(id, pong);
           } else if (m && m->type == MsgType::kJoin && fence_.is_ok()) {
-            // Forwarded to the coordinator, which admits it at its next commit.
-            Message f = message(MsgType::kJoin);
-            f.text = m->text;
-            f.next_id = id;
-            if (view_.coordinator() == me_) {
-              pending_joiners_.push_back({0, m->text});
-            } else {
-              send_to(view_.coordinator(), f);
-            }
+            // Forwarded to the coordinator, which admits it at its next commit; forwarded again
+            // to the next coordinator after every view change until it is admitted.
+            joiner_address_[id] = m->text;
+            forward_join(m->text);
           }
           s.rx_req = s.peer->irecv_upto(membership::kTag, s.rx.data(), s.rx.size());
         }
@@ -384,6 +400,16 @@ void ElasticImpl::loop() {
                      "view change from view " + std::to_string(view_.id) + " did not finish in " +
                          std::to_string(change_timeout_.count()) + " ms (" + change_reason_ +
                          "); no report from " + id_list(missing)));
+      }
+      // A fenced member takes no further part: once its last messages had time to leave, its
+      // connections close, so the others see it gone at once instead of by heartbeat timeout.
+      if (!fence_.is_ok() && !(slots_.empty() && joiner_slots_.empty()) &&
+          now - fenced_at_ > std::chrono::milliseconds(200)) {
+        for (auto& [id, sl] : slots_) sl.peer->abort();
+        for (auto& [id, sl] : joiner_slots_) sl.peer->abort();  // they try another seed
+        slots_.clear();
+        joiner_slots_.clear();
+        joiner_address_.clear();
       }
       serve_fetches();
       while (!outbox_.empty() && outbox_.front().req.test()) outbox_.pop_front();
@@ -505,6 +531,7 @@ void ElasticImpl::fence(Status why) {
   if (!fence_.is_ok()) return;
   LOWCOMM_LOG(kWarn, "elastic member %u: fenced: %s", me_, why.message().c_str());
   fence_ = std::move(why);
+  fenced_at_ = Clock::now();
   if (data_) data_->abort();
   cv_.notify_all();
 }
@@ -531,6 +558,7 @@ void ElasticImpl::report_to_coordinator() {
   Message r = message(MsgType::kReport);
   r.committed = committed_;
   r.staged = staged_;
+  r.failed.assign(failed_.begin(), failed_.end());  // what this member itself cannot reach
   uint32_t c = coordinator_candidate();
   if (c == me_) {
     reports_[me_] = r;
@@ -540,21 +568,77 @@ void ElasticImpl::report_to_coordinator() {
   }
 }
 
+namespace {
+
+// The largest set of members, `me` among them, in which no member reported another as failed
+// (a view's mesh needs every pair connected); ties go to the set of lowest ids. Exact up to 16
+// candidates; above, greedily adds members with the fewest suspicions first.
+std::vector<uint32_t> largest_connected(const std::vector<uint32_t>& reporters, uint32_t me,
+                                        const std::function<bool(uint32_t, uint32_t)>& apart) {
+  std::vector<uint32_t> cand;
+  for (uint32_t id : reporters)
+    if (id != me && !apart(id, me)) cand.push_back(id);
+  std::vector<uint32_t> best;
+  if (cand.size() <= 16) {
+    const uint32_t n = static_cast<uint32_t>(cand.size());
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      std::vector<uint32_t> set;
+      bool ok = true;
+      for (uint32_t i = 0; i < n && ok; ++i) {
+        if (!(mask & (1u << i))) continue;
+        for (uint32_t j : set) ok = ok && !apart(cand[i], j);
+        set.push_back(cand[i]);
+      }
+      if (ok && (set.size() > best.size() || (set.size() == best.size() && set < best))) best = set;
+    }
+  } else {
+    std::vector<std::pair<int, uint32_t>> order;
+    for (uint32_t a : cand) {
+      int k = 0;
+      for (uint32_t b : cand) k += apart(a, b) ? 1 : 0;
+      order.push_back({k, a});
+    }
+    std::sort(order.begin(), order.end());
+    for (auto [k, a] : order) {
+      bool ok = true;
+      for (uint32_t b : best) ok = ok && !apart(a, b);
+      if (ok) best.push_back(a);
+    }
+  }
+  best.push_back(me);
+  std::sort(best.begin(), best.end());
+  return best;
+}
+
+}  // namespace
+
 void ElasticImpl::try_decide() {
   if (!changing_ || coordinator_candidate() != me_ || !fence_.is_ok()) return;
-  std::vector<uint32_t> live;
+  std::vector<uint32_t> reporters;
   for (uint32_t id : view_.members) {
     if (failed_.count(id)) continue;
     if (!reports_.count(id)) return;  // still waiting for a report (or for its failure)
-    live.push_back(id);
+    reporters.push_back(id);
   }
+  // Failures one member reports are its own observation, not a verdict on everyone: a member
+  // cut off for a while (or whose TCP is still backing off after a healed partition) suspects
+  // members that the others reach well. The next view is the largest set of reporters that all
+  // reach each other; a member outside it is evicted (it can rejoin).
+  auto suspects = [&](uint32_t a, uint32_t b) {
+    auto it = reports_.find(a);
+    return it != reports_.end() && std::find(it->second.failed.begin(), it->second.failed.end(),
+                                             b) != it->second.failed.end();
+  };
+  std::vector<uint32_t> live = largest_connected(
+      reporters, me_, [&](uint32_t a, uint32_t b) { return suspects(a, b) || suspects(b, a); });
   if (live.size() * 2 <= view_.members.size()) {
     Message q = message(MsgType::kNoQuorum);
     q.text = "no quorum: members " + id_list(live) + " reachable of view " +
              std::to_string(view_.id) + "'s " + id_list(view_.members) + ", " +
              std::to_string(view_.members.size() / 2 + 1) + " needed (" + change_reason_ +
              "); this side of the partition commits nothing";
-    broadcast(q);
+    for (uint32_t id : live)
+      if (id != me_) send_to(id, q);
     fence(Status(StatusCode::kAborted, q.text));
     return;
   }
@@ -574,10 +658,26 @@ void ElasticImpl::try_decide() {
   v.data_root = *root;
   for (uint32_t id : live) v.members.push_back({id, addresses_[id]});
   for (uint32_t id : fresh_)
-    if (!failed_.count(id)) v.failed.push_back(id);
-  for (uint32_t id : live)
+    if (std::find(live.begin(), live.end(), id) != live.end()) v.failed.push_back(id);
+  // To every reporter: those left out learn at once that they were evicted.
+  for (uint32_t id : reporters)
     if (id != me_) send_to(id, v);
   apply_view(v.view, v.members, v.data_root, v.committed, v.next_id, v.failed);
+}
+
+void ElasticImpl::forward_join(const std::string& address) {
+  if (view_.coordinator() != me_) {
+    Message f = message(MsgType::kJoin);
+    f.text = address;
+    send_to(view_.coordinator(), f);
+    return;
+  }
+  // At most once per address: a joiner may ask again through another member.
+  for (const auto& j : pending_joiners_)
+    if (j.address == address) return;
+  for (const auto& [id, a] : addresses_)
+    if (a == address) return;
+  pending_joiners_.push_back({0, address});
 }
 
 void ElasticImpl::commit_locally(uint64_t seq) {
@@ -644,6 +744,13 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   ++stats_.view_changes;
   if (was_changing) stats_.last_view_change = Clock::now() - started;
   if (data_) data_->abort();  // the old view's communicator; the caller builds the next
+  // Joiners that entered here and are not in this view yet: their request may have died with
+  // the previous coordinator.
+  for (auto& [tid, address] : joiner_address_) {
+    bool admitted = false;
+    for (const auto& [mid, a] : addresses_) admitted = admitted || a == address;
+    if (!admitted) forward_join(address);
+  }
   LOWCOMM_LOG(kInfo, "elastic member %u: view %llu = %s (data root %s, committed %llu)", me_,
               static_cast<unsigned long long>(view), id_list(ids).c_str(), data_root.c_str(),
               static_cast<unsigned long long>(committed_));
@@ -654,25 +761,12 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
   if (!fence_.is_ok()) return;
   switch (m.type) {
     case MsgType::kChange:
+      // The view changes; what the sender could not reach is its own observation (it goes to
+      // the coordinator in its report), not adopted here: a member that was cut off must not
+      // make the others drop members they reach (docs/membership.md, "Who decides").
       if (m.view != view_.id) return;
-      for (uint32_t id : m.failed) {
-        if (id == me_) {
-          fence(Status(StatusCode::kAborted, "evicted: member " + std::to_string(m.from) +
-                                                 " declared this member " + std::to_string(me_) +
-                                                 " failed in view " + std::to_string(view_.id) +
-                                                 " (" + m.text + "); rejoin as a new member"));
-          return;
-        }
-        if (addresses_.count(id) && !failed_.count(id)) {
-          failed_.insert(id);
-          if (auto it = slots_.find(id); it != slots_.end()) {
-            it->second.peer->abort();
-            slots_.erase(it);
-          }
-        }
-      }
-      if (!changing_ || !m.failed.empty())
-        begin_change(m.text);
+      if (!changing_)
+        begin_change("member " + std::to_string(m.from) + ": " + m.text);
       else
         report_to_coordinator();
       try_decide();
@@ -745,17 +839,18 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       return;
     }
     case MsgType::kNoQuorum:
-      fence(Status(StatusCode::kAborted, m.text));
+      // The sender could not gather a majority around itself: its verdict on itself (it
+      // fences). Another candidate may still reach one, so this member reports to the next;
+      // when that is this member and it cannot either, it fences with its own no-quorum.
+      lose(m.from, "member " + std::to_string(m.from) + " gave up coordinating: " + m.text);
+      try_decide();
       return;
     case MsgType::kLeave:
       LOWCOMM_LOG(kInfo, "elastic member %u: member %u leaves the group", me_, m.from);
       lose(m.from, "member " + std::to_string(m.from) + " left the group");
       return;
     case MsgType::kJoin:
-      if (view_.coordinator() == me_)
-        pending_joiners_.push_back({0, m.text});
-      else
-        send_to(view_.coordinator(), m);
+      forward_join(m.text);
       return;
     case MsgType::kFetch:
       fetches_.push_back({via, m});
@@ -841,9 +936,43 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
     lk.unlock();
     if (old) old->abort();
     old.reset();
-    auto comm = Communicator::init(id, rank, size, options_.comm);
+    // Built on a thread of its own, so that a view change while it is being built (a member
+    // that never connects, a coordinator that dies) moves on to the next view at once instead
+    // of waiting for CommOptions::timeout; an abandoned build finishes (fails) on its own.
+    struct Build {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      Result<std::unique_ptr<Communicator>> comm = Status();
+    };
+    auto build = std::make_shared<Build>();
+    std::thread([build, id, rank, size, opts = options_.comm] {
+      auto c = Communicator::init(id, rank, size, opts);
+      std::lock_guard<std::mutex> g(build->mu);
+      build->comm = std::move(c);
+      build->done = true;
+      build->cv.notify_all();
+    }).detach();
+    bool abandoned = false;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> g(build->mu);
+        if (build->cv.wait_for(g, std::chrono::milliseconds(20), [&] { return build->done; }))
+          break;
+      }
+      std::lock_guard<std::mutex> g(mu_);
+      if (view_.id != v || !fence_.is_ok()) {
+        abandoned = true;
+        break;
+      }
+    }
     lk.lock();
-    if (view_.id != v) continue;  // the view changed meanwhile: build the next one
+    if (abandoned || view_.id != v) continue;  // the view changed meanwhile: build the next one
+    Result<std::unique_ptr<Communicator>> comm = Status();
+    {
+      std::lock_guard<std::mutex> g(build->mu);
+      comm = std::move(build->comm);
+    }
     if (!comm) {
       begin_change("building view " + std::to_string(v) +
                    "'s communicator failed: " + comm.status().message());

@@ -77,6 +77,7 @@ class ElasticImpl {
   void report_to_coordinator();
   void try_decide();
   void commit_locally(uint64_t seq);
+  void forward_join(const std::string& address);  // to the coordinator, or pending if this is it
   void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
                   const std::string& data_root, uint64_t committed, uint32_t next_id,
                   const std::vector<uint32_t>& fresh);
@@ -108,15 +109,17 @@ class ElasticImpl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   ElasticView view_;
-  std::map<uint32_t, std::string> addresses_;      // member id -> membership address, this view
-  std::map<uint32_t, Slot> slots_;                 // membership connections to members
-  std::map<uint32_t, Slot> joiner_slots_;          // not yet admitted joiners, by temporary id
-  std::map<uint32_t, Clock::time_point> awaited_;  // members of the view not connected yet
+  std::map<uint32_t, std::string> addresses_;       // member id -> membership address, this view
+  std::map<uint32_t, Slot> slots_;                  // membership connections to members
+  std::map<uint32_t, Slot> joiner_slots_;           // not yet admitted joiners, by temporary id
+  std::map<uint32_t, std::string> joiner_address_;  // their membership addresses
+  std::map<uint32_t, Clock::time_point> awaited_;   // members of the view not connected yet
   std::deque<Outgoing> outbox_;
   std::shared_ptr<Communicator> data_;  // the view's communicator; null until built
   std::string data_root_;               // its root address (the coordinator opened it)
   uint64_t data_view_ = ~0ull;          // the view data_ belongs to
   Status fence_;                        // non-ok: this member takes no further part
+  Clock::time_point fenced_at_{};
   bool changing_ = false;
   Clock::time_point change_started_{};
   std::string change_reason_;

@@ -52,7 +52,8 @@ struct Message {
   uint64_t seq = 0;
   // Bodies (only the fields of `type` are encoded):
   uint64_t time_ns = 0;                // kPing, kPong
-  std::vector<uint32_t> failed;        // kChange: members known failed; kNewView: fresh joiners
+  std::vector<uint32_t> failed;        // kChange, kReport: members the sender cannot reach;
+                                       // kNewView: fresh joiners
   std::string text;                    // kChange, kNoQuorum: why; kJoin: the joiner's address
   uint64_t committed = 0;              // kReport: collectives committed; kNewView: decision
   uint64_t staged = kNone;             // kReport: collective whose result is held, or kNone
