@@ -3,7 +3,10 @@
 // the replicas stay identical (docs/membership.md).
 //
 //   lowcomm-elastic-chaos --events 12 --rounds 1000 --seconds 60      # scripts/test.sh's run
-//   lowcomm-elastic-chaos --events 500 --rounds 100000 --seconds 3600  # the soak
+//   lowcomm-elastic-chaos --events 500 --rounds 10000000 --seconds 3600  # the soak (or, with
+//     partitions: scripts/elastic_netns.sh build chaos --events 500 ...)
+// The run winds down once the events are done or --seconds have passed: every member stops
+// 100 rounds later.
 //
 // Members hold registered state (a parameter vector and the round counter). Each round every
 // member contributes a vector that depends on (member, round), the group averages it (q4), and
@@ -62,6 +65,7 @@ struct Slot {
   char error[256];
 };
 struct Shared {
+  std::atomic<uint64_t> stop_round{~0ull};  // set once the events are done (or time is up)
   Slot slot[kSlots];
 };
 
@@ -123,7 +127,7 @@ ElasticOptions options(const Args& a) {
   AllReduceOptions ar;
   ar.codec = *parse_codec_spec("q4");
   uint32_t m = (*ec)->member_id();
-  while (round[0] < a.rounds) {
+  while (round[0] < std::min<uint64_t>(a.rounds, sh->stop_round)) {
     for (uint64_t i = 0; i < kParams; ++i)
       g[i] = std::sin(0.01f * static_cast<float>(i + m) + static_cast<float>(round[0] % 97));
     Status st =
@@ -252,6 +256,7 @@ int main(int argc, char** argv) {
   int cut_ns = -1;  // the namespace cut off, -1: none
   auto heal_at = Clock::now();
   int partitions = 0, partition_losses = 0;
+  auto quiet_until = Clock::now();
   bool failed = false;
   std::string why;
   while (true) {
@@ -265,7 +270,7 @@ int main(int argc, char** argv) {
       last_progress = Clock::now();
     }
     auto lv = live();
-    bool done = mr >= a.rounds && lv.empty();
+    bool done = mr >= std::min<uint64_t>(a.rounds, sh->stop_round) && lv.empty();
     if (done) break;
     for (int s = 0; s < used; ++s)
       if (sh->slot[s].state == 4) {
@@ -293,9 +298,18 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       cut_ns = -1;
       last_progress = Clock::now();
+      // TCP's retransmission backoff can keep a healed path silent for seconds more, so the
+      // cut-off members may still be evicted: no new fault until that has played out (two
+      // faults at once could take the majority).
+      quiet_until =
+          Clock::now() + std::chrono::milliseconds(2 * std::max(a.failure_ms, 1500) + 2000);
     }
     // Replace fenced members with joiners (not near the end: a joiner enters at a commit).
-    bool late = mr + 50 >= a.rounds;
+    bool out_of_time = Clock::now() - start > std::chrono::duration<double>(a.seconds);
+    if ((events >= a.events || out_of_time) && sh->stop_round == ~0ull && frozen < 0 && cut_ns < 0)
+      sh->stop_round = mr + 100;  // wind down: every member ends at the same round
+    const uint64_t end_round = std::min<uint64_t>(a.rounds, sh->stop_round);
+    bool late = mr + 50 >= end_round;
     for (int s = 0; s < used; ++s) {
       if (sh->slot[s].state == 3 && used < kSlots && !late && cut_ns < 0) {
         sh->slot[s].state = 5;  // replaced
@@ -303,9 +317,8 @@ int main(int argc, char** argv) {
         ++joins;
       }
     }
-    bool out_of_time = Clock::now() - start > std::chrono::duration<double>(a.seconds);
     if (events >= a.events || late || out_of_time || frozen >= 0 || cut_ns >= 0 ||
-        used + 2 >= kSlots)
+        Clock::now() < quiet_until || used + 2 >= kSlots)
       continue;
     // The next fault only once the views agree with the live set (one fault at a time).
     lv = live();
@@ -371,7 +384,7 @@ int main(int argc, char** argv) {
   for (int s = 0; s < used && !failed; ++s) {
     if (sh->slot[s].state != 2) continue;
     ++finishers;
-    if (sh->slot[s].round != a.rounds) {
+    if (sh->slot[s].round != std::min<uint64_t>(a.rounds, sh->stop_round)) {
       failed = true;
       why = "slot " + std::to_string(s) + " finished at round " +
             std::to_string(sh->slot[s].round.load());

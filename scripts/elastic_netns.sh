@@ -9,9 +9,14 @@
 #   scripts/elastic_netns.sh BUILD_DIR chaos [args...]
 #       lowcomm-elastic-chaos with partitions among its events (e.g. --events 40 --rounds 3000)
 #
+# LCE_PREFIX and LCE_SUBNET (default lce, 10.78.0) choose the namespaces, so that two runs (the
+# suite's and a soak) do not share them.
+#
 # Exit status 77 (skipped) where this machine cannot create namespaces or has no nft: it needs
 # root (CAP_NET_ADMIN), iproute2 and nftables (scripts/deps.sh installs both).
 set -uo pipefail
+PREFIX=${LCE_PREFIX:-lce}
+SUBNET=${LCE_SUBNET:-10.78.0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUILD=${1:-$HERE/../build}
 shift || true
@@ -23,14 +28,14 @@ if [ "$(id -u)" -ne 0 ] || ! command -v nft >/dev/null 2>&1 || ! command -v ip >
   echo "elastic_netns: SKIPPED: needs root, iproute2 and nftables" >&2
   exit 77
 fi
-if ! ip netns add lce_probe 2>/dev/null; then
+if ! ip netns add ${PREFIX}_probe 2>/dev/null; then
   echo "elastic_netns: SKIPPED: this machine cannot create network namespaces" >&2
   exit 77
 fi
-ip netns del lce_probe
-cleanup() { "$HERE/wan_netns.sh" down --prefix lce >/dev/null 2>&1 || true; }
+ip netns del ${PREFIX}_probe
+cleanup() { "$HERE/wan_netns.sh" down --prefix "$PREFIX" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-"$HERE/wan_netns.sh" up 4 --rate 1gbit --prefix lce --subnet 10.78.0 >/dev/null || exit 1
+"$HERE/wan_netns.sh" up 4 --rate 1gbit --prefix "$PREFIX" --subnet "$SUBNET" >/dev/null || exit 1
 EXTRA=()
 [ "$MODE" = chaos ] && EXTRA=(--namespaces 4)
-"$BIN" --netns lce --subnet 10.78.0 "${EXTRA[@]}" "$@"
+"$BIN" --netns "$PREFIX" --subnet "$SUBNET" "${EXTRA[@]}" "$@"
