@@ -18,12 +18,13 @@
 // full round count; a round that makes no progress for --hang-seconds fails the run.
 //
 // With --netns PREFIX (namespaces from scripts/wan_netns.sh up N --prefix PREFIX --subnet S,
-// or scripts/elastic_netns.sh chaos ...), member k starts in namespace k % N and a joiner in
-// the namespace with the fewest live members, and a fourth kind of event is a partition: the
+// or scripts/elastic_netns.sh BUILD chaos ...), member k starts in namespace k % N and a joiner
+// in the namespace with the fewest live members, and a fourth kind of event is a partition: the
 // network between one namespace holding a strict minority of the live members and all the
-// others is cut (nftables drops) for 0.5-6 s, then healed. Members cut off longer than the
-// failure timeout fence themselves ("no quorum") and are replaced once the network heals;
-// a shorter cut must cost no member.
+// others is cut (nftables drops) for 0.5 s to twice the failure timeout, then healed. Members
+// cut off longer than the failure timeout (TCP's retransmission backoff can stretch a cut by
+// seconds) fence themselves and are replaced once the network heals; no new fault comes until
+// that has played out.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -51,7 +52,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int kSlots = 64;  // processes over a run
+constexpr int kSlots = 1024;  // processes over a run (a soak replaces hundreds)
 constexpr uint64_t kParams = 1 << 16;
 
 struct Slot {
@@ -363,7 +364,9 @@ int main(int argc, char** argv) {
         why = "nft rules could not be installed";
         break;
       }
-      int ms = 500 + static_cast<int>(rng() % 5500);
+      // Shorter and longer than the failure timeout: some cuts evict, some must not.
+      int ms =
+          500 + static_cast<int>(rng() % static_cast<unsigned>(2 * std::max(a.failure_ms, 1500)));
       heal_at = Clock::now() + std::chrono::milliseconds(ms);
       ++partitions;
       std::printf(
