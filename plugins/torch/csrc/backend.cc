@@ -1,6 +1,7 @@
 #include "backend.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <sstream>
@@ -19,7 +20,7 @@ constexpr uint64_t kMonitorReleaseTag = kMonitorArriveTag + 1;
 
 LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                std::chrono::milliseconds timeout, BackendConfig config)
-    : c10d::Backend(rank, size), config_(std::move(config)) {
+    : c10d::Backend(rank, size), store_(store), timeout_(timeout), config_(std::move(config)) {
   if (!config_.codec.empty()) {
     auto spec = lowcomm::parse_codec_spec(config_.codec);
     TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", config_.codec, "': ", spec.status().to_string());
@@ -47,6 +48,30 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
 }
 
 LowcommBackend::~LowcommBackend() = default;
+
+c10::intrusive_ptr<c10d::Backend> LowcommBackend::shrink(
+    const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+    const c10::intrusive_ptr<c10d::Backend::Options>& /*opts_override*/) {
+  std::vector<int64_t> ex = ranks_to_exclude;
+  std::sort(ex.begin(), ex.end());
+  TORCH_CHECK(!ex.empty(), "lowcomm: shrink needs at least one rank to exclude");
+  TORCH_CHECK(std::adjacent_find(ex.begin(), ex.end()) == ex.end(),
+              "lowcomm: shrink: a rank is excluded twice");
+  TORCH_CHECK(ex.front() >= 0 && ex.back() < size_, "lowcomm: shrink: rank ",
+              ex.front() < 0 ? ex.front() : ex.back(), " is not in this group of ", size_);
+  TORCH_CHECK(!std::binary_search(ex.begin(), ex.end(), static_cast<int64_t>(rank_)),
+              "lowcomm: shrink: rank ", rank_,
+              " is excluded and must not call shrink (only the remaining ranks do)");
+  TORCH_CHECK(static_cast<int64_t>(ex.size()) < size_, "lowcomm: shrink would exclude every rank");
+  const int new_rank =
+      rank_ - static_cast<int>(std::lower_bound(ex.begin(), ex.end(), rank_) - ex.begin());
+  const int new_size = size_ - static_cast<int>(ex.size());
+  if (shrink_flags & 1) abort();  // SHRINK_ABORT: fail what is in flight on this group first
+  std::string key = "lowcomm/shrink/" + std::to_string(++shrinks_) + "/";
+  for (size_t i = 0; i < ex.size(); ++i) key += (i ? "," : "") + std::to_string(ex[i]);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(key, store_);
+  return c10::make_intrusive<LowcommBackend>(store, new_rank, new_size, timeout_, config_);
+}
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(c10d::OpType type,
                                                       std::vector<at::Tensor> outputs,

@@ -111,6 +111,16 @@ class LowcommBackend : public c10d::Backend {
   void setSequenceNumberForGroup() override {}  // numbering starts at 0 on every rank
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
+  // torch.distributed.shrink_group (torch >= 2.11): a new backend over the ranks not in
+  // `ranks_to_exclude` (ranks of this group), ranked in order; only those ranks call it, each
+  // once per shrink and in the same order. Rendezvous through this group's store under a key of
+  // its own. SHRINK_ABORT (flag 1) aborts this backend's operations in flight first. The new
+  // backend has this one's codec settings and timeout (opts_override is not used).
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts_override = nullptr) override;
+
   // Fails everything in flight with an error and closes the connections (torch's abort).
   void abort() override;
   // Finishes queued operations, says goodbye to every peer and closes (destroy_process_group).
@@ -165,6 +175,9 @@ class LowcommBackend : public c10d::Backend {
   bool group_compresses(const at::Tensor& b, lowcomm::ReduceOp op) const;
 
   std::unique_ptr<lowcomm::Communicator> comm_;
+  c10::intrusive_ptr<c10d::Store> store_;  // for shrink's rendezvous
+  std::chrono::milliseconds timeout_;
+  uint64_t shrinks_ = 0;
   std::atomic<uint64_t> seq_{0};
   BackendConfig config_;
   std::optional<lowcomm::CodecSpec> codec_;  // config_.codec, parsed
