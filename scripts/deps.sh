@@ -49,6 +49,12 @@ if ! .venv/bin/python -c "import expecttest, hypothesis, matplotlib" 2>/dev/null
   echo "deps: installing expecttest, hypothesis and matplotlib into .venv"
   .venv/bin/pip install -q expecttest hypothesis matplotlib
 fi
+# torchft (lowcomm.torchft; plugins/torch/tests/test_torchft.py runs torchft's own integration
+# tests, which import parameterized, on lowcomm). Its torch requirement is met by the one above.
+if ! .venv/bin/python -c "import torchft, parameterized" 2>/dev/null; then
+  echo "deps: installing torchft 0.2.0 and parameterized into .venv"
+  .venv/bin/pip install -q "torchft==0.2.0" parameterized
+fi
 
 # The oldest torch the backend supports, tested by scripts/test.sh too: 2.11, what the GPU
 # machines carry. LOWCOMM_TORCH_OLDEST=none skips it.
