@@ -4,6 +4,8 @@
 //   lowcomm-elastic-bench --fault kill --trials 20 --mib 64    # SIGKILL into the all-reduce
 //   lowcomm-elastic-bench --fault stop --trials 20             # SIGSTOP (evicted by heartbeat)
 //   lowcomm-elastic-bench --fault none --rounds 20             # elastic vs static, interleaved
+//   LOWCOMM_WAN=bw=1gbit,rtt=50ms lowcomm-elastic-bench --fault join --state-mib 64 --mib 1
+//       # a joiner enters a running group: the members' stall, the joiner's state fetch rate
 //
 // Every trial forks --members processes on loopback. In round 1 one member (trial % members,
 // so the coordinator, member 0, is a victim too) injects the fault into itself a random 0-20 ms
@@ -48,6 +50,22 @@ int64_t now_ns() {
       .count();
 }
 
+// --fault join: per member and round, the time in all_reduce and the view size after it.
+constexpr int kJoinRounds = 16;
+constexpr int kJoinAt = 5;  // the joiner starts once every founder finished this many rounds
+struct JoinShared {
+  std::atomic<int> rounds_done[17];
+  double call_ms[17][kJoinRounds];
+  int view_size[17][kJoinRounds];
+  double setup_ms[17][kJoinRounds];
+  std::atomic<uint64_t> hash[17];
+  std::atomic<int> ok[17];
+  double join_ms = 0, first_call_ms = 0, fetch_ms = 0;
+  uint64_t fetch_bytes = 0;
+  int fetch_sources = 0;
+  char address[17][64];
+};
+
 struct Args {
   std::string fault = "kill";
   int trials = 20;
@@ -55,6 +73,8 @@ struct Args {
   double mib = 64;
   int rounds = 10;
   std::string codec = "q4";
+  double state_mib = 64;  // --fault join: registered state the joiner fetches
+  int inner_ms = 20;      // --fault join: the work between collectives (inner steps)
 };
 
 ElasticOptions options() {
@@ -134,6 +154,156 @@ void member(Shared* sh, const UniqueId& id, const UniqueId& static_id, int r, co
   _exit(0);
 }
 
+double pct(std::vector<double> v, double p);
+
+// --fault join: founders (slot < members) and the joiner (slot == members) run kJoinRounds
+// rounds of a small all-reduce; the joiner enters after kJoinAt and catches up in its first.
+[[noreturn]] void join_member(JoinShared* sh, const UniqueId& id, int slot, const Args& a) {
+  using Ms = std::chrono::duration<double, std::milli>;
+  bool joiner = slot == a.members;
+  // The state exists before joining (a trainer builds its model first), filled after.
+  uint64_t sn = static_cast<uint64_t>(a.state_mib * (1 << 20) / 4);
+  std::vector<float> state(sn);
+  for (uint64_t i = 0; i < sn; ++i) state[i] = joiner ? 0.0f : static_cast<float>(i % 1000);
+  std::vector<uint64_t> round(1, 0);
+  auto t0 = Clock::now();
+  Result<std::unique_ptr<ElasticCommunicator>> ec = Status();
+  if (!joiner) {
+    ec = ElasticCommunicator::init(id, slot, a.members, options());
+  } else {
+    std::vector<std::string> seeds;
+    for (int r = a.members - 1; r >= 0; --r) seeds.emplace_back(sh->address[r]);
+    ec = ElasticCommunicator::join(id, seeds, options());
+  }
+  if (!ec) {
+    std::fprintf(stderr, "slot %d: %s\n", slot, ec.status().to_string().c_str());
+    _exit(1);
+  }
+  if (joiner) sh->join_ms = Ms(Clock::now() - t0).count();
+  std::snprintf(sh->address[slot], sizeof(sh->address[slot]), "%s",
+                (*ec)->member_address().c_str());
+  (void)(*ec)->register_state("params", state.data(), sn * 4);
+  (void)(*ec)->register_state("round", round.data(), 8);
+  uint64_t n = static_cast<uint64_t>(a.mib * (1 << 20) / 4);
+  std::vector<float> buf(n);
+  AllReduceOptions ar;
+  ar.codec = *parse_codec_spec(a.codec);
+  int start = joiner ? -1 : 0;
+  for (int r = start; r < kJoinRounds; ++r) {
+    if (r >= 0 && static_cast<uint64_t>(r) != round[0] && !joiner) _exit(1);
+    for (uint64_t i = 0; i < n; ++i) buf[i] = std::sin(0.001f * static_cast<float>(i + slot));
+    auto c0 = Clock::now();
+    Status st =
+        (*ec)->all_reduce(buf.data(), buf.data(), n, DType::kFloat32, ReduceOp::kAverage, ar);
+    double ms = Ms(Clock::now() - c0).count();
+    if (!st.is_ok()) {
+      std::fprintf(stderr, "slot %d round %d: %s\n", slot, r, st.to_string().c_str());
+      _exit(1);
+    }
+    ++round[0];
+    if (joiner && r == -1) {  // the catch-up call: r is the group's round from here on
+      auto s = (*ec)->stats();
+      sh->first_call_ms = ms;
+      sh->fetch_ms = std::chrono::duration<double, std::milli>(s.state_fetch_time).count();
+      sh->fetch_bytes = s.state_fetched_bytes;
+      sh->fetch_sources = s.state_fetch_sources;
+      r = static_cast<int>(round[0]) - 1;
+      continue;
+    }
+    sh->call_ms[slot][r] = ms;
+    sh->view_size[slot][r] = (*ec)->size();
+    sh->setup_ms[slot][r] =
+        std::chrono::duration<double, std::milli>((*ec)->stats().last_view_setup).count();
+    sh->rounds_done[slot] = r + 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(a.inner_ms));  // the inner steps
+  }
+  sh->hash[slot] = XXH3_64bits(state.data(), sn * 4) ^ round[0];
+  sh->ok[slot] = 1;
+  // Leave only when everyone is done (a leave changes the others' view).
+  for (;;) {
+    bool all = true;
+    for (int k = 0; k <= a.members; ++k)
+      if (sh->rounds_done[k] < kJoinRounds) all = false;
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  _exit(0);
+}
+
+int run_join(const Args& a) {
+  auto* sh = static_cast<JoinShared*>(
+      mmap(nullptr, sizeof(JoinShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (sh) JoinShared();
+  auto id = create_unique_id("127.0.0.1");
+  if (!id) return 1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < a.members; ++r) {
+    pid_t p = fork();
+    if (p == 0) join_member(sh, *id, r, a);
+    pids.push_back(p);
+  }
+  (void)collectives::take_root_socket(id->to_string());
+  for (;;) {
+    bool ready = true;
+    for (int r = 0; r < a.members; ++r)
+      if (sh->rounds_done[r] < kJoinAt) ready = false;
+    if (ready) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  pid_t jp = fork();
+  if (jp == 0) join_member(sh, *id, a.members, a);
+  pids.push_back(jp);
+  bool ok = true;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  const char* wan = std::getenv("LOWCOMM_WAN");
+  std::printf(
+      "# lowcomm-elastic-bench --fault join: %d members + 1 joiner, %.0f MiB registered "
+      "state, %.2f MiB %s all-reduce per round, %d ms between rounds, LOWCOMM_WAN=%s\n",
+      a.members, a.state_mib, a.mib, a.codec.c_str(), a.inner_ms, wan ? wan : "(none)");
+  if (!ok) {
+    std::printf("FAILED: a member or the joiner failed\n");
+    return 1;
+  }
+  uint64_t h = sh->hash[0];
+  for (int k = 1; k <= a.members; ++k)
+    if (sh->hash[k] != h) ok = false;
+  // The admission round: the first in which a founder's view has the joiner.
+  int adm = -1;
+  for (int r = 0; r < kJoinRounds && adm < 0; ++r)
+    if (sh->view_size[0][r] == a.members + 1) adm = r;
+  std::vector<double> before;
+  for (int r = 1; r < kJoinRounds; ++r)
+    if (r != adm + 1)
+      for (int k = 0; k < a.members; ++k) before.push_back(sh->call_ms[k][r]);
+  double normal = pct(before, 0.5);
+  // The commit of round `adm` admitted the joiner; round adm + 1 is the first in the new view
+  // (its communicator is built then) and the joiner's catch-up, fetch included.
+  double worst = 0, setup = 0;
+  int first = adm + 1;
+  for (int k = 0; k < a.members && adm >= 0 && first < kJoinRounds; ++k) {
+    worst = std::max(worst, sh->call_ms[k][first]);
+    setup = std::max(setup, sh->setup_ms[k][first]);
+  }
+  double rate =
+      sh->fetch_ms > 0 ? 8.0 * static_cast<double>(sh->fetch_bytes) / (sh->fetch_ms * 1e-3) : 0;
+  std::printf("join() returned after %.1f ms; catch-up call %.1f ms\n", sh->join_ms,
+              sh->first_call_ms);
+  std::printf("state fetch: %.1f MiB from %d members in %.1f ms = %.1f Mbit/s\n",
+              static_cast<double>(sh->fetch_bytes) / (1 << 20), sh->fetch_sources, sh->fetch_ms,
+              rate / 1e6);
+  std::printf(
+      "members: a round takes %.1f ms (median); the first round with the joiner (%d) took "
+      "%.1f ms, of which %.1f ms building the new view's communicator: stall %.1f ms\n",
+      normal, first, worst, setup, worst - normal);
+  std::printf("%s: the %d members hold identical state\n", ok ? "ok" : "FAILED", a.members + 1);
+  return ok ? 0 : 1;
+}
+
 double pct(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   size_t i = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - 1;
@@ -158,16 +328,21 @@ int main(int argc, char** argv) {
       a.rounds = std::stoi(v);
     else if (k == "--codec")
       a.codec = v;
+    else if (k == "--state-mib")
+      a.state_mib = std::stod(v);
+    else if (k == "--inner-ms")
+      a.inner_ms = std::stoi(v);
     else {
       std::fprintf(stderr, "unknown argument %s\n", k.c_str());
       return 2;
     }
   }
   if (a.members < 3 || a.members > 16 ||
-      (a.fault != "kill" && a.fault != "stop" && a.fault != "none")) {
-    std::fprintf(stderr, "--members 3..16, --fault kill|stop|none\n");
+      (a.fault != "kill" && a.fault != "stop" && a.fault != "none" && a.fault != "join")) {
+    std::fprintf(stderr, "--members 3..16, --fault kill|stop|none|join\n");
     return 2;
   }
+  if (a.fault == "join") return run_join(a);
   auto* sh = static_cast<Shared*>(
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   std::mt19937 rng(12345);

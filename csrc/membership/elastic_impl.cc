@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "transport/connector.h"
 #include "transport/little_endian.h"
+#include "transport/pacer.h"
 
 namespace lowcomm {
 
@@ -119,8 +120,15 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::found(const UniqueId& id, int 
   auto cfg = transport::PeerConfig::from_env(
       rank, std::string(reinterpret_cast<const char*>(id.secret.data()), id.secret.size()));
   if (!cfg) return cfg.status();
+  // One stream; the socket buffers (the window) of a data stream, since a joiner's state
+  // stripes come over these connections (1 MiB windows held a 50 ms path to 168 Mbit/s each).
+  // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
+  // membership connections, as by its data connections (not with them: a separate site).
   cfg.value().streams = 1;
-  cfg.value().socket_buffer_bytes = 1 << 20;
+  if (cfg.value().wan.shaped() && cfg.value().wan.model == transport::WanModel::kSite) {
+    cfg.value().site = std::make_shared<transport::SiteLinks>();
+    cfg.value().site->down.bits_per_second = cfg.value().wan.down_bits_per_second;
+  }
   auto bind = options.listen_address.empty()
                   ? route_to(id.root_address)
                   : transport::SocketAddress::parse(options.listen_address);
@@ -183,8 +191,15 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(static_cast<int>(temp), secret);
   if (!cfg) return cfg.status();
+  // One stream; the socket buffers (the window) of a data stream, since a joiner's state
+  // stripes come over these connections (1 MiB windows held a 50 ms path to 168 Mbit/s each).
+  // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
+  // membership connections, as by its data connections (not with them: a separate site).
   cfg.value().streams = 1;
-  cfg.value().socket_buffer_bytes = 1 << 20;
+  if (cfg.value().wan.shaped() && cfg.value().wan.model == transport::WanModel::kSite) {
+    cfg.value().site = std::make_shared<transport::SiteLinks>();
+    cfg.value().site->down.bits_per_second = cfg.value().wan.down_bits_per_second;
+  }
   auto bind = options.listen_address.empty()
                   ? route_to(seeds.front())
                   : transport::SocketAddress::parse(options.listen_address);
@@ -258,6 +273,10 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
     e->slots_.erase(id2);
     e->slots_.try_emplace(id2, std::move(peer).value(), e->options_, e->failure_floor_);
     e->awaited_.erase(id2);
+  }
+  {
+    std::lock_guard<std::mutex> g(e->mu_);
+    if (e->fence_.is_ok() && !e->changing_) e->start_build(e->view_.id);
   }
   LOWCOMM_LOG(kInfo, "elastic member %u: joined view %llu", e->me_,
               static_cast<unsigned long long>(e->view_.id));
@@ -913,6 +932,38 @@ Status ElasticImpl::wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64
   return fence_;
 }
 
+// Built on a thread of its own, so that a view change while it is being built (a member that
+// never connects, a coordinator that dies) moves on to the next view at once instead of waiting
+// for CommOptions::timeout (an abandoned build finishes, failing, on its own), and so that it
+// can begin as soon as a view is known (at an admission's commit) and overlap the caller's
+// work until its next collective.
+struct ElasticImpl::Build {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Result<std::unique_ptr<Communicator>> comm = Status();
+};
+
+void ElasticImpl::start_build(uint64_t v) {
+  UniqueId id;
+  id.root_address = data_root_;
+  id.secret = view_secret(v);
+  int rank = static_cast<int>(std::find(view_.members.begin(), view_.members.end(), me_) -
+                              view_.members.begin());
+  int size = static_cast<int>(view_.members.size());
+  auto build = std::make_shared<Build>();
+  std::thread([build, id, rank, size, opts = options_.comm] {
+    auto c = Communicator::init(id, rank, size, opts);
+    std::lock_guard<std::mutex> g(build->mu);
+    build->comm = std::move(c);
+    build->done = true;
+    build->cv.notify_all();
+  }).detach();
+  build_ = std::move(build);
+  build_view_ = v;
+  build_started_ = Clock::now();
+}
+
 Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
   while (fence_.is_ok()) {
     if (changing_) {
@@ -926,33 +977,13 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
       continue;
     }
     uint64_t v = view_.id;
-    UniqueId id;
-    id.root_address = data_root_;
-    id.secret = view_secret(v);
-    int rank = static_cast<int>(std::find(view_.members.begin(), view_.members.end(), me_) -
-                                view_.members.begin());
-    int size = static_cast<int>(view_.members.size());
+    if (!build_ || build_view_ != v) start_build(v);  // else begun at the commit (eagerly)
+    auto build = build_;
+    auto setup_started = Clock::now();  // the stall: begun at a commit, it may be done already
     auto old = std::move(data_);
     lk.unlock();
     if (old) old->abort();
     old.reset();
-    // Built on a thread of its own, so that a view change while it is being built (a member
-    // that never connects, a coordinator that dies) moves on to the next view at once instead
-    // of waiting for CommOptions::timeout; an abandoned build finishes (fails) on its own.
-    struct Build {
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      Result<std::unique_ptr<Communicator>> comm = Status();
-    };
-    auto build = std::make_shared<Build>();
-    std::thread([build, id, rank, size, opts = options_.comm] {
-      auto c = Communicator::init(id, rank, size, opts);
-      std::lock_guard<std::mutex> g(build->mu);
-      build->comm = std::move(c);
-      build->done = true;
-      build->cv.notify_all();
-    }).detach();
     bool abandoned = false;
     for (;;) {
       {
@@ -967,6 +998,7 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
       }
     }
     lk.lock();
+    if (build_ == build) build_.reset();
     if (abandoned || view_.id != v) continue;  // the view changed meanwhile: build the next one
     Result<std::unique_ptr<Communicator>> comm = Status();
     {
@@ -980,6 +1012,7 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
     }
     data_ = std::shared_ptr<Communicator>(std::move(comm).value());
     data_view_ = v;
+    stats_.last_view_setup = Clock::now() - setup_started;
   }
   return fence_;
 }
@@ -988,6 +1021,7 @@ Status ElasticImpl::fetch_state(const std::vector<uint32_t>& sources, std::vecto
   // Stripes of 4 MiB dealt round-robin over the sources, all requested at once.
   constexpr uint64_t kStripe = 4 << 20;
   std::vector<transport::Request> reqs;
+  auto started = Clock::now();
   {
     std::lock_guard<std::mutex> lk(mu_);
     uint64_t seq = committed_ + 1;
@@ -1005,6 +1039,10 @@ Status ElasticImpl::fetch_state(const std::vector<uint32_t>& sources, std::vecto
     }
   }
   for (auto& r : reqs) LOWCOMM_CHECK(r.wait(Deadline::after(change_timeout_)));
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.state_fetched_bytes = into.size();
+  stats_.state_fetch_time = Clock::now() - started;
+  stats_.state_fetch_sources = static_cast<int>(std::min(sources.size(), reqs.size()));
   return Status::ok();
 }
 
@@ -1104,8 +1142,16 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       fetch_into.resize(a.state_bytes);
       fetcher = std::thread([&] { fetch_status = fetch_state(a.sources, fetch_into); });
     }
+    // A fresh member's fetch goes on while the group commits: its `done` does not wait for the
+    // state, so the others stall only for the admission itself. It is joined before this
+    // attempt's locals go (declared before the lock: the fetcher takes mu_ at its end).
+    struct JoinFetcher {
+      std::thread& t;
+      ~JoinFetcher() {
+        if (t.joinable()) t.join();
+      }
+    } join_fetcher{fetcher};
     Status s = a.comm->all_reduce(in, out, count, dtype, data_op, options).wait();
-    if (fetcher.joinable()) fetcher.join();
     std::unique_lock<std::mutex> lk(mu_);
     if (s.is_ok() && view_.id == a.view && !changing_) {
       staged_ = a.seq;
@@ -1136,14 +1182,26 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
         for (uint64_t i = 0; i < count; ++i) f[i] *= scale;
       }
       if (a.fresh_me && a.state_bytes) {
-        LOWCOMM_CHECK(fetch_status);
+        if (fetcher.joinable()) fetcher.join();
         uint64_t want = 0;
         for (auto& [id, h] : hashes)
           if (id != me_ && h) want = h;
-        LOWCOMM_CHECK(install_state(fetch_into, want));
+        Status got = fetch_status.is_ok() ? install_state(fetch_into, want) : fetch_status;
+        if (!got.is_ok()) {
+          // The group committed with this member in it; without the state it must not go on.
+          std::lock_guard<std::mutex> g(mu_);
+          fence(Status(StatusCode::kAborted, "admitted, but fetching the group's state failed (" +
+                                                 got.message() + "); rejoin as a new member"));
+          return fence_;
+        }
       }
       lk.lock();
       for (uint32_t id : a.fresh) fresh_.erase(id);  // they hold the state now
+      // An admission's commit named the next view: build its communicator now, while the
+      // caller does its inner steps, not at its next collective.
+      if (fence_.is_ok() && !changing_ && data_view_ != view_.id &&
+          (!build_ || build_view_ != view_.id))
+        start_build(view_.id);
       // Replica check: every contributing member's state hash must agree.
       std::map<uint64_t, std::vector<uint32_t>> by_hash;
       for (auto& [id, h] : hashes)

@@ -64,6 +64,7 @@ class ElasticImpl {
     transport::Request req;
   };
   struct Attempt;  // one try of a collective (elastic_impl.cc)
+  struct Build;    // a view's communicator being built (elastic_impl.cc)
 
   ElasticImpl() = default;
   Status start(const UniqueId& id);  // engine, listener; not the thread
@@ -90,6 +91,7 @@ class ElasticImpl {
   Result<std::string> open_data_root(uint64_t view);
   // --- caller's thread ---
   Status ensure_data_comm(std::unique_lock<std::mutex>& lk);
+  void start_build(uint64_t view);  // mu_ held: begins building view's communicator
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
   uint64_t registered_hash() const;
   Status fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into);
@@ -118,7 +120,10 @@ class ElasticImpl {
   std::shared_ptr<Communicator> data_;  // the view's communicator; null until built
   std::string data_root_;               // its root address (the coordinator opened it)
   uint64_t data_view_ = ~0ull;          // the view data_ belongs to
-  Status fence_;                        // non-ok: this member takes no further part
+  std::shared_ptr<Build> build_;        // the next view's communicator, being built
+  uint64_t build_view_ = ~0ull;
+  Clock::time_point build_started_{};
+  Status fence_;  // non-ok: this member takes no further part
   Clock::time_point fenced_at_{};
   bool changing_ = false;
   Clock::time_point change_started_{};

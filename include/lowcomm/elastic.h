@@ -61,6 +61,14 @@ struct ElasticStats {
   uint64_t retried = 0;       // collectives the library ran again after a view change
   uint64_t state_hash = 0;    // of the registered state, agreed with the last commit
   std::chrono::nanoseconds last_view_change{0};  // failure noticed -> new view applied
+  // How long the caller waited for the current view's communicator (built from the view's
+  // start; after an admission from its commit, overlapping the caller's work until then).
+  std::chrono::nanoseconds last_view_setup{0};
+  // A joiner: the registered state it fetched when admitted, and how long the stripes took from
+  // the first request to the last byte, from how many members.
+  uint64_t state_fetched_bytes = 0;
+  std::chrono::nanoseconds state_fetch_time{0};
+  int state_fetch_sources = 0;
 };
 
 class ElasticImpl;
