@@ -258,6 +258,9 @@ int main(int argc, char** argv) {
   auto heal_at = Clock::now();
   int partitions = 0, partition_losses = 0;
   auto quiet_until = Clock::now();
+  uint64_t last_changes = 0;
+  size_t last_live = 0;
+  auto changed_at = Clock::now();
   bool failed = false;
   std::string why;
   while (true) {
@@ -322,11 +325,23 @@ int main(int argc, char** argv) {
         Clock::now() < quiet_until || used + 2 >= kSlots)
       continue;
     // The next fault only once the views agree with the live set (one fault at a time).
+    // A member's view size is as of its last round, so a change in progress (a thawed member
+    // evicted late, a member fenced but not yet gone) can look settled for a moment: the views
+    // must also have stopped changing for a second.
     lv = live();
     bool settled = true;
-    for (int s : lv)
+    uint64_t changes = 0;
+    for (int s : lv) {
       if (sh->slot[s].view_size != static_cast<int>(lv.size()) || sh->slot[s].round == 0)
         settled = false;
+      changes += sh->slot[s].view_changes;
+    }
+    if (changes != last_changes || lv.size() != last_live) {
+      last_changes = changes;
+      last_live = lv.size();
+      changed_at = Clock::now();
+    }
+    if (Clock::now() - changed_at < std::chrono::seconds(1)) settled = false;
     if (!settled || rng() % 25 != 0) continue;
     int kind = static_cast<int>(rng() % (a.net.enabled() ? 4 : 3));
     if (lv.size() < 4 && kind != 2) kind = 2;  // few left: add one first
