@@ -29,12 +29,10 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -43,6 +41,7 @@
 #include <vector>
 
 #include "collectives/root_socket.h"
+#include "elastic_rounds.h"
 #include "lowcomm/elastic.h"
 #include "netns.h"
 
@@ -53,7 +52,6 @@ using namespace std::chrono_literals;
 namespace {
 
 constexpr int kSlots = 1024;  // processes over a run (a soak replaces hundreds)
-constexpr uint64_t kParams = 1 << 16;
 
 struct Slot {
   std::atomic<int> state{0};  // 0 unused, 1 running, 2 done ok, 3 fenced, 4 failed
@@ -121,27 +119,11 @@ ElasticOptions options(const Args& a) {
   if (!ec) fail(4, "start: " + ec.status().to_string());
   std::string addr = (*ec)->member_address();
   std::snprintf(me.address, sizeof(me.address), "%s", addr.c_str());
-  std::vector<float> params(kParams, 0.0f), g(kParams);
-  std::vector<uint64_t> round(1, 0);
-  (void)(*ec)->register_state("params", params.data(), kParams * 4);
-  (void)(*ec)->register_state("round", round.data(), 8);
-  AllReduceOptions ar;
-  ar.codec = *parse_codec_spec("q4");
-  uint32_t m = (*ec)->member_id();
-  while (round[0] < std::min<uint64_t>(a.rounds, sh->stop_round)) {
-    for (uint64_t i = 0; i < kParams; ++i)
-      g[i] = std::sin(0.01f * static_cast<float>(i + m) + static_cast<float>(round[0] % 97));
-    Status st =
-        (*ec)->all_reduce(g.data(), g.data(), kParams, DType::kFloat32, ReduceOp::kAverage, ar);
-    if (!st.is_ok()) {
-      bool fenced = st.message().find("evicted") != std::string::npos ||
-                    st.message().find("no quorum") != std::string::npos;
-      fail(fenced ? 3 : 4, st.to_string());
-    }
-    for (uint64_t i = 0; i < kParams; ++i) params[i] = 0.5f * params[i] + g[i];
-    ++round[0];
-    me.round = round[0];
-    me.hash = XXH3_64bits(params.data(), kParams * 4) ^ round[0];
+  bench::ElasticRounds rounds(**ec);
+  while (rounds.round() < std::min<uint64_t>(a.rounds, sh->stop_round)) {
+    if (Status st = rounds.step(); !st.is_ok()) fail(bench::fenced(st) ? 3 : 4, st.to_string());
+    me.round = rounds.round();
+    me.hash = rounds.hash();
     me.view_size = (*ec)->size();
     me.view_changes = (*ec)->stats().view_changes;
     std::this_thread::sleep_for(std::chrono::milliseconds(a.round_ms));  // the inner steps
