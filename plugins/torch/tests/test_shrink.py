@@ -6,7 +6,8 @@ import signal
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from _spawn import run_procs
 
 
 def _worker(rank, world, store_path, out):
@@ -42,17 +43,9 @@ def _worker(rank, world, store_path, out):
 
 
 def test_survivors_shrink_the_group_and_go_on(tmp_path):
-    ctx = mp.get_context("spawn")
     store_path, out = str(tmp_path / "store"), str(tmp_path / "out")
-    procs = [ctx.Process(target=_worker, args=(r, 3, store_path, out)) for r in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0, -signal.SIGKILL]
+    codes = run_procs(_worker, 3, (store_path, out), timeout=120)
+    assert codes == [0, 0, -signal.SIGKILL]
     for r in range(2):
         value, first = open(f"{out}.{r}").read().splitlines()
         assert float(value) == 3.0, (r, value)
@@ -77,14 +70,8 @@ def _bad_shrink(rank, world, store_path, out):
 
 
 def test_shrink_refuses_bad_rank_lists(tmp_path):
-    ctx = mp.get_context("spawn")
     store_path, out = str(tmp_path / "store"), str(tmp_path / "out")
-    procs = [ctx.Process(target=_bad_shrink, args=(r, 2, store_path, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=60)
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_procs(_bad_shrink, 2, (store_path, out), timeout=60) == [0, 0]
     msgs = open(f"{out}.0").read().splitlines()
     assert "must not call shrink" in msgs[0], msgs
     assert "excluded twice" in msgs[1], msgs
