@@ -287,7 +287,9 @@ ElasticImpl::~ElasticImpl() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (fence_.is_ok() && !slots_.empty()) {
-      broadcast(message(MsgType::kLeave));
+      Message bye = message(MsgType::kLeave, committed_);  // what it committed, with hashes
+      bye.hashes = commit_hashes_;
+      broadcast(bye);
       for (auto& [id, s] : slots_)
         (void)s.peer->flush().wait(Deadline::after(std::chrono::seconds(1)));
     }
@@ -411,6 +413,9 @@ void ElasticImpl::loop() {
           ++it;
         }
       }
+      // Every done may be in while this member's own is still being written.
+      if (!changing_ && fence_.is_ok() && staged_ == committed_ + 1 && !own_done_.empty())
+        try_commit();
       if (changing_ && fence_.is_ok() && now - change_started_ > change_timeout_) {
         std::set<uint32_t> missing;
         for (uint32_t id : view_.members)
@@ -514,14 +519,15 @@ void ElasticImpl::poll_slot(uint32_t id, Slot& s, Clock::time_point now) {
   }
 }
 
-void ElasticImpl::send_to(uint32_t to, const Message& m) {
+transport::Request ElasticImpl::send_to(uint32_t to, const Message& m) {
   Slot* s = nullptr;
   if (auto it = slots_.find(to); it != slots_.end()) s = &it->second;
   if (auto it = joiner_slots_.find(to); !s && it != joiner_slots_.end()) s = &it->second;
-  if (!s) return;
+  if (!s) return {};
   auto bytes = std::make_shared<std::vector<uint8_t>>(membership::encode(m));
   transport::Request r = s->peer->isend(membership::kTag, bytes->data(), bytes->size());
-  outbox_.push_back({std::move(bytes), std::move(r)});
+  outbox_.push_back({std::move(bytes), r});
+  return r;
 }
 
 void ElasticImpl::broadcast(const Message& m) {
@@ -563,6 +569,8 @@ void ElasticImpl::begin_change(const std::string& why) {
     change_reason_ = why;
     reports_.clear();
     done_.clear();
+    admission_ = false;
+    own_done_.clear();
     if (data_) data_->abort();  // the collective in flight fails now on this member
     cv_.notify_all();
   }
@@ -699,10 +707,50 @@ void ElasticImpl::forward_join(const std::string& address) {
   pending_joiners_.push_back({0, address});
 }
 
+void ElasticImpl::try_commit() {
+  // Every member's done is in, this member's own among them (it holds the result): every
+  // member holds it, so committing here agrees with any later view change (which commits what
+  // any survivor committed). One one-way delay after the last member finished, where a commit
+  // from the coordinator would take a round trip.
+  if (staged_ != committed_ + 1 || done_.size() < view_.members.size()) return;
+  for (uint32_t id : view_.members)
+    if (!done_.count(id)) return;
+  for (const auto& r : own_done_)
+    if (!r.test()) return;  // the membership thread tries again on its next pass
+  Message c = message(MsgType::kCommit, committed_ + 1);
+  for (auto& [id, h] : done_) c.hashes.push_back({id, h});
+  if (!admission_) {
+    commit_hashes_ = c.hashes;
+    commit_locally(c.seq);
+    return;
+  }
+  if (view_.coordinator() != me_) return;  // its kCommit names the next view
+  if (!pending_joiners_.empty()) {
+    // Admission: the joiners enter the next view at this commit, fresh until they hold the
+    // registered state (fetched during their first collective).
+    auto root = open_data_root(view_.id + 1);
+    if (root) {
+      c.data_root = *root;
+      for (uint32_t id : view_.members) c.members.push_back({id, addresses_[id]});
+      for (auto& j : pending_joiners_) {
+        c.members.push_back({next_id_, j.address});
+        c.failed.push_back(next_id_++);
+      }
+      c.next_id = next_id_;
+    }
+    pending_joiners_.clear();
+  }
+  broadcast(c);
+  for (auto& [tid, s] : joiner_slots_) send_to(tid, c);
+  handle(c, me_);
+}
+
 void ElasticImpl::commit_locally(uint64_t seq) {
   committed_ = seq;
   staged_ = membership::kNone;
   done_.clear();
+  admission_ = false;
+  own_done_.clear();
   ++stats_.committed;
   cv_.notify_all();
 }
@@ -760,6 +808,8 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   failed_.clear();
   reports_.clear();
   done_.clear();
+  admission_ = false;
+  own_done_.clear();
   ++stats_.view_changes;
   if (was_changing) stats_.last_view_change = Clock::now() - started;
   if (data_) data_->abort();  // the old view's communicator; the caller builds the next
@@ -800,38 +850,19 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       if (m.view <= view_.id) return;
       apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed);
       return;
-    case MsgType::kDone: {
-      if (m.view != view_.id || changing_ || view_.coordinator() != me_) return;
-      if (m.seq != committed_ + 1) return;
+    case MsgType::kDone:
+      if (m.view != view_.id || changing_ || m.seq != committed_ + 1) return;
       done_[m.from] = m.hash;
-      if (done_.size() < view_.members.size()) return;
-      Message c = message(MsgType::kCommit, m.seq);
-      for (auto& [id, h] : done_) c.hashes.push_back({id, h});
-      if (!pending_joiners_.empty()) {
-        // Admission: the joiners enter the next view at this commit, fresh until they hold the
-        // registered state (fetched during their first collective).
-        auto root = open_data_root(view_.id + 1);
-        if (root) {
-          c.data_root = *root;
-          for (uint32_t id : view_.members) c.members.push_back({id, addresses_[id]});
-          for (auto& j : pending_joiners_) {
-            c.members.push_back({next_id_, j.address});
-            c.failed.push_back(next_id_++);
-          }
-          c.next_id = next_id_;
-        }
-        pending_joiners_.clear();
-      }
-      broadcast(c);
-      for (auto& [tid, s] : joiner_slots_) send_to(tid, c);
-      handle(c, me_);
+      if (m.from == view_.coordinator() && m.text == "admit") admission_ = true;
+      try_commit();
       return;
-    }
     case MsgType::kCommit: {
       if (me_ & 0x80000000u) {
         // A joiner learns its admission from a relayed commit.
         if (m.members.empty()) return;
-      } else if (m.view != view_.id) {
+      } else if (m.view != view_.id || changing_) {
+        // Changing: this member's report is out and the new view decides what commits (taking
+        // a commit now could disagree with that decision).
         return;
       } else {
         if (m.seq > committed_) {
@@ -866,6 +897,13 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       return;
     case MsgType::kLeave:
       LOWCOMM_LOG(kInfo, "elastic member %u: member %u leaves the group", me_, m.from);
+      // A leaver that committed the collective this member still waits on had every member's
+      // done: commit it here before the departure starts a view change (its done may trail the
+      // leave, which came on another connection).
+      if (m.view == view_.id && !changing_ && m.seq == committed_ + 1 && staged_ == m.seq) {
+        commit_hashes_ = m.hashes;
+        commit_locally(m.seq);
+      }
       lose(m.from, "member " + std::to_string(m.from) + " left the group");
       return;
     case MsgType::kJoin:
@@ -1074,6 +1112,24 @@ struct ElasticImpl::Attempt {
   size_t size = 0;
 };
 
+namespace {
+
+constexpr uint64_t kSwapChunk = 1 << 20;
+
+// Exchanges n bytes of a and b through a cache-resident buffer.
+void swap_bytes(uint8_t* a, uint8_t* b, uint64_t n) {
+  constexpr uint64_t kTmp = 64 << 10;
+  alignas(64) uint8_t tmp[kTmp];
+  for (uint64_t o = 0; o < n; o += kTmp) {
+    uint64_t k = std::min(kTmp, n - o);
+    std::memcpy(tmp, a + o, k);
+    std::memcpy(a + o, b + o, k);
+    std::memcpy(b + o, tmp, k);
+  }
+}
+
+}  // namespace
+
 Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                                ReduceOp op, const AllReduceOptions& options) {
   size_t bytes = count * dtype_size(dtype);
@@ -1157,13 +1213,32 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       staged_ = a.seq;
       Message d = message(MsgType::kDone, a.seq);
       d.hash = hash;
-      if (view_.coordinator() == me_)
-        handle(d, me_);
-      else
-        send_to(view_.coordinator(), d);
+      // The coordinator admits pending joiners at this commit: its done says so, and the
+      // members wait for its kCommit naming the next view instead of committing on their own.
+      if (view_.coordinator() == me_ && !pending_joiners_.empty()) d.text = "admit";
+      own_done_.clear();
+      for (uint32_t id : view_.members)
+        if (id != me_) own_done_.push_back(send_to(id, d));
+      handle(d, me_);
     } else if (!s.is_ok() && view_.id == a.view) {
       begin_change("all_reduce #" + std::to_string(a.seq) + " failed on member " +
                    std::to_string(me_) + ": " + s.message());
+    }
+    // While the other members' dones are on their way, the result moves into place: swapped
+    // with the input chunk by chunk, so the input stays whole (in staging) until the commit.
+    // Once committed, the rest is a plain copy; if aborted, the swapped part is put back.
+    uint64_t swapped = 0;
+    if (out != recv && staged_ == a.seq) {
+      auto* r8 = static_cast<uint8_t*>(recv);
+      auto* o8 = static_cast<uint8_t*>(out);
+      while (swapped < bytes && fence_.is_ok() && committed_ < a.seq && view_.id == a.view &&
+             !changing_) {
+        lk.unlock();
+        uint64_t n = std::min<uint64_t>(kSwapChunk, bytes - swapped);
+        swap_bytes(r8 + swapped, o8 + swapped, n);
+        swapped += n;
+        lk.lock();
+      }
     }
     auto until = Clock::now() + change_timeout_ + failure_floor_ * 4;
     while (fence_.is_ok() && committed_ < a.seq && view_.id == a.view) {
@@ -1172,10 +1247,17 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
                                                ": neither committed nor aborted in time"));
       }
     }
+    if (committed_ < a.seq && swapped) {
+      lk.unlock();
+      std::memcpy(recv, out, swapped);  // the input, untouched again
+      lk.lock();
+    }
     if (committed_ >= a.seq) {
       auto hashes = commit_hashes_;
       lk.unlock();
-      if (out != recv) std::memcpy(recv, out, bytes);
+      if (out != recv)
+        std::memcpy(static_cast<uint8_t*>(recv) + swapped, static_cast<uint8_t*>(out) + swapped,
+                    bytes - swapped);
       if (data_op != op) {
         float scale = 1.0f / static_cast<float>(a.contributors);
         auto* f = static_cast<float*>(recv);

@@ -78,12 +78,13 @@ class ElasticImpl {
   void report_to_coordinator();
   void try_decide();
   void commit_locally(uint64_t seq);
+  void try_commit();  // commits collective committed_+1 once every member's done is in
   void forward_join(const std::string& address);  // to the coordinator, or pending if this is it
   void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
                   const std::string& data_root, uint64_t committed, uint32_t next_id,
                   const std::vector<uint32_t>& fresh);
   void fence(Status why);
-  void send_to(uint32_t to, const membership::Message& m);
+  transport::Request send_to(uint32_t to, const membership::Message& m);
   void broadcast(const membership::Message& m);
   void serve_fetches();
   uint32_t coordinator_candidate() const;
@@ -132,7 +133,14 @@ class ElasticImpl {
   std::map<uint32_t, membership::Message> reports_;  // coordinator: reports in this change
   uint64_t committed_ = 0;                           // collectives committed
   uint64_t staged_ = membership::kNone;              // collective whose result this member holds
-  std::map<uint32_t, uint64_t> done_;  // coordinator: member -> hash, for committed_+1
+  // Member -> state hash, from the `done`s of collective committed_+1 in this view: every member
+  // sends its done to every member, and each commits on its own once all are in, unless the
+  // coordinator's done announced an admission (then its kCommit decides, as for a change).
+  std::map<uint32_t, uint64_t> done_;
+  bool admission_ = false;  // the coordinator's done of committed_+1 announced an admission
+  // This member's own done, still being written: it commits only once its done has left (a
+  // member killed right after its commit must not have withheld the done the others need).
+  std::vector<transport::Request> own_done_;
   std::vector<std::pair<uint32_t, uint64_t>> commit_hashes_;  // with the last commit
   uint32_t next_id_ = 0;                                      // the next joiner's member id
   std::vector<membership::MemberAddress> pending_joiners_;    // coordinator: to admit at a commit

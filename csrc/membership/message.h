@@ -31,10 +31,10 @@ enum class MsgType : uint16_t {
   kChange = 3,    // the view must change: the members the sender knows to have failed
   kReport = 4,    // to the coordinator during a change: what this member committed and staged
   kNewView = 5,   // from the coordinator: the next view, what commits, the data root
-  kDone = 6,      // to the coordinator: this member holds the result of collective `seq`
-  kCommit = 7,    // from the coordinator: collective `seq` is committed; the state hashes
+  kDone = 6,      // to every member: this member holds the result of collective `seq`
+  kCommit = 7,    // from the coordinator, after an admitting done: `seq` commits; the next view
   kNoQuorum = 8,  // from a would-be coordinator: too few members reachable to go on
-  kLeave = 9,     // the sender is leaving the group
+  kLeave = 9,     // the sender leaves; seq: what it committed, hashes: of its last commit
   kJoin = 10,     // a joiner asks to enter (to any member; forwarded to the coordinator)
   kFetch = 11,    // a joiner asks for a stripe of the registered state
 };
@@ -54,7 +54,8 @@ struct Message {
   uint64_t time_ns = 0;                // kPing, kPong
   std::vector<uint32_t> failed;        // kChange, kReport: members the sender cannot reach;
                                        // kNewView: fresh joiners
-  std::string text;                    // kChange, kNoQuorum: why; kJoin: the joiner's address
+  std::string text;                    // kChange, kNoQuorum: why; kJoin: the joiner's address;
+                                       // kDone from the coordinator: "admit" (wait for kCommit)
   uint64_t committed = 0;              // kReport: collectives committed; kNewView: decision
   uint64_t staged = kNone;             // kReport: collective whose result is held, or kNone
   uint64_t hash = 0;                   // kDone: registered state hash; kFetch: offset
@@ -62,7 +63,7 @@ struct Message {
   uint32_t next_id = 0;                // kNewView, kCommit: the next joiner's member id
   std::vector<MemberAddress> members;  // kNewView, kCommit (admission): the view's members
   std::string data_root;               // kNewView, kCommit (admission): the data root address
-  std::vector<std::pair<uint32_t, uint64_t>> hashes;  // kCommit: each member's state hash
+  std::vector<std::pair<uint32_t, uint64_t>> hashes;  // kCommit, kLeave: each member's state hash
 };
 
 std::vector<uint8_t> encode(const Message& m);
