@@ -557,7 +557,7 @@ void ElasticImpl::fence(Status why) {
   LOWCOMM_LOG(kWarn, "elastic member %u: fenced: %s", me_, why.message().c_str());
   fence_ = std::move(why);
   fenced_at_ = Clock::now();
-  if (data_) data_->abort();
+  abort_async(data_);
   cv_.notify_all();
 }
 
@@ -571,7 +571,7 @@ void ElasticImpl::begin_change(const std::string& why) {
     done_.clear();
     admission_ = false;
     own_done_.clear();
-    if (data_) data_->abort();  // the collective in flight fails now on this member
+    abort_async(data_);  // the collective in flight fails now on this member
     cv_.notify_all();
   }
   Message c = message(MsgType::kChange);
@@ -794,6 +794,7 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
       ++it;
     }
   }
+  std::erase_if(serving_, [&](const auto& e) { return !addrs.count(e.first); });
   for (uint32_t id : ids)
     if (id != me_ && !slots_.count(id) && !addresses_.count(id)) awaited_[id] = Clock::now();
   auto started = change_started_;
@@ -812,7 +813,7 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   own_done_.clear();
   ++stats_.view_changes;
   if (was_changing) stats_.last_view_change = Clock::now() - started;
-  if (data_) data_->abort();  // the old view's communicator; the caller builds the next
+  abort_async(data_);  // the old view's communicator; the caller builds the next
   // Joiners that entered here and are not in this view yet: their request may have died with
   // the previous coordinator.
   for (auto& [tid, address] : joiner_address_) {
@@ -920,18 +921,36 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
 }
 
 void ElasticImpl::serve_fetches() {
-  while (!fetches_.empty()) {
-    auto& [to, m] = fetches_.front();
-    if (!snapshot_ || snapshot_seq_ < m.seq)
-      return;  // not taken yet: its collective has not started here
-    auto it = slots_.find(to);
-    if (snapshot_seq_ == m.seq && it != slots_.end() && m.hash <= snapshot_->size() &&
-        m.length <= snapshot_->size() - m.hash) {
-      transport::Request r =
-          it->second.peer->isend(membership::kStateTag, snapshot_->data() + m.hash, m.length);
-      outbox_.push_back({snapshot_, std::move(r)});
+  // At most kServeDepth stripes per fresh member not yet gone out on the link: the uplink stays
+  // busy, and a member's done (to every member, on the same link) queues behind at most that
+  // much state, not behind the whole stripe set.
+  // A member's stripes go out in the order it asked for them (its receives match in order): a
+  // member found full stays skipped for the rest of this pass, even if a send completes.
+  std::set<uint32_t> full;
+  for (auto it = fetches_.begin(); it != fetches_.end();) {
+    auto& [to, m] = *it;
+    if (!snapshot_ || snapshot_seq_ < m.seq || full.count(to)) {
+      ++it;  // not taken yet (its collective has not started here), or its member is full
+      continue;
     }
-    fetches_.pop_front();
+    auto slot = slots_.find(to);
+    if (snapshot_seq_ != m.seq || slot == slots_.end() || m.hash > snapshot_->size() ||
+        m.length > snapshot_->size() - m.hash) {
+      it = fetches_.erase(it);  // a stale or malformed request: the fetcher times out or retries
+      continue;
+    }
+    auto& q = serving_[to];
+    while (!q.empty() && q.front().test()) q.pop_front();
+    if (q.size() >= kServeDepth) {
+      full.insert(to);
+      ++it;
+      continue;
+    }
+    transport::Request r =
+        slot->second.peer->isend(membership::kStateTag, snapshot_->data() + m.hash, m.length);
+    outbox_.push_back({snapshot_, r});
+    q.push_back(std::move(r));
+    it = fetches_.erase(it);
   }
 }
 
@@ -981,6 +1000,12 @@ struct ElasticImpl::Build {
   bool done = false;
   Result<std::unique_ptr<Communicator>> comm = Status();
 };
+
+void ElasticImpl::abort_async(const std::shared_ptr<Communicator>& c) {
+  // Aborting tells the communicator's peers and lingers for their answers (up to 300 ms on an
+  // idle one): never under mu_, which the membership thread needs for heartbeats and commits.
+  if (c) std::thread([c] { c->abort(); }).detach();
+}
 
 void ElasticImpl::start_build(uint64_t v) {
   UniqueId id;
@@ -1056,8 +1081,9 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
 }
 
 Status ElasticImpl::fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into) {
-  // Stripes of 4 MiB dealt round-robin over the sources, all requested at once.
-  constexpr uint64_t kStripe = 4 << 20;
+  // Stripes of 256 KiB dealt round-robin over the sources, all requested at once (each source
+  // keeps only a few on its link at a time: serve_fetches).
+  constexpr uint64_t kStripe = 256 << 10;
   std::vector<transport::Request> reqs;
   auto started = Clock::now();
   {
@@ -1115,6 +1141,7 @@ struct ElasticImpl::Attempt {
 namespace {
 
 constexpr uint64_t kSwapChunk = 1 << 20;
+constexpr uint64_t kStateThreadBytes = 1 << 20;
 
 // Exchanges n bytes of a and b through a cache-resident buffer.
 void swap_bytes(uint8_t* a, uint8_t* b, uint64_t n) {
@@ -1139,6 +1166,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
   Status last;
   for (int attempt = 0;; ++attempt) {
     Attempt a;
+    bool take_snapshot = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
       LOWCOMM_CHECK(ensure_data_comm(lk));
@@ -1153,22 +1181,40 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       for (uint32_t id : view_.members)
         if (!fresh_.count(id) && id != me_) a.sources.push_back(id);
       for (auto& [n, d] : state_) a.state_bytes += d.second;
-      if (!fresh_.empty() && !a.fresh_me) {
-        // Serve the state as it is now to the fresh members, for this collective's duration.
+      take_snapshot = !fresh_.empty() && !a.fresh_me;
+    }
+    if (a.any_fresh && dtype != DType::kFloat32)
+      return unsupported("a collective with a fresh joiner takes fp32 sum or average");
+    // The registered state cannot change while the caller is in this call: its snapshot for
+    // fresh members (the state every replica holds until this collective commits) and its hash
+    // are taken beside the data collective, on a thread of their own when they are large.
+    uint64_t hash = 0;
+    auto state_work = [&, seq = a.seq, fresh_me = a.fresh_me, snap_bytes = a.state_bytes] {
+      if (take_snapshot) {
         auto snap = std::make_shared<std::vector<uint8_t>>();
-        snap->reserve(a.state_bytes);
+        snap->reserve(snap_bytes);
         for (auto& [n, d] : state_) {
           auto* p = static_cast<const uint8_t*>(d.first);
           snap->insert(snap->end(), p, p + d.second);
         }
+        std::lock_guard<std::mutex> g(mu_);
         snapshot_ = std::move(snap);
-        snapshot_seq_ = a.seq;
-        serve_fetches();
+        snapshot_seq_ = seq;
+        serve_fetches();  // stripes asked for meanwhile go out now
       }
-    }
-    if (a.any_fresh && dtype != DType::kFloat32)
-      return unsupported("a collective with a fresh joiner takes fp32 sum or average");
-    uint64_t hash = a.fresh_me ? 0 : registered_hash();
+      if (!fresh_me) hash = registered_hash();
+    };
+    std::thread state_thread;
+    struct JoinState {
+      std::thread& t;
+      ~JoinState() {
+        if (t.joinable()) t.join();
+      }
+    } join_state{state_thread};
+    if (a.state_bytes >= kStateThreadBytes)
+      state_thread = std::thread(state_work);
+    else
+      state_work();
     const void* in = send;
     if (a.fresh_me) {
       zeros.assign(bytes, 0);
@@ -1208,6 +1254,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       }
     } join_fetcher{fetcher};
     Status s = a.comm->all_reduce(in, out, count, dtype, data_op, options).wait();
+    if (state_thread.joinable()) state_thread.join();  // the hash goes with the done
     std::unique_lock<std::mutex> lk(mu_);
     if (s.is_ok() && view_.id == a.view && !changing_) {
       staged_ = a.seq;

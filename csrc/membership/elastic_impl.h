@@ -93,6 +93,7 @@ class ElasticImpl {
   // --- caller's thread ---
   Status ensure_data_comm(std::unique_lock<std::mutex>& lk);
   void start_build(uint64_t view);  // mu_ held: begins building view's communicator
+  static void abort_async(const std::shared_ptr<Communicator>& c);  // off the caller's lock
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
   uint64_t registered_hash() const;
   Status fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into);
@@ -150,7 +151,9 @@ class ElasticImpl {
   // fresh members (the state then is what every replica holds until that collective commits).
   std::shared_ptr<std::vector<uint8_t>> snapshot_;
   uint64_t snapshot_seq_ = membership::kNone;                     // the collective it was taken for
-  std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // waiting for the snapshot
+  std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // stripes not yet sent
+  std::map<uint32_t, std::deque<transport::Request>> serving_;    // stripe sends on the link
+  static constexpr size_t kServeDepth = 2;
   ElasticStats stats_;
   std::unique_ptr<uint8_t[]> staging_;  // caller's thread: in-place results until committed
   uint64_t staging_bytes_ = 0;
