@@ -305,6 +305,8 @@ ElasticImpl::~ElasticImpl() {
     for (auto& [id, s] : joiner_slots_) s.peer->abort();
   }
   if (data) data->abort();
+  std::unique_lock<std::mutex> g(aborts_->mu);
+  aborts_->cv.wait_for(g, std::chrono::seconds(5), [&] { return aborts_->running == 0; });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1004,7 +1006,18 @@ struct ElasticImpl::Build {
 void ElasticImpl::abort_async(const std::shared_ptr<Communicator>& c) {
   // Aborting tells the communicator's peers and lingers for their answers (up to 300 ms on an
   // idle one): never under mu_, which the membership thread needs for heartbeats and commits.
-  if (c) std::thread([c] { c->abort(); }).detach();
+  // The destructor waits for these threads (they must not outlive the process's statics).
+  if (!c) return;
+  {
+    std::lock_guard<std::mutex> g(aborts_->mu);
+    ++aborts_->running;
+  }
+  std::thread([c, aborts = aborts_] {
+    c->abort();
+    std::lock_guard<std::mutex> g(aborts->mu);
+    --aborts->running;
+    aborts->cv.notify_all();
+  }).detach();
 }
 
 void ElasticImpl::start_build(uint64_t v) {

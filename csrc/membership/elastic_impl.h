@@ -93,7 +93,7 @@ class ElasticImpl {
   // --- caller's thread ---
   Status ensure_data_comm(std::unique_lock<std::mutex>& lk);
   void start_build(uint64_t view);  // mu_ held: begins building view's communicator
-  static void abort_async(const std::shared_ptr<Communicator>& c);  // off the caller's lock
+  void abort_async(const std::shared_ptr<Communicator>& c);  // on a thread: it lingers
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
   uint64_t registered_hash() const;
   Status fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into);
@@ -109,6 +109,12 @@ class ElasticImpl {
   std::unique_ptr<transport::Listener> listener_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  struct Aborts {  // communicators being aborted on threads of their own (abort_async)
+    std::mutex mu;
+    std::condition_variable cv;
+    int running = 0;
+  };
+  std::shared_ptr<Aborts> aborts_ = std::make_shared<Aborts>();
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
