@@ -569,8 +569,7 @@ void ElasticImpl::begin_change(const std::string& why) {
     changing_ = true;
     change_started_ = Clock::now();
     change_reason_ = why;
-    reports_.clear();
-    done_.clear();
+    reports_.clear();  // done_ stays: the report says whose done this member saw
     admission_ = false;
     own_done_.clear();
     abort_async(data_);  // the collective in flight fails now on this member
@@ -587,7 +586,8 @@ void ElasticImpl::report_to_coordinator() {
   Message r = message(MsgType::kReport);
   r.committed = committed_;
   r.staged = staged_;
-  r.failed.assign(failed_.begin(), failed_.end());  // what this member itself cannot reach
+  r.failed.assign(failed_.begin(), failed_.end());          // what this member itself cannot reach
+  for (auto& [id, h] : done_) r.hashes.push_back({id, h});  // dones of committed_+1 it saw
   uint32_t c = coordinator_candidate();
   if (c == me_) {
     reports_[me_] = r;
@@ -671,10 +671,21 @@ void ElasticImpl::try_decide() {
     fence(Status(StatusCode::kAborted, q.text));
     return;
   }
-  // Commit what anyone committed: a commit message reaches members only after every member
-  // reported the result held, so every survivor holds it.
+  // Commit what anyone committed: a member commits only once every member's done is in, so
+  // every survivor holds the result. Also commit the next collective if the reports together
+  // show every member of the view holding it (a member that committed and then died or exited
+  // leaves the others with the dones they had seen): nobody must abort what was complete.
   uint64_t decision = 0;
   for (auto& [id, r] : reports_) decision = std::max(decision, r.committed);
+  std::set<uint32_t> holding;
+  for (auto& [id, r] : reports_) {
+    if (r.committed != decision) continue;
+    if (r.staged == decision + 1) holding.insert(id);
+    for (auto& [d, h] : r.hashes) holding.insert(d);
+  }
+  bool all_hold = true;
+  for (uint32_t id : view_.members) all_hold = all_hold && holding.count(id);
+  if (all_hold) ++decision;
   auto root = open_data_root(view_.id + 1);
   if (!root) {
     fence(root.status());

@@ -63,7 +63,8 @@ struct Message {
   uint32_t next_id = 0;                // kNewView, kCommit: the next joiner's member id
   std::vector<MemberAddress> members;  // kNewView, kCommit (admission): the view's members
   std::string data_root;               // kNewView, kCommit (admission): the data root address
-  std::vector<std::pair<uint32_t, uint64_t>> hashes;  // kCommit, kLeave: each member's state hash
+  // kCommit, kLeave: each member's state hash; kReport: the dones the sender saw (member, hash)
+  std::vector<std::pair<uint32_t, uint64_t>> hashes;
 };
 
 std::vector<uint8_t> encode(const Message& m);
