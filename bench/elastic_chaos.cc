@@ -5,8 +5,8 @@
 //   lowcomm-elastic-chaos --events 12 --rounds 1000 --seconds 60      # scripts/test.sh's run
 //   lowcomm-elastic-chaos --events 500 --rounds 10000000 --seconds 3600  # the soak (or, with
 //     partitions: scripts/elastic_netns.sh build chaos --events 500 ...)
-// The run winds down once the events are done or --seconds have passed: every member stops
-// 100 rounds later.
+// The run winds down once the events are done (with --events 0: never) or --seconds have
+// passed: every member stops 100 rounds later.
 //
 // Members hold registered state (a parameter vector and the round counter). Each round every
 // member contributes a vector that depends on (member, round), the group averages it (q4), and
@@ -292,7 +292,9 @@ int main(int argc, char** argv) {
     }
     // Replace fenced members with joiners (not near the end: a joiner enters at a commit).
     bool out_of_time = Clock::now() - start > std::chrono::duration<double>(a.seconds);
-    if ((events >= a.events || out_of_time) && sh->stop_round == ~0ull && frozen < 0 && cut_ns < 0)
+    // --events 0: no faults, only rounds until --seconds (the false-eviction run).
+    bool events_done = a.events > 0 && events >= a.events;
+    if ((events_done || out_of_time) && sh->stop_round == ~0ull && frozen < 0 && cut_ns < 0)
       sh->stop_round = mr + 100;  // wind down: every member ends at the same round
     const uint64_t end_round = std::min<uint64_t>(a.rounds, sh->stop_round);
     bool late = mr + 50 >= end_round;
