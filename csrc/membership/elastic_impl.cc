@@ -849,6 +849,17 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
               static_cast<unsigned long long>(view), id_list(ids).c_str(), data_root.c_str(),
               static_cast<unsigned long long>(committed_));
   cv_.notify_all();
+  // Members of this view that this member lost during the change, after its report went out
+  // (the coordinator decided on the report it had): the view cannot work for this member, and
+  // nothing would tell it so (no connection, no heartbeat). It reports them at once, so the
+  // next view leaves out one side.
+  if (me_ & 0x80000000u) return;
+  std::vector<uint32_t> lost;
+  for (uint32_t id : ids)
+    if (id != me_ && !slots_.count(id) && !awaited_.count(id)) lost.push_back(id);
+  for (uint32_t id : lost)
+    lose(id, "member " + std::to_string(id) + " of view " + std::to_string(view) +
+                 " was lost during the change that formed it");
 }
 
 void ElasticImpl::handle(const Message& m, uint32_t via) {
