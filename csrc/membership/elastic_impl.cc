@@ -259,35 +259,24 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
     }
   }
   if (!e->fence_.is_ok()) return e->fence_;
-  // The view's communicator is built from now on, while the membership connections to every
-  // member are made, all at once: the members wait for this joiner in that build.
-  if (!e->changing_ && (!e->build_ || e->build_view_ != e->view_.id)) e->start_build(e->view_.id);
   cfg.value().local_rank = static_cast<int>(e->me_);
   auto members = e->addresses_;
   lk.unlock();
   Deadline deadline = Deadline::after(e->change_timeout_);
-  std::vector<std::pair<uint32_t, std::string>> to_connect;
-  for (const auto& [id2, a] : members)
-    if (id2 != e->me_) to_connect.emplace_back(id2, a);
-  std::vector<Result<std::unique_ptr<transport::Peer>>> peers;
-  peers.reserve(to_connect.size());
-  for (size_t k = 0; k < to_connect.size(); ++k) peers.emplace_back(Status());
-  std::vector<std::thread> connecting;
-  for (size_t k = 0; k < to_connect.size(); ++k) {
-    connecting.emplace_back([&, k] {
-      auto addr = transport::SocketAddress::parse(to_connect[k].second);
-      peers[k] = addr ? transport::connect_peer(e->engine_, *addr, *cfg, deadline)
-                      : Result<std::unique_ptr<transport::Peer>>(addr.status());
-    });
-  }
-  for (auto& t : connecting) t.join();
-  for (size_t k = 0; k < to_connect.size(); ++k) {
-    if (!peers[k]) return peers[k].status();
-    uint32_t id2 = to_connect[k].first;
+  for (const auto& [id2, a] : members) {
+    if (id2 == e->me_) continue;
+    auto addr = transport::SocketAddress::parse(a);
+    if (!addr) return addr.status();
+    auto peer = transport::connect_peer(e->engine_, *addr, *cfg, deadline);
+    if (!peer) return peer.status();
     std::lock_guard<std::mutex> g(e->mu_);
     e->slots_.erase(id2);
-    e->slots_.try_emplace(id2, std::move(peers[k]).value(), e->options_, e->failure_floor_);
+    e->slots_.try_emplace(id2, std::move(peer).value(), e->options_, e->failure_floor_);
     e->awaited_.erase(id2);
+  }
+  {
+    std::lock_guard<std::mutex> g(e->mu_);
+    if (e->fence_.is_ok() && !e->changing_) e->start_build(e->view_.id);
   }
   LOWCOMM_LOG(kInfo, "elastic member %u: joined view %llu", e->me_,
               static_cast<unsigned long long>(e->view_.id));
