@@ -29,6 +29,39 @@ TEST(CollectivesUniqueId, RoundTripsThroughBytesAndText) {
   (void)collectives::take_root_socket(id->to_string());
 }
 
+// torch's reconfigure: one root address, one communicator per context (uuid); a rank with
+// another context fails init on every rank by the init deadline, naming no secret.
+TEST(CollectivesUniqueId, DerivedIdsJoinOnlyWithTheSameContext) {
+  UniqueId base;
+  base.root_address = "127.0.0.1:1";
+  base.secret.fill(7);
+  UniqueId a = derive_unique_id(base, "uuid 1");
+  EXPECT_EQ(a.root_address, base.root_address);
+  EXPECT_NE(a.secret, base.secret);
+  EXPECT_EQ(derive_unique_id(base, "uuid 1").secret, a.secret);
+  EXPECT_NE(derive_unique_id(base, "uuid 2").secret, a.secret);
+
+  // Rank 0's kept root socket (inherited from the parent) serves the derived id.
+  expect_all_ok(run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(derive_unique_id(id, "uuid 1"), rank, 3, test_options());
+    RANK_OK(c.status());
+    RANK_OK((*c)->barrier().wait());
+    return "ok";
+  }));
+
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.init_timeout = std::chrono::milliseconds(3000);
+    auto start = Clock::now();
+    auto c = Communicator::init(derive_unique_id(id, rank == 2 ? "uuid 3" : "uuid 2"), rank, 3, o);
+    double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (c.is_ok()) return "init succeeded with a rank of another context";
+    RANK_CHECK(s < 10, "init failed only after " + std::to_string(s) + " s");
+    return "ok " + c.status().to_string();
+  });
+  expect_all_ok(res);
+}
+
 // Every collective on one communicator, P ranks.
 std::string every_collective(int rank, const UniqueId& id, int P) {
   auto c = Communicator::init(id, rank, P, test_options());

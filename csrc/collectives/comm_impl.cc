@@ -105,7 +105,9 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   c->options_ = opts;
   c->timeout_ =
       options.timeout.count() > 0 ? Deadline::Clock::duration(options.timeout) : default_timeout();
-  Deadline deadline = Deadline::after(c->timeout_);
+  Deadline deadline = options.init_timeout.count() > 0
+                          ? Deadline::after(Deadline::Clock::duration(options.init_timeout))
+                          : Deadline::after(c->timeout_);
   auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, *cfg, deadline);
   if (!mesh) {
     Status s = mesh.status();

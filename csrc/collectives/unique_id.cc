@@ -5,6 +5,8 @@
 // bytes, u32 FNV-1a of bytes [0, 124). The checksum catches an id mangled in transit (a
 // truncated environment variable) before it becomes a confusing connection failure.
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <sys/socket.h>
 
@@ -159,6 +161,17 @@ Result<UniqueId> create_unique_id(std::string_view bind) {
     return internal_error("create_unique_id: OpenSSL RAND_bytes failed");
   collectives::register_root_socket(id.to_string(), std::move(fd).value());
   return id;
+}
+
+UniqueId derive_unique_id(const UniqueId& id, std::string_view context) {
+  UniqueId out = id;
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), id.secret.data(), static_cast<int>(id.secret.size()),
+       reinterpret_cast<const unsigned char*>(context.data()), context.size(), out.secret.data(),
+       &len);
+  UniqueFd kept = collectives::take_root_socket(id.to_string());
+  if (kept) collectives::register_root_socket(out.to_string(), std::move(kept));
+  return out;
 }
 
 namespace collectives {

@@ -58,6 +58,12 @@ struct LOWCOMM_API UniqueId {
 // or a fork() of it; a rank 0 elsewhere binds root_address itself.
 LOWCOMM_API Result<UniqueId> create_unique_id(std::string_view bind = {});
 
+// `id` with its secret replaced by HMAC-SHA256(id.secret, context): one root address serves a
+// series of communicators, each of whose members must agree on the context (torch's reconfigure
+// passes its uuid), and a rank holding another context fails the handshake instead of joining
+// the wrong one. A listening socket this process keeps for `id` is kept for the result instead.
+LOWCOMM_API UniqueId derive_unique_id(const UniqueId& id, std::string_view context);
+
 // Reductions. Codecs take kSum and kAverage on fp32/bf16/fp16; everything else is exact (the
 // rules per dtype: docs/collectives.md, "Reductions"). Bitwise ones take integers and bool.
 enum class ReduceOp : uint8_t {
@@ -81,6 +87,9 @@ struct CommOptions {
   // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
   // else 30 minutes.
   std::chrono::milliseconds timeout{0};
+  // Deadline of init alone, when it must differ from the operations' (torch's reconfigure has a
+  // timeout of its own); 0: `timeout`.
+  std::chrono::milliseconds init_timeout{0};
   // This rank's listen address (numeric host, port 0 allowed). "": LOWCOMM_SOCKET_IFNAME when
   // set, else the local address that routes to the root.
   std::string listen_address;
