@@ -4,7 +4,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "work.h"
 
@@ -12,6 +15,13 @@ namespace lowcomm::torch_backend {
 namespace {
 
 constexpr const char* kIdKey = "lowcomm/unique_id";
+
+// Every LowcommBackend alive in this process, for close_all_at_exit.
+std::mutex g_live_mu;
+std::set<LowcommBackend*>& live_backends() {         // guarded by g_live_mu
+  static auto* s = new std::set<LowcommBackend*>();  // never destroyed: used at exit
+  return *s;
+}
 // monitoredBarrier's messages: above every tag torch can pass (an int), below the core's 2^60.
 constexpr uint64_t kMonitorArriveTag = 1ull << 40;
 constexpr uint64_t kMonitorReleaseTag = kMonitorArriveTag + 1;
@@ -19,12 +29,21 @@ constexpr uint64_t kMonitorReleaseTag = kMonitorArriveTag + 1;
 }  // namespace
 
 LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                               std::chrono::milliseconds timeout, BackendConfig config)
-    : c10d::Backend(rank, size), store_(store), timeout_(timeout), config_(std::move(config)) {
+                               std::chrono::milliseconds timeout, BackendConfig config,
+                               bool reconfigurable)
+    : c10d::Backend(rank, size),
+      store_(store),
+      timeout_(timeout),
+      awaiting_members_(reconfigurable),
+      config_(std::move(config)) {
   if (!config_.codec.empty()) {
     auto spec = lowcomm::parse_codec_spec(config_.codec);
     TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", config_.codec, "': ", spec.status().to_string());
     codec_ = *spec;
+  }
+  if (reconfigurable) {  // reconfigure() builds the communicator
+    remember();
+    return;
   }
   lowcomm::UniqueId id;
   if (rank == 0) {
@@ -45,9 +64,39 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
   auto comm = lowcomm::Communicator::init(id, rank, size, o);
   if (!comm) C10_THROW_ERROR(DistBackendError, "lowcomm: " + comm.status().to_string());
   comm_ = std::move(comm).value();
+  remember();  // last: a constructor that throws leaves nothing behind
 }
 
-LowcommBackend::~LowcommBackend() = default;
+LowcommBackend::~LowcommBackend() {
+  forget();
+}
+
+void LowcommBackend::remember() {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  live_backends().insert(this);
+}
+
+void LowcommBackend::forget() {
+  std::lock_guard<std::mutex> lock(g_live_mu);
+  live_backends().erase(this);
+}
+
+int LowcommBackend::close_all_at_exit() {
+  // The communicators are taken out under the lock (a backend in the set has not reached its
+  // members' destruction: its destructor erases it first) and closed outside it (closing may
+  // complete operations whose callbacks release the last reference to a backend).
+  std::vector<std::unique_ptr<lowcomm::Communicator>> open;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    for (LowcommBackend* b : live_backends())
+      if (b->comm_) open.push_back(std::move(b->comm_));
+  }
+  for (auto& c : open) {
+    c->abort();
+    c.reset();  // joins the communicator's threads
+  }
+  return static_cast<int>(open.size());
+}
 
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::shrink(
     const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
@@ -92,7 +141,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(c10d::OpType type,
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const std::chrono::duration<float>& timeout, const std::string& codec, int64_t codec_threshold,
-    const std::string& error_feedback, int64_t direct_bytes) {
+    const std::string& error_feedback, int64_t direct_bytes, bool enable_reconfigure) {
   BackendConfig config;
   config.direct_bytes = direct_bytes;
   config.codec = codec;
@@ -112,7 +161,8 @@ c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
   }
   return c10::make_intrusive<LowcommBackend>(
-      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), config);
+      store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout), config,
+      enable_reconfigure);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>& tensors,

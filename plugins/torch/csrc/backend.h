@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "call_order_keys.h"
@@ -36,8 +38,11 @@ struct BackendConfig {
 
 class LowcommBackend : public c10d::Backend {
  public:
+  // reconfigurable: torch's enable_reconfigure. The backend then has no communicator (and its
+  // operations fail, saying so) until reconfigure() gives it one; the store is not used.
   LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                 std::chrono::milliseconds timeout, BackendConfig config);
+                 std::chrono::milliseconds timeout, BackendConfig config,
+                 bool reconfigurable = false);
   ~LowcommBackend() override;
 
   // lowcomm.torch's creator (register_backend with the extended API): the group's store,
@@ -47,7 +52,8 @@ class LowcommBackend : public c10d::Backend {
                                                   const std::chrono::duration<float>& timeout,
                                                   const std::string& codec, int64_t codec_threshold,
                                                   const std::string& error_feedback,
-                                                  int64_t direct_bytes);
+                                                  int64_t direct_bytes,
+                                                  bool enable_reconfigure = false);
 
   const std::string getBackendName() const override { return "lowcomm"; }
 
@@ -121,16 +127,47 @@ class LowcommBackend : public c10d::Backend {
       const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
       const c10::intrusive_ptr<c10d::Backend::Options>& opts_override = nullptr) override;
 
+#ifdef C10D_BACKEND_HAS_RECONFIGURE
+  // torch 2.15's membership change without a new group (dist._get_reconfigure_handle,
+  // dist._reconfigure). A handle is this process's own root id ("lowcomm1:<address>/<secret>":
+  // a listening socket opened when the handle is first asked for, so exchange handles only
+  // among the members, as torch's store does). reconfigure(uuid, handles) builds a communicator
+  // over the members the handles name: rank = position in a list, or in the sorted order of a
+  // set; the first handle's process is the root and its listener serves; every member derives
+  // the secret from the uuid (derive_unique_id), so members that disagree on the uuid fail
+  // the handshake. The previous communicator, if any, is aborted first (its peers may be dead);
+  // error-feedback residuals move to the new one when the old one can still give them.
+  // Blocks until every member is connected (or opts.timeout, else the group's timeout) and
+  // returns a completed Work; on failure it throws and the backend has no communicator. A uuid
+  // used before, a handle list without this process's current handle, a handle twice, or an
+  // unparsable handle is refused by name. A root's handle is spent: ask again for the next one.
+  // No operation may run concurrently with reconfigure on this group.
+  bool supportsReconfigure() const override {
+    return true;
+  }
+  c10d::ReconfigureHandle get_reconfigure_handle() const override;
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+#endif
+
   // Fails everything in flight with an error and closes the connections (torch's abort).
   void abort() override;
   // Finishes queued operations, says goodbye to every peer and closes (destroy_process_group).
   void shutdown() override;
+  // lowcomm.torch's atexit hook: every backend of this process still open (no
+  // destroy_process_group) is aborted and closed while Python can still run other threads.
+  // Otherwise a communicator's thread could release the last reference to a tensor (completing
+  // an operation) after the interpreter began to finalize, where taking the GIL ends the
+  // thread by a forced unwind and the process aborts ("terminate called without an active
+  // exception"). The peers see this process go, as if it had exited. Returns how many closed.
+  static int close_all_at_exit();
   // SUCCESS, or why the group broke: TIMEOUT for a deadline, REMOTE_ERROR for a peer's
   // failure or disconnection, COMM_ERROR otherwise.
   c10d::ErrorType getError() override;
 
   // Python: per-op statistics of the last completed operation.
-  lowcomm::OpStats last_op_stats() const { return comm()->last_op_stats(); }
+  lowcomm::OpStats last_op_stats() const {
+    return comm()->last_op_stats();
+  }
 
   // lowcomm.torch.all_reduce / the DDP hook: one all-reduce with its own codec ("" exact) and
   // error-feedback key ("" none), whatever the group's defaults. step >= 0: the stochastic
@@ -153,9 +190,16 @@ class LowcommBackend : public c10d::Backend {
 
  private:
   lowcomm::Communicator* comm() const {
-    TORCH_CHECK(comm_ != nullptr, "lowcomm: the process group was shut down");
+    TORCH_CHECK(comm_ != nullptr,
+                awaiting_members_ ? "lowcomm: this group has no members yet: it was created with "
+                                    "enable_reconfigure=True (or its last reconfigure failed); "
+                                    "dist._reconfigure(...) gives it a communicator"
+                                  : "lowcomm: the process group was shut down");
     return comm_.get();
   }
+
+  void remember();  // joins the set close_all_at_exit closes
+  void forget();    // leaves it
 
   // Sparse COO tensors (SUM): all-gathers of the counts, indices and values, summed locally.
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(at::Tensor& tensor,
@@ -178,6 +222,11 @@ class LowcommBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;  // for shrink's rendezvous
   std::chrono::milliseconds timeout_;
   uint64_t shrinks_ = 0;
+  // reconfigure: no communicator until one succeeds; the uuids seen; this process's handle.
+  bool awaiting_members_ = false;
+  std::set<int64_t> uuids_;
+  mutable std::mutex handle_mu_;
+  mutable std::optional<lowcomm::UniqueId> handle_;  // guarded by handle_mu_
   std::atomic<uint64_t> seq_{0};
   BackendConfig config_;
   std::optional<lowcomm::CodecSpec> codec_;  // config_.codec, parsed

@@ -77,4 +77,6 @@ PYBIND11_MODULE(_C, m) {
   lowcomm::torch_backend::bind_codecs(m);
   lowcomm::torch_backend::bind_elastic(m);
   m.def("create_backend", &LowcommBackend::create, py::call_guard<py::gil_scoped_release>());
+  m.def("close_all_at_exit", &LowcommBackend::close_all_at_exit,
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -9,6 +9,7 @@ floating-point sum/avg all-reduces of at least `codec_threshold` bytes (default 
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Callable
@@ -68,13 +69,18 @@ def _create(dist_opts, backend_options):
     if backend_options is not None and not isinstance(backend_options, Options):
         raise TypeError("lowcomm: pg_options must be lowcomm.torch.Options, got "
                         f"{type(backend_options).__name__}")
+    # torch >= 2.15's enable_reconfigure: no communicator until dist._reconfigure gives one.
     return _C.create_backend(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
                              dist_opts.timeout, opts.codec, opts.codec_threshold,
-                             opts.error_feedback, opts.direct_bytes)
+                             opts.error_feedback, opts.direct_bytes,
+                             bool(getattr(dist_opts, "enable_reconfigure", False)))
 
 
 if BACKEND not in dist.Backend.backend_list:
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    # Groups never destroyed are closed (aborted) before the interpreter finalizes: a
+    # communicator thread must not release Python objects after that (backend.h).
+    atexit.register(_C.close_all_at_exit)
 
 
 def last_op_stats(group=None):

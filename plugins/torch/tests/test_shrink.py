@@ -4,6 +4,8 @@ real sockets; docs/torch.md, "When a rank fails")."""
 import os
 import signal
 
+import pytest
+
 import torch
 import torch.distributed as dist
 
@@ -38,10 +40,14 @@ def _worker(rank, world, store_path, out):
         assert float(u[0]) == 5.0 and solo.size() == 1
     with open(f"{out}.{rank}", "w") as f:
         f.write(f"{float(t[0])}\n{first}\n")
-    dist.destroy_process_group()
+    # Rank 0 exits without destroy_process_group, holding three groups: lowcomm.torch's atexit
+    # hook closes them before Python finalizes (without it, 3 exits in 6 aborted on torch 2.11).
+    if rank != 0:
+        dist.destroy_process_group()
 
 
-def test_survivors_shrink_the_group_and_go_on(tmp_path):
+@pytest.mark.parametrize("attempt", range(3))
+def test_survivors_shrink_the_group_and_go_on(tmp_path, attempt):
     store_path, out = str(tmp_path / "store"), str(tmp_path / "out")
     codes = run_procs(_worker, 3, (store_path, out), timeout=120)
     assert codes == [0, 0, -signal.SIGKILL]
