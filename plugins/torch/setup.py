@@ -62,7 +62,7 @@ setup(
             "lowcomm._C",
             [f"csrc/{name}.cc" for name in (
                 "backend", "coalesced", "compression", "work", "bindings", "codec_bindings",
-                "call_order_keys", "tensor_util", "elastic_bindings")],
+                "call_order_keys", "tensor_util", "elastic_bindings", "reconfigure")],
             include_dirs=[str(ROOT / "include"), str(CORE / "include")],
             libraries=["crypto", "xxhash"],
             extra_compile_args=["-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror",
