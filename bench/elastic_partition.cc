@@ -177,12 +177,14 @@ bool run_case(const Args& a, int split) {
   uint64_t at_cut = 0;
   int64_t cut_ns = 0;
   if (ok) {
-    for (int k = 0; k < kMembers; ++k) at_cut = std::max<uint64_t>(at_cut, sh->slot[k].round);
     cut_ns = now_ns();
     for (int k : left)
       if (!a.net.cut(k, right)) fail("nft rules could not be installed");
     for (int k : right)
       if (!a.net.cut(k, left)) fail("nft rules could not be installed");
+    // The rounds as of the whole cut: its rules go in one namespace at a time (20 nft commands,
+    // 0.1-0.5 s), and until they all are, rounds may still commit (a round takes milliseconds).
+    for (int k = 0; k < kMembers; ++k) at_cut = std::max<uint64_t>(at_cut, sh->slot[k].round);
   }
   auto ms_since_cut = [&](int k) {
     return static_cast<double>(sh->slot[k].fenced_ns - cut_ns) / 1e6;
