@@ -1050,7 +1050,15 @@ void ElasticImpl::start_build(uint64_t v) {
                               view_.members.begin());
   int size = static_cast<int>(view_.members.size());
   auto build = std::make_shared<Build>();
-  std::thread([build, id, rank, size, opts = options_.comm] {
+  // Every member of the view answers heartbeats, so its mesh forms in a few RTTs. A build that
+  // takes longer (a connection attempt lost in a partition that has healed, waiting out TCP's
+  // SYN back-off, say) fails after four failure timeouts, at least 5 s, instead of the
+  // operations' deadline (30 minutes by default): the view changes and the next build starts.
+  CommOptions opts = options_.comm;
+  opts.init_timeout = std::max<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(failure_floor_ * 4),
+      std::chrono::seconds(5));
+  std::thread([build, id, rank, size, opts] {
     auto c = Communicator::init(id, rank, size, opts);
     std::lock_guard<std::mutex> g(build->mu);
     build->comm = std::move(c);
