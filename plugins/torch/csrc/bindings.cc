@@ -76,7 +76,10 @@ PYBIND11_MODULE(_C, m) {
       });
   lowcomm::torch_backend::bind_codecs(m);
   lowcomm::torch_backend::bind_elastic(m);
-  m.def("create_backend", &LowcommBackend::create, py::call_guard<py::gil_scoped_release>());
+  m.def("create_backend", &LowcommBackend::create, py::arg("store"), py::arg("rank"),
+        py::arg("size"), py::arg("timeout"), py::arg("codec"), py::arg("codec_threshold"),
+        py::arg("error_feedback"), py::arg("direct_bytes"), py::arg("enable_reconfigure") = false,
+        py::call_guard<py::gil_scoped_release>());
   m.def("close_all_at_exit", &LowcommBackend::close_all_at_exit,
         py::call_guard<py::gil_scoped_release>());
 }
