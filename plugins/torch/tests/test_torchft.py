@@ -4,6 +4,7 @@ every Gloo process group they create replaced by lowcomm.torchft.ProcessGroupLow
 passes when torchft's own assertions hold: the recovered replica heals from the live one and
 the replicas' global state (parameters, outer optimizer) is equal (docs/torch.md, "torchft").
 Skipped where torchft is not installed (scripts/deps.sh installs it into .venv)."""
+import faulthandler
 import unittest
 
 import pytest
@@ -53,6 +54,16 @@ def _run(case_cls, name, attempts=3):
     replica's manager hits `assert managed_fut._callback` in torchft 0.2.0's callback chain
     (manager.py, _ManagedWork._set_future_callback) and its next quorum times out after 60 s.
     Each case passes alone, and a rerun passes. Every failed attempt is printed."""
+    # torchft's replicas are threads of this process: a hang would stall the whole suite, so
+    # past 400 s every thread's stack is printed and the process exits.
+    faulthandler.dump_traceback_later(400, exit=True)
+    try:
+        _attempts(case_cls, name, attempts)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _attempts(case_cls, name, attempts):
     failures = []
     for _ in range(attempts):
         result = unittest.TestResult()
