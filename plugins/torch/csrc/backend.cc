@@ -58,10 +58,7 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     TORCH_CHECK(parsed.is_ok(), "lowcomm: the id in the store: ", parsed.status().to_string());
     id = *parsed;
   }
-  lowcomm::CommOptions o;
-  o.timeout = timeout;
-  o.direct_bytes = config_.direct_bytes;
-  auto comm = lowcomm::Communicator::init(id, rank, size, o);
+  auto comm = lowcomm::Communicator::init(id, rank, size, comm_options());
   if (!comm) C10_THROW_ERROR(DistBackendError, "lowcomm: " + comm.status().to_string());
   comm_ = std::move(comm).value();
   remember();  // last: a constructor that throws leaves nothing behind

@@ -198,6 +198,14 @@ class LowcommBackend : public c10d::Backend {
     return comm_.get();
   }
 
+  // The options of this group's communicators (the constructor's and reconfigure's).
+  lowcomm::CommOptions comm_options() const {
+    lowcomm::CommOptions o;
+    o.timeout = timeout_;
+    o.direct_bytes = config_.direct_bytes;
+    return o;
+  }
+
   void remember();  // joins the set close_all_at_exit closes
   void forget();    // leaves it
 

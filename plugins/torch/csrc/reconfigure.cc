@@ -88,10 +88,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reconfigure(const c10d::Reconfigu
     handle_.reset();  // init takes the listening socket: the next handle is a new one
   }
 
-  lowcomm::CommOptions o;
-  o.timeout = timeout_;
+  lowcomm::CommOptions o = comm_options();
   o.init_timeout = opts.timeout.value_or(timeout_);
-  o.direct_bytes = config_.direct_bytes;
   const lowcomm::UniqueId id =
       lowcomm::derive_unique_id(*root, "torch reconfigure uuid " + std::to_string(opts.uuid));
   auto comm = lowcomm::Communicator::init(id, new_rank, new_size, o);
