@@ -423,6 +423,23 @@ TEST(Membership, CApiAbortsThenSucceedsInTheNextView) {
       if (lowcommElasticAllReduce(nullptr, buf.data(), 4, lowcommFloat32, lowcommSum, nullptr,
                                   nullptr, c) != lowcommInvalidArgument)
         return "NULL buffer not refused";
+      std::vector<float> from1(64, static_cast<float>(r));
+      if (lowcommElasticBroadcast(from1.data(), from1.data(), from1.size(), lowcommFloat32, 1, c) !=
+              lowcommSuccess ||
+          from1[63] != 1.0f)
+        return std::string("broadcast: ") + lowcommElasticGetLastError(c);
+      float mine = static_cast<float>(10 * r), gathered[4] = {0};
+      uint64_t gview = 0;
+      int gmembers[4] = {0}, gn = 0;
+      if (lowcommElasticAllGather(&mine, gathered, 1, lowcommFloat32, c, &gview, gmembers, 4,
+                                  &gn) != lowcommSuccess)
+        return std::string("all_gather: ") + lowcommElasticGetLastError(c);
+      if (gn != 2 || gathered[0] != static_cast<float>(10 * gmembers[0]) ||
+          gathered[1] != static_cast<float>(10 * gmembers[1]))
+        return "all_gather wrong";
+      if (lowcommElasticAllGather(gathered, gathered, 1, lowcommFloat32, c, nullptr, nullptr, 0,
+                                  nullptr) != lowcommInvalidArgument)
+        return "overlapping all_gather not refused";
       int rank = -1;
       (void)lowcommElasticCommUserRank(c, &rank);
       char addr[64];
@@ -443,6 +460,103 @@ TEST(Membership, CApiAbortsThenSucceedsInTheNextView) {
     EXPECT_EQ(field(ps[r].text, "members"), "0,1") << ps[r].text;
     EXPECT_EQ(field(ps[r].text, "rank"), std::to_string(r)) << ps[r].text;
     EXPECT_EQ(field(ps[r].text, "sum"), field(ps[0].text, "sum")) << ps[r].text;
+  }
+}
+
+float bcast_value(int round, uint64_t i) {
+  return std::cos(0.002f * static_cast<float>(i)) + static_cast<float>(round);
+}
+float gather_value(uint32_t member, int round, uint64_t i) {
+  return static_cast<float>(member * 1000 + round) + 0.001f * static_cast<float>(i % 977);
+}
+
+// Broadcast and all-gather run through the same commit as all-reduce: member 3 is SIGKILLed in
+// round 2's all-gather; the survivors' call is retried in a view of three, the blocks follow
+// the view it committed in, and every result is exact and identical on the survivors.
+TEST(Membership, BroadcastAndAllGatherSurviveAKill) {
+  Fixture fx;
+  const uint64_t kBcast = 1 << 20, kBlock = 2 << 20;
+  std::vector<Proc> ps;
+  for (int r = 0; r < 4; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 4, test_options());
+      if (!ec) return "init: " + ec.status().to_string();
+      const uint32_t me = (*ec)->member_id();
+      std::vector<float> b(kBcast), mine(kBlock), all(kBlock * 4);
+      std::string sizes;
+      uint64_t h = 0;
+      for (int round = 0; round < 4; ++round) {
+        for (uint64_t i = 0; i < kBcast; ++i) b[i] = r == 1 ? bcast_value(round, i) : -1.0f;
+        Status s = (*ec)->broadcast(b.data(), b.data(), kBcast, DType::kFloat32, 1);
+        if (!s.is_ok()) return "broadcast round=" + std::to_string(round) + " " + s.to_string();
+        for (uint64_t i = 0; i < kBcast; ++i)
+          if (b[i] != bcast_value(round, i))
+            return "broadcast wrong at " + std::to_string(i) + " round " + std::to_string(round);
+        for (uint64_t i = 0; i < kBlock; ++i) mine[i] = gather_value(me, round, i);
+        std::thread injector;
+        if (r == 3 && round == 2) {
+          injector = std::thread([] {
+            std::this_thread::sleep_for(5ms);
+            ::raise(SIGKILL);
+          });
+        }
+        ElasticView layout;
+        s = (*ec)->all_gather(mine.data(), all.data(), kBlock, DType::kFloat32, &layout);
+        if (injector.joinable()) injector.join();
+        if (!s.is_ok()) return "all_gather round=" + std::to_string(round) + " " + s.to_string();
+        for (size_t blk = 0; blk < layout.members.size(); ++blk)
+          for (uint64_t i = 0; i < kBlock; i += 4099)
+            if (all[blk * kBlock + i] != gather_value(layout.members[blk], round, i))
+              return "block " + std::to_string(blk) + " is not member " +
+                     std::to_string(layout.members[blk]) + "'s in round " + std::to_string(round);
+        sizes += std::to_string(layout.members.size());
+        h = XXH3_64bits(all.data(), layout.members.size() * kBlock * 4);
+      }
+      return "ok sizes=" + sizes + " result=" + hex(h);
+    }));
+  }
+  fx.parent_done_forking();
+  collect(ps, 90);
+  EXPECT_EQ(ps[3].exit_code, 128 + SIGKILL) << ps[3].text;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(ps[r].exit_code, 0) << "member " << r << ": " << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "sizes"), "4433") << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "result"), field(ps[0].text, "result")) << ps[r].text;
+  }
+}
+
+// A broadcast whose root is gone cannot be retried: every other member fails it naming the
+// root, its recv untouched, and the group goes on in the next view.
+TEST(Membership, BroadcastWithoutItsRootAborts) {
+  Fixture fx;
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 3, test_options());
+      if (!ec) return "init: " + ec.status().to_string();
+      std::vector<float> buf(1 << 18, static_cast<float>(r));
+      Status s = (*ec)->broadcast(buf.data(), buf.data(), buf.size(), DType::kFloat32, 2);
+      if (!s.is_ok() || buf[0] != 2.0f) return "round 0: " + s.to_string();
+      if (r == 2) ::raise(SIGKILL);
+      std::fill(buf.begin(), buf.end(), 7.0f);
+      s = (*ec)->broadcast(buf.data(), buf.data(), buf.size(), DType::kFloat32, 2);
+      if (s.is_ok()) return "a broadcast without its root succeeded";
+      if (s.code() != StatusCode::kAborted ||
+          s.message().find("root member 2") == std::string::npos)
+        return "wrong error: " + s.to_string();
+      for (float x : buf)
+        if (x != 7.0f) return "recv touched by the aborted broadcast";
+      s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      if (!s.is_ok()) return "next view: " + s.to_string();
+      return "ok size=" + std::to_string((*ec)->size()) + " sum=" + std::to_string(buf[0]);
+    }));
+  }
+  fx.parent_done_forking();
+  collect(ps, 60);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ps[r].exit_code, 0) << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "size"), "2") << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "sum"), "14.000000") << ps[r].text;
   }
 }
 

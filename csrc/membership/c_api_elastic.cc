@@ -206,6 +206,48 @@ lowcommResult_t lowcommElasticAllReduce(const void* sendbuff, void* recvbuff, si
   });
 }
 
+lowcommResult_t lowcommElasticBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                        lowcommDataType_t datatype, int rootMemberId,
+                                        lowcommElasticComm_t comm) {
+  return guarded(comm, [&] {
+    LOWCOMM_ELASTIC_CHECK(comm);
+    auto dt = lowcomm::to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    if (!recvbuff && count) return record(comm, lowcomm::invalid_argument("NULL recvbuff"));
+    if (rootMemberId < 0)
+      return record(comm, lowcomm::invalid_argument("negative root member id " +
+                                                    std::to_string(rootMemberId)));
+    return record(comm, comm->comm->broadcast(sendbuff, recvbuff, count, *dt,
+                                              static_cast<uint32_t>(rootMemberId)));
+  });
+}
+
+lowcommResult_t lowcommElasticAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                        lowcommDataType_t datatype, lowcommElasticComm_t comm,
+                                        uint64_t* viewId, int* members, int capacity,
+                                        int* nmembers) {
+  return guarded(comm, [&] {
+    LOWCOMM_ELASTIC_CHECK(comm);
+    auto dt = lowcomm::to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    if ((!sendbuff || !recvbuff) && sendcount)
+      return record(comm, lowcomm::invalid_argument("NULL buffer with a non-zero count"));
+    if (members && capacity < comm->comm->size())
+      return record(comm,
+                    lowcomm::invalid_argument("capacity " + std::to_string(capacity) + " < " +
+                                              std::to_string(comm->comm->size()) + " members"));
+    lowcomm::ElasticView layout;
+    lowcomm::Status s = comm->comm->all_gather(sendbuff, recvbuff, sendcount, *dt, &layout);
+    if (!s.is_ok()) return record(comm, s);
+    if (viewId) *viewId = layout.id;
+    if (nmembers) *nmembers = static_cast<int>(layout.members.size());
+    if (members)
+      for (size_t i = 0; i < layout.members.size(); ++i)
+        members[i] = static_cast<int>(layout.members[i]);
+    return lowcommSuccess;
+  });
+}
+
 const char* lowcommElasticGetLastError(lowcommElasticComm_t comm) {
   if (!comm) return t_last_error.c_str();
   std::lock_guard<std::mutex> lk(comm->mu);

@@ -50,6 +50,16 @@ Status ElasticCommunicator::all_reduce(const void* send, void* recv, uint64_t co
   return impl_->all_reduce(send, recv, count, dtype, op, options);
 }
 
+Status ElasticCommunicator::broadcast(const void* send, void* recv, uint64_t count, DType dtype,
+                                      uint32_t root) {
+  return impl_->broadcast(send, recv, count, dtype, root);
+}
+
+Status ElasticCommunicator::all_gather(const void* send, void* recv, uint64_t send_count,
+                                       DType dtype, ElasticView* layout) {
+  return impl_->all_gather(send, recv, send_count, dtype, layout);
+}
+
 Status ElasticCommunicator::register_state(const std::string& name, void* data, uint64_t bytes) {
   return impl_->register_state(name, data, bytes);
 }

@@ -1171,13 +1171,34 @@ struct ElasticImpl::Attempt {
   uint64_t view = 0;
   uint64_t seq = 0;
   std::shared_ptr<Communicator> comm;
-  bool fresh_me = false;      // this member is fresh: contributes nothing, fetches the state
-  uint64_t contributors = 0;  // members contributing (the view less its fresh members)
+  std::vector<uint32_t> members;  // of the view, ascending: rank = index
+  bool fresh_me = false;          // this member is fresh: contributes nothing, fetches the state
+  uint64_t contributors = 0;      // members contributing (the view less its fresh members)
   std::vector<uint32_t> sources;
   uint64_t state_bytes = 0;
   bool any_fresh = false;
   std::set<uint32_t> fresh;
   size_t size = 0;
+  int number = 0;  // 0 for the first try of the call
+};
+
+// One kind of collective, as run_collective drives it: the protocol around it (views, the
+// commit, staging, retries, the state of fresh members, the replica check) is the same for all.
+struct ElasticImpl::Op {
+  std::string name;  // "all_reduce", in messages
+  const void* send = nullptr;
+  void* recv = nullptr;
+  // recv is also an input (in place): the result is staged and moved into recv at the commit,
+  // so that an aborted attempt leaves it untouched.
+  bool in_place = false;
+  // Before the attempt's data collective: refuse the call for good (a non-ok status is returned
+  // as it is), or prepare per-attempt state (error feedback). The result's size in recv.
+  std::function<Status(const Attempt&)> prepare;
+  std::function<uint64_t(const Attempt&)> result_bytes;
+  // The attempt's data collective on a.comm, into `out` (recv, or staging when in place).
+  std::function<Status(const Attempt&, void* out)> run;
+  // After the commit, on recv (an average over fewer contributors than members).
+  std::function<void(const Attempt&)> finish;
 };
 
 namespace {
@@ -1197,17 +1218,122 @@ void swap_bytes(uint8_t* a, uint8_t* b, uint64_t n) {
   }
 }
 
+bool overlap(const void* a, uint64_t an, const void* b, uint64_t bn) {
+  auto pa = reinterpret_cast<uintptr_t>(a);
+  auto pb = reinterpret_cast<uintptr_t>(b);
+  return an && bn && pa < pb + bn && pb < pa + an;
+}
+
 }  // namespace
 
 Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                                ReduceOp op, const AllReduceOptions& options) {
-  size_t bytes = count * dtype_size(dtype);
+  const uint64_t bytes = count * dtype_size(dtype);
   std::vector<uint8_t> zeros;
   std::vector<uint8_t> ef_committed;
-  bool use_ef = !options.error_feedback_key.empty();
+  const bool use_ef = !options.error_feedback_key.empty();
+  auto data_op = [op](const Attempt& a) {
+    return (a.contributors < a.size && op == ReduceOp::kAverage) ? ReduceOp::kSum : op;
+  };
+  Op o;
+  o.name = "all_reduce";
+  o.send = send;
+  o.recv = recv;
+  o.in_place = send == recv;
+  o.result_bytes = [&](const Attempt&) { return bytes; };
+  o.prepare = [&](const Attempt& a) -> Status {
+    if (a.any_fresh && dtype != DType::kFloat32)
+      return unsupported("a collective with a fresh joiner takes fp32 sum or average");
+    // Error feedback: the residuals in effect when the call began, put back before a retry.
+    if (use_ef && a.number > 0 && !ef_committed.empty())
+      (void)a.comm->restore_error_feedback(ef_committed.data(), ef_committed.size());
+    if (use_ef && a.number == 0) {
+      auto saved = a.comm->save_error_feedback();
+      if (saved) ef_committed = std::move(saved).value();
+    }
+    return Status::ok();
+  };
+  o.run = [&](const Attempt& a, void* out) {
+    const void* in = send;
+    if (a.fresh_me) {  // a fresh member contributes nothing
+      zeros.assign(bytes, 0);
+      in = zeros.data();
+    }
+    return a.comm->all_reduce(in, out, count, dtype, data_op(a), options).wait();
+  };
+  o.finish = [&](const Attempt& a) {
+    if (data_op(a) == op) return;
+    float scale = 1.0f / static_cast<float>(a.contributors);
+    auto* f = static_cast<float*>(recv);
+    for (uint64_t i = 0; i < count; ++i) f[i] *= scale;
+  };
+  return run_collective(o);
+}
+
+Status ElasticImpl::broadcast(const void* send, void* recv, uint64_t count, DType dtype,
+                              uint32_t root) {
+  const uint64_t bytes = count * dtype_size(dtype);
+  Op o;
+  o.name = "broadcast";
+  o.send = send;
+  o.recv = recv;
+  // Every member but the root stages the result: recv is untouched when the call aborts.
+  o.in_place = root != me_;
+  o.result_bytes = [&](const Attempt&) { return bytes; };
+  o.prepare = [&](const Attempt& a) -> Status {
+    if (std::find(a.members.begin(), a.members.end(), root) == a.members.end())
+      return Status(StatusCode::kAborted, "broadcast: root member " + std::to_string(root) +
+                                              " is not in view " + std::to_string(a.view) + " = " +
+                                              id_list(a.members) + "; recv untouched");
+    if (root == me_ && bytes && !send)
+      return invalid_argument("broadcast: the root's send is null");
+    return Status::ok();
+  };
+  o.run = [&](const Attempt& a, void* out) {
+    int r =
+        static_cast<int>(std::find(a.members.begin(), a.members.end(), root) - a.members.begin());
+    return a.comm->broadcast(send, out, count, dtype, r).wait();
+  };
+  o.finish = [](const Attempt&) {};
+  return run_collective(o);
+}
+
+Status ElasticImpl::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype,
+                               ElasticView* layout) {
+  const uint64_t block = send_count * dtype_size(dtype);
+  uint64_t capacity = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    capacity = block * view_.members.size();  // a retry's view is never larger
+  }
+  if (overlap(send, block, recv, capacity))
+    return invalid_argument(
+        "elastic all_gather: send and recv overlap (a member's block moves when a retry runs "
+        "in a smaller view; gather out of place)");
+  Op o;
+  o.name = "all_gather";
+  o.send = send;
+  o.recv = recv;
+  o.result_bytes = [&](const Attempt& a) { return block * a.size; };
+  o.prepare = [&](const Attempt& a) -> Status {
+    if (block * a.size > capacity)
+      return internal_error("all_gather: view " + std::to_string(a.view) + " grew during a call");
+    return Status::ok();
+  };
+  o.run = [&](const Attempt& a, void* out) {
+    return a.comm->all_gather(send, out, send_count, dtype).wait();
+  };
+  o.finish = [&](const Attempt& a) {
+    if (layout) *layout = ElasticView{a.view, a.members};
+  };
+  return run_collective(o);
+}
+
+Status ElasticImpl::run_collective(const Op& op) {
   Status last;
   for (int attempt = 0;; ++attempt) {
     Attempt a;
+    a.number = attempt;
     bool take_snapshot = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -1215,6 +1341,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       a.view = view_.id;
       a.seq = committed_ + 1;
       a.comm = data_;
+      a.members = view_.members;
       a.fresh_me = fresh_.count(me_) > 0;
       a.contributors = view_.members.size() - fresh_.size();
       a.any_fresh = !fresh_.empty();
@@ -1225,8 +1352,8 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       for (auto& [n, d] : state_) a.state_bytes += d.second;
       take_snapshot = !fresh_.empty() && !a.fresh_me;
     }
-    if (a.any_fresh && dtype != DType::kFloat32)
-      return unsupported("a collective with a fresh joiner takes fp32 sum or average");
+    LOWCOMM_CHECK(op.prepare(a));
+    const uint64_t bytes = op.result_bytes(a);
     // The registered state cannot change while the caller is in this call: its snapshot for
     // fresh members (the state every replica holds until this collective commits) and its hash
     // are taken beside the data collective, on a thread of their own when they are large.
@@ -1257,13 +1384,9 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       state_thread = std::thread(state_work);
     else
       state_work();
-    const void* in = send;
-    if (a.fresh_me) {
-      zeros.assign(bytes, 0);
-      in = zeros.data();
-    }
+    void* recv = op.recv;
     void* out = recv;
-    if (send == recv) {
+    if (op.in_place) {
       // In place: the result lands in staging and is copied over the input once committed. Kept
       // between calls (allocating and faulting in a fresh buffer per call cost more than the copy).
       if (staging_bytes_ < bytes) {
@@ -1271,13 +1394,6 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
         staging_bytes_ = bytes;
       }
       out = staging_.get();
-    }
-    ReduceOp data_op = (a.contributors < a.size && op == ReduceOp::kAverage) ? ReduceOp::kSum : op;
-    if (use_ef && attempt > 0 && !ef_committed.empty())
-      (void)a.comm->restore_error_feedback(ef_committed.data(), ef_committed.size());
-    if (use_ef && attempt == 0) {
-      auto saved = a.comm->save_error_feedback();
-      if (saved) ef_committed = std::move(saved).value();
     }
     std::vector<uint8_t> fetch_into;
     std::thread fetcher;
@@ -1295,7 +1411,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
         if (t.joinable()) t.join();
       }
     } join_fetcher{fetcher};
-    Status s = a.comm->all_reduce(in, out, count, dtype, data_op, options).wait();
+    Status s = op.run(a, out);
     if (state_thread.joinable()) state_thread.join();  // the hash goes with the done
     std::unique_lock<std::mutex> lk(mu_);
     if (s.is_ok() && view_.id == a.view && !changing_) {
@@ -1310,7 +1426,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
         if (id != me_) own_done_.push_back(send_to(id, d));
       handle(d, me_);
     } else if (!s.is_ok() && view_.id == a.view) {
-      begin_change("all_reduce #" + std::to_string(a.seq) + " failed on member " +
+      begin_change(op.name + " #" + std::to_string(a.seq) + " failed on member " +
                    std::to_string(me_) + ": " + s.message());
     }
     // While the other members' dones are on their way, the result moves into place: swapped
@@ -1332,7 +1448,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
     auto until = Clock::now() + change_timeout_ + failure_floor_ * 4;
     while (fence_.is_ok() && committed_ < a.seq && view_.id == a.view) {
       if (cv_.wait_until(lk, until) == std::cv_status::timeout) {
-        fence(Status(StatusCode::kTimeout, "all_reduce #" + std::to_string(a.seq) +
+        fence(Status(StatusCode::kTimeout, op.name + " #" + std::to_string(a.seq) +
                                                ": neither committed nor aborted in time"));
       }
     }
@@ -1347,11 +1463,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       if (out != recv)
         std::memcpy(static_cast<uint8_t*>(recv) + swapped, static_cast<uint8_t*>(out) + swapped,
                     bytes - swapped);
-      if (data_op != op) {
-        float scale = 1.0f / static_cast<float>(a.contributors);
-        auto* f = static_cast<float*>(recv);
-        for (uint64_t i = 0; i < count; ++i) f[i] *= scale;
-      }
+      op.finish(a);
       if (a.fresh_me && a.state_bytes) {
         if (fetcher.joinable()) fetcher.join();
         uint64_t want = 0;
@@ -1394,7 +1506,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       return why;
     }
     last =
-        Status(StatusCode::kAborted, "all_reduce #" + std::to_string(a.seq) + " aborted in view " +
+        Status(StatusCode::kAborted, op.name + " #" + std::to_string(a.seq) + " aborted in view " +
                                          std::to_string(a.view) + " (" + change_reason_ +
                                          "); view " + std::to_string(view_.id) + " = " +
                                          id_list(view_.members) + "; inputs untouched, call again");

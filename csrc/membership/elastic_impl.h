@@ -47,6 +47,9 @@ class ElasticImpl {
   Status status() const;
   Status all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                     const AllReduceOptions& options);
+  Status broadcast(const void* send, void* recv, uint64_t count, DType dtype, uint32_t root);
+  Status all_gather(const void* send, void* recv, uint64_t send_count, DType dtype,
+                    ElasticView* layout);
   Status register_state(const std::string& name, void* data, uint64_t bytes);
 
  private:
@@ -64,6 +67,7 @@ class ElasticImpl {
     transport::Request req;
   };
   struct Attempt;  // one try of a collective (elastic_impl.cc)
+  struct Op;       // what one kind of collective does in an attempt (elastic_impl.cc)
   struct Build;    // a view's communicator being built (elastic_impl.cc)
 
   ElasticImpl() = default;
@@ -95,6 +99,9 @@ class ElasticImpl {
   void start_build(uint64_t view);  // mu_ held: begins building view's communicator
   void abort_async(const std::shared_ptr<Communicator>& c);  // on a thread: it lingers
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
+  // Runs `op` in the current view until it commits, fails for good, or runs out of retries:
+  // the commit protocol every elastic collective shares.
+  Status run_collective(const Op& op);
   uint64_t registered_hash() const;
   Status fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into);
   Status install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash);

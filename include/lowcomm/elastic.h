@@ -107,6 +107,17 @@ class LOWCOMM_API ElasticCommunicator {
   // call; ElasticOptions::retries runs it again first.
   Status all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                     const AllReduceOptions& options = {});
+  // recv = the send of member `root` (a member id: ranks move between views), on every member.
+  // Commits everywhere, or fails with recv untouched on every member but the root (whose recv is
+  // its send); a retry runs in the next view only if the root is in it, else kAborted naming it.
+  Status broadcast(const void* send, void* recv, uint64_t count, DType dtype, uint32_t root);
+  // recv = every member's send_count elements, block i from the i-th member of the view the call
+  // committed in (*layout, when given: that view's id and members). recv holds send_count *
+  // size() elements as of the call (a retry runs in a smaller view); send and recv must not
+  // overlap (a member's block moves when the view changes). Out of place, an aborted call leaves
+  // recv unspecified.
+  Status all_gather(const void* send, void* recv, uint64_t send_count, DType dtype,
+                    ElasticView* layout = nullptr);
 
   // Named state (parameters, outer optimizer state, the step counter) that every replica holds
   // alike and that changes only between collectives. Each collective checks that the hash

@@ -296,6 +296,20 @@ LOWCOMM_API lowcommResult_t lowcommElasticAllReduce(const void* sendbuff, void* 
                                                     lowcommRedOp_t op, const char* codec,
                                                     const char* errorFeedbackKey,
                                                     lowcommElasticComm_t comm);
+/* Blocking broadcast of member rootMemberId's sendbuff (a member id, not a rank) into every
+ * member's recvbuff; recvbuff is untouched on every member but the root when the call aborts
+ * (lowcommAborted, also when the root is no longer in the view). */
+LOWCOMM_API lowcommResult_t lowcommElasticBroadcast(const void* sendbuff, void* recvbuff,
+                                                    size_t count, lowcommDataType_t datatype,
+                                                    int rootMemberId, lowcommElasticComm_t comm);
+/* Blocking all-gather: block i of recvbuff (sendcount elements) comes from the i-th member of
+ * the view the call committed in, returned in *viewId and members[0..*nmembers) (all three may
+ * be NULL; capacity: entries in members). recvbuff holds sendcount * the view's size as of the
+ * call; sendbuff and recvbuff must not overlap. */
+LOWCOMM_API lowcommResult_t lowcommElasticAllGather(const void* sendbuff, void* recvbuff,
+                                                    size_t sendcount, lowcommDataType_t datatype,
+                                                    lowcommElasticComm_t comm, uint64_t* viewId,
+                                                    int* members, int capacity, int* nmembers);
 /* The text of this comm's last failed call (NULL: this thread's last failed init or join). */
 LOWCOMM_API const char* lowcommElasticGetLastError(lowcommElasticComm_t comm);
 

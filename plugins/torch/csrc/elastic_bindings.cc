@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lowcomm/elastic.h"
+#include "tensor_util.h"
 
 namespace py = pybind11;
 
@@ -117,6 +118,41 @@ void bind_elastic(py::module_& m) {
           },
           py::arg("tensor"), py::arg("average"), py::arg("codec") = "",
           py::arg("error_feedback_key") = "")
+      .def(
+          "broadcast",
+          [aborted](ElasticCommunicator& c, at::Tensor& t, int64_t root) {
+            check_tensor(t, "the tensor");
+            TORCH_CHECK_VALUE(root >= 0, "lowcomm: broadcast root ", root, " is not a member id");
+            DType dt = to_dtype(t.scalar_type());
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.broadcast(t.data_ptr(), t.data_ptr(), static_cast<uint64_t>(t.numel()), dt,
+                              static_cast<uint32_t>(root));
+            }
+            raise_if(s, aborted);
+          },
+          py::arg("tensor"), py::arg("root"))
+      .def(
+          "all_gather",
+          [aborted](ElasticCommunicator& c, const at::Tensor& t) {
+            check_tensor(t, "the tensor");
+            DType dt = to_dtype(t.scalar_type());
+            std::vector<int64_t> shape{static_cast<int64_t>(c.size())};
+            for (int64_t d : t.sizes()) shape.push_back(d);
+            at::Tensor out = at::empty(shape, t.options());
+            ElasticView layout;
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.all_gather(t.data_ptr(), out.data_ptr(), static_cast<uint64_t>(t.numel()), dt,
+                               &layout);
+            }
+            raise_if(s, aborted);
+            out = out.narrow(0, 0, static_cast<int64_t>(layout.members.size()));
+            return py::make_tuple(out, py::make_tuple(layout.id, layout.members));
+          },
+          py::arg("tensor"))
       .def(
           "register_state",
           [aborted](ElasticCommunicator& c, const std::string& name, at::Tensor& t) {

@@ -78,6 +78,21 @@ class ElasticGroup:
         self._impl.all_reduce(tensor, average, codec or "", error_feedback_key or "")
         self.fresh = False
 
+    def broadcast(self, tensor, root):
+        """In place, blocking: every member's tensor becomes member `root`'s (a member id, as
+        in view()). On ElasticAborted the tensor is untouched; a broadcast whose root left the
+        group is not retried."""
+        self._impl.broadcast(tensor, int(root))
+        self.fresh = False
+
+    def all_gather(self, tensor):
+        """Blocking. Returns (gathered, (view id, member ids)): gathered[i] is the tensor of the
+        i-th member of the view the call committed in (a retry after a failure runs in a smaller
+        view)."""
+        out, view = self._impl.all_gather(tensor)
+        self.fresh = False
+        return out, (view[0], list(view[1]))
+
     def register_state(self, name, tensor):
         """A tensor every replica holds alike and changes only between collectives (checked by
         hash at every commit; fetched by joiners). Contiguous CPU; kept alive by the group."""

@@ -121,6 +121,12 @@ def _group_worker(rank, world, store_path, out):
         assert float(t[0]) == rank + 1  # untouched
         first = "aborted"
         g.all_reduce(t, average=False)
+    b = torch.full((100,), float(rank))
+    g.broadcast(b, 1)
+    assert torch.equal(b, torch.full((100,), 1.0))
+    gathered, (view, members) = g.all_gather(torch.full((3,), float(10 * rank), dtype=torch.float64))
+    assert gathered.shape == (2, 3) and gathered.dtype == torch.float64
+    assert [float(gathered[i][0]) for i in range(2)] == [10.0 * m for m in members]
     with open(f"{out}.{rank}", "w") as f:
         f.write(f"{first} {float(t[0])} {g.size()} {g.view()[1]}")
 
