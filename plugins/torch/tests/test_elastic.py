@@ -48,12 +48,15 @@ def _train(outer, model, member, until_round, out, kill_round=None):
             # SIGKILL a few milliseconds into this round's all-reduce.
             import threading
             threading.Timer(0.003, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        # The view as the round's all-reduce begins: read after the run, a member that finished
+        # first and left would already be gone from it.
+        size = outer.group.size()
         outer.step()
         if member == 0 and outer.rounds[0] == JOIN_AT:
             open(out + ".joinnow", "w").close()
     outer.finish()
     with open(f"{out}.{member}", "w") as f:
-        f.write(f"{_digest(outer.global_params[0])} {outer.group.size()} {float(loss.detach()):.6f}")
+        f.write(f"{_digest(outer.global_params[0])} {size} {float(loss.detach()):.6f}")
 
 
 def _founder(rank, world, store_path, out):
