@@ -194,5 +194,47 @@ TEST(CollectivesWanModel, SiteUplinkAndDownlinkAreSharedByEveryPeer) {
   EXPECT_LE(down, bytes * 8 / 1e8 * 2.5);
 }
 
+// Sites of several ranks (site= rules): ranks 0-1 and 2-3 are two sites, each behind ONE
+// 100 Mbit/s link shared by its two processes. Inside a site the local network is unshaped:
+// 4 MiB from rank 0 to rank 1 takes far less than the 0.34 s the WAN link would. Across sites,
+// ranks 0 and 1 each send 2 MiB at once (to 2 and 3): both go through site 0's one uplink, so
+// the last arrives after 4 MiB at 100 Mbit/s (0.34 s), not the 0.17 s of two separate links.
+TEST(CollectivesWanModel, RanksOfASiteShareItsLinkAndTalkLocallyForFree) {
+  const double mib = 1 << 20;
+  const double wire = 1 + 64.0 / (512 << 10);  // chunk headers
+  std::vector<RankResult> res = run_ranks(4, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.wan = "bw=100mbit;site=0-1:bw=100mbit;site=2-3:bw=100mbit";
+    auto c = Communicator::init(id, rank, 4, o);
+    RANK_OK(c.status());
+    std::vector<uint8_t> big(4 << 20, static_cast<uint8_t>(rank)), half(2 << 20);
+    RANK_OK(align_start(**c, rank));
+    auto t0 = Clock::now();
+    if (rank == 0) RANK_OK((*c)->send(big.data(), big.size(), DType::kUInt8, 1).wait());
+    if (rank == 1) RANK_OK((*c)->recv(big.data(), big.size(), DType::kUInt8, 0).wait());
+    double local = std::chrono::duration<double>(Clock::now() - t0).count();
+    RANK_OK(align_start(**c, rank));
+    t0 = Clock::now();
+    if (rank < 2) RANK_OK((*c)->send(half.data(), half.size(), DType::kUInt8, rank + 2).wait());
+    if (rank >= 2) RANK_OK((*c)->recv(half.data(), half.size(), DType::kUInt8, rank - 2).wait());
+    double across = std::chrono::duration<double>(Clock::now() - t0).count();
+    return "ok " + std::to_string(local) + " " + std::to_string(across);
+  });
+  expect_all_ok(res);
+  double local = 0, across = 0;
+  for (int r = 0; r < 4; ++r) {
+    if (!res[r].ok()) continue;
+    double l = 0, a = 0;
+    std::sscanf(res[r].text.c_str(), "ok %lf %lf", &l, &a);
+    if (r == 1) local = l;
+    if (r >= 2) across = std::max(across, a);
+  }
+  std::printf("site of two ranks: 4 MiB inside %.3f s, 2 x 2 MiB out through one uplink %.3f s\n",
+              local, across);
+  EXPECT_LT(local, 4 * mib * wire * 8 / 1e8 * 0.5) << "inside a site the network is local";
+  EXPECT_GE(across, 4 * mib * wire * 8 / 1e8 * 0.97) << "two ranks of a site share one uplink";
+  EXPECT_LE(across, 4 * mib * wire * 8 / 1e8 * 2.5);
+}
+
 }  // namespace
 }  // namespace lowcomm::testing

@@ -15,6 +15,7 @@
 #include "transport/pacer.h"
 #include "transport/path_model.h"
 #include "transport/peer_config.h"
+#include "transport/shared_site.h"
 #include "transport/wan_link.h"
 
 namespace lowcomm::transport {
@@ -189,7 +190,7 @@ TEST(TransportParseWan, PlanSectionsOverrideRanksAndPairs) {
   for (const char* bad :
        {"bw=1gbit;rank=x:bw=1gbit", "bw=1gbit;pair=1:rtt=1ms", "bw=1gbit;rank=1:rtt=5ms",
         "bw=1gbit;pair=0/1:bw=5mbit", "model=pair,bw=1gbit;rank=0:bw=1mbit",
-        "bw=1gbit;site=1:bw=1gbit", "bw=1gbit;rank=3-1:bw=1gbit", "bw=1gbit;rank=1"}) {
+        "bw=1gbit;zone=1:bw=1gbit", "bw=1gbit;rank=3-1:bw=1gbit", "bw=1gbit;rank=1"}) {
     auto b = parse_wan_plan(bad);
     EXPECT_FALSE(b.is_ok()) << bad;
     EXPECT_NE(b.status().message().find("LOWCOMM_WAN"), std::string::npos) << bad;
@@ -199,6 +200,66 @@ TEST(TransportParseWan, PlanSectionsOverrideRanksAndPairs) {
 
 // The link carries TCP/IP framing too: 66 bytes per 1448-byte segment by default (what tbf
 // counts), so 1448 payload bytes take 1514 bytes of link time; frame=0 paces payload alone.
+// site= sections: ranks grouped into sites share the site's rates; a pair inside one site is
+// local (unshaped, off the site's links); overlapping sites and pair-model sites are refused.
+TEST(TransportParseWan, SitesGroupRanksBehindOneLink) {
+  auto plan = parse_wan_plan("rtt=50ms;site=0-3:bw=1gbit;site=4-7:bw=100mbit;rank=9:bw=5mbit");
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->site_of(2), 0);
+  EXPECT_EQ(plan->site_of(4), 1);
+  EXPECT_EQ(plan->site_of(8), -1);
+  EXPECT_EQ(plan->site_size(5, 8), 4);
+  EXPECT_EQ(plan->site_size(5, 6), 2);
+  EXPECT_EQ(plan->site_size(8, 9), 1);
+  EXPECT_TRUE(plan->has_pair_rules());
+  auto inside = plan->link(1, 3);
+  ASSERT_TRUE(inside.is_ok());
+  EXPECT_TRUE(inside->local);
+  EXPECT_FALSE(inside->shaped());
+  auto across = plan->link(1, 5);
+  ASSERT_TRUE(across.is_ok());
+  EXPECT_FALSE(across->local);
+  EXPECT_DOUBLE_EQ(across->bits_per_second, 1e9);
+  EXPECT_DOUBLE_EQ(across->one_way_delay_s, 0.025);
+  EXPECT_DOUBLE_EQ(plan->link(6, 0)->bits_per_second, 1e8);
+  EXPECT_DOUBLE_EQ(plan->link(6, -1)->down_bits_per_second, 1e8);  // its own site's link
+  EXPECT_DOUBLE_EQ(plan->link(9, 0)->bits_per_second, 5e6);
+  for (const char* bad :
+       {"bw=1gbit;site=0-3:bw=1gbit;site=3-4:bw=1gbit", "model=pair,bw=1gbit;site=0-1:bw=1gbit",
+        "bw=1gbit;site=0-1:rtt=5ms", "bw=1gbit;site=2-1:bw=1gbit", "bw=1gbit;sites=0-1:bw=1gbit"}) {
+    auto b = parse_wan_plan(bad);
+    EXPECT_FALSE(b.is_ok()) << bad;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// The clocks of a site of several processes live in shared memory: two mappings of one segment
+// (as two ranks of the site hold) serialise their pacers' chunks on one uplink and one downlink.
+TEST(TransportPacer, SharedSiteClocksSerialiseAcrossMappings) {
+  const std::string name = "/lowcomm-test-site-" + std::to_string(::getpid());
+  auto a = open_shared_site(name, 8e6);
+  auto b = open_shared_site(name, 8e6);
+  unlink_shared_site(name);
+  ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string();
+  ASSERT_NE(a.value().get(), b.value().get());
+  const auto link = *parse_wan("bw=8mbit,frame=0");  // 1 byte per microsecond
+  Pacer p(link, 1, 1, 0, std::shared_ptr<LinkClock>(*a, &(*a)->up));
+  Pacer q(link, 2, 1, 0, std::shared_ptr<LinkClock>(*b, &(*b)->up));
+  Clock::time_point t0{};
+  Clock::time_point last{};
+  for (int i = 0; i < 10; ++i) {
+    last = std::max(last, p.submit(1000, t0).deliver);
+    last = std::max(last, q.submit(1000, t0).deliver);
+  }
+  EXPECT_NEAR(secs(last - t0), 0.020, 1e-9);  // 20 000 bytes through one shared uplink
+  // Their downlinks are one too: two chunks arriving together leave 1 ms apart.
+  auto ms = [](double x) {
+    return std::chrono::duration_cast<Clock::duration>(duration<double, std::milli>(x));
+  };
+  EXPECT_NEAR(secs((*a)->down.pass(1000, t0 + ms(100)) - t0), 0.100, 1e-9);
+  EXPECT_NEAR(secs((*b)->down.pass(1000, t0 + ms(100)) - t0), 0.101, 1e-9);
+}
+
 TEST(TransportPacer, LinkTimeIncludesTcpFraming) {
   auto link = *parse_wan("bw=8mbit");  // 1 byte per microsecond
   EXPECT_DOUBLE_EQ(link.wire_bytes(1448), 1514.0);

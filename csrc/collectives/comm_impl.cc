@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "transport/little_endian.h"
 #include "transport/pacer.h"
 #include "transport/peer_config.h"
+#include "transport/shared_site.h"
 
 namespace lowcomm {
 namespace {
@@ -90,9 +92,23 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   auto own = plan->link(rank, -1);
   if (!own) return invalid_argument("init: wan: " + own.status().message());
   cfg.value().wan = *own;
+  // A site of several ranks (site= rules) shares one uplink and downlink across its processes:
+  // their clocks live in shared memory named after the communicator's root (unique on the host
+  // while the communicator forms) and the site.
+  std::string site_name;
   if (own->shaped() && own->model == transport::WanModel::kSite) {
-    cfg.value().site = std::make_shared<transport::SiteLinks>();
-    cfg.value().site->down.bits_per_second = own->down_bits_per_second;
+    if (plan->site_size(rank, nranks) > 1) {
+      site_name = "/lowcomm-site-";
+      for (char ch : id.root_address)
+        site_name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      site_name += "-" + std::to_string(plan->site_of(rank));
+      auto site = transport::open_shared_site(site_name, own->down_bits_per_second);
+      if (!site) return site.status();
+      cfg.value().site = *site;
+    } else {
+      cfg.value().site = std::make_shared<transport::SiteLinks>();
+      cfg.value().site->down.bits_per_second = own->down_bits_per_second;
+    }
   }
   if (options.socket_buffer_bytes > 0)
     cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
@@ -109,6 +125,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                           ? Deadline::after(Deadline::Clock::duration(options.init_timeout))
                           : Deadline::after(c->timeout_);
   auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, *cfg, deadline);
+  // Every rank of the site opened its clocks before bootstrapping: the name can go.
+  if (!site_name.empty()) transport::unlink_shared_site(site_name);
   if (!mesh) {
     Status s = mesh.status();
     return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +

@@ -23,7 +23,9 @@ LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site,
 
 void LinkEmulator::make_pacer(uint64_t window_bytes) {
   std::shared_ptr<LinkClock> up;
-  if (link_.model == WanModel::kSite && site_) up = std::shared_ptr<LinkClock>(site_, &site_->up);
+  // A peer in the same site (a local link) does not cross the site's access link.
+  if (link_.model == WanModel::kSite && site_ && !link_.local)
+    up = std::shared_ptr<LinkClock>(site_, &site_->up);
   pacer_ = Pacer(link_, seed_, streams_, window_bytes, std::move(up));
 }
 
@@ -100,7 +102,8 @@ void LinkEmulator::drain(const std::function<void(OutChunk&)>& fn) {
 
 LinkEmulator::Clock::time_point LinkEmulator::pass_downlink(uint64_t chunk_bytes,
                                                             Clock::time_point now) {
-  if (!site_ || site_->down.bits_per_second <= 0) return now;
+  if (!site_ || link_.local || link_.model != WanModel::kSite || site_->down.bits_per_second <= 0)
+    return now;
   return site_->down.pass(link_.wire_bytes(chunk_bytes), now);
 }
 

@@ -11,10 +11,27 @@ Pacer::Clock::duration seconds(double s) {
 
 }  // namespace
 
+PaceClock::time_point LinkClock::free() const {
+  return PaceClock::time_point(PaceClock::duration(ns->load(std::memory_order_acquire)));
+}
+
+bool LinkClock::advance(PaceClock::time_point& seen, PaceClock::time_point next) {
+  int64_t expect = seen.time_since_epoch().count();
+  if (ns->compare_exchange_strong(expect, next.time_since_epoch().count(),
+                                  std::memory_order_acq_rel))
+    return true;
+  seen = PaceClock::time_point(PaceClock::duration(expect));
+  return false;
+}
+
 PaceClock::time_point Downlink::pass(double wire_bytes, PaceClock::time_point t) {
   if (bits_per_second <= 0) return t;
-  free = std::max(t, free + seconds(8.0 * wire_bytes / bits_per_second));
-  return free;
+  const auto cost = seconds(8.0 * wire_bytes / bits_per_second);
+  PaceClock::time_point seen = clock.free();
+  for (;;) {
+    PaceClock::time_point passed = std::max(t, seen + cost);
+    if (clock.advance(seen, passed)) return passed;
+  }
 }
 
 Pacer::Pacer(const WanLink& link, uint64_t jitter_seed, int streams, uint64_t window_bytes,
@@ -51,28 +68,35 @@ Pacer::Clock::time_point Pacer::room_at(const InFlight& s, Clock::time_point t) 
 }
 
 Pacer::Slot Pacer::submit(uint64_t bytes, Clock::time_point now) {
-  Clock::time_point earliest = std::max(now, up_->free);
-  // Acknowledged by `earliest` is acknowledged for every later chunk too: `earliest` never
-  // goes back (the link's free time only grows, and callers pass a monotonic clock).
-  for (auto& s : streams_) {
-    while (!s.acks.empty() && s.acks.front().first <= earliest) {
-      s.bytes -= s.acks.front().second;
-      s.acks.pop_front();
-    }
-  }
+  // The link's time is reserved with a compare-and-swap: another pacer on the same site (in this
+  // process or another) may take it first, and then the chunk goes after that one.
+  Clock::time_point seen = up_->free();
   int best = 0;
-  Clock::time_point depart = room_at(streams_[0], earliest);
-  for (int i = 1; i < static_cast<int>(streams_.size()); ++i) {
-    Clock::time_point t = room_at(streams_[i], earliest);
-    if (t < depart || (t == depart && streams_[i].bytes < streams_[best].bytes)) {
-      best = i;
-      depart = t;
+  Clock::time_point sent;
+  for (;;) {
+    Clock::time_point earliest = std::max(now, seen);
+    // Acknowledged by `earliest` is acknowledged for every later chunk too: `earliest` never
+    // goes back (the link's free time only grows, and callers pass a monotonic clock).
+    for (auto& s : streams_) {
+      while (!s.acks.empty() && s.acks.front().first <= earliest) {
+        s.bytes -= s.acks.front().second;
+        s.acks.pop_front();
+      }
     }
+    best = 0;
+    Clock::time_point depart = room_at(streams_[0], earliest);
+    for (int i = 1; i < static_cast<int>(streams_.size()); ++i) {
+      Clock::time_point t = room_at(streams_[i], earliest);
+      if (t < depart || (t == depart && streams_[i].bytes < streams_[best].bytes)) {
+        best = i;
+        depart = t;
+      }
+    }
+    sent = depart;
+    if (link_.bits_per_second > 0.0)
+      sent += seconds(8.0 * link_.wire_bytes(bytes) / link_.bits_per_second);
+    if (up_->advance(seen, std::max(seen, sent))) break;
   }
-  Clock::time_point sent = depart;
-  if (link_.bits_per_second > 0.0)
-    sent += seconds(8.0 * link_.wire_bytes(bytes) / link_.bits_per_second);
-  up_->free = std::max(up_->free, sent);
   double delay = link_.one_way_delay_s;
   if (link_.jitter_s > 0.0) delay = std::max(0.0, delay + next_jitter_s());
   Clock::time_point deliver = std::max(sent + seconds(delay), last_deliver_);

@@ -28,6 +28,7 @@
 // Not thread-safe: one pacer belongs to one peer's send side, used on its engine thread; the
 // SiteLinks of a rank are used only on the engine thread all its peers share.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -41,9 +42,21 @@ namespace lowcomm::transport {
 
 using PaceClock = std::chrono::steady_clock;
 
-// A link's serialisation clock: when it has sent everything submitted so far.
+// A link's serialisation clock: when it has sent everything submitted so far, in nanoseconds of
+// the steady clock (CLOCK_MONOTONIC, the same in every process of a host). Atomic, and at an
+// address that may be another process's too: the ranks of one emulated site (site= rules,
+// wan_link.h) are separate processes sharing one uplink and one downlink (shared_site.h), and
+// each reserves its time on them with a compare-and-swap.
 struct LinkClock {
-  PaceClock::time_point free{};
+  LinkClock() = default;
+  LinkClock(const LinkClock&) = delete;
+  LinkClock& operator=(const LinkClock&) = delete;
+  PaceClock::time_point free() const;
+  // Moves the clock from `seen` (what the caller read) to `next`; false (and `seen` updated)
+  // when another submitter moved it first.
+  bool advance(PaceClock::time_point& seen, PaceClock::time_point next);
+  std::atomic<int64_t> own{0};
+  std::atomic<int64_t>* ns = &own;  // own, or a site's shared memory
 };
 
 // A site's downlink: a chunk whose last byte reaches it at t has passed it at
@@ -52,15 +65,18 @@ struct LinkClock {
 // P-1 peers sending at full uplink rate into one rank take P-1 times as long to arrive.
 struct Downlink {
   double bits_per_second = 0;  // 0: unlimited
-  PaceClock::time_point free{};
+  LinkClock clock;
   // wire_bytes: framing included (WanLink::wire_bytes).
   PaceClock::time_point pass(double wire_bytes, PaceClock::time_point t);
 };
 
-// One rank's access link, shared by its peers (site model).
+// One site's access link, shared by its peers (site model): by one rank's peers, or, for a
+// site of several ranks, by every peer of each of them (the clocks in shared memory, `mapping`
+// keeps it mapped).
 struct SiteLinks {
   LinkClock up;
   Downlink down;
+  std::shared_ptr<void> mapping;
 };
 
 class Pacer {
@@ -83,7 +99,7 @@ class Pacer {
   // Where and when a chunk of `bytes` submitted at `now` becomes deliverable.
   Slot submit(uint64_t bytes, Clock::time_point now);
   // When the link finishes serialising everything submitted so far.
-  Clock::time_point link_free() const { return up_->free; }
+  Clock::time_point link_free() const { return up_->free(); }
 
  private:
   struct InFlight {

@@ -74,6 +74,10 @@ void PeerCore::plan_streams() {
     stripe_ = opened;
   } else if (link_ && link_->idle()) {
     link_.reset();  // a real link from now on
+  } else if (link_) {
+    // Chunks still held keep their times; new ones pass at once (a peer in this rank's site:
+    // the local network, off the site's uplink and downlink).
+    link_->set_link(config_.wan, window);
   }
   LOWCOMM_LOG(kInfo,
               "%s: %d of %d streams striped (window %llu bytes per stream, kernel rtt %.3f ms%s)",

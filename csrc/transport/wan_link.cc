@@ -197,13 +197,28 @@ Result<WanPlan> parse_wan_plan(std::string_view text) {
     auto eq = section.find('=');
     if (colon == std::string_view::npos || eq == std::string_view::npos || eq > colon)
       return invalid_argument("LOWCOMM_WAN: section '" + std::string(section) +
-                              "' is not rank=<ranks>:<keys> or pair=<ranks>/<ranks>:<keys>");
+                              "' is not rank=<ranks>:<keys>, site=<ranks>:<keys> or "
+                              "pair=<ranks>/<ranks>:<keys>");
     std::string kind = lower(trim(section.substr(0, eq)));
     std::string_view sel = section.substr(eq + 1, colon - eq - 1);
     WanPlan::Rule rule;
     rule.keys = std::string(section.substr(colon + 1));
     WanLink probe = *base;
-    if (kind == "rank") {
+    if (kind == "site") {
+      auto r = parse_ranks(sel);
+      if (!r) return r.status();
+      rule.a = *r;
+      rule.site = true;
+      LOWCOMM_CHECK(apply_keys(rule.keys, kRankKeys, probe));
+      if (base->model == WanModel::kPair)
+        return invalid_argument("LOWCOMM_WAN: site= sections need the site model, not model=pair");
+      for (const auto& other : plan.rules)
+        if (other.site && other.a.first <= rule.a.last && rule.a.first <= other.a.last)
+          return invalid_argument("LOWCOMM_WAN: site " + std::string(trim(sel)) +
+                                  " overlaps site " + std::to_string(other.a.first) + "-" +
+                                  std::to_string(other.a.last) +
+                                  " (a rank is in at most one site)");
+    } else if (kind == "rank") {
       auto r = parse_ranks(sel);
       if (!r) return r.status();
       rule.a = *r;
@@ -231,17 +246,40 @@ Result<WanPlan> parse_wan_plan(std::string_view text) {
             "(site rates are per rank: rank= sections)");
     } else {
       return invalid_argument("LOWCOMM_WAN: unknown section kind '" + kind +
-                              "' (expected rank= or pair=)");
+                              "' (expected rank=, site= or pair=)");
     }
     plan.rules.push_back(std::move(rule));
   }
   return plan;
 }
 
+int WanPlan::site_of(int rank) const {
+  int index = 0;
+  for (const Rule& r : rules) {
+    if (!r.site) continue;
+    if (r.a.contains(rank)) return index;
+    ++index;
+  }
+  return -1;
+}
+
+int WanPlan::site_size(int rank, int nranks) const {
+  int s = site_of(rank);
+  if (s < 0) return 1;
+  int n = 0;
+  for (int r = 0; r < nranks; ++r) n += site_of(r) == s ? 1 : 0;
+  return n;
+}
+
 Result<WanLink> WanPlan::link(int me, int peer) const {
   auto parsed = parse_wan(defaults);
   if (!parsed) return parsed.status();
   WanLink l = *parsed;
+  if (peer >= 0 && site_of(me) >= 0 && site_of(me) == site_of(peer)) {
+    WanLink local;  // the site's own network: unshaped, off the site's access link
+    local.local = true;
+    return local;
+  }
   for (const Rule& r : rules) {
     bool applies = r.pair ? peer >= 0 && ((r.a.contains(me) && r.b.contains(peer)) ||
                                           (r.a.contains(peer) && r.b.contains(me)))
@@ -254,7 +292,7 @@ Result<WanLink> WanPlan::link(int me, int peer) const {
 
 bool WanPlan::has_pair_rules() const {
   for (const Rule& r : rules)
-    if (r.pair) return true;
+    if (r.pair || r.site) return true;
   return false;
 }
 

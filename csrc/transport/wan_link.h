@@ -32,12 +32,19 @@
 //                          kernel's tbf counts); frame=0 paces the payload alone
 // Later sections override the defaults for some ranks or pairs (heterogeneous sites):
 //   rank=<ranks>:<keys>            rates of those ranks' sites (bw, up, down)
+//   site=<ranks>:<keys>            those ranks form one site (site model): they share ONE
+//                                  uplink and ONE downlink of these rates (bw, up, down) for
+//                                  all their traffic to ranks outside the site, across
+//                                  processes; between themselves they talk over the site's
+//                                  local network, unshaped. A rank is in at most one site.
 //   pair=<ranks>/<ranks>:<keys>    delay, jitter and loss (and bw, pair model) between any rank of
 //                                  the first set and any of the second, both directions
 // <ranks> is one rank or an inclusive range A-B. Example, two sites of two ranks with 1 Gbit/s
 // uplinks 20 ms apart inside a continent, and a third site of two ranks on 200 Mbit/s 150 ms
 // away from both:
 //   "bw=1gbit,rtt=20ms;rank=4-5:bw=200mbit;pair=0-3/4-5:rtt=150ms"
+// and two sites of four ranks each behind one shared WAN link, one 10x slower than the other:
+//   "rtt=50ms;site=0-3:bw=1gbit;site=4-7:bw=100mbit"
 // The empty string is an unshaped link.
 
 #include <string>
@@ -59,6 +66,9 @@ struct WanLink {
   double loss = 0.0;  // per TCP segment, [0, 1)
   WanModel model = WanModel::kSite;
   double frame_bytes = 66;  // per kTcpSegmentBytes of payload
+  // The peer is in this rank's site (site= rules): the pair talks over the site's local network,
+  // unshaped, and neither the uplink nor the downlink of the site sees its bytes.
+  bool local = false;
 
   static constexpr uint64_t kTcpSegmentBytes = 1448;
   // The bytes `payload` bytes occupy on the link, framing included.
@@ -81,8 +91,9 @@ struct WanPlan {
     bool contains(int r) const { return r >= first && r <= last; }
   };
   struct Rule {
-    RankRange a, b;  // rank rules: a only; pair rules: a and b
+    RankRange a, b;  // rank and site rules: a only; pair rules: a and b
     bool pair = false;
+    bool site = false;
     std::string keys;  // key=value list, validated when parsed
   };
   std::string defaults;
@@ -92,9 +103,13 @@ struct WanPlan {
   // The link `me` sends to (and, site model, receives from) `peer` over; peer < 0: the rank's
   // own site with the default delay (bootstrap, before peers are known).
   Result<WanLink> link(int me, int peer) const;
-  // Pair rules only change delay and jitter per peer (and rate, pair model); the site's rates
-  // come from rank rules.
+  // Pair rules change delay and jitter per peer (and rate, pair model), and site rules make
+  // some peers local; the site's rates come from rank and site rules.
   bool has_pair_rules() const;
+  // The index of the site= rule holding `rank` (among the site rules, in order), or -1.
+  int site_of(int rank) const;
+  // How many of [0, nranks) share `rank`'s site (1 without a site rule).
+  int site_size(int rank, int nranks) const;
 };
 
 // One section (no ';'): the defaults of a plan, as one link.
