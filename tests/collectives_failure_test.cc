@@ -250,8 +250,19 @@ TEST(CollectivesMismatch, DescriptorFieldsRoundTripEachInItsOwnPlace) {
   other_tag.tag = 5;
   EXPECT_FALSE(collectives::same_operation(send, other_tag));
 
+  // The two-level all-reduce carries its site map's hash in the tag field.
+  OpDescriptor two = d;
+  two.algorithm = Algorithm::kTwoLevel;
+  two.tag = 0x1234567890abcdefull;
+  auto tback = OpDescriptor::decode(two.encode().data(), "test");
+  ASSERT_TRUE(tback.is_ok()) << tback.status().to_string();
+  EXPECT_EQ(tback->algorithm, Algorithm::kTwoLevel);
+  EXPECT_EQ(tback->tag, two.tag);
+  EXPECT_NE(tback->to_string().find("two-level, sites 1234567890abcdef"), std::string::npos);
+  EXPECT_FALSE(collectives::same_operation(d, two));
+
   // An algorithm this build does not know is refused as damaged, not read as another one.
-  bytes[34] = 2;
+  bytes[34] = 3;
   const uint32_t sum = lowcomm::fnv1a32(bytes.data(), 60);
   for (int i = 0; i < 4; ++i) bytes[60 + i] = static_cast<uint8_t>(sum >> (8 * i));
   auto bad = OpDescriptor::decode(bytes.data(), "test");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "collectives/op_run.h"
+#include "collectives/sites.h"
 #include "lowcomm/communicator.h"
 
 namespace lowcomm::collectives {
@@ -46,6 +47,9 @@ Status reduce(OpRun& run, const ReduceArgs& a, int root);  // the result on root
 Status reduce_scatter(OpRun& run, const ReduceArgs& a);    // a.n = recv count * size
 // Every rank's contribution to every rank, reduced there (one_hop_reduce.cc).
 Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a);
+// Inside each site, across the sites slice by slice, inside each site again (two_level.cc);
+// fp32 sum or average, the plan two-level (SitePlan::two_level).
+Status two_level_all_reduce(OpRun& run, const ReduceArgs& a, const SitePlan& plan);
 
 // Placement only, each in the file of its name (all_gather.cc, broadcast.cc, gather.cc,
 // scatter.cc, all_to_all.cc).

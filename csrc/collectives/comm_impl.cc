@@ -115,7 +115,35 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
   if (options.encrypt >= 0) cfg.value().seal = options.encrypt > 0;
 
+  // Sites (collectives/sites.h): the option, LOWCOMM_SITES, the emulator's site= rules, flat.
+  const char* env_sites = std::getenv("LOWCOMM_SITES");
+  const std::string sites_text = !options.sites.empty() ? options.sites
+                                 : env_sites            ? env_sites
+                                                        : "";
+  collectives::SitePlan sites;
+  if (!sites_text.empty()) {
+    auto parsed = collectives::parse_sites(sites_text, nranks);
+    if (!parsed)
+      return invalid_argument(std::string("init: ") +
+                              (options.sites.empty() ? "LOWCOMM_SITES: " : "sites option: ") +
+                              parsed.status().message());
+    sites = std::move(parsed).value();
+  } else if (plan->site_of(rank) >= 0 || plan->has_pair_rules()) {
+    std::vector<int> labels;
+    for (int r = 0; r < nranks; ++r) {
+      int s = plan->site_of(r);
+      labels.push_back(s >= 0 ? s : 1000000 + r);  // outside every site= rule: a site alone
+    }
+    sites = collectives::plan_from_labels(labels);
+    if (sites.sites() == nranks) sites = {};
+  }
+  if (sites.sites() > 1)
+    LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, sites.to_string().c_str(),
+                sites.two_level() ? " (large fp32 all-reduces run in two levels)"
+                                  : " (flat: two levels need equal sites of two or more ranks)");
+
   std::unique_ptr<CommImpl> c(new CommImpl());
+  c->sites_ = std::move(sites);
   c->rank_ = rank;
   c->nranks_ = nranks;
   c->options_ = opts;

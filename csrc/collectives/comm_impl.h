@@ -42,6 +42,7 @@
 #include "collectives/ef_store.h"
 #include "collectives/op_stats.h"
 #include "collectives/scratch_pool.h"
+#include "collectives/sites.h"
 #include "collectives/work_state.h"
 #include "core/deadline.h"
 #include "lowcomm/communicator.h"
@@ -86,6 +87,7 @@ class CommImpl {
   // --- for OpRun, on the executor thread ---
   transport::Peer& peer(int r) { return *peers_[r]; }
   collectives::ErrorFeedbackStore& ef() { return ef_; }
+  const collectives::SitePlan& sites() const { return sites_; }
   collectives::ScratchPool& scratch_pool() { return scratch_pool_; }
   // ok, or why the running operation (involving `involved` peers) must stop now.
   Status check_health(const std::vector<int>& involved);
@@ -154,6 +156,7 @@ class CommImpl {
   Deadline::Clock::duration timeout_{};
   uint64_t chunk_bytes_ = 0;
   std::vector<transport::WanLink> links_;  // by rank: this rank's emulated link to each peer
+  collectives::SitePlan sites_;            // which ranks share a site (collectives/sites.h)
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank

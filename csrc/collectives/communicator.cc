@@ -46,12 +46,14 @@ CompressionPolicy policy_of(const CommImpl& impl) {
 Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> codec,
                    uint64_t chunk_elems, collectives::ReduceArgs a, std::optional<uint64_t> step,
                    std::function<Status(OpRun&, const collectives::ReduceArgs&)> body,
-                   bool one_hop = false) {
+                   collectives::Algorithm algorithm = collectives::Algorithm::kDefault) {
+  const bool one_hop = algorithm == collectives::Algorithm::kOneHop;
   d.dtype = a.dtype;
   d.op = a.op;
   d.codec = std::move(codec);
   if (collectives::plain_codec(d.codec, a.dtype)) d.codec.reset();
-  d.algorithm = one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
+  d.algorithm = algorithm;
+  if (algorithm == collectives::Algorithm::kTwoLevel) d.tag = impl.sites().hash;
   d.segment_elems = one_hop ? 0
                             : collectives::reduce_segment_elems(impl.options().segment_bytes,
                                                                 a.dtype, d.codec, chunk_elems);
@@ -128,14 +130,24 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
       options.seed, 0};
   const bool one_hop = size() > 1 && count * dtype_size(dtype) <=
                                          static_cast<uint64_t>(impl_->options().direct_bytes);
+  collectives::Algorithm alg =
+      one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
+  if (!one_hop && collectives::use_two_level(impl_->sites(), count, dtype, op, codec))
+    alg = collectives::Algorithm::kTwoLevel;
+  CommImpl* impl = impl_.get();
   return submit_reduce(
       *impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
-      [](OpRun& run, const collectives::ReduceArgs& args) {
-        return run.desc().algorithm == collectives::Algorithm::kOneHop
-                   ? collectives::one_hop_all_reduce(run, args)
-                   : collectives::all_reduce(run, args);
+      [impl](OpRun& run, const collectives::ReduceArgs& args) {
+        switch (run.desc().algorithm) {
+          case collectives::Algorithm::kOneHop:
+            return collectives::one_hop_all_reduce(run, args);
+          case collectives::Algorithm::kTwoLevel:
+            return collectives::two_level_all_reduce(run, args, impl->sites());
+          default:
+            return collectives::all_reduce(run, args);
+        }
       },
-      one_hop);
+      alg);
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,

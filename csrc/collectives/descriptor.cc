@@ -1,5 +1,7 @@
 #include "collectives/descriptor.h"
 
+#include <cstdio>
+
 #include "collectives/partition.h"
 #include "core/fnv1a.h"
 #include "transport/little_endian.h"
@@ -10,7 +12,7 @@ namespace {
 using namespace transport;  // NOLINT: the little-endian helpers
 
 constexpr uint32_t kDescriptorMagic = 0x3144434Cu;  // "LCD1"
-constexpr uint8_t kMaxAlgorithm = static_cast<uint8_t>(Algorithm::kOneHop);
+constexpr uint8_t kMaxAlgorithm = static_cast<uint8_t>(Algorithm::kTwoLevel);
 
 bool valid_dtype_byte(uint8_t v) {
   return v >= 1 && v <= kMaxDType && valid_dtype(static_cast<DType>(v));
@@ -123,6 +125,11 @@ std::string OpDescriptor::to_string() const {
   if (reduces) s += std::string(", ") + reduce_op_name(op);
   if (reduces) s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
   if (algorithm == Algorithm::kOneHop) s += ", one hop";
+  if (algorithm == Algorithm::kTwoLevel) {
+    char h[24];
+    std::snprintf(h, sizeof(h), "%016llx", static_cast<unsigned long long>(tag));
+    s += std::string(", two-level, sites ") + h;
+  }
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter)
     s += ", root " + std::to_string(root);

@@ -47,8 +47,10 @@ const char* op_kind_name(OpKind kind);
 
 // Which schedule an operation runs, where its kind has more than one: ranks must agree.
 enum class Algorithm : uint8_t {
-  kDefault = 0,  // the kind's own schedule (all-reduce, reduce-scatter, reduce: owner reduction)
-  kOneHop = 1,   // all-reduce: every contribution to every rank (one_hop_reduce.cc)
+  kDefault = 0,   // the kind's own schedule (all-reduce, reduce-scatter, reduce: owner reduction)
+  kOneHop = 1,    // all-reduce: every contribution to every rank (one_hop_reduce.cc)
+  kTwoLevel = 2,  // all-reduce: inside sites, across them, inside again (two_level.cc); the tag
+                  // field carries the site map's hash (SitePlan::hash), so ranks must agree
 };
 
 inline constexpr size_t kDescriptorBytes = 64;
@@ -64,7 +66,9 @@ struct OpDescriptor {
   std::optional<CodecSpec> codec;  // reductions only; unset: uncompressed
   int32_t root = -1;               // broadcast: the root; send: the sending rank
   uint32_t nranks = 0;
-  uint64_t tag = 0;  // send/recv: the user's tag (below tags::kMaxUserTag); 0 otherwise
+  // send/recv: the user's tag (below tags::kMaxUserTag); a two-level all-reduce: the hash of
+  // its site map; 0 otherwise
+  uint64_t tag = 0;
   Algorithm algorithm = Algorithm::kDefault;
   // The owner reduction: elements per pipeline segment (reduce_segment_elems: a multiple of
   // granule(codec), at most kMaxSegmentGroups groups); 0 otherwise.

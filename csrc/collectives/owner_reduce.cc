@@ -48,12 +48,11 @@
 #include "collectives/tags.h"
 
 namespace lowcomm::collectives {
-namespace {
-
 // Steps 1 and 2, and 3 (to every rank, or to the root): see the file comment.
 Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks,
-                    Finish finish) {
+                    Finish finish, std::vector<int> group) {
   OwnerReduce o(run, a, finish);
+  o.group = std::move(group);
   LOWCOMM_CHECK(prepare_owner_reduce(o, chunks));
   // Receives first, so arriving data lands in place instead of being buffered.
   Contributions contributions = post_contribution_receives(o);
@@ -67,8 +66,6 @@ Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& c
   return results.take(o, /*block=*/true);
 }
 
-}  // namespace
-
 size_t OwnerReduce::max_segs() const {
   size_t m = 0;
   for (const auto& s : segs) m = std::max(m, s.size());
@@ -77,8 +74,14 @@ size_t OwnerReduce::max_segs() const {
 
 Status prepare_owner_reduce(OwnerReduce& o, const std::vector<Range>& chunks) {
   const ReduceArgs& a = o.a;
-  o.P = o.run.size();
+  o.P = o.group.empty() ? o.run.size() : static_cast<int>(o.group.size());
   o.me = o.run.rank();
+  if (!o.group.empty()) {
+    auto it = std::find(o.group.begin(), o.group.end(), o.run.rank());
+    if (it == o.group.end())
+      return internal_error("owner reduction: this rank is not in its group");
+    o.me = static_cast<int>(it - o.group.begin());
+  }
   o.es = dtype_size(a.dtype);
   o.wire = a.codec ? *a.codec : passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32);
   o.plain = plain_codec(a.codec, a.dtype);

@@ -31,6 +31,10 @@ struct OwnerReduce {
   OpRun& run;
   const ReduceArgs& a;
   Finish finish;
+  // The ranks taking part, by index in the reduction (empty: every rank, index = rank): a
+  // two-level all-reduce (two_level.cc) reduces inside a site and across one column of sites.
+  // P, me, chunks, the root of kToRoot and the rounding seeds are by index; peer() maps to ranks.
+  std::vector<int> group;
   int P = 0, me = 0;
   CodecSpec wire;      // what crosses the network (a non-codec dtype's plain bytes: unused)
   bool plain = false;  // the input dtype itself: send input bytes, no encode
@@ -51,9 +55,15 @@ struct OwnerReduce {
   // Bytes of `count` elements on the wire.
   uint64_t bytes(uint64_t count) const { return plain ? count * es : encoded_size(wire, count); }
   const std::vector<Range>& my_segs() const { return segs[static_cast<size_t>(me)]; }
+  int peer(int index) const { return group.empty() ? index : group[static_cast<size_t>(index)]; }
   // The most segments any owner's chunk has: the rounds of the segment-major schedule.
   size_t max_segs() const;
 };
+
+// The whole owner reduction (owner_reduce.cc) among `group` (empty: every rank), chunk i owned
+// by the group's i-th member. The descriptors must have been posted.
+Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks,
+                    Finish finish, std::vector<int> group = {});
 
 // Fills `o` for owner chunks `chunks` (segment length from the descriptor) and looks up the
 // error-feedback residuals; fails only on an error-feedback key of another tensor.

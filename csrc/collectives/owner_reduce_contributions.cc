@@ -22,7 +22,7 @@ Contributions post_contribution_receives(const OwnerReduce& o) {
     for (const Range& s : o.my_segs()) {
       uint8_t* b = o.run.scratch(o.bytes(s.count));
       c.codes[r].push_back(b);
-      c.requests[r].push_back(o.run.irecv(r, o.reduce_tag, b, o.bytes(s.count)));
+      c.requests[r].push_back(o.run.irecv(o.peer(r), o.reduce_tag, b, o.bytes(s.count)));
     }
   }
   c.own.resize(o.my_segs().size());
@@ -55,7 +55,7 @@ Status send_contributions(const OwnerReduce& o, Contributions& c) {
       if (j == o.me) {
         c.own[k] = codes;
       } else {
-        o.run.isend(j, o.reduce_tag, codes, o.bytes(s.count), s.count * o.es);
+        o.run.isend(o.peer(j), o.reduce_tag, codes, o.bytes(s.count), s.count * o.es);
       }
     }
   }

@@ -23,7 +23,7 @@ void Results::post_receives(const OwnerReduce& o) {
     for (const Range& s : o.segs[j]) {
       uint8_t* b = o.plain ? o.out + s.begin * o.es : o.run.scratch(o.bytes(s.count));
       codes_[j].push_back(b);
-      requests_[j].push_back(o.run.irecv(j, o.gather_tag, b, o.bytes(s.count)));
+      requests_[j].push_back(o.run.irecv(o.peer(j), o.gather_tag, b, o.bytes(s.count)));
     }
   }
   const size_t rounds = o.max_segs();
@@ -37,9 +37,9 @@ void Results::post_receives(const OwnerReduce& o) {
 Status Results::send_own(const OwnerReduce& o, Range s, const uint8_t* res, uint8_t* dst) {
   if (o.finish.kind == Finish::kAllGather) {
     for (int d = 1; d < o.P; ++d)
-      o.run.isend((o.me + d) % o.P, o.gather_tag, res, o.bytes(s.count), s.count * o.es);
+      o.run.isend(o.peer((o.me + d) % o.P), o.gather_tag, res, o.bytes(s.count), s.count * o.es);
   } else if (o.sends_results) {
-    o.run.isend(o.finish.root, o.gather_tag, res, o.bytes(s.count), s.count * o.es);
+    o.run.isend(o.peer(o.finish.root), o.gather_tag, res, o.bytes(s.count), s.count * o.es);
   }
   // The owner decodes the very bytes it sent, like everyone else (a reduce: the root only).
   if (!o.plain && o.gets_results) {

@@ -84,6 +84,11 @@ struct CommOptions {
   // as the path needs (one on a LAN, four at 100 ms RTT with 32 MiB buffers; docs/transport.md).
   int streams = 0;
   std::string wan;  // emulated link of this rank's sends (LOWCOMM_WAN syntax); "": LOWCOMM_WAN
+  // Which ranks share a site (a fast local network behind one WAN link): one label per rank,
+  // comma-separated ("0,0,0,0,1,1,1,1"), or "flat". "": LOWCOMM_SITES, else the site= rules of
+  // the emulated WAN, else flat. Sites of equal size (two or more ranks each) run large fp32
+  // all-reduces in two levels (docs/collectives.md); every rank must pass the same map.
+  std::string sites;
   // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
   // else 30 minutes.
   std::chrono::milliseconds timeout{0};

@@ -1,0 +1,56 @@
+#pragma once
+// Sites: which ranks share a fast local network (a rack, a cloud region) behind one WAN link.
+// A communicator whose ranks fall into several sites of equal size runs its large all-reduces
+// in two levels (two_level.cc): inside each site, then between sites slice by slice, then
+// inside each site again, so each site's WAN link carries about S instead of n_site x S.
+//
+// Where the map comes from (comm_impl.cc), first that applies:
+//   CommOptions::sites, else LOWCOMM_SITES: "flat" (none), or one label per rank,
+//     comma-separated ("0,0,0,0,1,1,1,1"; labels are any non-negative integers);
+//   the site= rules of the emulated WAN (LOWCOMM_WAN, docs/transport.md);
+//   none (flat).
+// Every rank must hold the same map: its hash travels in the descriptor of every two-level
+// operation, so ranks that disagree fail the operation naming the peer instead of exchanging
+// bytes of different schedules.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <optional>
+
+#include "lowcomm/codec.h"
+#include "lowcomm/communicator.h"
+#include "lowcomm/status.h"
+
+namespace lowcomm::collectives {
+
+struct SitePlan {
+  std::vector<int> site_of;               // by rank: the site's index (0..sites-1, by first rank)
+  std::vector<std::vector<int>> members;  // by site: its ranks, ascending
+  int per_site = 0;   // ranks per site when every site has the same number; else 0
+  uint64_t hash = 0;  // of the map (FNV-1a over the site indices); 0 when flat
+
+  int sites() const { return static_cast<int>(members.size()); }
+  // Two levels make sense: at least two sites, of equal size, each of at least two ranks.
+  bool two_level() const { return sites() >= 2 && per_site >= 2; }
+  // The ranks sharing `rank`'s position in the other sites (one per site, in site order).
+  std::vector<int> column(int rank) const;
+  // `rank`'s position in its site.
+  int local_index(int rank) const;
+  std::string to_string() const;  // "2 sites x 4 ranks: {0-3} {4-7}"
+};
+
+// The cost model: an all-reduce runs in two levels when the plan has them, it is an fp32 sum or
+// average, and every rank of every column owns at least one scale group of the slice (below
+// that the latency of the extra local steps is all the call is). Flat otherwise.
+bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
+                   const std::optional<CodecSpec>& codec);
+
+// From one label per rank (labels grouped in order of first appearance).
+SitePlan plan_from_labels(const std::vector<int>& labels);
+// LOWCOMM_SITES syntax for `nranks` ranks; "" or "flat": no sites.
+Result<SitePlan> parse_sites(std::string_view text, int nranks);
+
+}  // namespace lowcomm::collectives

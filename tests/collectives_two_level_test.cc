@@ -1,0 +1,151 @@
+// The two-level all-reduce (collectives/two_level.cc): ranks grouped into sites reduce inside
+// their site, across sites slice by slice, and inside again. Every rank ends with the same bits,
+// close to the exact sum (as close as the flat schedule: two quantizations per element), in
+// place or not, with error feedback; unequal sites stay flat; ranks that disagree about the
+// sites fail naming the mismatch instead of mixing schedules.
+
+#include <cmath>
+
+#include "collectives/sites.h"
+#include "collectives_test_util.h"
+
+namespace lowcomm::testing {
+namespace {
+
+constexpr uint64_t kN = 100003;  // not a multiple of anything: every slice and chunk has a tail
+
+// Every case: "ok " then, per case, the output's hash and its RMS error against the exact
+// result (every rank can compute every input: make_input is a function of (seed, rank, i)).
+std::string cases(int rank, const UniqueId& id, int P, const std::string& sites) {
+  CommOptions o = test_options();
+  o.sites = sites;
+  auto c = Communicator::init(id, rank, P, o);
+  RANK_OK(c.status());
+  std::string out = "ok";
+  int k = 0;
+  for (const char* codec : {"", "q4", "q8"}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+      for (bool in_place : {false, true}) {
+        const uint64_t seed = 40 + static_cast<uint64_t>(k++);
+        Tensor x = make_input(DType::kFloat32, kN, seed, rank);
+        std::vector<uint8_t> y(x.bytes.size());
+        AllReduceOptions ar;
+        if (*codec) ar.codec = *parse_codec_spec(codec);
+        // A key per case: a residual carried from another case would add its error here.
+        if (*codec && in_place) ar.error_feedback_key = "grad" + std::to_string(k);
+        void* dst = in_place ? x.data() : y.data();
+        RANK_OK((*c)->all_reduce(x.data(), dst, kN, DType::kFloat32, op, ar).wait());
+        if (in_place) y = x.bytes;
+        double err = 0, ref = 0;
+        for (uint64_t i = 0; i < kN; ++i) {
+          double exact = 0;
+          for (int r = 0; r < P; ++r) exact += input_value(seed, r, i);
+          if (op == ReduceOp::kAverage) exact /= P;
+          float got;
+          std::memcpy(&got, &y[4 * i], 4);
+          err += (got - exact) * (got - exact);
+          ref += exact * exact;
+        }
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), " %016llx:%.3g", static_cast<unsigned long long>(fnv64(y)),
+                      std::sqrt(err / ref));
+        out += buf;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> hashes(const std::string& text) {
+  std::vector<std::string> h;
+  for (size_t p = text.find(' '); p != std::string::npos; p = text.find(' ', p + 1))
+    h.push_back(text.substr(p + 1, 16));
+  return h;
+}
+std::vector<double> errors(const std::string& text) {
+  std::vector<double> e;
+  for (size_t p = text.find(':'); p != std::string::npos; p = text.find(':', p + 1))
+    e.push_back(std::atof(text.c_str() + p + 1));
+  return e;
+}
+
+TEST(CollectivesTwoLevel, IdenticalOnEveryRankAndAsCloseAsFlat) {
+  constexpr int P = 4;
+  for (const char* sites : {"0,0,1,1", "7,3,7,3"}) {  // contiguous and interleaved sites
+    auto two =
+        run_ranks(P, [&](int rank, const UniqueId& id) { return cases(rank, id, P, sites); });
+    expect_all_ok(two);
+    auto flat =
+        run_ranks(P, [&](int rank, const UniqueId& id) { return cases(rank, id, P, "flat"); });
+    expect_all_ok(flat);
+    if (!two[0].ok() || !flat[0].ok()) continue;
+    for (int r = 1; r < P; ++r) EXPECT_EQ(hashes(two[r].text), hashes(two[0].text)) << sites;
+    const auto e2 = errors(two[0].text), ef = errors(flat[0].text);
+    ASSERT_EQ(e2.size(), ef.size());
+    for (size_t i = 0; i < e2.size(); ++i) {
+      if (i < 4) {
+        EXPECT_LT(e2[i], 1e-6) << "uncompressed case " << i << ": " << two[0].text;
+      } else {
+        // Two quantizations per element, as flat: the same error within noise.
+        EXPECT_LT(e2[i], ef[i] * 1.5 + 1e-7) << sites << " case " << i << ": " << two[0].text;
+        EXPECT_GT(e2[i], 0.0);
+      }
+    }
+    // A different schedule: not the flat bits (which shows the two-level path ran).
+    EXPECT_NE(hashes(two[0].text)[4], hashes(flat[0].text)[4]) << sites;
+    std::printf("sites %s: %s\nflat:          %s\n", sites, two[0].text.c_str(),
+                flat[0].text.c_str());
+  }
+}
+
+// A rank whose map differs fails the all-reduce on every rank, naming the two-level descriptor,
+// instead of running another schedule against the others (the map's hash is in the descriptor).
+TEST(CollectivesTwoLevel, RanksThatDisagreeAboutSitesFailNamingIt) {
+  constexpr int P = 4;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.sites = rank == 3 ? "0,1,0,1" : "0,0,1,1";
+    auto c = Communicator::init(id, rank, P, o);
+    RANK_OK(c.status());
+    std::vector<float> x(kN, 1.0f);
+    Status s = (*c)->all_reduce(x.data(), x.data(), kN, DType::kFloat32, ReduceOp::kSum).wait();
+    RANK_CHECK(!s.is_ok(), "an all-reduce over disagreeing site maps succeeded");
+    RANK_CHECK(s.message().find("two-level") != std::string::npos, s.to_string());
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesTwoLevel, SiteMapsParseAndBadOnesAreRefused) {
+  using collectives::parse_sites;
+  auto p = parse_sites("5,5,2,2,5,2", 6);
+  ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_TRUE(p->two_level());
+  EXPECT_EQ(p->per_site, 3);
+  EXPECT_EQ(p->members[0], (std::vector<int>{0, 1, 4}));
+  EXPECT_EQ(p->column(4), (std::vector<int>{4, 5}));
+  EXPECT_EQ(p->local_index(5), 2);
+  EXPECT_NE(p->hash, 0u);
+  EXPECT_NE(p->hash, parse_sites("5,5,2,2,2,5", 6)->hash);
+  EXPECT_FALSE(parse_sites("0,0,0,1", 4)->two_level());  // unequal: flat
+  EXPECT_FALSE(parse_sites("0,1,2,3", 4)->two_level());  // a rank per site: flat
+  EXPECT_FALSE(parse_sites("flat", 4)->two_level());
+  EXPECT_EQ(parse_sites("flat", 4)->hash, 0u);
+  for (const char* bad : {"0,0,1", "0,0,1,x", "0,,1,1", "-1,0,1,1", "0;0;1;1"}) {
+    auto b = parse_sites(bad, 4);
+    EXPECT_FALSE(b.is_ok()) << bad;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.sites = "0,0,1";
+    auto c = Communicator::init(id, rank, 2, o);
+    RANK_CHECK(!c.is_ok() && c.status().message().find("sites option") != std::string::npos,
+               c.status().to_string());
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+}  // namespace
+}  // namespace lowcomm::testing
