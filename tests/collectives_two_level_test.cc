@@ -116,6 +116,44 @@ TEST(CollectivesTwoLevel, RanksThatDisagreeAboutSitesFailNamingIt) {
   expect_all_ok(res);
 }
 
+// AllReduceOptions::schedule: kFlat on a communicator with sites gives the flat bits, kTwoLevel
+// where two levels cannot run is refused before anything is sent (the group stays usable).
+TEST(CollectivesTwoLevel, ScheduleOptionForcesOrRefuses) {
+  constexpr int P = 4;
+  auto run = [](const std::string& sites, AllReduceOptions::Schedule schedule) {
+    return run_ranks(P, [sites, schedule](int rank, const UniqueId& id) -> std::string {
+      CommOptions o = test_options();
+      o.sites = sites;
+      auto c = Communicator::init(id, rank, P, o);
+      RANK_OK(c.status());
+      Tensor x = make_input(DType::kFloat32, kN, 3, rank);
+      std::vector<uint8_t> y(x.bytes.size());
+      AllReduceOptions ar;
+      ar.codec = *parse_codec_spec("q4");
+      ar.schedule = schedule;
+      Status s =
+          (*c)->all_reduce(x.data(), y.data(), kN, DType::kFloat32, ReduceOp::kSum, ar).wait();
+      if (!s.is_ok()) {
+        RANK_CHECK(s.code() == StatusCode::kInvalidArgument, s.to_string());
+        ar.schedule = AllReduceOptions::Schedule::kAuto;  // still usable
+        RANK_OK(
+            (*c)->all_reduce(x.data(), y.data(), kN, DType::kFloat32, ReduceOp::kSum, ar).wait());
+        return "ok refused";
+      }
+      return "ok " + std::to_string(fnv64(y));
+    });
+  };
+  using S = AllReduceOptions::Schedule;
+  auto forced_flat = run("0,0,1,1", S::kFlat);
+  auto flat = run("flat", S::kAuto);
+  auto two = run("0,0,1,1", S::kTwoLevel);
+  auto refused = run("0,0,0,1", S::kTwoLevel);
+  for (auto* r : {&forced_flat, &flat, &two, &refused}) expect_all_ok(*r);
+  EXPECT_EQ(forced_flat[0].text, flat[0].text);
+  EXPECT_NE(two[0].text, flat[0].text);
+  EXPECT_EQ(refused[0].text, "ok refused");
+}
+
 TEST(CollectivesTwoLevel, SiteMapsParseAndBadOnesAreRefused) {
   using collectives::parse_sites;
   auto p = parse_sites("5,5,2,2,5,2", 6);

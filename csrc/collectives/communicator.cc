@@ -9,6 +9,7 @@
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
 #include "collectives/comm_impl.h"
+#include "collectives/partition.h"
 #include "collectives/tags.h"
 
 namespace lowcomm {
@@ -132,8 +133,21 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
                                          static_cast<uint64_t>(impl_->options().direct_bytes);
   collectives::Algorithm alg =
       one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
-  if (!one_hop && collectives::use_two_level(impl_->sites(), count, dtype, op, codec))
+  using Schedule = AllReduceOptions::Schedule;
+  if (options.schedule == Schedule::kTwoLevel) {
+    const collectives::SitePlan& sites = impl_->sites();
+    if (!sites.two_level() || dtype != DType::kFloat32 ||
+        (op != ReduceOp::kSum && op != ReduceOp::kAverage) ||
+        count < static_cast<uint64_t>(size()) * collectives::granule(codec))
+      return refused(invalid_argument(
+          "all_reduce: schedule two-level needs sites of equal size (two ranks or more each; this "
+          "communicator has " +
+          sites.to_string() + ") and an fp32 sum or average of at least one scale group per rank"));
     alg = collectives::Algorithm::kTwoLevel;
+  } else if (options.schedule == Schedule::kAuto && !one_hop &&
+             collectives::use_two_level(impl_->sites(), count, dtype, op, codec)) {
+    alg = collectives::Algorithm::kTwoLevel;
+  }
   CommImpl* impl = impl_.get();
   return submit_reduce(
       *impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,

@@ -152,6 +152,12 @@ struct AllReduceOptions {
   // build has no GPU path yet: kCuda fails at once with kUnsupported, nothing sent (issue 4).
   MemoryKind memory = MemoryKind::kHost;
   void* cuda_stream = nullptr;
+  // Which schedule runs when the communicator has sites (CommOptions::sites). kAuto: two levels
+  // where the cost model says so (docs/sites.md), else flat; kFlat: the flat full mesh always;
+  // kTwoLevel: two levels, or kInvalidArgument when the call cannot take them (no sites, or not
+  // an fp32 sum or average). Every rank must pass the same (the descriptor check enforces it).
+  enum class Schedule : uint8_t { kAuto = 0, kFlat = 1, kTwoLevel = 2 };
+  Schedule schedule = Schedule::kAuto;
 };
 
 // How a reduction is compressed, decided in one place for every entry point (this API, the C
