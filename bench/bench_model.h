@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collectives/algorithms.h"
 #include "collectives/partition.h"
@@ -249,6 +250,36 @@ struct LinkModel {
 };
 
 // A loose sanity bound on the relative L2 error (for --check): two quantizations at b bits.
+// Sites (collectives/sites.h): the least time the sites' WAN links allow an all-reduce whose
+// tensor encodes to `encoded` bytes (payload; `wire` adds the framing the links carry), the max
+// over sites of max(bytes out / uplink, bytes in / downlink), plus the schedule's one-way delays.
+// Flat full mesh: every rank sends each peer outside its site its contribution to that peer's
+// owner chunk and its own chunk's result, 2 E/P each, so a site of m ranks sends
+// m (P - m) 2E/P. Two levels (S sites of m): each rank all-reduces its slice E/m with its
+// column, 2 (S-1)/S E/m out and in, so a site sends 2 (S-1)/S E. That is also the bound: each
+// site must send the other sites its share of every element and receive theirs once each way.
+struct SiteLinkModel {
+  std::vector<int> site_size;            // ranks per site
+  std::vector<double> up_bps, down_bps;  // per site; 0 = unlimited
+  double one_way_delay_s = 0;
+  double frame_bytes = 66;
+  double wire(double payload) const { return payload * (1.0 + frame_bytes / 1448.0); }
+  double limit(bool two_level, double encoded) const {
+    int P = 0;
+    for (int m : site_size) P += m;
+    const double S = static_cast<double>(site_size.size());
+    double worst = 0;
+    for (size_t i = 0; i < site_size.size(); ++i) {
+      const double m = site_size[i];
+      const double bytes = two_level ? 2.0 * (S - 1) / S * encoded
+                                     : m * (P - m) * 2.0 * encoded / static_cast<double>(P);
+      for (double r : {up_bps[i], down_bps[i]})
+        if (r > 0) worst = std::max(worst, wire(bytes) * 8.0 / r);
+    }
+    return worst + 2.0 * one_way_delay_s;
+  }
+};
+
 inline double error_bound(const std::optional<CodecSpec>& spec) {
   if (!spec || !spec->quantized()) return 1e-5;
   double bits = bits_per_element(*spec, 1 << 20);

@@ -37,6 +37,8 @@
 #include <vector>
 
 #include "bench_model.h"
+#include "collectives/reduce_common.h"
+#include "collectives/sites.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
 #include "transport/peer_config.h"
@@ -63,7 +65,9 @@ struct Options {
   int rank = -1;  // worker: this rank
   int nranks = 0;
   std::string wan;
-  std::string netns;  // namespace prefix, "" = none
+  std::string sites;                           // CommOptions::sites ("" = LOWCOMM_SITES / --wan)
+  std::vector<std::string> schedules{"auto"};  // auto | flat | two-level, one table each
+  std::string netns;                           // namespace prefix, "" = none
   int warmup = 1;
   int iters = 5;
   int streams = 0;
@@ -123,6 +127,12 @@ void usage() {
       "  -n, --ranks P            launch P local ranks (not under mpirun)\n"
       "      --wan SPEC           lowcomm's link emulator, e.g. bw=1gbit,rtt=50ms (each rank's\n"
       "                           uplink and downlink, shared by its peers; model=pair: per pair)\n"
+      "      --sites LABELS       which ranks share a site, one label per rank (0,0,0,0,1,1,1,1) "
+      "or\n"
+      "                           flat (default: LOWCOMM_SITES, else --wan's site= rules)\n"
+      "      --schedule LIST      auto,flat,two-level: one table each (all-reduce); with sites "
+      "and\n"
+      "                           both flat and two-level, a summary against the two-level bound\n"
       "      --netns PREFIX       rank k runs in namespace PREFIX<k> (scripts/wan_netns.sh up P)\n"
       "  -w, --warmup N           untimed calls per size (default 1)\n"
       "  -i, --iters N            timed calls per size (default 5)\n"
@@ -184,6 +194,10 @@ Options parse_args(int argc, char** argv) {
       o.wan = need(i);
     else if (a == "--netns")
       o.netns = need(i);
+    else if (a == "--sites")
+      o.sites = need(i);
+    else if (a == "--schedule")
+      o.schedules = split(need(i), ',');
     else if (a == "-w" || a == "--warmup")
       o.warmup = std::stoi(need(i));
     else if (a == "-i" || a == "--iters")
@@ -230,6 +244,10 @@ Options parse_args(int argc, char** argv) {
       die("codecs apply to allreduce only (" + std::string(bench::collective_name(o.collective)) +
           " is uncompressed)");
   }
+  for (const auto& sc : o.schedules)
+    if (sc != "auto" && sc != "flat" && sc != "two-level")
+      die("--schedule: '" + sc + "' is not auto, flat or two-level");
+  if (o.schedules.empty()) die("--schedule needs at least one of auto, flat, two-level");
   if (!o.baseline.empty() && o.baseline != "mpi" && o.baseline != "gloo")
     die("--baseline must be mpi or gloo");
   if (!o.baseline.empty() && o.collective != Collective::kAllReduce)
@@ -387,6 +405,7 @@ int run_rank(const Options& o, int rank, int P) {
   co.streams = o.streams;
   co.socket_buffer_bytes = o.sockbuf;
   co.wan = o.wan;
+  co.sites = o.sites;
   co.timeout = std::chrono::seconds(o.timeout_s);
   co.listen_address = listen;
   auto comm_r = Communicator::init(id, rank, P, co);
@@ -412,6 +431,42 @@ int run_rank(const Options& o, int rank, int P) {
   } else if (ns) {
     link.kind = bench::LinkModel::kAccess;
     link.bits_per_second = ns->rate_bits;
+  }
+
+  // Sites, as the communicator sees them (--sites, LOWCOMM_SITES, --wan's site= rules), and
+  // their links from --wan: the limit of each schedule and the two-level bound.
+  std::optional<bench::SiteLinkModel> sites_model;
+  collectives::SitePlan site_plan;
+  {
+    const char* env_sites = std::getenv("LOWCOMM_SITES");
+    std::string text = !o.sites.empty() ? o.sites : env_sites ? env_sites : "";
+    std::optional<transport::WanPlan> wplan;
+    if (!o.wan.empty()) wplan = *transport::parse_wan_plan(o.wan);
+    if (!text.empty()) {
+      auto p = collectives::parse_sites(text, P);
+      if (!p) die("--sites: " + p.status().message());
+      site_plan = *p;
+    } else if (wplan) {
+      std::vector<int> labels;
+      for (int r = 0; r < P; ++r) {
+        int st = wplan->site_of(r);
+        labels.push_back(st >= 0 ? st : 1000000 + r);
+      }
+      site_plan = collectives::plan_from_labels(labels);
+    }
+    if (site_plan.sites() > 1 && site_plan.sites() < P && wplan) {
+      bench::SiteLinkModel m;
+      auto d = *transport::parse_wan(wplan->defaults);
+      m.one_way_delay_s = d.one_way_delay_s;
+      m.frame_bytes = d.frame_bytes;
+      for (const auto& members : site_plan.members) {
+        auto l = *wplan->link(members.front(), -1);
+        m.site_size.push_back(static_cast<int>(members.size()));
+        m.up_bps.push_back(l.bits_per_second);
+        m.down_bps.push_back(l.down_bits_per_second);
+      }
+      sites_model = m;
+    }
   }
 
   std::FILE* csv = nullptr;
@@ -446,170 +501,212 @@ int run_rank(const Options& o, int rank, int P) {
   InputGen gen{o.seed};
   int bad = 0;
   double cpu_total = 0, bytes_total = 0;
-  for (const auto& codec_text : o.codecs) {
-    std::optional<CodecSpec> spec;
-    if (codec_text != "none") spec = *parse_codec_spec(codec_text);
-    if (rank == 0) {
-      std::printf("#\n# codec %s%s\n", codec_text.c_str(),
-                  o.ef && spec && spec->quantized() ? " + error feedback" : "");
-      std::printf("#%13s %12s %10s %9s %9s %13s %7s %10s %9s %6s %8s\n", "bytes", "count",
-                  "time(s)", "algbw", "busbw", "wire/rank(B)", "ratio", "rel_err", "limit(s)",
-                  "eff", "cpu ns/B");
-    }
-    for (uint64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
-      bench::Shape sh = bench::shape(o.collective, size, P);
-      if (sh.total_elems == 0) {
-        if (size * o.factor <= size) break;
-        continue;
-      }
-      // Buffers: send holds what this rank contributes, recv what it gets.
-      std::vector<float> send(sh.send_elems), recv(sh.recv_elems);
-      if (o.collective == Collective::kBroadcast) {
-        if (rank == 0) gen.fill(0, 0, sh.send_elems, send.data());
-      } else if (o.collective == Collective::kAllGather) {
-        gen.fill(rank, static_cast<uint64_t>(rank) * sh.send_elems, sh.send_elems, send.data());
-      } else {
-        gen.fill(rank, 0, sh.send_elems, send.data());
-      }
-      AllReduceOptions ar;
-      ar.codec = spec;
-      if (o.ef && spec && spec->quantized())
-        ar.error_feedback_key = "bench:" + codec_text + ":" + std::to_string(size);
-      auto launch = [&]() -> Work {
-        switch (o.collective) {
-          case Collective::kAllReduce:
-            return comm->all_reduce(send.data(), recv.data(), sh.send_elems, DType::kFloat32,
-                                    ReduceOp::kSum, ar);
-          case Collective::kAllGather:
-            return comm->all_gather(send.data(), recv.data(), sh.send_elems, DType::kFloat32);
-          case Collective::kReduceScatter:
-            return comm->reduce_scatter(send.data(), recv.data(), sh.recv_elems, DType::kFloat32,
-                                        ReduceOp::kSum);
-          case Collective::kBroadcast:
-            return comm->broadcast(send.data(), recv.data(), sh.send_elems, DType::kFloat32, 0);
-        }
-        return {};
-      };
-      for (int w = 0; w < o.warmup; ++w) check(launch().wait(), "warm-up");
-      std::vector<double> mine(static_cast<size_t>(o.iters) + 1);
-      double cpu0 = cpu_seconds();
-      if (o.back_to_back) check(comm->barrier().wait(), "barrier");
-      for (int it = 0; it < o.iters; ++it) {
-        if (!o.back_to_back) check(comm->barrier().wait(), "barrier");
-        auto t0 = Clock::now();
-        check(launch().wait(), bench::collective_name(o.collective));
-        mine[static_cast<size_t>(it)] = std::chrono::duration<double>(Clock::now() - t0).count();
-      }
-      mine.back() = cpu_seconds() - cpu0;
-      // Gather every rank's times and CPU seconds (doubles, carried bit for bit as fp32 pairs).
-      const uint64_t per = mine.size() * 2;
-      std::vector<float> all(per * static_cast<uint64_t>(P));
-      std::vector<float> mine_f(per);
-      std::memcpy(mine_f.data(), mine.data(), mine.size() * sizeof(double));
-      check(comm->all_gather(mine_f.data(), all.data(), per, DType::kFloat32).wait(),
-            "gathering results");
-
+  // (schedule, codec, bytes) -> time, for the summary of flat against two levels.
+  std::map<std::tuple<std::string, std::string, uint64_t>, double> times;
+  std::map<std::pair<std::string, uint64_t>, double> bounds;
+  for (const auto& schedule : o.schedules)
+    for (const auto& codec_text : o.codecs) {
+      std::optional<CodecSpec> spec;
+      if (codec_text != "none") spec = *parse_codec_spec(codec_text);
       if (rank == 0) {
-        std::vector<double> per_iter(static_cast<size_t>(o.iters), 0.0);
-        double cpu = 0;
-        for (int r = 0; r < P; ++r) {
-          std::vector<double> d(mine.size());
-          std::memcpy(d.data(), all.data() + per * static_cast<uint64_t>(r),
-                      d.size() * sizeof(double));
-          for (int it = 0; it < o.iters; ++it)
-            per_iter[static_cast<size_t>(it)] =
-                std::max(per_iter[static_cast<size_t>(it)], d[static_cast<size_t>(it)]);
-          cpu += d.back();
-        }
-        std::sort(per_iter.begin(), per_iter.end());
-        size_t m = per_iter.size();
-        double t = m % 2 ? per_iter[m / 2] : 0.5 * (per_iter[m / 2 - 1] + per_iter[m / 2]);
-
-        bench::Traffic tr = bench::traffic(o.collective, sh, P, spec, co.segment_bytes);
-        bench::Traffic plain = bench::traffic(o.collective, sh, P, std::nullopt, co.segment_bytes);
-        Row row;
-        row.codec = codec_text;
-        row.bytes = sh.total_elems * 4;
-        row.time_s = t;
-        row.algbw = static_cast<double>(row.bytes) * 8 / t / 1e9;
-        row.busbw = row.algbw * bench::bus_factor(o.collective, P);
-        row.wire = tr.max_rank_bytes;
-        row.ratio = static_cast<double>(plain.max_rank_bytes) /
-                    static_cast<double>(std::max<uint64_t>(tr.max_rank_bytes, 1));
-        row.limit_s = link.limit_seconds(tr, bench::rounds(o.collective, sh, P));
-        double sent = static_cast<double>(tr.total_bytes) * o.iters;
-        row.cpu_ns_per_byte = sent > 0 ? cpu / sent * 1e9 : 0;
-        cpu_total += cpu;
-        bytes_total += sent;
-
-        // Relative L2 error of rank 0's output against the fp64 reference from every rank's input.
-        double num = 0, den = 0;
-        const uint64_t chunk = 1 << 16;
-        std::vector<float> tmp(chunk);
-        std::vector<double> ref(chunk);
-        // Which global elements rank 0's recv holds, and how its reference is formed.
-        uint64_t out_begin = 0, out_n = sh.recv_elems;
-        for (uint64_t off = 0; off < out_n; off += chunk) {
-          uint64_t n = std::min(chunk, out_n - off);
-          std::fill(ref.begin(), ref.begin() + static_cast<long>(n), 0.0);
-          if (o.collective == Collective::kAllReduce ||
-              o.collective == Collective::kReduceScatter) {
-            for (int r = 0; r < P; ++r) {
-              gen.fill(r, out_begin + off, n, tmp.data());
-              for (uint64_t k = 0; k < n; ++k) ref[k] += tmp[k];
-            }
-          } else if (o.collective == Collective::kAllGather) {
-            uint64_t g = out_begin + off;  // global index = owner * send_elems + local
-            for (uint64_t k = 0; k < n; ++k) {
-              int owner = static_cast<int>((g + k) / sh.send_elems);
-              ref[k] = gen.value(owner, g + k);
-            }
-          } else {
-            gen.fill(0, out_begin + off, n, tmp.data());
-            for (uint64_t k = 0; k < n; ++k) ref[k] = tmp[k];
-          }
-          for (uint64_t k = 0; k < n; ++k) {
-            double e = static_cast<double>(recv[off + k]) - ref[k];
-            num += e * e;
-            den += ref[k] * ref[k];
-          }
-        }
-        row.rel_err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-        if (o.check && !(row.rel_err <= bench::error_bound(spec))) {
-          std::fprintf(stderr,
-                       "lowcomm-bench: %s %llu B: relative error %.3g above the bound %.3g\n",
-                       codec_text.c_str(), static_cast<unsigned long long>(row.bytes), row.rel_err,
-                       bench::error_bound(spec));
-          bad = 1;
-        }
-
-        char limit[32] = "-", eff[32] = "-";
-        if (row.limit_s > 0) {
-          std::snprintf(limit, sizeof limit, "%.4f", row.limit_s);
-          std::snprintf(eff, sizeof eff, "%.2f", row.limit_s / row.time_s);
-        }
-        std::printf(" %13llu %12llu %10.4f %9.3f %9.3f %13llu %7.2f %10.3e %9s %6s %8.2f\n",
-                    static_cast<unsigned long long>(row.bytes),
-                    static_cast<unsigned long long>(sh.total_elems), row.time_s, row.algbw,
-                    row.busbw, static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err,
-                    limit, eff, row.cpu_ns_per_byte);
-        std::fflush(stdout);
-        if (csv) {
-          std::fprintf(
-              csv, "lowcomm,%s,%s,%d,%d,%llu,%.6f,%.4f,%.4f,%llu,%.4f,%.4e,%.6f,%.4f,%.3f,%s\n",
-              bench::collective_name(o.collective), codec_text.c_str(),
-              ar.error_feedback_key.empty() ? 0 : 1, P, static_cast<unsigned long long>(row.bytes),
-              row.time_s, row.algbw, row.busbw, static_cast<unsigned long long>(row.wire),
-              row.ratio, row.rel_err, row.limit_s, row.limit_s > 0 ? row.limit_s / row.time_s : 0.0,
-              row.cpu_ns_per_byte,
-              link.kind == bench::LinkModel::kPerPeer || link.kind == bench::LinkModel::kSite
-                  ? "wan"
-              : link.kind == bench::LinkModel::kAccess ? "netns"
-                                                       : "none");
-          std::fflush(csv);
-        }
+        std::printf(
+            "#\n# codec %s%s%s\n", codec_text.c_str(),
+            o.ef && spec && spec->quantized() ? " + error feedback" : "",
+            site_plan.sites() > 1 || schedule != "auto"
+                ? (", schedule " + schedule + " (sites " + site_plan.to_string() + ")").c_str()
+                : "");
+        std::printf("#%13s %12s %10s %9s %9s %13s %7s %10s %9s %6s %8s %9s\n", "bytes", "count",
+                    "time(s)", "algbw", "busbw", "wire/rank(B)", "ratio", "rel_err", "limit(s)",
+                    "eff", "cpu ns/B", "bound(s)");
       }
-      if (size * o.factor <= size) break;  // overflow
+      for (uint64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
+        bench::Shape sh = bench::shape(o.collective, size, P);
+        if (sh.total_elems == 0) {
+          if (size * o.factor <= size) break;
+          continue;
+        }
+        // Buffers: send holds what this rank contributes, recv what it gets.
+        std::vector<float> send(sh.send_elems), recv(sh.recv_elems);
+        if (o.collective == Collective::kBroadcast) {
+          if (rank == 0) gen.fill(0, 0, sh.send_elems, send.data());
+        } else if (o.collective == Collective::kAllGather) {
+          gen.fill(rank, static_cast<uint64_t>(rank) * sh.send_elems, sh.send_elems, send.data());
+        } else {
+          gen.fill(rank, 0, sh.send_elems, send.data());
+        }
+        AllReduceOptions ar;
+        ar.codec = spec;
+        ar.schedule = schedule == "flat"        ? AllReduceOptions::Schedule::kFlat
+                      : schedule == "two-level" ? AllReduceOptions::Schedule::kTwoLevel
+                                                : AllReduceOptions::Schedule::kAuto;
+        if (o.ef && spec && spec->quantized())
+          ar.error_feedback_key = "bench:" + codec_text + ":" + std::to_string(size);
+        auto launch = [&]() -> Work {
+          switch (o.collective) {
+            case Collective::kAllReduce:
+              return comm->all_reduce(send.data(), recv.data(), sh.send_elems, DType::kFloat32,
+                                      ReduceOp::kSum, ar);
+            case Collective::kAllGather:
+              return comm->all_gather(send.data(), recv.data(), sh.send_elems, DType::kFloat32);
+            case Collective::kReduceScatter:
+              return comm->reduce_scatter(send.data(), recv.data(), sh.recv_elems, DType::kFloat32,
+                                          ReduceOp::kSum);
+            case Collective::kBroadcast:
+              return comm->broadcast(send.data(), recv.data(), sh.send_elems, DType::kFloat32, 0);
+          }
+          return {};
+        };
+        for (int w = 0; w < o.warmup; ++w) check(launch().wait(), "warm-up");
+        std::vector<double> mine(static_cast<size_t>(o.iters) + 1);
+        double cpu0 = cpu_seconds();
+        if (o.back_to_back) check(comm->barrier().wait(), "barrier");
+        for (int it = 0; it < o.iters; ++it) {
+          if (!o.back_to_back) check(comm->barrier().wait(), "barrier");
+          auto t0 = Clock::now();
+          check(launch().wait(), bench::collective_name(o.collective));
+          mine[static_cast<size_t>(it)] = std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+        mine.back() = cpu_seconds() - cpu0;
+        // Gather every rank's times and CPU seconds (doubles, carried bit for bit as fp32 pairs).
+        const uint64_t per = mine.size() * 2;
+        std::vector<float> all(per * static_cast<uint64_t>(P));
+        std::vector<float> mine_f(per);
+        std::memcpy(mine_f.data(), mine.data(), mine.size() * sizeof(double));
+        check(comm->all_gather(mine_f.data(), all.data(), per, DType::kFloat32).wait(),
+              "gathering results");
+
+        if (rank == 0) {
+          std::vector<double> per_iter(static_cast<size_t>(o.iters), 0.0);
+          double cpu = 0;
+          for (int r = 0; r < P; ++r) {
+            std::vector<double> d(mine.size());
+            std::memcpy(d.data(), all.data() + per * static_cast<uint64_t>(r),
+                        d.size() * sizeof(double));
+            for (int it = 0; it < o.iters; ++it)
+              per_iter[static_cast<size_t>(it)] =
+                  std::max(per_iter[static_cast<size_t>(it)], d[static_cast<size_t>(it)]);
+            cpu += d.back();
+          }
+          std::sort(per_iter.begin(), per_iter.end());
+          size_t m = per_iter.size();
+          double t = m % 2 ? per_iter[m / 2] : 0.5 * (per_iter[m / 2 - 1] + per_iter[m / 2]);
+
+          bench::Traffic tr = bench::traffic(o.collective, sh, P, spec, co.segment_bytes);
+          bench::Traffic plain =
+              bench::traffic(o.collective, sh, P, std::nullopt, co.segment_bytes);
+          Row row;
+          row.codec = codec_text;
+          row.bytes = sh.total_elems * 4;
+          row.time_s = t;
+          row.algbw = static_cast<double>(row.bytes) * 8 / t / 1e9;
+          row.busbw = row.algbw * bench::bus_factor(o.collective, P);
+          row.wire = tr.max_rank_bytes;
+          row.ratio = static_cast<double>(plain.max_rank_bytes) /
+                      static_cast<double>(std::max<uint64_t>(tr.max_rank_bytes, 1));
+          row.limit_s = link.limit_seconds(tr, bench::rounds(o.collective, sh, P));
+          double bound_s = 0;
+          if (sites_model && o.collective == Collective::kAllReduce) {
+            const CodecSpec wire_spec = spec ? *spec : collectives::passthrough(DType::kFloat32);
+            const double encoded = static_cast<double>(encoded_size(wire_spec, sh.total_elems));
+            const bool two = schedule == "two-level" ||
+                             (schedule == "auto" &&
+                              collectives::use_two_level(site_plan, sh.total_elems, DType::kFloat32,
+                                                         ReduceOp::kSum, spec));
+            row.limit_s = sites_model->limit(two, encoded);
+            bound_s = sites_model->limit(true, encoded);
+            bounds[{codec_text, sh.total_elems * 4}] = bound_s;
+          }
+          times[{schedule, codec_text, sh.total_elems * 4}] = t;
+          double sent = static_cast<double>(tr.total_bytes) * o.iters;
+          row.cpu_ns_per_byte = sent > 0 ? cpu / sent * 1e9 : 0;
+          cpu_total += cpu;
+          bytes_total += sent;
+
+          // Relative L2 error of rank 0's output against the fp64 reference from every rank's
+          // input.
+          double num = 0, den = 0;
+          const uint64_t chunk = 1 << 16;
+          std::vector<float> tmp(chunk);
+          std::vector<double> ref(chunk);
+          // Which global elements rank 0's recv holds, and how its reference is formed.
+          uint64_t out_begin = 0, out_n = sh.recv_elems;
+          for (uint64_t off = 0; off < out_n; off += chunk) {
+            uint64_t n = std::min(chunk, out_n - off);
+            std::fill(ref.begin(), ref.begin() + static_cast<long>(n), 0.0);
+            if (o.collective == Collective::kAllReduce ||
+                o.collective == Collective::kReduceScatter) {
+              for (int r = 0; r < P; ++r) {
+                gen.fill(r, out_begin + off, n, tmp.data());
+                for (uint64_t k = 0; k < n; ++k) ref[k] += tmp[k];
+              }
+            } else if (o.collective == Collective::kAllGather) {
+              uint64_t g = out_begin + off;  // global index = owner * send_elems + local
+              for (uint64_t k = 0; k < n; ++k) {
+                int owner = static_cast<int>((g + k) / sh.send_elems);
+                ref[k] = gen.value(owner, g + k);
+              }
+            } else {
+              gen.fill(0, out_begin + off, n, tmp.data());
+              for (uint64_t k = 0; k < n; ++k) ref[k] = tmp[k];
+            }
+            for (uint64_t k = 0; k < n; ++k) {
+              double e = static_cast<double>(recv[off + k]) - ref[k];
+              num += e * e;
+              den += ref[k] * ref[k];
+            }
+          }
+          row.rel_err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+          if (o.check && !(row.rel_err <= bench::error_bound(spec))) {
+            std::fprintf(stderr,
+                         "lowcomm-bench: %s %llu B: relative error %.3g above the bound %.3g\n",
+                         codec_text.c_str(), static_cast<unsigned long long>(row.bytes),
+                         row.rel_err, bench::error_bound(spec));
+            bad = 1;
+          }
+
+          char limit[32] = "-", eff[32] = "-";
+          if (row.limit_s > 0) {
+            std::snprintf(limit, sizeof limit, "%.4f", row.limit_s);
+            std::snprintf(eff, sizeof eff, "%.2f", row.limit_s / row.time_s);
+          }
+          char bound[32] = "-";
+          if (bound_s > 0) std::snprintf(bound, sizeof bound, "%.4f", bound_s);
+          std::printf(" %13llu %12llu %10.4f %9.3f %9.3f %13llu %7.2f %10.3e %9s %6s %8.2f %9s\n",
+                      static_cast<unsigned long long>(row.bytes),
+                      static_cast<unsigned long long>(sh.total_elems), row.time_s, row.algbw,
+                      row.busbw, static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err,
+                      limit, eff, row.cpu_ns_per_byte, bound);
+          std::fflush(stdout);
+          if (csv) {
+            std::fprintf(
+                csv, "lowcomm,%s,%s,%d,%d,%llu,%.6f,%.4f,%.4f,%llu,%.4f,%.4e,%.6f,%.4f,%.3f,%s\n",
+                bench::collective_name(o.collective), codec_text.c_str(),
+                ar.error_feedback_key.empty() ? 0 : 1, P,
+                static_cast<unsigned long long>(row.bytes), row.time_s, row.algbw, row.busbw,
+                static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err, row.limit_s,
+                row.limit_s > 0 ? row.limit_s / row.time_s : 0.0, row.cpu_ns_per_byte,
+                link.kind == bench::LinkModel::kPerPeer || link.kind == bench::LinkModel::kSite
+                    ? "wan"
+                : link.kind == bench::LinkModel::kAccess ? "netns"
+                                                         : "none");
+            std::fflush(csv);
+          }
+        }
+        if (size * o.factor <= size) break;  // overflow
+      }
+    }
+  if (rank == 0 && sites_model) {
+    // Flat against two levels, measured in this run, and the two-level bound.
+    std::printf("#\n# sites %s: flat vs two-level (same run)\n", site_plan.to_string().c_str());
+    for (const auto& [key, bound_s] : bounds) {
+      auto flat = times.find({"flat", key.first, key.second});
+      auto two = times.find({"two-level", key.first, key.second});
+      if (flat == times.end() || two == times.end()) continue;
+      std::printf(
+          "# %s %llu B: flat %.3f s, two-level %.3f s (%.2fx faster), bound %.3f s "
+          "(two-level at %.2fx of it)\n",
+          key.first.c_str(), static_cast<unsigned long long>(key.second), flat->second, two->second,
+          flat->second / two->second, bound_s, two->second / bound_s);
     }
   }
   if (rank == 0) {
