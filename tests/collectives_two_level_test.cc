@@ -16,9 +16,11 @@ constexpr uint64_t kN = 100003;  // not a multiple of anything: every slice and 
 
 // Every case: "ok " then, per case, the output's hash and its RMS error against the exact
 // result (every rank can compute every input: make_input is a function of (seed, rank, i)).
-std::string cases(int rank, const UniqueId& id, int P, const std::string& sites) {
+std::string cases(int rank, const UniqueId& id, int P, const std::string& sites,
+                  uint64_t segment_bytes) {
   CommOptions o = test_options();
   o.sites = sites;
+  o.segment_bytes = segment_bytes;
   auto c = Communicator::init(id, rank, P, o);
   RANK_OK(c.status());
   std::string out = "ok";
@@ -71,12 +73,20 @@ std::vector<double> errors(const std::string& text) {
 
 TEST(CollectivesTwoLevel, IdenticalOnEveryRankAndAsCloseAsFlat) {
   constexpr int P = 4;
-  for (const char* sites : {"0,0,1,1", "7,3,7,3"}) {  // contiguous and interleaved sites
+  // Contiguous and interleaved sites; then 64 KiB segments, which cut the 400 KB tensor into
+  // three pipelined pieces (two_level.cc).
+  struct Case {
+    const char* sites;
+    uint64_t segment_bytes;
+  };
+  for (Case c : {Case{"0,0,1,1", 4 << 20}, Case{"7,3,7,3", 4 << 20}, Case{"0,0,1,1", 64 << 10}}) {
+    const char* sites = c.sites;
+    const uint64_t seg = c.segment_bytes;
     auto two =
-        run_ranks(P, [&](int rank, const UniqueId& id) { return cases(rank, id, P, sites); });
+        run_ranks(P, [&](int rank, const UniqueId& id) { return cases(rank, id, P, sites, seg); });
     expect_all_ok(two);
     auto flat =
-        run_ranks(P, [&](int rank, const UniqueId& id) { return cases(rank, id, P, "flat"); });
+        run_ranks(P, [&](int rank, const UniqueId& id) { return cases(rank, id, P, "flat", seg); });
     expect_all_ok(flat);
     if (!two[0].ok() || !flat[0].ok()) continue;
     for (int r = 1; r < P; ++r) EXPECT_EQ(hashes(two[r].text), hashes(two[0].text)) << sites;

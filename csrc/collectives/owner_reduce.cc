@@ -48,22 +48,34 @@
 #include "collectives/tags.h"
 
 namespace lowcomm::collectives {
+StagedOwnerReduce::StagedOwnerReduce(OpRun& run, const ReduceArgs& args, std::vector<Range> chunks,
+                                     Finish finish, std::vector<int> group)
+    : args_(args), chunks_(std::move(chunks)), o_(run, args_, finish) {
+  o_.group = std::move(group);
+}
+
+Status StagedOwnerReduce::start() {
+  LOWCOMM_CHECK(prepare_owner_reduce(o_, chunks_));
+  // Receives first, so arriving data lands in place instead of being buffered.
+  contributions_ = post_contribution_receives(o_);
+  results_.post_receives(o_);
+  LOWCOMM_CHECK(send_contributions(o_, contributions_));
+  // Before any received byte is read, and before results leave (see the file comment).
+  return o_.run.check_descriptors();
+}
+
+Status StagedOwnerReduce::finish() {
+  LOWCOMM_CHECK(reduce_own_chunk(o_, contributions_, results_));
+  // Step 3: the rest of everyone else's results.
+  return results_.take(o_, /*block=*/true);
+}
+
 // Steps 1 and 2, and 3 (to every rank, or to the root): see the file comment.
 Status owner_reduce(OpRun& run, const ReduceArgs& a, const std::vector<Range>& chunks,
                     Finish finish, std::vector<int> group) {
-  OwnerReduce o(run, a, finish);
-  o.group = std::move(group);
-  LOWCOMM_CHECK(prepare_owner_reduce(o, chunks));
-  // Receives first, so arriving data lands in place instead of being buffered.
-  Contributions contributions = post_contribution_receives(o);
-  Results results;
-  results.post_receives(o);
-  LOWCOMM_CHECK(send_contributions(o, contributions));
-  // Before any received byte is read, and before results leave (see the file comment).
-  LOWCOMM_CHECK(run.check_descriptors());
-  LOWCOMM_CHECK(reduce_own_chunk(o, contributions, results));
-  // Step 3: the rest of everyone else's results.
-  return results.take(o, /*block=*/true);
+  StagedOwnerReduce r(run, a, chunks, finish, std::move(group));
+  LOWCOMM_CHECK(r.start());
+  return r.finish();
 }
 
 size_t OwnerReduce::max_segs() const {

@@ -107,4 +107,27 @@ class Results {
 // results that are in while one is not), and hands each finished segment to results.send_own.
 Status reduce_own_chunk(const OwnerReduce& o, Contributions& c, Results& results);
 
+// The owner reduction in two halves, for a schedule that interleaves several of them
+// (two_level.cc pipelines its pieces): start() prepares, posts every receive, sends this rank's
+// contributions and checks the descriptors; finish() reduces this rank's chunk (sending its
+// results) and takes the other owners'. Reductions started in the same order on every rank
+// match message for message on their shared (peer, tag) streams. The descriptors must be
+// posted before the first start().
+class StagedOwnerReduce {
+ public:
+  StagedOwnerReduce(OpRun& run, const ReduceArgs& args, std::vector<Range> chunks, Finish finish,
+                    std::vector<int> group);
+  StagedOwnerReduce(const StagedOwnerReduce&) = delete;
+  StagedOwnerReduce& operator=(const StagedOwnerReduce&) = delete;
+  Status start();
+  Status finish();
+
+ private:
+  ReduceArgs args_;  // before o_, which refers to it
+  std::vector<Range> chunks_;
+  OwnerReduce o_;
+  Contributions contributions_;
+  Results results_;
+};
+
 }  // namespace lowcomm::collectives
