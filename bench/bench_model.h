@@ -278,6 +278,20 @@ struct SiteLinkModel {
     }
     return worst + 2.0 * one_way_delay_s;
   }
+  // A ring over the sites in order (lowcomm-bench --schedule ring): one edge leaves each site
+  // and carries 2 (P-1)/P E. Of the 2 (P-1) hops on a chunk's way round, 2 (P-1) S/P cross a
+  // site link and pay its one-way delay (the hops inside a site are local).
+  double ring_limit(double encoded) const {
+    int P = 0;
+    for (int m : site_size) P += m;
+    const double bytes = 2.0 * (P - 1) / P * encoded;
+    double worst = 0;
+    for (size_t i = 0; i < site_size.size(); ++i)
+      for (double r : {up_bps[i], down_bps[i]})
+        if (r > 0) worst = std::max(worst, wire(bytes) * 8.0 / r);
+    const double crossings = 2.0 * (P - 1) * static_cast<double>(site_size.size()) / P;
+    return worst + crossings * one_way_delay_s;
+  }
 };
 
 inline double error_bound(const std::optional<CodecSpec>& spec) {

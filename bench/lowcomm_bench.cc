@@ -130,9 +130,9 @@ void usage() {
       "      --sites LABELS       which ranks share a site, one label per rank (0,0,0,0,1,1,1,1) "
       "or\n"
       "                           flat (default: LOWCOMM_SITES, else --wan's site= rules)\n"
-      "      --schedule LIST      auto,flat,two-level: one table each (all-reduce); with sites "
-      "and\n"
-      "                           both flat and two-level, a summary against the two-level bound\n"
+      "      --schedule LIST      auto,flat,two-level,ring: one table each (all-reduce; ring:\n"
+      "                           the PCCL-style baseline, a ring over the sites in order);\n"
+      "                           with flat and two-level, a summary against the bound\n"
       "      --netns PREFIX       rank k runs in namespace PREFIX<k> (scripts/wan_netns.sh up P)\n"
       "  -w, --warmup N           untimed calls per size (default 1)\n"
       "  -i, --iters N            timed calls per size (default 5)\n"
@@ -245,8 +245,11 @@ Options parse_args(int argc, char** argv) {
           " is uncompressed)");
   }
   for (const auto& sc : o.schedules)
-    if (sc != "auto" && sc != "flat" && sc != "two-level")
-      die("--schedule: '" + sc + "' is not auto, flat or two-level");
+    if (sc != "auto" && sc != "flat" && sc != "two-level" && sc != "ring")
+      die("--schedule: '" + sc + "' is not auto, flat, two-level or ring");
+  for (const auto& sc : o.schedules)
+    if (sc == "ring" && o.collective != Collective::kAllReduce)
+      die("--schedule ring is an all-reduce");
   if (o.schedules.empty()) die("--schedule needs at least one of auto, flat, two-level");
   if (!o.baseline.empty() && o.baseline != "mpi" && o.baseline != "gloo")
     die("--baseline must be mpi or gloo");
@@ -387,6 +390,56 @@ struct Row {
   double limit_s = 0;  // 0: no link model
   double cpu_ns_per_byte = 0;
 };
+
+// The PCCL-style baseline: a ring all-reduce over `order` (the best ring over sites crosses
+// each site's link once: the ranks of a site next to each other), built on lowcomm's
+// point-to-point and codec calls. Reduce-scatter: P-1 steps, each rank re-quantizing its running
+// partial of one chunk and sending it to the next rank, which decode-accumulates it into its own
+// (P-1 quantizations of an element, not two); then the owner of each reduced chunk quantizes it
+// once and the codes go round unchanged (P-1 steps), every rank decoding the same bytes. One
+// chunk per step, no pipelining within a step: 2 (P-1) one-way delays.
+Status ring_all_reduce(Communicator& c, const float* send, float* recv, uint64_t n,
+                       const std::optional<CodecSpec>& spec, const std::vector<int>& order) {
+  const int P = c.size();
+  const int pos = static_cast<int>(std::find(order.begin(), order.end(), c.rank()) - order.begin());
+  const int next = order[static_cast<size_t>((pos + 1) % P)];
+  const int prev = order[static_cast<size_t>((pos + P - 1) % P)];
+  const CodecSpec wire = spec ? *spec : collectives::passthrough(DType::kFloat32);
+  const auto chunks = collectives::owner_chunks(n, P, collectives::granule(spec));
+  auto chunk = [&](int i) { return chunks[static_cast<size_t>(((i % P) + P) % P)]; };
+  std::memcpy(recv, send, n * sizeof(float));
+  uint64_t most = 0;
+  for (const auto& r : chunks) most = std::max(most, encoded_size(wire, r.count));
+  std::vector<uint8_t> out(most), in(most);
+  auto exchange = [&](uint64_t tag, uint64_t out_bytes, uint64_t in_bytes) -> Status {
+    Work r = c.recv(in.data(), in_bytes, DType::kUInt8, prev, tag);
+    Work w = c.send(out.data(), out_bytes, DType::kUInt8, next, tag);
+    LOWCOMM_CHECK(w.wait());
+    return r.wait();
+  };
+  for (int st = 0; st < P - 1; ++st) {  // reduce-scatter
+    const auto cs = chunk(pos - st), cr = chunk(pos - st - 1);
+    const uint64_t ob = encoded_size(wire, cs.count), ib = encoded_size(wire, cr.count);
+    LOWCOMM_CHECK(encode(wire, DType::kFloat32, recv + cs.begin, cs.count, out.data(), ob));
+    LOWCOMM_CHECK(exchange(7000 + static_cast<uint64_t>(st), ob, ib));
+    LOWCOMM_CHECK(
+        decode_accumulate(wire, in.data(), ib, cr.count, DType::kFloat32, recv + cr.begin));
+  }
+  // This rank's reduced chunk: pos + 1. Quantized once; the same bytes decoded everywhere.
+  auto own = chunk(pos + 1);
+  uint64_t ob = encoded_size(wire, own.count);
+  LOWCOMM_CHECK(encode(wire, DType::kFloat32, recv + own.begin, own.count, out.data(), ob));
+  LOWCOMM_CHECK(decode(wire, out.data(), ob, own.count, DType::kFloat32, recv + own.begin));
+  for (int st = 0; st < P - 1; ++st) {  // all-gather: forward the codes unchanged
+    const auto cr = chunk(pos - st);
+    const uint64_t ib = encoded_size(wire, cr.count);
+    LOWCOMM_CHECK(exchange(8000 + static_cast<uint64_t>(st), ob, ib));
+    LOWCOMM_CHECK(decode(wire, in.data(), ib, cr.count, DType::kFloat32, recv + cr.begin));
+    std::swap(out, in);
+    ob = ib;
+  }
+  return Status::ok();
+}
 
 int run_rank(const Options& o, int rank, int P) {
   std::optional<NetnsInfo> ns;
@@ -556,14 +609,25 @@ int run_rank(const Options& o, int rank, int P) {
           }
           return {};
         };
-        for (int w = 0; w < o.warmup; ++w) check(launch().wait(), "warm-up");
+        std::vector<int> ring_order;  // site by site: the ring crosses each site's link once
+        for (const auto& members : site_plan.members)
+          ring_order.insert(ring_order.end(), members.begin(), members.end());
+        if (ring_order.empty())
+          for (int r = 0; r < P; ++r) ring_order.push_back(r);
+        auto run_once = [&]() -> Status {
+          if (schedule == "ring")
+            return ring_all_reduce(*comm, send.data(), recv.data(), sh.send_elems, spec,
+                                   ring_order);
+          return launch().wait();
+        };
+        for (int w = 0; w < o.warmup; ++w) check(run_once(), "warm-up");
         std::vector<double> mine(static_cast<size_t>(o.iters) + 1);
         double cpu0 = cpu_seconds();
         if (o.back_to_back) check(comm->barrier().wait(), "barrier");
         for (int it = 0; it < o.iters; ++it) {
           if (!o.back_to_back) check(comm->barrier().wait(), "barrier");
           auto t0 = Clock::now();
-          check(launch().wait(), bench::collective_name(o.collective));
+          check(run_once(), bench::collective_name(o.collective));
           mine[static_cast<size_t>(it)] = std::chrono::duration<double>(Clock::now() - t0).count();
         }
         mine.back() = cpu_seconds() - cpu0;
@@ -612,7 +676,8 @@ int run_rank(const Options& o, int rank, int P) {
                              (schedule == "auto" &&
                               collectives::use_two_level(site_plan, sh.total_elems, DType::kFloat32,
                                                          ReduceOp::kSum, spec));
-            row.limit_s = sites_model->limit(two, encoded);
+            row.limit_s = schedule == "ring" ? sites_model->ring_limit(encoded)
+                                             : sites_model->limit(two, encoded);
             bound_s = sites_model->limit(true, encoded);
             bounds[{codec_text, sh.total_elems * 4}] = bound_s;
           }
@@ -701,12 +766,17 @@ int run_rank(const Options& o, int rank, int P) {
     for (const auto& [key, bound_s] : bounds) {
       auto flat = times.find({"flat", key.first, key.second});
       auto two = times.find({"two-level", key.first, key.second});
+      auto ring = times.find({"ring", key.first, key.second});
       if (flat == times.end() || two == times.end()) continue;
       std::printf(
           "# %s %llu B: flat %.3f s, two-level %.3f s (%.2fx faster), bound %.3f s "
-          "(two-level at %.2fx of it)\n",
+          "(two-level at %.2fx of it)",
           key.first.c_str(), static_cast<unsigned long long>(key.second), flat->second, two->second,
           flat->second / two->second, bound_s, two->second / bound_s);
+      if (ring != times.end())
+        std::printf("; ring %.3f s (two-level %.2fx faster)", ring->second,
+                    ring->second / two->second);
+      std::printf("\n");
     }
   }
   if (rank == 0) {
