@@ -33,6 +33,8 @@ std::string cases(int rank, const UniqueId& id, int P, const std::string& sites,
         std::vector<uint8_t> y(x.bytes.size());
         AllReduceOptions ar;
         if (*codec) ar.codec = *parse_codec_spec(codec);
+        // Small enough that the cost model would choose flat: force the schedule under test.
+        if (sites != "flat") ar.schedule = AllReduceOptions::Schedule::kTwoLevel;
         // A key per case: a residual carried from another case would add its error here.
         if (*codec && in_place) ar.error_feedback_key = "grad" + std::to_string(k);
         void* dst = in_place ? x.data() : y.data();
@@ -117,8 +119,9 @@ TEST(CollectivesTwoLevel, RanksThatDisagreeAboutSitesFailNamingIt) {
     o.sites = rank == 3 ? "0,1,0,1" : "0,0,1,1";
     auto c = Communicator::init(id, rank, P, o);
     RANK_OK(c.status());
-    std::vector<float> x(kN, 1.0f);
-    Status s = (*c)->all_reduce(x.data(), x.data(), kN, DType::kFloat32, ReduceOp::kSum).wait();
+    std::vector<float> x(1 << 20, 1.0f);  // 4 MiB: two levels by the cost model
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
     RANK_CHECK(!s.is_ok(), "an all-reduce over disagreeing site maps succeeded");
     RANK_CHECK(s.message().find("two-level") != std::string::npos, s.to_string());
     return "ok";

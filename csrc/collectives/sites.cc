@@ -37,7 +37,7 @@ bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp o
   if (!plan.two_level() || dtype != DType::kFloat32) return false;
   if (op != ReduceOp::kSum && op != ReduceOp::kAverage) return false;
   const uint64_t P = static_cast<uint64_t>(plan.sites()) * static_cast<uint64_t>(plan.per_site);
-  return count >= P * granule(codec);
+  return count >= P * granule(codec) && count * sizeof(float) >= kTwoLevelMinBytes;
 }
 
 SitePlan plan_from_labels(const std::vector<int>& labels) {
