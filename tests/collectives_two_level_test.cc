@@ -5,6 +5,7 @@
 // sites fail naming the mismatch instead of mixing schedules.
 
 #include <cmath>
+#include <sstream>
 
 #include "collectives/sites.h"
 #include "collectives_test_util.h"
@@ -165,6 +166,42 @@ TEST(CollectivesTwoLevel, ScheduleOptionForcesOrRefuses) {
   EXPECT_EQ(forced_flat[0].text, flat[0].text);
   EXPECT_NE(two[0].text, flat[0].text);
   EXPECT_EQ(refused[0].text, "ok refused");
+}
+
+// Without a map the ranks of one host are one site: ranks 0-1 listen on 127.0.0.1 and 2-3 on
+// 127.0.0.2 (two loopback "hosts"), so a large all-reduce runs in two levels by itself: the
+// bits of a forced two-level call, not those of a forced flat one.
+TEST(CollectivesTwoLevel, RanksOfOneHostAreOneSiteByDefault) {
+  constexpr int P = 4;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.listen_address = rank < 2 ? "127.0.0.1" : "127.0.0.2";
+    auto c = Communicator::init(id, rank, P, o);
+    RANK_OK(c.status());
+    const uint64_t n = 1 << 20;  // 4 MiB: two levels by the cost model
+    Tensor x = make_input(DType::kFloat32, n, 9, rank);
+    std::string out = "ok";
+    for (auto schedule : {AllReduceOptions::Schedule::kAuto, AllReduceOptions::Schedule::kTwoLevel,
+                          AllReduceOptions::Schedule::kFlat}) {
+      std::vector<uint8_t> y(x.bytes.size());
+      AllReduceOptions ar;
+      ar.codec = *parse_codec_spec("q4");
+      ar.schedule = schedule;
+      RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, ar).wait());
+      out += " " + std::to_string(fnv64(y));
+    }
+    return out;
+  });
+  expect_all_ok(res);
+  for (int r = 0; r < P; ++r) {
+    if (!res[r].ok()) continue;
+    std::string a, t, f;
+    std::istringstream in(res[r].text.substr(3));
+    in >> a >> t >> f;
+    EXPECT_EQ(a, t) << "auto did not run two levels: " << res[r].text;
+    EXPECT_NE(a, f) << res[r].text;
+    EXPECT_EQ(res[r].text, res[0].text);
+  }
 }
 
 TEST(CollectivesTwoLevel, SiteMapsParseAndBadOnesAreRefused) {

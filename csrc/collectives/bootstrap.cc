@@ -143,7 +143,7 @@ void poll_some(std::vector<pollfd> fds, const Deadline& deadline) {
 // connection ends at any point of init is noticed at once.
 Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
                    std::vector<std::unique_ptr<Peer>>& peers, std::vector<Bytes>& ready,
-                   std::vector<Request>& ready_req) {
+                   std::vector<Request>& ready_req, std::vector<std::string>& table_out) {
   std::vector<Bytes> hello(nranks, Bytes(kEntryBytes));
   std::vector<Request> hello_req(nranks);
   std::string error;
@@ -212,6 +212,7 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
         addresses[r] = *a;
     }
   }
+  if (error.empty()) table_out = addresses;
   // Tell everyone who is connected, the reason included, so nobody waits for its deadline.
   // Each joiner receives a table of the size it expects (its own nranks, from its hello), so
   // one started with another nranks reads the reason instead of failing on the length.
@@ -461,7 +462,7 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   if (rank == 0) {
     std::vector<Bytes> ready(nranks, Bytes(kTableHeaderBytes));
     std::vector<Request> ready_req(nranks);
-    LOWCOMM_CHECK(root_gather(l, nranks, deadline, mesh.peers, ready, ready_req));
+    LOWCOMM_CHECK(root_gather(l, nranks, deadline, mesh.peers, ready, ready_req, mesh.addresses));
     LOWCOMM_CHECK(root_confirm(l, nranks, deadline, mesh.peers, ready, ready_req));
     return mesh;
   }
@@ -472,6 +473,7 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   auto addresses = join_root(*root, rank, nranks, l.address().to_string(), mesh.engine, config,
                              deadline, l, mesh.peers);
   if (!addresses) return addresses.status();
+  mesh.addresses = *addresses;
   // The verdict's receive is posted before anything else can fail, so the root's word about
   // another rank's failure is seen while this one still builds its connections.
   Peer& root_peer = *mesh.peers[0];

@@ -12,6 +12,7 @@
 // is named in the error.
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/deadline.h"
@@ -23,6 +24,8 @@ namespace lowcomm::collectives {
 struct Mesh {
   std::shared_ptr<transport::ProgressEngine> engine;
   std::vector<std::unique_ptr<transport::Peer>> peers;  // by rank; null at this rank
+  // By rank: its listen address ("host:port"), the root's table, the same on every rank.
+  std::vector<std::string> addresses;
 };
 
 Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const CommOptions& options,

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "collectives/bootstrap.h"
 #include "collectives/op_run.h"
@@ -137,10 +138,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     sites = collectives::plan_from_labels(labels);
     if (sites.sites() == nranks) sites = {};
   }
-  if (sites.sites() > 1)
-    LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, sites.to_string().c_str(),
-                sites.two_level() ? " (large fp32 all-reduces run in two levels)"
-                                  : " (flat: two levels need equal sites of two or more ranks)");
+  const bool sites_by_host = sites_text.empty() && sites.sites() == 0;
 
   std::unique_ptr<CommImpl> c(new CommImpl());
   c->sites_ = std::move(sites);
@@ -160,6 +158,24 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
                                 ": " + s.message());
   }
+  // Without a map, the ranks of one host are one site (the root's address table, the same on
+  // every rank, so every rank draws the same map).
+  if (sites_by_host && mesh.value().addresses.size() == static_cast<size_t>(nranks)) {
+    std::map<std::string, int> host_label;
+    std::vector<int> labels;
+    for (const std::string& a : mesh.value().addresses) {
+      std::string host = a.substr(0, a.rfind(':'));
+      labels.push_back(
+          host_label.try_emplace(host, static_cast<int>(host_label.size())).first->second);
+    }
+    collectives::SitePlan by_host = collectives::plan_from_labels(labels);
+    if (by_host.sites() > 1 && by_host.sites() < nranks) c->sites_ = std::move(by_host);
+  }
+  if (c->sites_.sites() > 1)
+    LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, c->sites_.to_string().c_str(),
+                c->sites_.two_level()
+                    ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
+                    : " (flat: two levels need equal sites of two or more ranks)");
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
   c->chunk_bytes_ = cfg->chunk_bytes;
