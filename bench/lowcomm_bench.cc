@@ -268,6 +268,12 @@ struct NetnsInfo {
   std::string subnet = "10.77.0";
   double rate_bits = 0;
   std::string rate;
+  // wan_netns.sh up --sites: ranks [first, last] behind one link of rate bits/s, both ways.
+  struct Site {
+    int first = 0, last = 0;
+    double rate_bits = 0;
+  };
+  std::vector<Site> sites;
 };
 
 NetnsInfo read_netns(const std::string& prefix) {
@@ -287,6 +293,13 @@ NetnsInfo read_netns(const std::string& prefix) {
       info.rate_bits = std::strtod(v.c_str(), nullptr);
     else if (k == "RATE")
       info.rate = v;
+    else if (k == "SITES")
+      for (const std::string& item : split(v, ',')) {
+        NetnsInfo::Site st;
+        if (std::sscanf(item.c_str(), "%d-%d:%lf", &st.first, &st.last, &st.rate_bits) != 3)
+          die("/run/lowcomm-wan/" + prefix + ".conf: SITES entry '" + item + "' is malformed");
+        info.sites.push_back(st);
+      }
   }
   return info;
 }
@@ -459,6 +472,16 @@ int run_rank(const Options& o, int rank, int P) {
   co.socket_buffer_bytes = o.sockbuf;
   co.wan = o.wan;
   co.sites = o.sites;
+  // Namespaces behind site links (wan_netns.sh up --sites): each rank has an address of its own,
+  // so the communicator is told the sites (unless --sites or LOWCOMM_SITES says otherwise).
+  if (ns && !ns->sites.empty() && co.sites.empty() && !std::getenv("LOWCOMM_SITES")) {
+    for (int r = 0; r < P; ++r) {
+      int label = 1000000 + r;
+      for (size_t i = 0; i < ns->sites.size(); ++i)
+        if (r >= ns->sites[i].first && r <= ns->sites[i].last) label = static_cast<int>(i);
+      co.sites += (r ? "," : "") + std::to_string(label);
+    }
+  }
   co.timeout = std::chrono::seconds(o.timeout_s);
   co.listen_address = listen;
   auto comm_r = Communicator::init(id, rank, P, co);
@@ -499,6 +522,15 @@ int run_rank(const Options& o, int rank, int P) {
       auto p = collectives::parse_sites(text, P);
       if (!p) die("--sites: " + p.status().message());
       site_plan = *p;
+    } else if (ns && !ns->sites.empty()) {
+      std::vector<int> labels;
+      for (int r = 0; r < P; ++r) {
+        int label = 1000000 + r;
+        for (size_t i = 0; i < ns->sites.size(); ++i)
+          if (r >= ns->sites[i].first && r <= ns->sites[i].last) label = static_cast<int>(i);
+        labels.push_back(label);
+      }
+      site_plan = collectives::plan_from_labels(labels);
     } else if (wplan) {
       std::vector<int> labels;
       for (int r = 0; r < P; ++r) {
@@ -507,7 +539,18 @@ int run_rank(const Options& o, int rank, int P) {
       }
       site_plan = collectives::plan_from_labels(labels);
     }
-    if (site_plan.sites() > 1 && site_plan.sites() < P && wplan) {
+    if (site_plan.sites() > 1 && site_plan.sites() < P && ns && !ns->sites.empty()) {
+      bench::SiteLinkModel m;  // tbf counts the framing; no netem here
+      for (const auto& members : site_plan.members) {
+        double rate = ns->rate_bits;
+        for (const auto& st : ns->sites)
+          if (members.front() >= st.first && members.front() <= st.last) rate = st.rate_bits;
+        m.site_size.push_back(static_cast<int>(members.size()));
+        m.up_bps.push_back(rate);
+        m.down_bps.push_back(rate);
+      }
+      sites_model = m;
+    } else if (site_plan.sites() > 1 && site_plan.sites() < P && wplan) {
       bench::SiteLinkModel m;
       auto d = *transport::parse_wan(wplan->defaults);
       m.one_way_delay_s = d.one_way_delay_s;

@@ -4,7 +4,7 @@
 # docs/wan-emulation.md.
 #
 #   scripts/wan_netns.sh up N --rate 1gbit [--delay 25ms] [--prefix lc] [--subnet 10.77.0]
-#                              [--burst BYTES] [--limit BYTES]
+#                              [--burst BYTES] [--limit BYTES] [--sites "0-3:1gbit,4-7:100mbit"]
 #   scripts/wan_netns.sh down [--prefix lc]
 #   scripts/wan_netns.sh status [--prefix lc]
 #   scripts/wan_netns.sh exec [--prefix lc] K cmd...    # run cmd in namespace K
@@ -17,6 +17,11 @@
 #   rank's link is limited to the rate in both directions, as an access link to the internet is.
 #   --delay D adds netem delay D on Peth0 (one-way delay D between any two ranks, RTT 2·D) where
 #   the kernel has netem; otherwise it says so and shapes the rate only.
+#   --sites "A-B:RATE,...": the ranks A..B form one site: their veths join the site's bridge
+#   Ps{i} unshaped (the site's local network), and one veth pair joins Ps{i} to Pbr0 with tbf at
+#   RATE on both ends: Pu{i} egress is the site's uplink, Pd{i} egress its downlink, shared by
+#   all the site's ranks (queue: SITE_LIMIT_MS of the rate, default 50). Ranks in no site keep
+#   their own --rate links.
 #
 # `up` reconciles: it creates what is missing, replaces the qdiscs, and removes namespaces of
 # the same prefix numbered N or above, so it is safe to re-run with other settings.
@@ -29,7 +34,7 @@ die() { echo "$PROG: error: $*" >&2; exit 1; }
 note() { echo "$PROG: $*" >&2; }
 
 usage() {
-  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 
@@ -131,6 +136,50 @@ shape_dev() {
   $nsexec tc qdisc add dev "$dev" root handle 10: "${tbf[@]}"
 }
 
+# tbf at rate $2 (bits/s $3) on one root-namespace device: a site link. The queue holds
+# SITE_LIMIT_MS (default 50) of the rate: every rank of the site sends through it at once (4
+# ranks x 4 flows), and with the per-rank links' 10 ms the flows' losses held the link to 75%
+# of its rate (docs/sites.md).
+shape_site_dev() {
+  local dev=$1 rate=$2 bits=$3
+  local limit
+  limit=$(awk -v r="$bits" -v ms="${SITE_LIMIT_MS:-50}" \
+    'BEGIN { l = r / 8 * ms / 1000; if (l < 262144) l = 262144; printf "%.0f", l }')
+  tc qdisc del dev "$dev" root >/dev/null 2>&1 || true
+  tc qdisc add dev "$dev" root handle 10: tbf rate "$rate" burst "$(default_burst "$bits")" \
+    limit "$limit"
+}
+
+# --sites "0-3:1gbit,4-7:100mbit" -> SITE_FIRST/SITE_LAST/SITE_RATE arrays; checked against N.
+parse_sites() {
+  SITE_FIRST=() SITE_LAST=() SITE_RATE=()
+  [ -n "$SITES" ] || return 0
+  local item first last rate i items
+  IFS=',' read -ra items <<<"$SITES"
+  for item in "${items[@]}"; do
+    [[ $item =~ ^([0-9]+)(-([0-9]+))?:(.+)$ ]] ||
+      die "--sites: '$item' is not FIRST-LAST:RATE (e.g. 0-3:1gbit)"
+    first=${BASH_REMATCH[1]} last=${BASH_REMATCH[3]:-${BASH_REMATCH[1]}} rate=${BASH_REMATCH[4]}
+    [ "$last" -ge "$first" ] || die "--sites: '$item': range backwards"
+    [ "$last" -lt "$N" ] || die "--sites: '$item' names rank $last, beyond the $N namespaces"
+    rate_bits "$rate" >/dev/null
+    for ((i = 0; i < ${#SITE_FIRST[@]}; i++)); do
+      if [ "$first" -le "${SITE_LAST[$i]}" ] && [ "${SITE_FIRST[$i]}" -le "$last" ]; then
+        die "--sites: '$item' overlaps site ${SITE_FIRST[$i]}-${SITE_LAST[$i]}"
+      fi
+    done
+    SITE_FIRST+=("$first") SITE_LAST+=("$last") SITE_RATE+=("$rate")
+  done
+  [ ${#SITE_FIRST[@]} -le 99 ] || die "--sites: at most 99 sites"
+}
+site_of() {  # rank -> site index, or -1
+  local i
+  for ((i = 0; i < ${#SITE_FIRST[@]}; i++)); do
+    if [ "$1" -ge "${SITE_FIRST[$i]}" ] && [ "$1" -le "${SITE_LAST[$i]}" ]; then echo "$i"; return; fi
+  done
+  echo -1
+}
+
 # ---- commands ----
 cmd_up() {
   [ -n "$N" ] || die "up needs the number of namespaces: up N --rate 1gbit"
@@ -142,6 +191,7 @@ cmd_up() {
   [[ $BURST =~ ^[0-9]+$ && $LIMIT =~ ^[0-9]+$ ]] || die "--burst and --limit are byte counts"
   [ "$BURST" -ge 2048 ] || die "--burst must be at least 2048 bytes (one full-size frame)"
   if [ -n "$DELAY" ]; then DELAY_US=$(delay_us "$DELAY"); fi
+  parse_sites
   take_lock
 
   local br="${PREFIX}br0" ifn="${PREFIX}eth0"
@@ -153,9 +203,30 @@ cmd_up() {
   ip addr replace "$SUBNET.254/24" dev "$br"
   ip link set "$br" up
 
-  local k ns host
+  # Sites: a bridge each, joined to $br by a veth pair shaped both ways (the site's WAN link).
+  local i sbr up dn sbits l
+  for ((i = 0; i < ${#SITE_FIRST[@]}; i++)); do
+    sbr="${PREFIX}s$i" up="${PREFIX}u$i" dn="${PREFIX}d$i"
+    link_exists "$sbr" || ip link add "$sbr" type bridge
+    ip link set "$sbr" type bridge stp_state 0 forward_delay 0 2>/dev/null || true
+    ip link set "$sbr" up
+    if ! link_exists "$up"; then
+      link_exists "$dn" && ip link del "$dn"
+      ip link add "$up" type veth peer name "$dn"
+    fi
+    ip link set "$up" master "$sbr"
+    ip link set "$dn" master "$br"
+    ip link set "$up" up
+    ip link set "$dn" up
+    sbits=$(rate_bits "${SITE_RATE[$i]}")
+    shape_site_dev "$up" "${SITE_RATE[$i]}" "$sbits"  # egress from the site: its uplink
+    shape_site_dev "$dn" "${SITE_RATE[$i]}" "$sbits"  # egress into the site: its downlink
+  done
+
+  local k ns host site
   for ((k = 0; k < N; k++)); do
     ns=$(ns_name "$k") host="${PREFIX}h$k"
+    site=$(site_of "$k")
     ns_exists "$ns" || ip netns add "$ns"
     if ! ip netns exec "$ns" ip link show dev "$ifn" >/dev/null 2>&1; then
       link_exists "$host" && ip link del "$host"  # a half-built pair from an interrupted run
@@ -163,13 +234,30 @@ cmd_up() {
       ip link set "${PREFIX}n$k" netns "$ns"
       ip netns exec "$ns" ip link set "${PREFIX}n$k" name "$ifn"
     fi
-    ip link set "$host" master "$br"
+    if [ "$site" -ge 0 ]; then
+      ip link set "$host" master "${PREFIX}s$site"
+    else
+      ip link set "$host" master "$br"
+    fi
     ip link set "$host" up
     ip netns exec "$ns" ip link set lo up
     ip netns exec "$ns" ip addr replace "$SUBNET.$((k + 1))/24" dev "$ifn"
     ip netns exec "$ns" ip link set "$ifn" up
-    shape_dev "ip netns exec $ns" "$ifn" "$([ -n "$DELAY" ] && echo 1 || echo 0)"
-    shape_dev "" "$host" 0
+    if [ "$site" -ge 0 ]; then
+      # Inside a site: the local network, unshaped (the site link is shaped instead).
+      ip netns exec "$ns" tc qdisc del dev "$ifn" root >/dev/null 2>&1 || true
+      tc qdisc del dev "$host" root >/dev/null 2>&1 || true
+    else
+      shape_dev "ip netns exec $ns" "$ifn" "$([ -n "$DELAY" ] && echo 1 || echo 0)"
+      shape_dev "" "$host" 0
+    fi
+  done
+  # Sites of an earlier `up` beyond this one's.
+  for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
+    grep -E "^${PREFIX}(s|u|d)[0-9]+$" || true); do
+    i=${l#"${PREFIX}"}
+    i=${i:1}
+    if [ "$i" -ge ${#SITE_FIRST[@]} ]; then ip link del "$l" 2>/dev/null || true; fi
   done
   # Namespaces of this prefix beyond N, from an earlier, larger `up`.
   for k in $(ns_list); do
@@ -179,6 +267,11 @@ cmd_up() {
     fi
   done
 
+  local sites_conf="" sep=""
+  for ((i = 0; i < ${#SITE_FIRST[@]}; i++)); do
+    sites_conf+="$sep${SITE_FIRST[$i]}-${SITE_LAST[$i]}:$(rate_bits "${SITE_RATE[$i]}")"
+    sep=,
+  done
   local delay_state=none
   [ -n "$DELAY" ] && delay_state="$DELAY:${NETEM_STATE:-applied}"
   cat >"$STATE_DIR/$PREFIX.conf" <<EOF
@@ -189,8 +282,9 @@ BURST=$BURST
 LIMIT=$LIMIT
 SUBNET=$SUBNET
 DELAY=$delay_state
+SITES=$sites_conf
 EOF
-  note "up: $N namespaces ${PREFIX}0..${PREFIX}$((N - 1)) on $br ($SUBNET.254), addresses $SUBNET.1..$SUBNET.$N on $ifn, tbf rate $RATE burst $BURST limit $LIMIT both ways${DELAY:+, delay $delay_state}"
+  note "up: $N namespaces ${PREFIX}0..${PREFIX}$((N - 1)) on $br ($SUBNET.254), addresses $SUBNET.1..$SUBNET.$N on $ifn, tbf rate $RATE burst $BURST limit $LIMIT both ways${DELAY:+, delay $delay_state}${SITES:+, sites $SITES (one shaped link each, unshaped inside)}"
 }
 
 cmd_down() {
@@ -202,7 +296,7 @@ cmd_down() {
   # Deleting a namespace deletes its veth end, and with it the pair; sweep any leftovers.
   local l
   for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
-    grep -E "^${PREFIX}(h|n)[0-9]+$" || true); do
+    grep -E "^${PREFIX}(h|n|u|d|s)[0-9]+$" || true); do
     ip link del "$l" 2>/dev/null || true
   done
   local bridge="no bridge"
@@ -321,7 +415,7 @@ EOF
 ORIG_ARGS=("$@")
 CMD=$1
 shift
-PREFIX=lc SUBNET=10.77.0 N="" RATE="" DELAY="" BURST="" LIMIT=""
+PREFIX=lc SUBNET=10.77.0 N="" RATE="" DELAY="" BURST="" LIMIT="" SITES=""
 ARGS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -331,6 +425,7 @@ while [ $# -gt 0 ]; do
     --subnet) SUBNET=${2:?--subnet needs a value}; shift 2 ;;
     --burst) BURST=${2:?--burst needs a value}; shift 2 ;;
     --limit) LIMIT=${2:?--limit needs a value}; shift 2 ;;
+    --sites) SITES=${2:?--sites needs a value}; shift 2 ;;
     --rates) SELFTEST_RATES=${2:?--rates needs a value}; shift 2 ;;
     --seconds) SELFTEST_SECONDS=${2:?--seconds needs a value}; shift 2 ;;
     -h | --help) usage 0 ;;
