@@ -111,6 +111,36 @@ TEST(CollectivesTwoLevel, IdenticalOnEveryRankAndAsCloseAsFlat) {
   }
 }
 
+// Six ranks as 2 sites x 3 and as 3 sites x 2, a block-grouped codec with error feedback over
+// three calls, 64 KiB segments (several pieces): every rank ends with the same bits each call.
+TEST(CollectivesTwoLevel, SixRanksInTwoShapesAgreeEveryCall) {
+  constexpr int P = 6;
+  for (const char* sites : {"0,0,0,1,1,1", "4,4,5,5,6,6"}) {
+    auto res = run_ranks(P, [sites](int rank, const UniqueId& id) -> std::string {
+      CommOptions o = test_options();
+      o.sites = sites;
+      o.segment_bytes = 64 << 10;
+      auto c = Communicator::init(id, rank, P, o);
+      RANK_OK(c.status());
+      std::string out = "ok";
+      for (int call = 0; call < 3; ++call) {
+        Tensor x = make_input(DType::kFloat32, 300007, 70 + static_cast<uint64_t>(call), rank);
+        AllReduceOptions ar;
+        ar.codec = *parse_codec_spec("q4:block=64");
+        ar.error_feedback_key = "w";
+        ar.schedule = AllReduceOptions::Schedule::kTwoLevel;
+        RANK_OK(
+            (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kAverage, ar)
+                .wait());
+        out += " " + std::to_string(fnv64(x.bytes));
+      }
+      return out;
+    });
+    expect_all_ok(res);
+    for (int r = 1; r < P; ++r) EXPECT_EQ(res[r].text, res[0].text) << sites << " rank " << r;
+  }
+}
+
 // A rank whose map differs fails the all-reduce on every rank, naming the two-level descriptor,
 // instead of running another schedule against the others (the map's hash is in the descriptor).
 TEST(CollectivesTwoLevel, RanksThatDisagreeAboutSitesFailNamingIt) {
