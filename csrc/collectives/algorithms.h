@@ -50,6 +50,9 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a);
 // Inside each site, across the sites slice by slice, inside each site again (two_level.cc);
 // fp32 sum or average, the plan two-level (SitePlan::two_level).
 Status two_level_all_reduce(OpRun& run, const ReduceArgs& a, const SitePlan& plan);
+// Across sites within each column, then relayed inside each site (two_level_all_gather.cc).
+Status two_level_all_gather(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype,
+                            const SitePlan& plan);
 
 // Placement only, each in the file of its name (all_gather.cc, broadcast.cc, gather.cc,
 // scatter.cc, all_to_all.cc).

@@ -205,8 +205,18 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
   d.kind = OpKind::kAllGather;
   d.count = send_count;
   d.dtype = dtype;
-  return impl_->submit_collective(
-      d, [=](OpRun& run) { return collectives::all_gather(run, send, recv, send_count, dtype); });
+  // Sites: two levels for a large result (the map's hash in the descriptor, as all_reduce's).
+  if (collectives::use_two_level_gather(
+          impl_->sites(), send_count * dtype_size(dtype) * static_cast<uint64_t>(size()))) {
+    d.algorithm = collectives::Algorithm::kTwoLevel;
+    d.tag = impl_->sites().hash;
+  }
+  CommImpl* impl = impl_.get();
+  return impl_->submit_collective(d, [=](OpRun& run) {
+    if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
+      return collectives::two_level_all_gather(run, send, recv, send_count, dtype, impl->sites());
+    return collectives::all_gather(run, send, recv, send_count, dtype);
+  });
 }
 
 Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,

@@ -49,8 +49,8 @@ const char* op_kind_name(OpKind kind);
 enum class Algorithm : uint8_t {
   kDefault = 0,   // the kind's own schedule (all-reduce, reduce-scatter, reduce: owner reduction)
   kOneHop = 1,    // all-reduce: every contribution to every rank (one_hop_reduce.cc)
-  kTwoLevel = 2,  // all-reduce: inside sites, across them, inside again (two_level.cc); the tag
-                  // field carries the site map's hash (SitePlan::hash), so ranks must agree
+  kTwoLevel = 2,  // all-reduce (two_level.cc), all-gather (two_level_all_gather.cc) over sites;
+                  // the tag field carries the site map's hash (SitePlan::hash): ranks must agree
 };
 
 inline constexpr size_t kDescriptorBytes = 64;

@@ -40,6 +40,10 @@ bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp o
   return count >= P * granule(codec) && count * sizeof(float) >= kTwoLevelMinBytes;
 }
 
+bool use_two_level_gather(const SitePlan& plan, uint64_t gathered_bytes) {
+  return plan.two_level() && gathered_bytes >= kTwoLevelMinBytes;
+}
+
 SitePlan plan_from_labels(const std::vector<int>& labels) {
   SitePlan p;
   std::map<int, int> index;

@@ -52,6 +52,10 @@ inline constexpr uint64_t kTwoLevelMinBytes = 1 << 20;
 bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
                    const std::optional<CodecSpec>& codec);
 
+// An all-gather runs in two levels when the plan has them and the gathered result is at least
+// kTwoLevelMinBytes.
+bool use_two_level_gather(const SitePlan& plan, uint64_t gathered_bytes);
+
 // From one label per rank (labels grouped in order of first appearance).
 SitePlan plan_from_labels(const std::vector<int>& labels);
 // LOWCOMM_SITES syntax for `nranks` ranks; "" or "flat": no sites.
