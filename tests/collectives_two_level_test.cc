@@ -277,6 +277,34 @@ TEST(CollectivesTwoLevel, AllGatherIsExactEverywhere) {
   expect_all_ok(bad);
 }
 
+// The two-level broadcast (two_level_broadcast.cc): from a root in each position of each site,
+// in place and not, every rank ends with the root's bytes; sites 2 x 3.
+TEST(CollectivesTwoLevel, BroadcastFromEveryRootIsExact) {
+  constexpr int P = 6;
+  const uint64_t n = (1 << 18) + 7;  // 1 MiB and a tail: two levels, uneven slices
+  auto res = run_ranks(P, [&](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.sites = "0,1,0,1,0,1";
+    auto c = Communicator::init(id, rank, P, o);
+    RANK_OK(c.status());
+    for (int root = 0; root < P; ++root) {
+      for (bool in_place : {true, false}) {
+        std::vector<float> src(n), dst(n, -1.0f);
+        for (uint64_t i = 0; i < n; ++i) src[i] = static_cast<float>(root * 7919 + i);
+        float* s = rank == root ? src.data() : nullptr;
+        float* d = in_place && rank == root ? src.data() : dst.data();
+        RANK_OK((*c)->broadcast(s, d, n, DType::kFloat32, root).wait());
+        for (uint64_t i = 0; i < n; i += 331)
+          RANK_CHECK(d[i] == static_cast<float>(root * 7919 + i),
+                     "root " + std::to_string(root) + " element " + std::to_string(i));
+        RANK_CHECK(d[n - 1] == static_cast<float>(root * 7919 + n - 1), "tail");
+      }
+    }
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
 TEST(CollectivesTwoLevel, SiteMapsParseAndBadOnesAreRefused) {
   using collectives::parse_sites;
   auto p = parse_sites("5,5,2,2,5,2", 6);

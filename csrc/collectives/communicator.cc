@@ -304,8 +304,16 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
   d.count = count;
   d.dtype = dtype;
   d.root = root;
-  return impl_->submit_collective(
-      d, [=](OpRun& run) { return collectives::broadcast(run, send, recv, count, dtype, root); });
+  if (collectives::use_two_level_gather(impl_->sites(), count * dtype_size(dtype))) {
+    d.algorithm = collectives::Algorithm::kTwoLevel;
+    d.tag = impl_->sites().hash;
+  }
+  CommImpl* impl = impl_.get();
+  return impl_->submit_collective(d, [=](OpRun& run) {
+    if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
+      return collectives::two_level_broadcast(run, send, recv, count, dtype, root, impl->sites());
+    return collectives::broadcast(run, send, recv, count, dtype, root);
+  });
 }
 
 Work Communicator::send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {

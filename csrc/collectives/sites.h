@@ -52,8 +52,8 @@ inline constexpr uint64_t kTwoLevelMinBytes = 1 << 20;
 bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
                    const std::optional<CodecSpec>& codec);
 
-// An all-gather runs in two levels when the plan has them and the gathered result is at least
-// kTwoLevelMinBytes.
+// An all-gather (or a broadcast) runs in two levels when the plan has them and the gathered
+// result (the broadcast tensor) is at least kTwoLevelMinBytes.
 bool use_two_level_gather(const SitePlan& plan, uint64_t gathered_bytes);
 
 // From one label per rank (labels grouped in order of first appearance).
