@@ -305,6 +305,64 @@ TEST(CollectivesTwoLevel, BroadcastFromEveryRootIsExact) {
   expect_all_ok(res);
 }
 
+// The two-level reduce-scatter (two_level_reduce_scatter.cc): each rank's block, uncompressed
+// within fp32 rounding of the exact sum, compressed as close as the flat reduce-scatter (one
+// quantization per contribution), for contiguous and interleaved sites.
+TEST(CollectivesTwoLevel, ReduceScatterMatchesTheExactBlocks) {
+  constexpr int P = 4;
+  const uint64_t rc = (1 << 16) + 64;  // 4 x 256 KiB: 1 MiB in, two levels by the cost model
+  auto run = [&](const std::string& sites) {
+    return run_ranks(P, [&, sites](int rank, const UniqueId& id) -> std::string {
+      CommOptions o = test_options();
+      o.sites = sites;
+      auto c = Communicator::init(id, rank, P, o);
+      RANK_OK(c.status());
+      std::string out = "ok";
+      for (const char* codec : {"", "q8"}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+          Tensor x = make_input(DType::kFloat32, rc * P, 5, rank);
+          std::vector<float> y(rc);
+          ReduceScatterOptions rs;
+          if (*codec) rs.codec = *parse_codec_spec(codec);
+          RANK_OK((*c)->reduce_scatter(x.data(), y.data(), rc, DType::kFloat32, op, rs).wait());
+          double err = 0, ref = 0;
+          for (uint64_t i = 0; i < rc; ++i) {
+            double exact = 0;
+            for (int r = 0; r < P; ++r) exact += input_value(5, r, rc * rank + i);
+            if (op == ReduceOp::kAverage) exact /= P;
+            err += (y[i] - exact) * (y[i] - exact);
+            ref += exact * exact;
+          }
+          char b[32];
+          std::snprintf(b, sizeof(b), " %.3g", std::sqrt(err / ref));
+          out += b;
+        }
+      }
+      return out;
+    });
+  };
+  auto flat = run("flat");
+  expect_all_ok(flat);
+  for (const char* sites : {"0,0,1,1", "0,1,0,1"}) {
+    auto two = run(sites);
+    expect_all_ok(two);
+    for (int r = 0; r < P; ++r) {
+      if (!two[r].ok() || !flat[r].ok()) continue;
+      std::istringstream t(two[r].text.substr(2)), f(flat[r].text.substr(2));
+      for (int i = 0; i < 4; ++i) {
+        double et = 0, efl = 0;
+        t >> et;
+        f >> efl;
+        if (i < 2) {
+          EXPECT_LT(et, 1e-6) << sites << " rank " << r << ": " << two[r].text;
+        } else {
+          EXPECT_LT(et, efl * 1.5 + 1e-7) << sites << " rank " << r << ": " << two[r].text;
+        }
+      }
+    }
+  }
+}
+
 TEST(CollectivesTwoLevel, SiteMapsParseAndBadOnesAreRefused) {
   using collectives::parse_sites;
   auto p = parse_sites("5,5,2,2,5,2", 6);

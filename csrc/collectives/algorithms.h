@@ -50,6 +50,9 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a);
 // Inside each site, across the sites slice by slice, inside each site again (two_level.cc);
 // fp32 sum or average, the plan two-level (SitePlan::two_level).
 Status two_level_all_reduce(OpRun& run, const ReduceArgs& a, const SitePlan& plan);
+// Inside each site for a column's blocks, then across the column (two_level_reduce_scatter.cc);
+// fp32 sum or average; a.n = recv count * size.
+Status two_level_reduce_scatter(OpRun& run, const ReduceArgs& a, const SitePlan& plan);
 // The root's site scatters, its ranks send across to their columns, every site all-gathers
 // (two_level_broadcast.cc).
 Status two_level_broadcast(OpRun& run, const void* send, void* recv, uint64_t count, DType dtype,

@@ -193,10 +193,17 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
                             false,
                             options.seed,
                             0};
-  return submit_reduce(*impl_, d, codec, recv_count, a, options.step,
-                       [](OpRun& run, const collectives::ReduceArgs& args) {
-                         return collectives::reduce_scatter(run, args);
-                       });
+  const bool two_level = collectives::use_two_level(
+      impl_->sites(), recv_count * static_cast<uint64_t>(size()), dtype, op, codec);
+  CommImpl* impl = impl_.get();
+  return submit_reduce(
+      *impl_, d, codec, recv_count, a, options.step,
+      [impl](OpRun& run, const collectives::ReduceArgs& args) {
+        if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
+          return collectives::two_level_reduce_scatter(run, args, impl->sites());
+        return collectives::reduce_scatter(run, args);
+      },
+      two_level ? collectives::Algorithm::kTwoLevel : collectives::Algorithm::kDefault);
 }
 
 Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype) {
