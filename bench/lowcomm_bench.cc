@@ -474,13 +474,17 @@ int run_rank(const Options& o, int rank, int P) {
   co.sites = o.sites;
   // Namespaces behind site links (wan_netns.sh up --sites): each rank has an address of its own,
   // so the communicator is told the sites (unless --sites or LOWCOMM_SITES says otherwise).
-  if (ns && !ns->sites.empty() && co.sites.empty() && !std::getenv("LOWCOMM_SITES")) {
+  std::vector<int> ns_labels;  // by rank: its netns site, or a site alone
+  if (ns && !ns->sites.empty()) {
     for (int r = 0; r < P; ++r) {
       int label = 1000000 + r;
       for (size_t i = 0; i < ns->sites.size(); ++i)
         if (r >= ns->sites[i].first && r <= ns->sites[i].last) label = static_cast<int>(i);
-      co.sites += (r ? "," : "") + std::to_string(label);
+      ns_labels.push_back(label);
     }
+    if (co.sites.empty() && !std::getenv("LOWCOMM_SITES"))
+      for (int r = 0; r < P; ++r)
+        co.sites += (r ? "," : "") + std::to_string(ns_labels[static_cast<size_t>(r)]);
   }
   co.timeout = std::chrono::seconds(o.timeout_s);
   co.listen_address = listen;
@@ -522,44 +526,33 @@ int run_rank(const Options& o, int rank, int P) {
       auto p = collectives::parse_sites(text, P);
       if (!p) die("--sites: " + p.status().message());
       site_plan = *p;
-    } else if (ns && !ns->sites.empty()) {
-      std::vector<int> labels;
-      for (int r = 0; r < P; ++r) {
-        int label = 1000000 + r;
-        for (size_t i = 0; i < ns->sites.size(); ++i)
-          if (r >= ns->sites[i].first && r <= ns->sites[i].last) label = static_cast<int>(i);
-        labels.push_back(label);
-      }
-      site_plan = collectives::plan_from_labels(labels);
+    } else if (!ns_labels.empty()) {
+      site_plan = collectives::plan_from_labels(ns_labels);
     } else if (wplan) {
-      std::vector<int> labels;
-      for (int r = 0; r < P; ++r) {
-        int st = wplan->site_of(r);
-        labels.push_back(st >= 0 ? st : 1000000 + r);
-      }
-      site_plan = collectives::plan_from_labels(labels);
+      site_plan = collectives::plan_from_wan(*wplan, P);
     }
-    if (site_plan.sites() > 1 && site_plan.sites() < P && ns && !ns->sites.empty()) {
-      bench::SiteLinkModel m;  // tbf counts the framing; no netem here
-      for (const auto& members : site_plan.members) {
-        double rate = ns->rate_bits;
-        for (const auto& st : ns->sites)
-          if (members.front() >= st.first && members.front() <= st.last) rate = st.rate_bits;
-        m.site_size.push_back(static_cast<int>(members.size()));
-        m.up_bps.push_back(rate);
-        m.down_bps.push_back(rate);
-      }
-      sites_model = m;
-    } else if (site_plan.sites() > 1 && site_plan.sites() < P && wplan) {
+    // Each site's link: a namespace site's tbf (the framing counted, no netem), or the
+    // emulator's site link with its delay.
+    if (site_plan.sites() > 1 && site_plan.sites() < P && (!ns_labels.empty() || wplan)) {
       bench::SiteLinkModel m;
-      auto d = *transport::parse_wan(wplan->defaults);
-      m.one_way_delay_s = d.one_way_delay_s;
-      m.frame_bytes = d.frame_bytes;
+      if (ns_labels.empty()) {
+        auto d = *transport::parse_wan(wplan->defaults);
+        m.one_way_delay_s = d.one_way_delay_s;
+        m.frame_bytes = d.frame_bytes;
+      }
       for (const auto& members : site_plan.members) {
-        auto l = *wplan->link(members.front(), -1);
+        double up = ns ? ns->rate_bits : 0, down = up;
+        if (!ns_labels.empty()) {
+          for (const auto& st : ns->sites)
+            if (members.front() >= st.first && members.front() <= st.last) up = down = st.rate_bits;
+        } else {
+          auto l = *wplan->link(members.front(), -1);
+          up = l.bits_per_second;
+          down = l.down_bits_per_second;
+        }
         m.site_size.push_back(static_cast<int>(members.size()));
-        m.up_bps.push_back(l.bits_per_second);
-        m.down_bps.push_back(l.down_bits_per_second);
+        m.up_bps.push_back(up);
+        m.down_bps.push_back(down);
       }
       sites_model = m;
     }

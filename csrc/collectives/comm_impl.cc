@@ -129,14 +129,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                               (options.sites.empty() ? "LOWCOMM_SITES: " : "sites option: ") +
                               parsed.status().message());
     sites = std::move(parsed).value();
-  } else if (plan->site_of(rank) >= 0 || plan->has_pair_rules()) {
-    std::vector<int> labels;
-    for (int r = 0; r < nranks; ++r) {
-      int s = plan->site_of(r);
-      labels.push_back(s >= 0 ? s : 1000000 + r);  // outside every site= rule: a site alone
-    }
-    sites = collectives::plan_from_labels(labels);
-    if (sites.sites() == nranks) sites = {};
+  } else {
+    sites = collectives::plan_from_wan(*plan, nranks);
   }
   const bool sites_by_host = sites_text.empty() && sites.sites() == 0;
 

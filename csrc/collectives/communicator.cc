@@ -38,6 +38,13 @@ CompressionPolicy policy_of(const CommImpl& impl) {
   return CompressionPolicy{impl.options().codec, impl.options().codec_min_bytes};
 }
 
+// A two-level operation's descriptor: the algorithm and the site map's hash, so ranks that
+// disagree about the sites fail the check instead of mixing schedules.
+void mark_two_level(OpDescriptor& d, const CommImpl& impl) {
+  d.algorithm = collectives::Algorithm::kTwoLevel;
+  d.tag = impl.sites().hash;
+}
+
 // What all_reduce, reduce_scatter and reduce share once their arguments are checked: the
 // descriptor (a plain spec dropped, so "none" on one rank and no codec on another agree; the
 // segment size from the owner chunk) and the algorithm's arguments, the rounding step taken
@@ -54,7 +61,7 @@ Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> code
   d.codec = std::move(codec);
   if (collectives::plain_codec(d.codec, a.dtype)) d.codec.reset();
   d.algorithm = algorithm;
-  if (algorithm == collectives::Algorithm::kTwoLevel) d.tag = impl.sites().hash;
+  if (algorithm == collectives::Algorithm::kTwoLevel) mark_two_level(d, impl);
   d.segment_elems = one_hop ? 0
                             : collectives::reduce_segment_elems(impl.options().segment_bytes,
                                                                 a.dtype, d.codec, chunk_elems);
@@ -136,9 +143,7 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   using Schedule = AllReduceOptions::Schedule;
   if (options.schedule == Schedule::kTwoLevel) {
     const collectives::SitePlan& sites = impl_->sites();
-    if (!sites.two_level() || dtype != DType::kFloat32 ||
-        (op != ReduceOp::kSum && op != ReduceOp::kAverage) ||
-        count < static_cast<uint64_t>(size()) * collectives::granule(codec))
+    if (!collectives::can_two_level(sites, count, dtype, op, codec))
       return refused(invalid_argument(
           "all_reduce: schedule two-level needs sites of equal size (two ranks or more each; this "
           "communicator has " +
@@ -215,8 +220,7 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
   // Sites: two levels for a large result (the map's hash in the descriptor, as all_reduce's).
   if (collectives::use_two_level_gather(
           impl_->sites(), send_count * dtype_size(dtype) * static_cast<uint64_t>(size()))) {
-    d.algorithm = collectives::Algorithm::kTwoLevel;
-    d.tag = impl_->sites().hash;
+    mark_two_level(d, *impl_);
   }
   CommImpl* impl = impl_.get();
   return impl_->submit_collective(d, [=](OpRun& run) {
@@ -312,8 +316,7 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
   d.dtype = dtype;
   d.root = root;
   if (collectives::use_two_level_gather(impl_->sites(), count * dtype_size(dtype))) {
-    d.algorithm = collectives::Algorithm::kTwoLevel;
-    d.tag = impl_->sites().hash;
+    mark_two_level(d, *impl_);
   }
   CommImpl* impl = impl_.get();
   return impl_->submit_collective(d, [=](OpRun& run) {

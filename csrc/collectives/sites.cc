@@ -32,12 +32,27 @@ std::string SitePlan::to_string() const {
   return s;
 }
 
-bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
+bool can_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
                    const std::optional<CodecSpec>& codec) {
   if (!plan.two_level() || dtype != DType::kFloat32) return false;
   if (op != ReduceOp::kSum && op != ReduceOp::kAverage) return false;
   const uint64_t P = static_cast<uint64_t>(plan.sites()) * static_cast<uint64_t>(plan.per_site);
-  return count >= P * granule(codec) && count * sizeof(float) >= kTwoLevelMinBytes;
+  return count >= P * granule(codec);
+}
+
+bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
+                   const std::optional<CodecSpec>& codec) {
+  return can_two_level(plan, count, dtype, op, codec) && count * sizeof(float) >= kTwoLevelMinBytes;
+}
+
+SitePlan plan_from_wan(const transport::WanPlan& wan, int nranks) {
+  std::vector<int> labels;
+  for (int r = 0; r < nranks; ++r) {
+    const int s = wan.site_of(r);
+    labels.push_back(s >= 0 ? s : 1000000 + r);  // outside every site= rule: a site alone
+  }
+  SitePlan p = plan_from_labels(labels);
+  return p.sites() == nranks ? SitePlan{} : p;
 }
 
 bool use_two_level_gather(const SitePlan& plan, uint64_t gathered_bytes) {

@@ -23,6 +23,7 @@
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
 #include "lowcomm/status.h"
+#include "transport/wan_link.h"
 
 namespace lowcomm::collectives {
 
@@ -51,6 +52,10 @@ struct SitePlan {
 inline constexpr uint64_t kTwoLevelMinBytes = 1 << 20;
 bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
                    const std::optional<CodecSpec>& codec);
+// What two levels need at all (use_two_level less the size threshold): what a call that asks
+// for them (AllReduceOptions::Schedule::kTwoLevel) must meet.
+bool can_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,
+                   const std::optional<CodecSpec>& codec);
 
 // An all-gather (or a broadcast) runs in two levels when the plan has them and the gathered
 // result (the broadcast tensor) is at least kTwoLevelMinBytes.
@@ -58,6 +63,9 @@ bool use_two_level_gather(const SitePlan& plan, uint64_t gathered_bytes);
 
 // From one label per rank (labels grouped in order of first appearance).
 SitePlan plan_from_labels(const std::vector<int>& labels);
+// The emulator's site= rules (transport/wan_link.h) for `nranks` ranks, a rank outside every
+// rule a site alone; flat when no two ranks share a site.
+SitePlan plan_from_wan(const transport::WanPlan& wan, int nranks);
 // LOWCOMM_SITES syntax for `nranks` ranks; "" or "flat": no sites.
 Result<SitePlan> parse_sites(std::string_view text, int nranks);
 
