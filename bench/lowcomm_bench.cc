@@ -38,6 +38,7 @@
 
 #include "bench_model.h"
 #include "collectives/reduce_common.h"
+#include "collectives/shares.h"
 #include "collectives/sites.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
@@ -67,6 +68,7 @@ struct Options {
   std::string wan;
   std::string sites;                           // CommOptions::sites ("" = LOWCOMM_SITES / --wan)
   std::vector<std::string> schedules{"auto"};  // auto | flat | two-level, one table each
+  std::string shares;                          // CommOptions::shares ("" = LOWCOMM_SHARES)
   std::string netns;                           // namespace prefix, "" = none
   int warmup = 1;
   int iters = 5;
@@ -130,6 +132,8 @@ void usage() {
       "      --sites LABELS       which ranks share a site, one label per rank (0,0,0,0,1,1,1,1) "
       "or\n"
       "                           flat (default: LOWCOMM_SITES, else --wan's site= rules)\n"
+      "      --shares MODE        auto | equal: owner shares of the flat all-reduce from the\n"
+      "                           measured rates, or equal (default: the communicator's)\n"
       "      --schedule LIST      auto,flat,two-level,ring: one table each (all-reduce; ring:\n"
       "                           the PCCL-style baseline, a ring over the sites in order);\n"
       "                           with flat and two-level, a summary against the bound\n"
@@ -198,6 +202,8 @@ Options parse_args(int argc, char** argv) {
       o.sites = need(i);
     else if (a == "--schedule")
       o.schedules = split(need(i), ',');
+    else if (a == "--shares")
+      o.shares = need(i);
     else if (a == "-w" || a == "--warmup")
       o.warmup = std::stoi(need(i));
     else if (a == "-i" || a == "--iters")
@@ -404,6 +410,49 @@ struct Row {
   double cpu_ns_per_byte = 0;
 };
 
+// After a flat all-reduce's table row: the owner shares it ran with and this rank's measured
+// rate (OpStats), and, when --wan gives ranks different rates, the model of the flat all-reduce
+// with equal shares and with shares sized from the configured rates: the least time any shares
+// allow (collectives/shares.h), the bound for this schedule.
+void print_shares(const OpStats& st, const bench::LinkModel& link,
+                  const std::optional<transport::WanPlan>& wplan, int P, double encoded) {
+  std::printf("#   owner shares %s; rank 0's rate estimate %.1f Mbit/s\n",
+              st.shares.empty() ? "equal"
+                                : [&] {
+                                    std::string t;
+                                    for (double w : st.shares) {
+                                      char b[16];
+                                      std::snprintf(b, sizeof b, "%s%.3f", t.empty() ? "" : ",", w);
+                                      t += b;
+                                    }
+                                    return t;
+                                  }()
+                                      .c_str(),
+              st.rate_estimate * 8 / 1e6);
+  if (!wplan || link.kind != bench::LinkModel::kSite) return;
+  std::vector<double> rates;  // bytes/s of the wire, the slower direction of each rank's link
+  for (int r = 0; r < P; ++r) {
+    auto l = wplan->link(r, -1);
+    if (!l) return;
+    double bps = l->bits_per_second;
+    if (l->down_bits_per_second > 0 && (bps == 0 || l->down_bits_per_second < bps))
+      bps = l->down_bits_per_second;
+    if (bps <= 0) return;
+    rates.push_back(bps / 8);
+  }
+  if (*std::min_element(rates.begin(), rates.end()) ==
+      *std::max_element(rates.begin(), rates.end()))
+    return;
+  const double wire = encoded * (1 + link.frame_bytes / 1448);
+  const auto plan = collectives::plan_shares(rates);
+  std::printf(
+      "#   per-rank links: model with equal shares %.4f s, with shares from the links (the "
+      "bound) %.4f s: %s\n",
+      collectives::predicted_time({}, rates) * wire + link.one_way_delay_s,
+      collectives::predicted_time(plan, rates) * wire + link.one_way_delay_s,
+      plan.to_string().c_str());
+}
+
 // The PCCL-style baseline: a ring all-reduce over `order` (the best ring over sites crosses
 // each site's link once: the ranks of a site next to each other), built on lowcomm's
 // point-to-point and codec calls. Reduce-scatter: P-1 steps, each rank re-quantizing its running
@@ -472,6 +521,7 @@ int run_rank(const Options& o, int rank, int P) {
   co.socket_buffer_bytes = o.sockbuf;
   co.wan = o.wan;
   co.sites = o.sites;
+  co.shares = o.shares;
   // Namespaces behind site links (wan_netns.sh up --sites): each rank has an address of its own,
   // so the communicator is told the sites (unless --sites or LOWCOMM_SITES says otherwise).
   std::vector<int> ns_labels;  // by rank: its netns site, or a site alone
@@ -499,6 +549,8 @@ int run_rank(const Options& o, int rank, int P) {
   // Per-rank and per-pair sections of --wan: the busiest rank's own link is not known here,
   // so the model takes rank 0's defaults.
   bench::LinkModel link;
+  std::optional<transport::WanPlan> wplan_all;  // --wan, for the per-rank rates
+  if (!o.wan.empty()) wplan_all = *transport::parse_wan_plan(o.wan);
   if (!o.wan.empty()) {
     auto plan = *transport::parse_wan_plan(o.wan);
     auto w = *transport::parse_wan(plan.defaults);
@@ -650,11 +702,13 @@ int run_rank(const Options& o, int rank, int P) {
           ring_order.insert(ring_order.end(), members.begin(), members.end());
         if (ring_order.empty())
           for (int r = 0; r < P; ++r) ring_order.push_back(r);
+        Work last;  // the last timed operation: its stats name the owner shares it ran with
         auto run_once = [&]() -> Status {
           if (schedule == "ring")
             return ring_all_reduce(*comm, send.data(), recv.data(), sh.send_elems, spec,
                                    ring_order);
-          return launch().wait();
+          last = launch();
+          return last.wait();
         };
         for (int w = 0; w < o.warmup; ++w) check(run_once(), "warm-up");
         std::vector<double> mine(static_cast<size_t>(o.iters) + 1);
@@ -765,6 +819,11 @@ int run_rank(const Options& o, int rank, int P) {
             bad = 1;
           }
 
+          if (o.collective == Collective::kAllReduce && last.valid())
+            print_shares(
+                *last.stats(), link, wplan_all, P,
+                static_cast<double>(encoded_size(
+                    spec ? *spec : collectives::passthrough(DType::kFloat32), sh.total_elems)));
           char limit[32] = "-", eff[32] = "-";
           if (row.limit_s > 0) {
             std::snprintf(limit, sizeof limit, "%.4f", row.limit_s);

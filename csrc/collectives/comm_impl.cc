@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "collectives/bootstrap.h"
 #include "collectives/op_run.h"
@@ -133,6 +134,14 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     sites = collectives::plan_from_wan(*plan, nranks);
   }
   const bool sites_by_host = sites_text.empty() && sites.sites() == 0;
+  const char* env_shares = std::getenv("LOWCOMM_SHARES");
+  const std::string shares_text = !options.shares.empty() ? options.shares
+                                  : env_shares            ? env_shares
+                                                          : "";
+  if (!shares_text.empty() && shares_text != "auto" && shares_text != "equal")
+    return invalid_argument(std::string("init: ") +
+                            (options.shares.empty() ? "LOWCOMM_SHARES" : "shares option") +
+                            " must be auto or equal, got '" + shares_text + "'");
 
   std::unique_ptr<CommImpl> c(new CommImpl());
   c->sites_ = std::move(sites);
@@ -170,6 +179,15 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                 c->sites_.two_level()
                     ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
                     : " (flat: two levels need equal sites of two or more ranks)");
+  // Owner shares (shares.h): the option, LOWCOMM_SHARES, else auto across hosts or an emulated
+  // WAN.
+  if (!shares_text.empty()) {
+    c->shares_auto_ = shares_text == "auto";
+  } else {
+    std::set<std::string> hosts;
+    for (const std::string& a : mesh.value().addresses) hosts.insert(a.substr(0, a.rfind(':')));
+    c->shares_auto_ = !wan_text.empty() || hosts.size() > 1;
+  }
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
   c->chunk_bytes_ = cfg->chunk_bytes;
@@ -404,6 +422,13 @@ void CommImpl::run_one(Op& op) {
     return;
   }
   const auto start = collectives::StatsClock::now();
+  // A flat all-reduce names the owner shares it runs with and carries this rank's rate to the
+  // others (shares.h); the large ones measure it.
+  const bool rated = op.desc.carries_rate() && shares_auto_;
+  const uint32_t own_code = shares_.own_code();
+  if (rated)
+    op.desc.tag = (static_cast<uint64_t>(shares_.plan().hash()) << 32) | uint64_t{own_code};
+  const auto measure_from = transport::PaceClock::now();
   std::string what = op.desc.to_string();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -432,6 +457,12 @@ void CommImpl::run_one(Op& op) {
     source = run.source();
     stats = collectives::summarize(op.desc, run.counters(), collectives::StatsClock::now() - start,
                                    links_);
+    if (rated) {
+      for (uint32_t p : shares_.plan().parts)
+        stats.shares.push_back(static_cast<double>(p) / collectives::kShareUnits);
+      stats.rate_estimate = collectives::rate_of_code(own_code);
+    }
+    if (rated && s.is_ok()) learn_rates(run, op.desc, own_code, measure_from);
   }
   log_stats(op.desc, stats, s);
   {
@@ -439,6 +470,21 @@ void CommImpl::run_one(Op& op) {
     last_stats_ = stats;
   }
   op.work->complete(s, std::move(stats), source);
+}
+
+void CommImpl::learn_rates(const OpRun& run, const OpDescriptor& desc, uint32_t own_code,
+                           transport::PaceClock::time_point since) {
+  if (desc.count * dtype_size(desc.dtype) >= collectives::kTwoLevelMinBytes)
+    shares_.measured(
+        std::max(engine_->down_meter().peak_rate(since), engine_->up_meter().peak_rate(since)));
+  std::vector<uint32_t> codes = run.rate_codes();
+  codes[static_cast<size_t>(rank_)] = own_code;
+  if (!shares_.observe(codes)) return;
+  std::string rates;
+  for (double r : shares_.rates())
+    rates += (rates.empty() ? "" : ",") + std::to_string(static_cast<long long>(r * 8 / 1e6));
+  LOWCOMM_LOG(kInfo, "rank %d: owner shares re-planned from rates [%s] Mbit/s: %s", rank_,
+              rates.c_str(), shares_.plan().to_string().c_str());
 }
 
 void CommImpl::log_stats(const OpDescriptor& desc, const OpStats& st, const Status& s) const {
@@ -458,6 +504,18 @@ void CommImpl::log_stats(const OpDescriptor& desc, const OpStats& st, const Stat
             st.codec.empty() ? "none" : st.codec.c_str(), ms(st.wall),
             static_cast<double>(st.bytes_sent) / 1e6, static_cast<double>(st.bytes_received) / 1e6,
             st.compression_ratio, ms(st.encode), ms(st.decode), ms(st.network_wait), efficiency);
+  if (!st.shares.empty() || st.rate_estimate > 0) {
+    std::string shares;
+    for (double w : st.shares) {
+      char buf[16];
+      std::snprintf(buf, sizeof(buf), "%s%.3f", shares.empty() ? "" : ",", w);
+      shares += buf;
+    }
+    log_write(LogLevel::kInfo, __FILE__, __LINE__,
+              "rank %d: %s #%llu: owner shares %s, downlink rate estimate %.1f Mbit/s", rank_,
+              st.kind.c_str(), static_cast<unsigned long long>(st.sequence),
+              shares.empty() ? "equal" : shares.c_str(), st.rate_estimate * 8 / 1e6);
+  }
 }
 
 OpStats CommImpl::last_op_stats() const {

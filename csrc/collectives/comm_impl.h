@@ -42,6 +42,7 @@
 #include "collectives/ef_store.h"
 #include "collectives/op_stats.h"
 #include "collectives/scratch_pool.h"
+#include "collectives/shares.h"
 #include "collectives/sites.h"
 #include "collectives/work_state.h"
 #include "core/deadline.h"
@@ -88,6 +89,9 @@ class CommImpl {
   transport::Peer& peer(int r) { return *peers_[r]; }
   collectives::ErrorFeedbackStore& ef() { return ef_; }
   const collectives::SitePlan& sites() const { return sites_; }
+  // The owner shares of flat all-reduces (shares.h): the plan the running operation's
+  // descriptor names.
+  const collectives::SharePlan& share_plan() const { return shares_.plan(); }
   collectives::ScratchPool& scratch_pool() { return scratch_pool_; }
   // ok, or why the running operation (involving `involved` peers) must stop now.
   Status check_health(const std::vector<int>& involved);
@@ -143,6 +147,10 @@ class CommImpl {
   std::shared_ptr<StealGate> gate_ = std::make_shared<StealGate>();
   // The INFO (collective) or TRACE (point-to-point) line summarizing a completed operation.
   void log_stats(const collectives::OpDescriptor& desc, const OpStats& st, const Status& s) const;
+  // After a flat all-reduce that carried rates: this rank's measurement (a large one) and the
+  // re-plan from every rank's code in the operation's descriptors (shares.h).
+  void learn_rates(const collectives::OpRun& run, const collectives::OpDescriptor& desc,
+                   uint32_t own_code, transport::PaceClock::time_point since);
   // Latches `why` as the communicator's failure; the first time, tells the peers and aborts
   // every connection (no request references any buffer afterwards).
   void fail(const Status& why, bool notify);
@@ -157,6 +165,8 @@ class CommImpl {
   uint64_t chunk_bytes_ = 0;
   std::vector<transport::WanLink> links_;  // by rank: this rank's emulated link to each peer
   collectives::SitePlan sites_;            // which ranks share a site (collectives/sites.h)
+  bool shares_auto_ = false;               // owner shares follow measured rates (shares.h)
+  collectives::SharePlanner shares_;       // executor thread only
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank

@@ -130,6 +130,11 @@ std::string OpDescriptor::to_string() const {
     std::snprintf(h, sizeof(h), "%016llx", static_cast<unsigned long long>(tag));
     s += std::string(", two-level, sites ") + h;
   }
+  if (carries_rate() && (tag >> 32) != 0) {
+    char h[16];
+    std::snprintf(h, sizeof(h), "%08llx", static_cast<unsigned long long>(tag >> 32));
+    s += std::string(", shares ") + h;
+  }
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter)
     s += ", root " + std::to_string(root);
@@ -142,8 +147,14 @@ std::string OpDescriptor::to_string() const {
   return s;
 }
 
+OpDescriptor OpDescriptor::agreed() const {
+  OpDescriptor d = *this;
+  if (d.carries_rate()) d.tag &= ~uint64_t{0xffffffff};
+  return d;
+}
+
 bool same_operation(const OpDescriptor& a, const OpDescriptor& b) {
-  return a.encode() == b.encode();
+  return a.agreed().encode() == b.agreed().encode();
 }
 
 }  // namespace lowcomm::collectives

@@ -67,7 +67,9 @@ struct OpDescriptor {
   int32_t root = -1;               // broadcast: the root; send: the sending rank
   uint32_t nranks = 0;
   // send/recv: the user's tag (below tags::kMaxUserTag); a two-level all-reduce: the hash of
-  // its site map; 0 otherwise
+  // its site map; a flat all-reduce: the hash of its owner shares (shares.h) in the high 32
+  // bits and the sender's own measured rate (rate_code) in the low 32, the one field a rank's
+  // peers need not agree with (agreed() clears it); 0 otherwise
   uint64_t tag = 0;
   Algorithm algorithm = Algorithm::kDefault;
   // The owner reduction: elements per pipeline segment (reduce_segment_elems: a multiple of
@@ -75,6 +77,13 @@ struct OpDescriptor {
   uint64_t segment_elems = 0;
 
   std::array<uint8_t, kDescriptorBytes> encode() const;
+  // Whether the low half of the tag is the sender's rate (a flat all-reduce).
+  bool carries_rate() const {
+    return kind == OpKind::kAllReduce && algorithm == Algorithm::kDefault;
+  }
+  uint32_t rate_code() const { return carries_rate() ? static_cast<uint32_t>(tag) : 0; }
+  // This descriptor less what only the sender decides (the rate): what peers must agree on.
+  OpDescriptor agreed() const;
   // kCorruptData naming `who` when the bytes are not a descriptor.
   static Result<OpDescriptor> decode(const uint8_t* bytes, const std::string& who);
   // "all_reduce #7 (count 1000, fp32, sum, codec q4)"

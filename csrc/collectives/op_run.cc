@@ -17,7 +17,7 @@ constexpr auto kRecvSlice = std::chrono::milliseconds(1);
 // FNV-1a 64 of the descriptor less its sequence number, folded so every byte reaches the low
 // bits that tags::payload keeps.
 uint64_t shape_hash(const OpDescriptor& desc) {
-  OpDescriptor d = desc;
+  OpDescriptor d = desc.agreed();
   d.seq = 0;
   auto bytes = d.encode();
   uint64_t h = fnv1a64(bytes.data(), 60);  // not the checksum
@@ -186,6 +186,23 @@ Status OpRun::check_descriptors() {
   desc_pending_ = false;
   desc_checked_ = true;
   return desc_result_;
+}
+
+std::vector<Range> OpRun::share_chunks(uint64_t n, uint64_t g) const {
+  const SharePlan& plan = comm_.share_plan();
+  if (desc_.carries_rate() && (desc_.tag >> 32) != 0 && (desc_.tag >> 32) == plan.hash())
+    return plan.chunks(n, size(), g);
+  return owner_chunks(n, size(), g);
+}
+
+std::vector<uint32_t> OpRun::rate_codes() const {
+  std::vector<uint32_t> codes(static_cast<size_t>(size()), 0);
+  if (!desc_checked_ || !desc_result_.is_ok()) return codes;
+  for (const auto& [p, r] : desc_recvs_) {
+    auto d = OpDescriptor::decode(desc_in_ + kDescriptorBytes * static_cast<uint64_t>(p), "");
+    if (d) codes[static_cast<size_t>(p)] = d->rate_code();
+  }
+  return codes;
 }
 
 Status OpRun::exchange_descriptors() {

@@ -33,6 +33,7 @@
 #include "collectives/comm_impl.h"
 #include "collectives/descriptor.h"
 #include "collectives/op_stats.h"
+#include "collectives/partition.h"
 #include "collectives/scratch_pool.h"
 #include "core/deadline.h"
 #include "transport/request.h"
@@ -82,6 +83,12 @@ class OpRun {
   // Decodes the descriptor `peer` sent (kDescriptorBytes at `bytes`) and checks it is `expected`.
   Status check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected);
 
+  // The owner chunks of a flat all-reduce of n elements in granules of g: the communicator's
+  // share plan where the descriptor names it (shares.h), else equal (owner_chunks).
+  std::vector<Range> share_chunks(uint64_t n, uint64_t g) const;
+  // After a successful check of a flat all-reduce's descriptors: the rate each rank sent
+  // (OpDescriptor::rate_code), by rank; 0 for this rank and for ranks not in the operation.
+  std::vector<uint32_t> rate_codes() const;
   // Any-source receives: the first peer (of peers()) whose next unclaimed message on `tag` has
   // begun to arrive; waits as wait() does (deadline, health), claims nothing.
   Result<int> wait_arrival(uint64_t tag);

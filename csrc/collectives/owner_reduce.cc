@@ -141,8 +141,7 @@ Status all_reduce(OpRun& run, const ReduceArgs& a) {
   LOWCOMM_CHECK(
       check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.error_feedback_key));
   LOWCOMM_CHECK(run.post_descriptors());
-  return owner_reduce(run, a, owner_chunks(a.n, run.size(), granule(a.codec)),
-                      {Finish::kAllGather, -1});
+  return owner_reduce(run, a, run.share_chunks(a.n, granule(a.codec)), {Finish::kAllGather, -1});
 }
 
 Status reduce(OpRun& run, const ReduceArgs& a, int root) {

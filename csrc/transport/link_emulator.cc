@@ -34,7 +34,7 @@ void LinkEmulator::set_link(const WanLink& link, uint64_t window_bytes) {
   make_pacer(window_bytes);
 }
 
-void LinkEmulator::submit(OutChunk c, Clock::time_point now) {
+LinkEmulator::Clock::time_point LinkEmulator::submit(OutChunk c, Clock::time_point now) {
   // Headers cross the emulated link too: they cost bandwidth on a real one.
   Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
   c.depart = slot.sent;
@@ -45,6 +45,7 @@ void LinkEmulator::submit(OutChunk c, Clock::time_point now) {
   last_release_ = c.release;
   c.stream = slot.stream;
   held_.push_back(std::move(c));
+  return slot.sent;
 }
 
 LinkEmulator::Clock::duration LinkEmulator::loss_penalty(uint64_t bytes) {

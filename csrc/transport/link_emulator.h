@@ -46,7 +46,8 @@ class LinkEmulator {
   const WanLink& link() const { return link_; }
   const std::shared_ptr<SiteLinks>& site() const { return site_; }
 
-  void submit(OutChunk c, Clock::time_point now);
+  // Returns when the chunk's last bit leaves this end of the emulated link.
+  Clock::time_point submit(OutChunk c, Clock::time_point now);
   // Stops at the first error `depart` returns (the peer then fails).
   Status advance(Clock::time_point now, const std::function<Status(OutChunk&)>& depart,
                  const std::function<void(OutChunk)>& deliver);

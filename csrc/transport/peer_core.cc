@@ -1,7 +1,9 @@
 #include "transport/peer_core.h"
 
 #include <errno.h>
+#include <linux/sockios.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -138,7 +140,8 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
     c.data = data + off;
     c.fields = {c.len, tag, seq, len, off, 0};
     if (link_) {
-      link_->submit(std::move(c), now);
+      const uint64_t bytes = kChunkHeaderBytes + c.len;
+      engine_.up_meter().record(link_->submit(std::move(c), now), bytes);
     } else {
       enqueue(std::move(c));
     }
@@ -283,6 +286,7 @@ void PeerCore::do_write(Stream& s) {
     }
     c.written += static_cast<uint64_t>(n);
     moved += static_cast<uint64_t>(n);
+    s.written_total += static_cast<uint64_t>(n);
     if (c.written == kChunkHeaderBytes + c.len) {
       s.queued_bytes -= kChunkHeaderBytes + c.len;
       auto op = std::move(c.op);
@@ -290,8 +294,21 @@ void PeerCore::do_write(Stream& s) {
       if (--op->chunks_left == 0) op->req->complete(Status::ok());
     }
   }
+  if (!link_) note_departures(s);
   update_write_interest(s);
   check_flushed();
+}
+
+void PeerCore::note_departures(Stream& s) {
+  // The kernel took the bytes long before they left: what has left is what it no longer holds
+  // (SIOCOUTQ: unsent plus unacknowledged), sampled at each write event while the stream is busy.
+  int outq = 0;
+  if (::ioctl(s.fd.get(), SIOCOUTQ, &outq) != 0 || outq < 0) return;
+  const uint64_t held = static_cast<uint64_t>(outq);
+  const uint64_t departed = s.written_total > held ? s.written_total - held : 0;
+  if (departed <= s.departed_seen) return;
+  engine_.up_meter().record(PaceClock::now(), departed - s.departed_seen);
+  s.departed_seen = departed;
 }
 
 void PeerCore::do_read(Stream& s) {
@@ -448,10 +465,14 @@ void PeerCore::finish_payload(Stream& s) {
           Status(StatusCode::kCorruptData,
                  what + ": payload checksum (XXH3-128) mismatch: corrupted in transit");
   }
+  const auto now = PaceClock::now();
+  auto arrived = now;
   if (link_) {
-    auto passed = link_->pass_downlink(kChunkHeaderBytes + s.cur_chunk_len, PaceClock::now());
+    auto passed = link_->pass_downlink(kChunkHeaderBytes + s.cur_chunk_len, now);
     s.cur->ready_at = std::max(s.cur->ready_at, passed);
+    arrived = std::max(now, passed);
   }
+  engine_.down_meter().record(arrived, kChunkHeaderBytes + s.cur_chunk_len);
   s.cur->received += s.cur_chunk_len;
   s.cur.reset();
   try_complete(s.cur_key);

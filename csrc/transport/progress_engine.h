@@ -24,6 +24,7 @@
 
 #include "core/unique_fd.h"
 #include "lowcomm/status.h"
+#include "transport/arrival_meter.h"
 
 namespace lowcomm::transport {
 
@@ -53,8 +54,14 @@ class ProgressEngine {
   uint64_t add_timer(Clock::time_point when, std::function<void()> fn);
   void cancel_timer(uint64_t id);
 
+  // What the peers on this engine have received and sent, for rate estimates (any thread).
+  ArrivalMeter& down_meter() { return down_meter_; }
+  ArrivalMeter& up_meter() { return up_meter_; }
+
  private:
   ProgressEngine() = default;
+  ArrivalMeter down_meter_;
+  ArrivalMeter up_meter_;
   void loop();
   void run_posted();
   void run_due_timers();

@@ -89,6 +89,12 @@ struct CommOptions {
   // the emulated WAN, else flat. Sites of equal size (two or more ranks each) run large fp32
   // all-reduces in two levels (docs/collectives.md); every rank must pass the same map.
   std::string sites;
+  // Owner shares of the flat all-reduce: "auto" sizes them from the rates each rank measures
+  // on its downlink during large all-reduces (a slow rank owns less; docs/sites.md), "equal"
+  // keeps them equal. "": LOWCOMM_SHARES, else auto when the ranks span more than one host or
+  // an emulated WAN is set (LOWCOMM_WAN), equal otherwise (on one host the rates measure the
+  // CPU, not a link). Every rank must pass the same.
+  std::string shares;
   // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
   // else 30 minutes.
   std::chrono::milliseconds timeout{0};
@@ -221,6 +227,11 @@ struct OpStats {
   // link_limit / wall. Both 0 on an unshaped link.
   std::chrono::nanoseconds link_limit{0};
   double link_efficiency = 0.0;
+  // A flat all-reduce: the owner shares it ran with, by rank (empty: equal shares), and this
+  // rank's downlink rate as it stood when the operation started (bytes/s; 0: not measured yet;
+  // CommOptions::shares).
+  std::vector<double> shares;
+  double rate_estimate = 0.0;
 };
 
 class WorkState;

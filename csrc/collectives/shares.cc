@@ -1,0 +1,146 @@
+#include "collectives/shares.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace lowcomm::collectives {
+
+uint32_t rate_code(double bytes_per_second) {
+  if (!(bytes_per_second >= kMinRate && bytes_per_second <= kMaxRate)) return 0;  // NaN too
+  return static_cast<uint32_t>(std::lround(bytes_per_second / 1e3));
+}
+
+double rate_of_code(uint32_t code) {
+  return static_cast<double>(code) * 1e3;
+}
+
+uint32_t SharePlan::hash() const {
+  if (parts.empty()) return 0;
+  uint32_t h = 2166136261u;
+  for (uint32_t p : parts)
+    for (int b = 0; b < 4; ++b) {
+      h ^= (p >> (8 * b)) & 0xff;
+      h *= 16777619u;
+    }
+  return h ? h : 1;
+}
+
+std::vector<Range> SharePlan::chunks(uint64_t n, int parts_count, uint64_t g) const {
+  const uint64_t units = (n + g - 1) / g;
+  const auto P = static_cast<uint64_t>(parts_count);
+  if (parts.empty() || parts.size() != P || units < P) return owner_chunks(n, parts_count, g);
+  // Each boundary at the plan's cumulative share of the granules, each chunk at least one.
+  std::vector<Range> out(P);
+  uint64_t cum = 0, prev = 0;
+  for (uint64_t j = 0; j < P; ++j) {
+    cum += parts[j];
+    uint64_t end = j + 1 == P ? units : units * cum / kShareUnits;
+    end = std::clamp<uint64_t>(end, prev + 1, units - (P - 1 - j));
+    const uint64_t b = std::min(n, prev * g), e = std::min(n, end * g);
+    out[j] = {b, e - b};
+    prev = end;
+  }
+  return out;
+}
+
+std::string SharePlan::to_string() const {
+  if (parts.empty()) return "equal";
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%s%.3f", i ? "," : "",
+                  static_cast<double>(parts[i]) / kShareUnits);
+    s += buf;
+  }
+  return s;
+}
+
+namespace {
+
+// What each rank can own if all must finish by T (per byte of the encoded tensor).
+double capacity(const std::vector<double>& rates, double T, std::vector<double>* each) {
+  const double k = static_cast<double>(rates.size()) - 2;
+  double sum = 0;
+  for (size_t i = 0; i < rates.size(); ++i) {
+    const double c = std::clamp((T * rates[i] - 1) / k, 0.0, 1.0);
+    if (each) (*each)[i] = c;
+    sum += c;
+  }
+  return sum;
+}
+
+}  // namespace
+
+SharePlan plan_shares(const std::vector<double>& rates) {
+  const size_t P = rates.size();
+  if (P < 3) return {};
+  for (double r : rates)
+    if (!(r > 0) || !std::isfinite(r)) return {};
+  // Rates relative to the fastest (the times are per byte of E; scale does not matter).
+  const double top = *std::max_element(rates.begin(), rates.end());
+  std::vector<double> r(P);
+  for (size_t i = 0; i < P; ++i) r[i] = rates[i] / top;
+  double lo = 0;  // no rank can finish before it has moved E
+  for (double x : r) lo = std::max(lo, 1 / x);
+  double hi = lo * static_cast<double>(P);  // every rank could own everything by then
+  if (capacity(r, lo, nullptr) < 1) {
+    for (int it = 0; it < 100 && hi - lo > 1e-12 * hi; ++it) {
+      const double mid = (lo + hi) / 2;
+      (capacity(r, mid, nullptr) >= 1 ? hi : lo) = mid;
+    }
+    lo = hi;
+  }
+  std::vector<double> c(P);
+  const double sum = capacity(r, lo, &c);
+  // Parts: floors of the scaled shares, at least one each, the rest by largest remainder
+  // (ties to the lower rank): the same integers on every rank for the same rates.
+  SharePlan plan;
+  plan.parts.resize(P);
+  std::vector<std::pair<double, size_t>> rem;
+  uint64_t given = 0;
+  for (size_t i = 0; i < P; ++i) {
+    const double want = c[i] / sum * static_cast<double>(kShareUnits - P);
+    const auto f = static_cast<uint32_t>(std::floor(want));
+    plan.parts[i] = 1 + f;
+    given += 1 + f;
+    rem.emplace_back(want - f, i);
+  }
+  std::stable_sort(rem.begin(), rem.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t k = 0; given < kShareUnits; ++k, ++given) ++plan.parts[rem[k % P].second];
+  return plan;
+}
+
+double predicted_time(const SharePlan& plan, const std::vector<double>& rates) {
+  const size_t P = rates.size();
+  double t = 0;
+  for (size_t i = 0; i < P; ++i) {
+    const double w = plan.parts.size() == P ? static_cast<double>(plan.parts[i]) / kShareUnits
+                                            : 1.0 / static_cast<double>(P);
+    t = std::max(t, (1 + (static_cast<double>(P) - 2) * w) / rates[i]);
+  }
+  return t;
+}
+
+void SharePlanner::measured(double bytes_per_second) {
+  if (rate_code(bytes_per_second) == 0) return;
+  rate_ = rate_ > 0 ? (1 - kSmoothing) * rate_ + kSmoothing * bytes_per_second : bytes_per_second;
+}
+
+bool SharePlanner::observe(const std::vector<uint32_t>& codes) {
+  if (codes.size() < 3) return false;
+  std::vector<double> rates;
+  for (uint32_t c : codes) {
+    if (c == 0) return false;
+    rates.push_back(rate_of_code(c));
+  }
+  SharePlan next = plan_shares(rates);
+  if (next.parts == plan_.parts) return false;
+  if (predicted_time(plan_, rates) < kReplanGain * predicted_time(next, rates)) return false;
+  plan_ = std::move(next);
+  rates_ = std::move(rates);
+  return true;
+}
+
+}  // namespace lowcomm::collectives

@@ -1,0 +1,77 @@
+#pragma once
+// Owner shares that follow the links. The flat owner reduction (owner_reduce.cc) gives rank i a
+// share w_i of the tensor; for a tensor that encodes to E bytes, rank i then receives (and
+// sends) about E (1 + (P - 2) w_i) bytes: every other rank's contribution to its share, and
+// every other owner's result. With equal shares the slowest rank sets the time; sized to the
+// ranks' rates r_i, every rank finishes together or the slow ones own nothing:
+//   T(w) = max_i E (1 + (P - 2) w_i) / r_i,   and the least T over shares summing to 1 is
+//   found by bisection on T: at a finishing time T rank i can own
+//   c_i(T) = clamp((T r_i / E - 1) / (P - 2), 0, 1), and T is the least with sum c_i(T) >= 1
+//   (never below max_i E / r_i: a rank that owns nothing still sends and receives E).
+// The shares are c_i(T) / sum c(T), in parts of kShareUnits, every rank at least one part.
+//
+// The rates come from the traffic itself (transport/arrival_meter.h: the downlink's peak
+// throughput during each large flat all-reduce, smoothed), and every rank sends its own in the
+// descriptor of the next flat all-reduce (descriptor.h: the low half of the tag). After an
+// operation every rank holds the same P numbers and re-plans from them with the same code, so
+// the ranks agree without a message of their own; the plan's hash rides in the high half of
+// the tag and is checked like the rest of the descriptor. Hysteresis: a new plan replaces the
+// current one only when it is predicted at least kReplanGain faster under the new rates.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/partition.h"
+
+namespace lowcomm::collectives {
+
+inline constexpr uint32_t kShareUnits = 1u << 20;
+inline constexpr double kReplanGain = 1.10;
+// The rate a descriptor carries: kilobytes (1000 bytes) per second, 0 unknown. Rates outside
+// [kMinRate, kMaxRate] bytes/s are not believed (a rank measuring one sends 0).
+inline constexpr double kMinRate = 1e4;   // 80 kbit/s
+inline constexpr double kMaxRate = 4e12;  // 32 Tbit/s
+uint32_t rate_code(double bytes_per_second);
+double rate_of_code(uint32_t code);
+
+// Shares in parts of kShareUnits; empty: equal shares.
+struct SharePlan {
+  std::vector<uint32_t> parts;
+  bool equal() const { return parts.empty(); }
+  // 32-bit hash of the parts (0 for equal shares): what the descriptor carries.
+  uint32_t hash() const;
+  // Owner chunks of n elements in granules of g; equal chunks (owner_chunks) when the plan is
+  // equal, its size is not `parts`, or n has fewer granules than ranks.
+  std::vector<Range> chunks(uint64_t n, int parts_count, uint64_t g) const;
+  std::string to_string() const;  // "0.322,0.322,0.322,0.034" or "equal"
+};
+
+// The least-finishing-time shares for rates r (bytes/s, all > 0); equal for P < 3.
+SharePlan plan_shares(const std::vector<double>& rates);
+// T(w) / E: the modelled finishing time per byte of the encoded tensor.
+double predicted_time(const SharePlan& plan, const std::vector<double>& rates);
+
+// One rank's view of the shares: its own smoothed rate and the plan every rank holds.
+class SharePlanner {
+ public:
+  // What this rank measured during a flat all-reduce (0: nothing worth believing).
+  void measured(double bytes_per_second);
+  // The code of this rank's smoothed rate, for its next descriptor.
+  uint32_t own_code() const { return rate_code(rate_); }
+  double rate() const { return rate_; }
+  // Every rank's code from one operation's descriptors (by rank): re-plans with hysteresis;
+  // returns whether the plan changed. Any unknown code keeps the current plan.
+  bool observe(const std::vector<uint32_t>& codes);
+  const SharePlan& plan() const { return plan_; }
+  const std::vector<double>& rates() const { return rates_; }
+
+  static constexpr double kSmoothing = 0.5;  // weight of the newest measurement
+
+ private:
+  double rate_ = 0;
+  SharePlan plan_;
+  std::vector<double> rates_;  // the rates the current plan was made from
+};
+
+}  // namespace lowcomm::collectives

@@ -1,0 +1,220 @@
+// Owner shares that follow the links (collectives/shares.h): the planner's bisection, its
+// hysteresis and refusals, the arrival meter's peak rate, and four real ranks over an emulated
+// WAN where one rank's link is 4x slower: they measure their rates from the traffic, agree on
+// one plan through the descriptors, and the slow rank ends up owning almost nothing while every
+// replica stays bitwise identical.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "collectives/shares.h"
+#include "collectives_test_util.h"
+#include "core/fnv1a.h"
+#include "transport/arrival_meter.h"
+
+namespace lowcomm::testing {
+namespace {
+
+using collectives::kShareUnits;
+using collectives::plan_shares;
+using collectives::predicted_time;
+using collectives::SharePlan;
+using collectives::SharePlanner;
+
+double share(const SharePlan& p, size_t i) {
+  return static_cast<double>(p.parts[i]) / kShareUnits;
+}
+
+TEST(SharesPlan, EqualRatesGiveEqualSharesAndFewerThanThreeRanksNone) {
+  SharePlan p = plan_shares({5e7, 5e7, 5e7, 5e7});
+  ASSERT_EQ(p.parts.size(), 4u);
+  EXPECT_EQ(std::accumulate(p.parts.begin(), p.parts.end(), uint64_t{0}), kShareUnits);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(share(p, i), 0.25, 1e-5);
+  EXPECT_TRUE(plan_shares({1e6, 4e6}).equal()) << "two ranks each move E whatever the shares";
+  EXPECT_TRUE(plan_shares({1e6, 0, 1e6}).equal()) << "a zero rate plans nothing";
+  EXPECT_TRUE(plan_shares({1e6, NAN, 1e6}).equal());
+}
+
+// One rank at a quarter of the rate: with equal shares it moves 1.5 E at r/4 (time 6 E/r); it
+// cannot do better than E at r/4 (4 E/r), so it owns (almost) nothing and the others a third
+// each, finishing at 5/3 E/r.
+TEST(SharesPlan, OneSlowRankOwnsAlmostNothingAndMeetsTheBound) {
+  const std::vector<double> r = {1e8, 1e8, 1e8, 2.5e7};
+  SharePlan p = plan_shares(r);
+  ASSERT_EQ(p.parts.size(), 4u);
+  EXPECT_EQ(std::accumulate(p.parts.begin(), p.parts.end(), uint64_t{0}), kShareUnits);
+  EXPECT_LT(share(p, 3), 1e-5);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(share(p, i), 1.0 / 3, 1e-5);
+  const double equal = predicted_time(SharePlan{}, r), planned = predicted_time(p, r);
+  EXPECT_NEAR(equal * 1e8, 6.0, 1e-9);
+  EXPECT_NEAR(planned * 1e8, 4.0, 1e-4);
+}
+
+// A rank 20% slower still owns a share, smaller, so that every rank finishes together:
+// 3 (T - 1)/2 + (0.8 T - 1)/2 = 1 gives T = 6 / 3.8.
+TEST(SharesPlan, ASlightlySlowerRankOwnsLessAndAllFinishTogether) {
+  const std::vector<double> r = {1, 1, 1, 0.8};
+  SharePlan p = plan_shares(r);
+  const double T = 6 / 3.8;
+  EXPECT_NEAR(share(p, 3), (0.8 * T - 1) / 2, 1e-5);
+  EXPECT_NEAR(share(p, 0), (T - 1) / 2, 1e-5);
+  EXPECT_NEAR(predicted_time(p, r), T, 1e-4);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_NEAR((1 + 2 * share(p, i)) / r[i], T, 1e-4) << "rank " << i << " finishes at T";
+}
+
+TEST(SharesPlan, ChunksCoverTheTensorOnScaleGroupsEachRankAtLeastOne) {
+  SharePlan p = plan_shares({1e8, 1e8, 1e8, 1e6, 3e7});
+  for (uint64_t n : {5ull * 64, 1000ull * 64 + 17, 12345678ull}) {
+    auto c = p.chunks(n, 5, 64);
+    ASSERT_EQ(c.size(), 5u);
+    uint64_t at = 0;
+    for (const auto& r : c) {
+      EXPECT_EQ(r.begin, at);
+      EXPECT_GE(r.count, 1u);
+      if (r.begin + r.count < n) {
+        EXPECT_EQ(r.count % 64, 0u);
+      }
+      at += r.count;
+    }
+    EXPECT_EQ(at, n);
+  }
+  // Fewer granules than ranks, or a plan of another size: equal chunks.
+  auto few = p.chunks(3 * 64, 5, 64);
+  EXPECT_EQ(few.size(), 5u);
+  auto other = p.chunks(4096, 4, 64);
+  auto equal = collectives::owner_chunks(4096, 4, 64);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(other[i].count, equal[i].count);
+}
+
+TEST(SharesPlanner, ReplansOnlyForAGainAndNeverFromAnUnknownRate) {
+  SharePlanner s;
+  EXPECT_EQ(s.own_code(), 0u) << "nothing measured yet";
+  s.measured(0);
+  s.measured(1e20);  // absurd: not believed
+  s.measured(NAN);
+  EXPECT_EQ(s.own_code(), 0u);
+  s.measured(1e8);
+  s.measured(5e7);
+  EXPECT_EQ(s.own_code(), collectives::rate_code(7.5e7)) << "smoothed";
+
+  const uint32_t fast = collectives::rate_code(1.25e8), slow = collectives::rate_code(3.1e7);
+  EXPECT_FALSE(s.observe({fast, fast, 0, slow})) << "one rank unknown: keep the plan";
+  EXPECT_TRUE(s.plan().equal());
+  // Within 5% of each other: equal shares are as good.
+  EXPECT_FALSE(
+      s.observe({fast, collectives::rate_code(1.2e8), fast, collectives::rate_code(1.19e8)}));
+  EXPECT_TRUE(s.plan().equal());
+  EXPECT_TRUE(s.observe({fast, fast, fast, slow}));
+  EXPECT_FALSE(s.plan().equal());
+  EXPECT_NE(s.plan().hash(), 0u);
+  const uint32_t h = s.plan().hash();
+  EXPECT_FALSE(s.observe({fast, fast, fast, collectives::rate_code(3.0e7)})) << "noise: keep it";
+  EXPECT_EQ(s.plan().hash(), h);
+  // The slow link recovers: the skewed plan is now 1.5x too slow; re-plan to (about) equal.
+  EXPECT_TRUE(s.observe({fast, fast, fast, fast}));
+  for (uint32_t p : s.plan().parts) EXPECT_NEAR(static_cast<double>(p) / kShareUnits, 0.25, 1e-5);
+}
+
+TEST(ArrivalMeter, PeakRateSeesTheLinkThroughTheGaps) {
+  // 1 MiB every 10 ms for 200 ms, an idle 500 ms (waiting for a slow peer), then 4 more.
+  std::vector<std::pair<int64_t, uint64_t>> a;
+  int64_t t = 0;
+  for (int i = 0; i < 20; ++i) a.emplace_back(t += 10'000'000, 1 << 20);
+  t += 500'000'000;
+  for (int i = 0; i < 4; ++i) a.emplace_back(t += 10'000'000, 1 << 20);
+  const double rate = transport::peak_rate_of(a, 0.125);
+  EXPECT_NEAR(rate, (1 << 20) / 0.01, (1 << 20) / 0.01 * 0.01);
+  EXPECT_EQ(transport::peak_rate_of({{0, 1000}, {1, 1000}, {2, 1000}, {3, 1000}}, 0.125), 0)
+      << "too few bytes to say";
+  transport::ArrivalMeter m;
+  const auto t0 = transport::PaceClock::now();
+  for (int i = 0; i < 8; ++i) m.record(t0 + std::chrono::milliseconds(5 * i), 1 << 20);
+  EXPECT_NEAR(m.peak_rate(t0), (1 << 20) / 0.005, (1 << 20) / 0.005 * 0.01);
+  EXPECT_EQ(m.peak_rate(t0 + std::chrono::seconds(1)), 0) << "nothing since then";
+}
+
+// Four ranks, rank 3's link (up and down) 4x slower than the others'. The first all-reduces run
+// with equal shares and measure; from the third on every rank runs the same skewed plan, named
+// in its descriptor and reported in the stats, rank 3 owning almost nothing.
+TEST(CollectivesShares, OneSlowRankOwnsLessEveryRankAgreesReplicasIdentical) {
+  constexpr int P = 4;
+  constexpr uint64_t n = 2 << 20;  // 8 MiB of fp32, q8: ~2 MiB on the wire per rank
+  constexpr int ops = 6;
+  std::vector<RankResult> res = run_ranks(
+      P,
+      [](int rank, const UniqueId& id) -> std::string {
+        CommOptions o = test_options();
+        o.wan = "bw=400mbit;rank=3:bw=100mbit";
+        o.segment_bytes = 1 << 20;
+        auto c = Communicator::init(id, rank, P, o);
+        RANK_OK(c.status());
+        std::vector<float> in(n), out(n);
+        std::string text = "ok";
+        for (int k = 0; k < ops; ++k) {
+          for (uint64_t i = 0; i < n; ++i) in[i] = input_value(k + 1, rank, i);
+          AllReduceOptions ar;
+          ar.codec = *parse_codec_spec("q8");
+          Work w = (*c)->all_reduce(in.data(), out.data(), n, DType::kFloat32, ReduceOp::kSum, ar);
+          RANK_OK(w.wait());
+          auto st = w.stats();
+          RANK_OK(st.status());
+          char buf[160];
+          std::snprintf(buf, sizeof(buf), " op%d %016llx %.4f %.0f", k,
+                        static_cast<unsigned long long>(
+                            fnv1a64(reinterpret_cast<const uint8_t*>(out.data()), n * 4)),
+                        st->shares.empty() ? -1.0 : st->shares[3], st->rate_estimate);
+          text += buf;
+        }
+        return text;
+      },
+      60);
+  expect_all_ok(res);
+  std::vector<std::vector<std::string>> hashes(ops);
+  for (int r = 0; r < P; ++r) {
+    if (!res[r].ok()) continue;
+    std::printf("rank %d:%s\n", r, res[r].text.c_str() + 2);
+    const char* p = res[r].text.c_str() + 2;
+    for (int k = 0; k < ops; ++k) {
+      int got = 0, consumed = 0;
+      char h[17];
+      double slow_share = 0, rate = 0;
+      ASSERT_EQ(std::sscanf(p, " op%d %16s %lf %lf%n", &got, h, &slow_share, &rate, &consumed), 4);
+      p += consumed;
+      hashes[static_cast<size_t>(k)].push_back(h);
+      const double configured = (r == 3 ? 100e6 : 400e6) / 8;
+      if (k >= 2) {
+        // Measured on the traffic of the first two: within 15% of the emulated rate (goodput:
+        // the link also carries 66 bytes of TCP/IP framing per 1448).
+        EXPECT_NEAR(rate, configured * 1448 / 1514, configured * 0.15)
+            << "rank " << r << " op " << k;
+      }
+      if (k >= 3) {
+        EXPECT_GE(slow_share, 0) << "rank " << r << " op " << k << ": still equal shares";
+        EXPECT_LT(slow_share, 0.05) << "rank " << r << " op " << k;
+      }
+    }
+  }
+  for (int k = 0; k < ops; ++k)
+    for (const auto& h : hashes[static_cast<size_t>(k)])
+      EXPECT_EQ(h, hashes[static_cast<size_t>(k)][0]) << "op " << k;
+}
+
+TEST(CollectivesShares, EqualSharesWhenAskedAndABadSettingRefused) {
+  std::vector<RankResult> res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.shares = "sometimes";
+    auto bad = Communicator::init(id, rank, 3, o);
+    if (bad.is_ok()) return "bad shares setting accepted";
+    if (bad.status().message().find("shares option must be auto or equal") == std::string::npos)
+      return "unexpected error: " + bad.status().message();
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+}  // namespace
+}  // namespace lowcomm::testing
