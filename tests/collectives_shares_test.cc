@@ -99,7 +99,9 @@ TEST(SharesPlanner, ReplansOnlyForAGainAndNeverFromAnUnknownRate) {
   EXPECT_EQ(s.own_code(), 0u);
   s.measured(1e8);
   s.measured(5e7);
-  EXPECT_EQ(s.own_code(), collectives::rate_code(7.5e7)) << "smoothed";
+  EXPECT_EQ(s.own_code(), collectives::rate_code(1e8)) << "the higher of the last two";
+  s.measured(6e7);
+  EXPECT_EQ(s.own_code(), collectives::rate_code(6e7)) << "a slower link is seen after two";
 
   const uint32_t fast = collectives::rate_code(1.25e8), slow = collectives::rate_code(3.1e7);
   EXPECT_FALSE(s.observe({fast, fast, 0, slow})) << "one rank unknown: keep the plan";
@@ -117,6 +119,26 @@ TEST(SharesPlanner, ReplansOnlyForAGainAndNeverFromAnUnknownRate) {
   // The slow link recovers: the skewed plan is now 1.5x too slow; re-plan to (about) equal.
   EXPECT_TRUE(s.observe({fast, fast, fast, fast}));
   for (uint32_t p : s.plan().parts) EXPECT_NEAR(static_cast<double>(p) / kShareUnits, 0.25, 1e-5);
+}
+
+// The protocol's timing, four planners standing for four ranks: operation k carries each
+// rank's rate as it stood before k and every rank re-plans after k from those codes. Rank 3's
+// link drops to a quarter at operation 5: operations 5, 6 and 7 run on the old plan, 8 on the
+// new one (re-planned within three collectives), the same plan on every rank.
+TEST(SharesPlanner, AChangedLinkIsReplannedWithinThreeCollectives) {
+  std::vector<SharePlanner> ranks(4);
+  std::vector<uint32_t> used_hash;  // the plan each operation ran with (rank 0's)
+  for (int k = 0; k < 12; ++k) {
+    std::vector<uint32_t> codes;
+    for (auto& r : ranks) codes.push_back(r.own_code());
+    used_hash.push_back(ranks[0].plan().hash());
+    for (size_t r = 0; r < 4; ++r) ranks[r].measured(r == 3 && k >= 5 ? 2.5e7 : 1e8);
+    for (auto& r : ranks) r.observe(codes);
+    for (auto& r : ranks) EXPECT_EQ(r.plan().hash(), ranks[0].plan().hash()) << "op " << k;
+  }
+  for (int k = 0; k <= 7; ++k) EXPECT_EQ(used_hash[static_cast<size_t>(k)], 0u) << "op " << k;
+  EXPECT_NE(used_hash[8], 0u) << "re-planned for the fourth collective on the slower link";
+  EXPECT_LT(static_cast<double>(ranks[0].plan().parts[3]) / kShareUnits, 1e-5);
 }
 
 TEST(ArrivalMeter, PeakRateSeesTheLinkThroughTheGaps) {

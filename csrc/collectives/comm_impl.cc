@@ -475,6 +475,8 @@ void CommImpl::run_one(Op& op) {
 void CommImpl::learn_rates(const OpRun& run, const OpDescriptor& desc, uint32_t own_code,
                            transport::PaceClock::time_point since) {
   if (desc.count * dtype_size(desc.dtype) >= collectives::kTwoLevelMinBytes)
+    // Arrivals at the downlink (kernel sockets and emulated links); departures from the
+    // emulated uplink (a kernel socket takes bytes long before they leave: not measured).
     shares_.measured(
         std::max(engine_->down_meter().peak_rate(since), engine_->up_meter().peak_rate(since)));
   std::vector<uint32_t> codes = run.rate_codes();

@@ -125,7 +125,8 @@ double predicted_time(const SharePlan& plan, const std::vector<double>& rates) {
 
 void SharePlanner::measured(double bytes_per_second) {
   if (rate_code(bytes_per_second) == 0) return;
-  rate_ = rate_ > 0 ? (1 - kSmoothing) * rate_ + kSmoothing * bytes_per_second : bytes_per_second;
+  recent_[next_++ % kRecent] = bytes_per_second;
+  rate_ = *std::max_element(recent_.begin(), recent_.end());
 }
 
 bool SharePlanner::observe(const std::vector<uint32_t>& codes) {

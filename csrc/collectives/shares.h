@@ -10,14 +10,15 @@
 //   (never below max_i E / r_i: a rank that owns nothing still sends and receives E).
 // The shares are c_i(T) / sum c(T), in parts of kShareUnits, every rank at least one part.
 //
-// The rates come from the traffic itself (transport/arrival_meter.h: the downlink's peak
-// throughput during each large flat all-reduce, smoothed), and every rank sends its own in the
-// descriptor of the next flat all-reduce (descriptor.h: the low half of the tag). After an
-// operation every rank holds the same P numbers and re-plans from them with the same code, so
-// the ranks agree without a message of their own; the plan's hash rides in the high half of
-// the tag and is checked like the rest of the descriptor. Hysteresis: a new plan replaces the
-// current one only when it is predicted at least kReplanGain faster under the new rates.
+// The rates come from the traffic itself (transport/arrival_meter.h: the link's peak
+// throughput during each large flat all-reduce, the higher of the last two), and every rank sends
+// its own in the descriptor of the next flat all-reduce (descriptor.h: the low half of the tag).
+// After an operation every rank holds the same P numbers and re-plans from them with the same code,
+// so the ranks agree without a message of their own; the plan's hash rides in the high half of the
+// tag and is checked like the rest of the descriptor. Hysteresis: a new plan replaces the current
+// one only when it is predicted at least kReplanGain faster under the new rates.
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,9 +56,10 @@ double predicted_time(const SharePlan& plan, const std::vector<double>& rates);
 // One rank's view of the shares: its own smoothed rate and the plan every rank holds.
 class SharePlanner {
  public:
-  // What this rank measured during a flat all-reduce (0: nothing worth believing).
+  // What this rank measured during a flat all-reduce (outside [kMinRate, kMaxRate], NaN
+  // included: not believed, ignored).
   void measured(double bytes_per_second);
-  // The code of this rank's smoothed rate, for its next descriptor.
+  // The code of this rank's rate, for its next descriptor.
   uint32_t own_code() const { return rate_code(rate_); }
   double rate() const { return rate_; }
   // Every rank's code from one operation's descriptors (by rank): re-plans with hysteresis;
@@ -66,9 +68,14 @@ class SharePlanner {
   const SharePlan& plan() const { return plan_; }
   const std::vector<double>& rates() const { return rates_; }
 
-  static constexpr double kSmoothing = 0.5;  // weight of the newest measurement
+  // The rate is the highest of the last kRecent measurements: a peak can only under-read the
+  // link (an operation that never fills it shows less), so the recent maximum is the estimate,
+  // and a link that slows down is seen after kRecent operations.
+  static constexpr size_t kRecent = 2;
 
  private:
+  std::array<double, kRecent> recent_{};
+  size_t next_ = 0;
   double rate_ = 0;
   SharePlan plan_;
   std::vector<double> rates_;  // the rates the current plan was made from

@@ -1,9 +1,7 @@
 #include "transport/peer_core.h"
 
 #include <errno.h>
-#include <linux/sockios.h>
 #include <sys/epoll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -286,7 +284,6 @@ void PeerCore::do_write(Stream& s) {
     }
     c.written += static_cast<uint64_t>(n);
     moved += static_cast<uint64_t>(n);
-    s.written_total += static_cast<uint64_t>(n);
     if (c.written == kChunkHeaderBytes + c.len) {
       s.queued_bytes -= kChunkHeaderBytes + c.len;
       auto op = std::move(c.op);
@@ -294,21 +291,8 @@ void PeerCore::do_write(Stream& s) {
       if (--op->chunks_left == 0) op->req->complete(Status::ok());
     }
   }
-  if (!link_) note_departures(s);
   update_write_interest(s);
   check_flushed();
-}
-
-void PeerCore::note_departures(Stream& s) {
-  // The kernel took the bytes long before they left: what has left is what it no longer holds
-  // (SIOCOUTQ: unsent plus unacknowledged), sampled at each write event while the stream is busy.
-  int outq = 0;
-  if (::ioctl(s.fd.get(), SIOCOUTQ, &outq) != 0 || outq < 0) return;
-  const uint64_t held = static_cast<uint64_t>(outq);
-  const uint64_t departed = s.written_total > held ? s.written_total - held : 0;
-  if (departed <= s.departed_seen) return;
-  engine_.up_meter().record(PaceClock::now(), departed - s.departed_seen);
-  s.departed_seen = departed;
 }
 
 void PeerCore::do_read(Stream& s) {

@@ -110,8 +110,6 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     bool want_write = false;
     std::deque<OutChunk> sendq;
     uint64_t queued_bytes = 0;
-    uint64_t written_total = 0;  // bytes the kernel has taken (unshaped: note_departures)
-    uint64_t departed_seen = 0;  // of them, reported to the engine's up_meter as departed
     // receive state
     uint8_t header[kChunkHeaderBytes];
     size_t header_got = 0;
@@ -125,8 +123,6 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
 
   void on_event(Stream& s, uint32_t events);
   void do_write(Stream& s);
-  // Unshaped streams: reports the bytes the kernel has sent since the last call (SIOCOUTQ).
-  void note_departures(Stream& s);
   void do_read(Stream& s);
   Status on_header(Stream& s);
   void finish_payload(Stream& s);
