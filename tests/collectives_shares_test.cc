@@ -143,19 +143,30 @@ TEST(SharesPlanner, AChangedLinkIsReplannedWithinThreeCollectives) {
 
 TEST(ArrivalMeter, PeakRateSeesTheLinkThroughTheGaps) {
   // 1 MiB every 10 ms for 200 ms, an idle 500 ms (waiting for a slow peer), then 4 more.
-  std::vector<std::pair<int64_t, uint64_t>> a;
+  std::vector<transport::MeterSample> a;
   int64_t t = 0;
-  for (int i = 0; i < 20; ++i) a.emplace_back(t += 10'000'000, 1 << 20);
+  for (int i = 0; i < 20; ++i) a.push_back({t, t += 10'000'000, 1 << 20});
   t += 500'000'000;
-  for (int i = 0; i < 4; ++i) a.emplace_back(t += 10'000'000, 1 << 20);
-  const double rate = transport::peak_rate_of(a, 0.125);
-  EXPECT_NEAR(rate, (1 << 20) / 0.01, (1 << 20) / 0.01 * 0.01);
-  EXPECT_EQ(transport::peak_rate_of({{0, 1000}, {1, 1000}, {2, 1000}, {3, 1000}}, 0.125), 0)
+  for (int i = 0; i < 4; ++i) a.push_back({t, t += 10'000'000, 1 << 20});
+  const double link = (1 << 20) / 0.01;
+  EXPECT_NEAR(transport::peak_rate_of(a, 0, 0.125), link, link * 0.01);
+  // Points (a link of unknown rate: each chunk's last bit) over-read by up to one interval in the
+  // stretch: three 1 MiB points 20 ms apart.
+  for (auto& s : a) s.start_ns = s.end_ns;
+  EXPECT_GE(transport::peak_rate_of(a, 0, 0.125), link);
+  EXPECT_LE(transport::peak_rate_of(a, 0, 0.125), link * 1.55);
+  EXPECT_EQ(transport::peak_rate_of({{0, 1, 1000}, {1, 2, 1000}}, 0, 0.125), 0)
       << "too few bytes to say";
+  // A read after a stall: 40 MiB the kernel took in over 400 ms, read at once. As one span it is
+  // the link's rate, not the memory's.
+  EXPECT_NEAR(transport::peak_rate_of({{0, 400'000'000, 40ull << 20}}, 0, 0.125), (40 << 20) / 0.4,
+              (40 << 20) / 0.4 * 0.01);
   transport::ArrivalMeter m;
   const auto t0 = transport::PaceClock::now();
-  for (int i = 0; i < 8; ++i) m.record(t0 + std::chrono::milliseconds(5 * i), 1 << 20);
-  EXPECT_NEAR(m.peak_rate(t0), (1 << 20) / 0.005, (1 << 20) / 0.005 * 0.01);
+  for (int i = 0; i < 8; ++i)
+    m.record(t0 + std::chrono::milliseconds(5 * i), t0 + std::chrono::milliseconds(5 * (i + 1)),
+             1 << 20);
+  EXPECT_NEAR(m.peak_rate(t0), (1 << 20) / 0.005, (1 << 20) / 0.005 * 0.05);
   EXPECT_EQ(m.peak_rate(t0 + std::chrono::seconds(1)), 0) << "nothing since then";
 }
 

@@ -108,4 +108,22 @@ LinkEmulator::Clock::time_point LinkEmulator::pass_downlink(uint64_t chunk_bytes
   return site_->down.pass(link_.wire_bytes(chunk_bytes), now);
 }
 
+namespace {
+LinkEmulator::Clock::duration serialisation(double wire_bytes, double bits_per_second) {
+  if (bits_per_second <= 0) return {};
+  return std::chrono::duration_cast<LinkEmulator::Clock::duration>(
+      std::chrono::duration<double>(8.0 * wire_bytes / bits_per_second));
+}
+}  // namespace
+
+LinkEmulator::Clock::duration LinkEmulator::uplink_time(uint64_t chunk_bytes) const {
+  if (link_.local) return {};
+  return serialisation(link_.wire_bytes(chunk_bytes), link_.bits_per_second);
+}
+
+LinkEmulator::Clock::duration LinkEmulator::downlink_time(uint64_t chunk_bytes) const {
+  if (!site_ || link_.local || link_.model != WanModel::kSite) return {};
+  return serialisation(link_.wire_bytes(chunk_bytes), site_->down.bits_per_second);
+}
+
 }  // namespace lowcomm::transport

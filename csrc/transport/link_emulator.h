@@ -59,6 +59,10 @@ class LinkEmulator {
   // When a received chunk of `payload_bytes` (plus its header) arriving at `now` has passed the
   // downlink; `now` without one.
   Clock::time_point pass_downlink(uint64_t chunk_bytes, Clock::time_point now);
+  // How long a chunk occupies this rank's emulated uplink / downlink (0: unlimited, or a peer
+  // in the same site): with submit()'s and pass_downlink()'s times, the span of a rate sample.
+  Clock::duration uplink_time(uint64_t chunk_bytes) const;
+  Clock::duration downlink_time(uint64_t chunk_bytes) const;
 
  private:
   void make_pacer(uint64_t window_bytes);

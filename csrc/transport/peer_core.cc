@@ -139,7 +139,10 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
     c.fields = {c.len, tag, seq, len, off, 0};
     if (link_) {
       const uint64_t bytes = kChunkHeaderBytes + c.len;
-      engine_.up_meter().record(link_->submit(std::move(c), now), bytes);
+      const auto sent = link_->submit(std::move(c), now);
+      // Traffic inside a site is not the site's link: not measured.
+      if (!link_->link().local)
+        engine_.up_meter().record(sent - link_->uplink_time(bytes), sent, bytes);
     } else {
       enqueue(std::move(c));
     }
@@ -295,7 +298,19 @@ void PeerCore::do_write(Stream& s) {
   check_flushed();
 }
 
+void PeerCore::note_received(Stream& s) {
+  // What the kernel took in since the last read event, in the span between the two (emulated
+  // links record each chunk as it passes the downlink instead: finish_payload).
+  const uint64_t total = kernel_bytes_received(s.fd.get());
+  const auto now = PaceClock::now();
+  if (total > s.kernel_received && s.kernel_received_at != PaceClock::time_point{})
+    engine_.down_meter().record(s.kernel_received_at, now, total - s.kernel_received);
+  s.kernel_received = total;
+  s.kernel_received_at = now;
+}
+
 void PeerCore::do_read(Stream& s) {
+  if (!link_) note_received(s);
   uint64_t moved = 0;
   while (moved < kMaxBytesPerEvent && failure_.is_ok()) {
     long n;
@@ -449,14 +464,15 @@ void PeerCore::finish_payload(Stream& s) {
           Status(StatusCode::kCorruptData,
                  what + ": payload checksum (XXH3-128) mismatch: corrupted in transit");
   }
-  const auto now = PaceClock::now();
-  auto arrived = now;
   if (link_) {
+    const auto now = PaceClock::now();
     auto passed = link_->pass_downlink(kChunkHeaderBytes + s.cur_chunk_len, now);
     s.cur->ready_at = std::max(s.cur->ready_at, passed);
-    arrived = std::max(now, passed);
+    const uint64_t bytes = kChunkHeaderBytes + s.cur_chunk_len;
+    const auto end = std::max(now, passed);
+    if (!link_->link().local)
+      engine_.down_meter().record(end - link_->downlink_time(bytes), end, bytes);
   }
-  engine_.down_meter().record(arrived, kChunkHeaderBytes + s.cur_chunk_len);
   s.cur->received += s.cur_chunk_len;
   s.cur.reset();
   try_complete(s.cur_key);

@@ -110,6 +110,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     bool want_write = false;
     std::deque<OutChunk> sendq;
     uint64_t queued_bytes = 0;
+    // Unshaped: the kernel's received-bytes count at the last read event (note_received).
+    uint64_t kernel_received = 0;
+    PaceClock::time_point kernel_received_at{};
     // receive state
     uint8_t header[kChunkHeaderBytes];
     size_t header_got = 0;
@@ -123,6 +126,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
 
   void on_event(Stream& s, uint32_t events);
   void do_write(Stream& s);
+  // Unshaped: records what the kernel received on s since the last read event in the engine's
+  // down_meter (arrival_meter.h).
+  void note_received(Stream& s);
   void do_read(Stream& s);
   Status on_header(Stream& s);
   void finish_payload(Stream& s);
