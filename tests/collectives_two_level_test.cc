@@ -234,6 +234,97 @@ TEST(CollectivesTwoLevel, RanksOfOneHostAreOneSiteByDefault) {
   }
 }
 
+// Every rank on a host of its own (127.0.0.1 .. 127.0.0.4) and no map: the sites come from round
+// trips measured at init. The emulator puts 40 ms between ranks {0,1} and {2,3}; inside each
+// pair the loopback's tens of microseconds. Auto then runs two levels (its result is the forced
+// two-level one, not the flat one), on every rank alike.
+TEST(CollectivesTwoLevel, RanksOnHostsOfTheirOwnAreGroupedByRoundTrips) {
+  constexpr int P = 4;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.listen_address = "127.0.0." + std::to_string(rank + 1);
+    o.wan = "rtt=0ms;pair=0-1/2-3:rtt=40ms";
+    auto c = Communicator::init(id, rank, P, o);
+    RANK_OK(c.status());
+    const uint64_t n = 1 << 20;
+    Tensor x = make_input(DType::kFloat32, n, 11, rank);
+    std::string out = "ok";
+    for (auto schedule : {AllReduceOptions::Schedule::kAuto, AllReduceOptions::Schedule::kTwoLevel,
+                          AllReduceOptions::Schedule::kFlat}) {
+      std::vector<uint8_t> y(x.bytes.size());
+      AllReduceOptions ar;
+      ar.codec = *parse_codec_spec("q4");
+      ar.schedule = schedule;
+      RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, ar).wait());
+      out += " " + std::to_string(fnv64(y));
+    }
+    return out;
+  });
+  expect_all_ok(res);
+  for (int r = 0; r < P; ++r) {
+    if (!res[r].ok()) continue;
+    std::string a, t, f;
+    std::istringstream in(res[r].text.substr(3));
+    in >> a >> t >> f;
+    EXPECT_EQ(a, t) << "auto did not run two levels: " << res[r].text;
+    EXPECT_NE(a, f) << res[r].text;
+    EXPECT_EQ(res[r].text, res[0].text);
+  }
+}
+
+// The grouping rule on matrices shaped like real deployments, with jitter: it must find the
+// sites in every one.
+TEST(SitesFromRoundTrips, FindsTheSitesOfEveryTestMatrix) {
+  auto matrix = [](const std::vector<int>& site, const std::vector<std::vector<double>>& between,
+                   double inside, uint64_t seed) {  // round trips in ms
+    const size_t P = site.size();
+    std::vector<std::vector<double>> m(P, std::vector<double>(P, 0));
+    uint64_t x = seed;
+    for (size_t i = 0; i < P; ++i)
+      for (size_t j = i + 1; j < P; ++j) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const double jitter = 1 + 0.3 * (static_cast<double>(x >> 11) / 9007199254740992.0 - 0.5);
+        const auto a = static_cast<size_t>(site[i]), b = static_cast<size_t>(site[j]);
+        m[i][j] = m[j][i] = (a == b ? inside : between[a][b]) * jitter * 1e-3;  // ms to s
+      }
+    return m;
+  };
+  // Published inter-region round trips (ms): Oregon, Virginia, Frankfurt, Tokyo.
+  const std::vector<std::vector<double>> regions = {
+      {0, 67, 143, 97}, {67, 0, 88, 145}, {143, 88, 0, 225}, {97, 145, 225, 0}};
+  std::vector<std::vector<double>> two = {{0, 50}, {50, 0}};
+  std::vector<std::vector<double>> metro = {{0, 4}, {4, 0}};
+  struct Case {
+    std::vector<int> site;
+    const std::vector<std::vector<double>>* between;
+    double inside_ms;
+  };
+  const std::vector<Case> cases = {
+      {{0, 0, 0, 0, 1, 1, 1, 1}, &two, 0.1},      // 2 x 4, contiguous
+      {{0, 1, 0, 1, 0, 1, 0, 1}, &two, 0.3},      // 2 x 4, interleaved
+      {{0, 0, 1, 1, 2, 2, 3, 3}, &regions, 0.2},  // 4 x 2 over the regions
+      {{3, 2, 1, 0, 0, 1, 2, 3}, &regions, 1.2},  // 4 x 2, scattered, a slow LAN
+      {{0, 0, 0, 1, 1, 1, 1, 1}, &two, 0.05},     // unequal sites
+      {{0, 0, 1, 1}, &metro, 0.5},                // two data centres 4 ms apart
+      {{0, 1, 2, 3}, &regions, 0.2},              // every rank a site: flat
+  };
+  int k = 0;
+  for (const Case& c : cases) {
+    for (uint64_t seed = 1; seed <= 20; ++seed) {
+      auto m = matrix(c.site, *c.between, c.inside_ms, seed * 7 + static_cast<uint64_t>(k));
+      collectives::SitePlan want = collectives::plan_from_labels(c.site);
+      if (want.sites() == static_cast<int>(c.site.size())) want = {};
+      collectives::SitePlan got = collectives::plan_from_rtt(m, collectives::kSiteRttSeconds);
+      EXPECT_EQ(got.site_of, want.site_of) << "case " << k << " seed " << seed;
+      EXPECT_EQ(got.hash, want.hash) << "case " << k << " seed " << seed;
+    }
+    ++k;
+  }
+  // Everything on one LAN: one site, flat.
+  std::vector<std::vector<double>> lan(6, std::vector<double>(6, 2e-4));
+  EXPECT_EQ(collectives::plan_from_rtt(lan, collectives::kSiteRttSeconds).sites(), 0);
+}
+
 // The two-level all-gather (two_level_all_gather.cc): every block exact on every rank, in place
 // and out of place, contiguous and interleaved sites; a rank with another map fails naming the
 // two-level descriptor (which shows the call took two levels: the flat schedule would not).

@@ -12,6 +12,7 @@
 
 #include "collectives/bootstrap.h"
 #include "collectives/op_run.h"
+#include "collectives/rtt_probe.h"
 #include "collectives/tags.h"
 #include "core/log.h"
 #include "lowcomm/codec.h"
@@ -163,6 +164,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   }
   // Without a map, the ranks of one host are one site (the root's address table, the same on
   // every rank, so every rank draws the same map).
+  bool probe_rtt = false;
   if (sites_by_host && mesh.value().addresses.size() == static_cast<size_t>(nranks)) {
     std::map<std::string, int> host_label;
     std::vector<int> labels;
@@ -172,13 +174,12 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
           host_label.try_emplace(host, static_cast<int>(host_label.size())).first->second);
     }
     collectives::SitePlan by_host = collectives::plan_from_labels(labels);
-    if (by_host.sites() > 1 && by_host.sites() < nranks) c->sites_ = std::move(by_host);
+    if (by_host.sites() > 1 && by_host.sites() < nranks) {
+      c->sites_ = std::move(by_host);
+    } else if (by_host.sites() == nranks && nranks >= 4) {
+      probe_rtt = true;  // below, once the emulated links (if any) are in place
+    }
   }
-  if (c->sites_.sites() > 1)
-    LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, c->sites_.to_string().c_str(),
-                c->sites_.two_level()
-                    ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
-                    : " (flat: two levels need equal sites of two or more ranks)");
   // Owner shares (shares.h): the option, LOWCOMM_SHARES, else auto across hosts or an emulated
   // WAN.
   if (!shares_text.empty()) {
@@ -201,6 +202,41 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
       c->links_[static_cast<size_t>(r)] = *l;
     }
   }
+  if (probe_rtt) {
+    // Every rank on a host of its own: group them by round-trip time (rtt_probe.h). The same
+    // matrix on every rank, so the same map.
+    double threshold = collectives::kSiteRttSeconds;
+    if (const char* env = std::getenv("LOWCOMM_SITE_RTT_MS"); env && *env) {
+      char* end = nullptr;
+      const double ms = std::strtod(env, &end);
+      if (*end != '\0' || !(ms > 0))
+        return invalid_argument(std::string("init: LOWCOMM_SITE_RTT_MS must be a positive "
+                                            "number of milliseconds, got '") +
+                                env + "'");
+      threshold = ms * 1e-3;
+    }
+    auto rtt = collectives::measure_rtt_matrix(c->peers_, rank, deadline);
+    if (!rtt)
+      return Status(rtt.status().code(),
+                    "init rank " + std::to_string(rank) + ": " + rtt.status().message());
+    c->sites_ = collectives::plan_from_rtt(*rtt, threshold);
+    if (log_enabled(LogLevel::kInfo)) {
+      std::string row;
+      for (double t : (*rtt)[static_cast<size_t>(rank)]) {
+        char ms[24];
+        std::snprintf(ms, sizeof ms, "%s%.2f", row.empty() ? "" : ",", t * 1e3);
+        row += ms;
+      }
+      LOWCOMM_LOG(kInfo, "rank %d: round trips (ms) %s: sites from those under %.2f ms: %s", rank,
+                  row.c_str(), threshold * 1e3,
+                  c->sites_.sites() > 1 ? c->sites_.to_string().c_str() : "flat");
+    }
+  }
+  if (c->sites_.sites() > 1)
+    LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, c->sites_.to_string().c_str(),
+                c->sites_.two_level()
+                    ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
+                    : " (flat: two levels need equal sites of two or more ranks)");
   c->inline_bytes_ = static_cast<uint64_t>(opts.inline_bytes);
   c->gate_->comm = c.get();
   c->control_ = std::vector<Control>(nranks);

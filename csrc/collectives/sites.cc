@@ -79,6 +79,27 @@ SitePlan plan_from_labels(const std::vector<int>& labels) {
   return p;
 }
 
+SitePlan plan_from_rtt(const std::vector<std::vector<double>>& rtt, double threshold_s) {
+  const size_t P = rtt.size();
+  std::vector<int> label(P);
+  for (size_t i = 0; i < P; ++i) label[i] = static_cast<int>(i);
+  // Union of linked ranks: each label the lowest rank of its group.
+  auto find = [&](size_t i) {
+    while (label[i] != static_cast<int>(i)) i = static_cast<size_t>(label[i]);
+    return i;
+  };
+  for (size_t i = 0; i < P; ++i)
+    for (size_t j = i + 1; j < P && j < rtt[i].size(); ++j)
+      if (rtt[i][j] < threshold_s) {
+        const size_t a = find(i), b = find(j);
+        label[std::max(a, b)] = static_cast<int>(std::min(a, b));
+      }
+  std::vector<int> labels(P);
+  for (size_t i = 0; i < P; ++i) labels[i] = static_cast<int>(find(i));
+  SitePlan p = plan_from_labels(labels);
+  return p.sites() <= 1 || p.sites() == static_cast<int>(P) ? SitePlan{} : p;
+}
+
 Result<SitePlan> parse_sites(std::string_view text, int nranks) {
   while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
   while (!text.empty() && text.back() == ' ') text.remove_suffix(1);

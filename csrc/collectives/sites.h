@@ -8,6 +8,8 @@
 //   CommOptions::sites, else LOWCOMM_SITES: "flat" (none), or one label per rank,
 //     comma-separated ("0,0,0,0,1,1,1,1"; labels are any non-negative integers);
 //   the site= rules of the emulated WAN (LOWCOMM_WAN, docs/transport.md);
+//   the hosts of the ranks' addresses, where some host has several ranks;
+//   round-trip times measured at init (rtt_probe.h), where every rank has a host of its own;
 //   none (flat).
 // Every rank must hold the same map: its hash travels in the descriptor of every two-level
 // operation, so ranks that disagree fail the operation naming the peer instead of exchanging
@@ -66,6 +68,15 @@ SitePlan plan_from_labels(const std::vector<int>& labels);
 // The emulator's site= rules (transport/wan_link.h) for `nranks` ranks, a rank outside every
 // rule a site alone; flat when no two ranks share a site.
 SitePlan plan_from_wan(const transport::WanPlan& wan, int nranks);
+// Sites from round-trip times (seconds, rtt[i][j] between ranks i and j, symmetric, the
+// diagonal ignored): ranks closer than `threshold_s` are linked, and a site is a connected group
+// (single linkage), so a site's ranks need not all be close to each other, only chained. Flat
+// when every rank is its own site or all are one.
+SitePlan plan_from_rtt(const std::vector<std::vector<double>>& rtt, double threshold_s);
+// The default threshold: 2 ms. A rack or a cloud region's network has round trips well under a
+// millisecond; two sites joined by the internet are rarely under 5 ms apart (LOWCOMM_SITE_RTT_MS
+// overrides it).
+inline constexpr double kSiteRttSeconds = 2e-3;
 // LOWCOMM_SITES syntax for `nranks` ranks; "" or "flat": no sites.
 Result<SitePlan> parse_sites(std::string_view text, int nranks);
 

@@ -20,6 +20,11 @@ namespace lowcomm::collectives::tags {
 inline constexpr uint64_t kBootstrap = 1;   // init: hello to the root, the address table back
 inline constexpr uint64_t kControl = 2;     // one message per peer and lifetime: abort or goodbye
 inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
+// Init, where the sites are measured (rtt_probe.h): pings, their echoes, and each rank's row of
+// round-trip times.
+inline constexpr uint64_t kRttPing = 7;
+inline constexpr uint64_t kRttPong = 8;
+inline constexpr uint64_t kRttRow = 9;
 // Payload channels (only inside payload()).
 inline constexpr uint64_t kReduce = 4;   // contributions to an owner chunk
 inline constexpr uint64_t kGather = 5;   // owners' results, all-gather blocks, broadcast relay
