@@ -236,5 +236,46 @@ TEST(CollectivesWanModel, RanksOfASiteShareItsLinkAndTalkLocallyForFree) {
   EXPECT_LE(across, 4 * mib * wire * 8 / 1e8 * 2.5);
 }
 
+// A path (pair= with bw= in the site model): ranks 0 and 1 each send 2 MiB at once to ranks 2
+// and 3 over the one 100 Mbit/s route from {0,1} to {2,3}; the last arrives after 4 MiB at that
+// rate, not 2 MiB. Inside the site, 4 MiB from rank 0 to rank 1 stays local and fast.
+TEST(CollectivesWanModel, APathIsOneLinkSharedByTheSendingSite) {
+  const double mib = 1 << 20;
+  const double wire = 1 + 64.0 / (512 << 10);  // chunk headers
+  std::vector<RankResult> res = run_ranks(4, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.wan = "bw=0;site=0-1:bw=0;site=2-3:bw=0;pair=0-1/2-3:bw=100mbit,rtt=20ms";
+    auto c = Communicator::init(id, rank, 4, o);
+    RANK_OK(c.status());
+    std::vector<uint8_t> big(4 << 20, static_cast<uint8_t>(rank)), half(2 << 20);
+    RANK_OK(align_start(**c, rank));
+    auto t0 = Clock::now();
+    if (rank == 0) RANK_OK((*c)->send(big.data(), big.size(), DType::kUInt8, 1).wait());
+    if (rank == 1) RANK_OK((*c)->recv(big.data(), big.size(), DType::kUInt8, 0).wait());
+    double local = std::chrono::duration<double>(Clock::now() - t0).count();
+    RANK_OK(align_start(**c, rank));
+    t0 = Clock::now();
+    if (rank < 2) RANK_OK((*c)->send(half.data(), half.size(), DType::kUInt8, rank + 2).wait());
+    if (rank >= 2) RANK_OK((*c)->recv(half.data(), half.size(), DType::kUInt8, rank - 2).wait());
+    double across = std::chrono::duration<double>(Clock::now() - t0).count();
+    return "ok " + std::to_string(local) + " " + std::to_string(across);
+  });
+  expect_all_ok(res);
+  double local = 0, across = 0;
+  for (int r = 0; r < 4; ++r) {
+    if (!res[r].ok()) continue;
+    double l = 0, a = 0;
+    std::sscanf(res[r].text.c_str(), "ok %lf %lf", &l, &a);
+    if (r == 1) local = l;
+    if (r >= 2) across = std::max(across, a);
+  }
+  std::printf("path: 4 MiB inside a site %.3f s, 2 x 2 MiB over one 100 Mbit/s path %.3f s\n",
+              local, across);
+  const double path_time = 4 * mib * wire * (1 + 66.0 / 1448) * 8 / 1e8;
+  EXPECT_LT(local, path_time * 0.5) << "inside a site the network is local";
+  EXPECT_GE(across, path_time * 0.97) << "the two ranks of a site share one path";
+  EXPECT_LE(across, path_time * 2.5);
+}
+
 }  // namespace
 }  // namespace lowcomm::testing

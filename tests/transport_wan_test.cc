@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <vector>
 
@@ -231,6 +233,49 @@ TEST(TransportParseWan, SitesGroupRanksBehindOneLink) {
     EXPECT_FALSE(b.is_ok()) << bad;
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
   }
+}
+
+// Paths: a pair= rule with bw= in the site model is a link of its own per direction, numbered
+// by rule and direction, in place of the sites' access links; a spec can come from a file.
+TEST(TransportParseWan, PathsJoinSitesAndASpecComesFromAFile) {
+  auto plan = parse_wan_plan(
+      "rtt=10ms;site=0-1:bw=0;site=2-3:bw=0;pair=0-1/2-3:bw=500mbit,rtt=80ms;pair=0-3/4:rtt=5ms");
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  auto there = plan->link(1, 2), back = plan->link(3, 0), other = plan->link(1, 4);
+  ASSERT_TRUE(there.is_ok() && back.is_ok() && other.is_ok());
+  EXPECT_DOUBLE_EQ(there->bits_per_second, 5e8);
+  EXPECT_DOUBLE_EQ(there->one_way_delay_s, 0.04);
+  EXPECT_EQ(there->path, 4);  // rule 2, forward
+  EXPECT_EQ(back->path, 5);   // rule 2, the other way
+  EXPECT_EQ(other->path, -1);
+  EXPECT_TRUE(plan->link(0, 1)->local);
+  EXPECT_EQ(plan->paths_from(1), std::vector<int>{4});
+  EXPECT_EQ(plan->paths_from(2), std::vector<int>{5});
+  EXPECT_TRUE(plan->paths_from(4).empty());
+  auto overlap = parse_wan_plan("bw=0;pair=0-2/2-3:bw=1gbit");
+  EXPECT_EQ(overlap.status().code(), StatusCode::kInvalidArgument);
+
+  const std::string path = ::testing::TempDir() + "lowcomm-wan-" + std::to_string(::getpid());
+  {
+    std::ofstream f(path);
+    f << "# a comment line\nrtt=10ms   # defaults\n\nsite=0-1:bw=0\nsite=2-3:bw=0\n"
+         "pair=0-1/2-3:bw=500mbit,rtt=80ms\n";
+  }
+  auto from_file = parse_wan_plan("@" + path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(from_file.is_ok()) << from_file.status().to_string();
+  EXPECT_EQ(from_file->link(1, 2)->path, 4);
+  EXPECT_DOUBLE_EQ(from_file->link(1, 2)->bits_per_second, 5e8);
+  auto missing = parse_wan_plan("@/nonexistent/lowcomm.wan");
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("cannot read"), std::string::npos);
+  // The shipped matrix parses: four sites of two, six paths.
+  auto aws = parse_wan_plan("@" LOWCOMM_SOURCE_DIR "/bench/wan/aws-4x2.wan");
+  ASSERT_TRUE(aws.is_ok()) << aws.status().to_string();
+  EXPECT_EQ(aws->site_of(7), 3);
+  EXPECT_EQ(aws->paths_from(0).size(), 3u);
+  EXPECT_DOUBLE_EQ(aws->link(7, 0)->bits_per_second, 523e6);
+  EXPECT_DOUBLE_EQ(aws->link(7, 0)->one_way_delay_s, 0.048);
 }
 
 // The clocks of a site of several processes live in shared memory: two mappings of one segment

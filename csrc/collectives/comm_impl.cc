@@ -113,6 +113,20 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
       cfg.value().site->down.bits_per_second = own->down_bits_per_second;
     }
   }
+  // Paths (pair= rules with bw= in the site model): each link this rank sends on has its clock
+  // in shared memory, shared by the ranks of the sending set, opened before bootstrapping like
+  // the site's.
+  std::map<int, std::shared_ptr<transport::SiteLinks>> paths;
+  std::vector<std::string> path_names;
+  for (int id_path : plan->paths_from(rank)) {
+    std::string name = "/lowcomm-path-";
+    for (char ch : id.root_address) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    name += "-" + std::to_string(id_path);
+    auto clock = transport::open_shared_site(name, 0);
+    if (!clock) return clock.status();
+    paths[id_path] = *clock;
+    path_names.push_back(name);
+  }
   if (options.socket_buffer_bytes > 0)
     cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
   if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
@@ -157,6 +171,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, *cfg, deadline);
   // Every rank of the site opened its clocks before bootstrapping: the name can go.
   if (!site_name.empty()) transport::unlink_shared_site(site_name);
+  for (const std::string& name : path_names) transport::unlink_shared_site(name);
   if (!mesh) {
     Status s = mesh.status();
     return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
@@ -196,10 +211,15 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (plan->has_pair_rules()) {
     for (int r = 0; r < nranks; ++r) {
       if (r == rank) continue;
-      auto l = plan->link(rank, r);
-      if (!l) return invalid_argument("init: wan: " + l.status().message());
-      c->peers_[r]->set_link(*l);
-      c->links_[static_cast<size_t>(r)] = *l;
+      auto got = plan->link(rank, r);
+      if (!got) return invalid_argument("init: wan: " + got.status().message());
+      transport::WanLink l = *got;
+      if (l.path >= 0) {
+        auto& links = paths.at(l.path);
+        l.path_clock = std::shared_ptr<transport::LinkClock>(links, &links->up);
+      }
+      c->peers_[r]->set_link(l);
+      c->links_[static_cast<size_t>(r)] = l;
     }
   }
   if (probe_rtt) {

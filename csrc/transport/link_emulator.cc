@@ -23,8 +23,11 @@ LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site,
 
 void LinkEmulator::make_pacer(uint64_t window_bytes) {
   std::shared_ptr<LinkClock> up;
-  // A peer in the same site (a local link) does not cross the site's access link.
-  if (link_.model == WanModel::kSite && site_ && !link_.local)
+  // A peer in the same site (a local link) does not cross the site's access link; a peer at the
+  // end of a path takes the path's link instead.
+  if (link_.path_clock)
+    up = link_.path_clock;
+  else if (link_.model == WanModel::kSite && site_ && !link_.local)
     up = std::shared_ptr<LinkClock>(site_, &site_->up);
   pacer_ = Pacer(link_, seed_, streams_, window_bytes, std::move(up));
 }
@@ -103,7 +106,8 @@ void LinkEmulator::drain(const std::function<void(OutChunk&)>& fn) {
 
 LinkEmulator::Clock::time_point LinkEmulator::pass_downlink(uint64_t chunk_bytes,
                                                             Clock::time_point now) {
-  if (!site_ || link_.local || link_.model != WanModel::kSite || site_->down.bits_per_second <= 0)
+  if (!site_ || link_.local || link_.path_clock || link_.model != WanModel::kSite ||
+      site_->down.bits_per_second <= 0)
     return now;
   return site_->down.pass(link_.wire_bytes(chunk_bytes), now);
 }
@@ -122,7 +126,7 @@ LinkEmulator::Clock::duration LinkEmulator::uplink_time(uint64_t chunk_bytes) co
 }
 
 LinkEmulator::Clock::duration LinkEmulator::downlink_time(uint64_t chunk_bytes) const {
-  if (!site_ || link_.local || link_.model != WanModel::kSite) return {};
+  if (!site_ || link_.local || link_.path_clock || link_.model != WanModel::kSite) return {};
   return serialisation(link_.wire_bytes(chunk_bytes), site_->down.bits_per_second);
 }
 

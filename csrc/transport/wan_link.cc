@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 
 namespace lowcomm::transport {
 namespace {
@@ -181,7 +182,46 @@ Result<WanLink> parse_wan(std::string_view text) {
   return link;
 }
 
+namespace {
+
+// Whether the key=value list names `key`.
+bool has_key(std::string_view keys, std::string_view key) {
+  while (!keys.empty()) {
+    auto comma = keys.find(',');
+    std::string_view kv = trim(keys.substr(0, comma));
+    if (lower(trim(kv.substr(0, kv.find('=')))) == key) return true;
+    if (comma == std::string_view::npos) break;
+    keys = keys.substr(comma + 1);
+  }
+  return false;
+}
+
+// "@FILE": the file's sections, one per line or ';'-separated, '#' comments dropped.
+Result<std::string> read_spec_file(std::string_view path) {
+  std::ifstream f{std::string(path)};
+  if (!f)
+    return invalid_argument("LOWCOMM_WAN: cannot read the spec file '" + std::string(path) + "'");
+  std::string out, line;
+  while (std::getline(f, line)) {
+    line = line.substr(0, line.find('#'));
+    if (trim(line).empty()) continue;
+    if (!out.empty()) out += ';';
+    out += std::string(trim(line));
+  }
+  if (out.empty())
+    return invalid_argument("LOWCOMM_WAN: the spec file '" + std::string(path) + "' is empty");
+  return out;
+}
+
+}  // namespace
+
 Result<WanPlan> parse_wan_plan(std::string_view text) {
+  text = trim(text);
+  if (!text.empty() && text.front() == '@') {
+    auto file = read_spec_file(trim(text.substr(1)));
+    if (!file) return file.status();
+    return parse_wan_plan(*file);
+  }
   WanPlan plan;
   text = trim(text);
   auto semi = text.find(';');
@@ -240,10 +280,11 @@ Result<WanPlan> parse_wan_plan(std::string_view text) {
       rule.b = *b;
       rule.pair = true;
       LOWCOMM_CHECK(apply_keys(rule.keys, kPairKeys, probe));
-      if (base->model == WanModel::kSite && probe.bits_per_second != base->bits_per_second)
-        return invalid_argument(
-            "LOWCOMM_WAN: a pair= section sets bw only with model=pair "
-            "(site rates are per rank: rank= sections)");
+      rule.path = base->model == WanModel::kSite && has_key(rule.keys, "bw");
+      if (rule.path && rule.a.first <= rule.b.last && rule.b.first <= rule.a.last)
+        return invalid_argument("LOWCOMM_WAN: pair " + std::string(trim(sel)) +
+                                ": a path (bw= in the site model) joins two sets that do not "
+                                "overlap");
     } else {
       return invalid_argument("LOWCOMM_WAN: unknown section kind '" + kind +
                               "' (expected rank=, site= or pair=)");
@@ -287,7 +328,29 @@ Result<WanLink> WanPlan::link(int me, int peer) const {
     if (applies) LOWCOMM_CHECK(apply_keys(r.keys, r.pair ? kPairKeys : kRankKeys, l));
   }
   if (l.model == WanModel::kPair) l.down_bits_per_second = 0;
+  // A path to the peer: its rate (the last path rule that applies), on its own link.
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const Rule& r = rules[i];
+    if (!r.path || peer < 0) continue;
+    const bool forward = r.a.contains(me) && r.b.contains(peer);
+    if (!forward && !(r.b.contains(me) && r.a.contains(peer))) continue;
+    WanLink p;
+    LOWCOMM_CHECK(apply_keys(r.keys, kPairKeys, p));
+    l.bits_per_second = p.bits_per_second;
+    l.down_bits_per_second = 0;
+    l.path = static_cast<int>(2 * i + (forward ? 0 : 1));
+  }
   return l;
+}
+
+std::vector<int> WanPlan::paths_from(int me) const {
+  std::vector<int> out;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (!rules[i].path) continue;
+    if (rules[i].a.contains(me)) out.push_back(static_cast<int>(2 * i));
+    if (rules[i].b.contains(me)) out.push_back(static_cast<int>(2 * i + 1));
+  }
+  return out;
 }
 
 bool WanPlan::has_pair_rules() const {

@@ -38,7 +38,15 @@
 //                                  processes; between themselves they talk over the site's
 //                                  local network, unshaped. A rank is in at most one site.
 //   pair=<ranks>/<ranks>:<keys>    delay, jitter and loss (and bw, pair model) between any rank of
-//                                  the first set and any of the second, both directions
+//                                  the first set and any of the second, both directions. In the
+//                                  site model a bw= here makes a path: one link of that rate in
+//                                  each direction, shared by every rank of the sending set (across
+//                                  processes) for its traffic to the other set, in place of the
+//                                  sites' access links (a region-to-region route with a bandwidth
+//                                  of its own, as published inter-region matrices give); the two
+//                                  sets must not overlap.
+// A spec "@FILE" is read from FILE: sections one per line or ';'-separated, '#' starting a
+// comment (bench/wan/ has a published inter-region matrix).
 // <ranks> is one rank or an inclusive range A-B. Example, two sites of two ranks with 1 Gbit/s
 // uplinks 20 ms apart inside a continent, and a third site of two ranks on 200 Mbit/s 150 ms
 // away from both:
@@ -47,6 +55,7 @@
 //   "rtt=50ms;site=0-3:bw=1gbit;site=4-7:bw=100mbit"
 // The empty string is an unshaped link.
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +63,8 @@
 #include "lowcomm/status.h"
 
 namespace lowcomm::transport {
+
+struct LinkClock;
 
 enum class WanModel : uint8_t { kSite = 0, kPair = 1 };
 
@@ -69,6 +80,12 @@ struct WanLink {
   // The peer is in this rank's site (site= rules): the pair talks over the site's local network,
   // unshaped, and neither the uplink nor the downlink of the site sees its bytes.
   bool local = false;
+  // Site model, a pair= rule with bw= (a path): which path link this peer's traffic takes
+  // (WanPlan::path_id), -1 none. With `path_clock` (the link's clock, shared by the ranks that
+  // send on it; set by the communicator) the chunks take the path's rate on that clock instead of
+  // the site's uplink and do not pass the receiver's downlink.
+  int path = -1;
+  std::shared_ptr<LinkClock> path_clock;
 
   static constexpr uint64_t kTcpSegmentBytes = 1448;
   // The bytes `payload` bytes occupy on the link, framing included.
@@ -94,7 +111,8 @@ struct WanPlan {
     RankRange a, b;  // rank and site rules: a only; pair rules: a and b
     bool pair = false;
     bool site = false;
-    std::string keys;  // key=value list, validated when parsed
+    bool path = false;  // a pair rule with bw= in the site model (its own link)
+    std::string keys;   // key=value list, validated when parsed
   };
   std::string defaults;
   std::vector<Rule> rules;
@@ -106,6 +124,8 @@ struct WanPlan {
   // Pair rules change delay and jitter per peer (and rate, pair model), and site rules make
   // some peers local; the site's rates come from rank and site rules.
   bool has_pair_rules() const;
+  // The path links `me` sends on (site model, pair= rules with bw=): their ids, as WanLink::path.
+  std::vector<int> paths_from(int me) const;
   // The index of the site= rule holding `rank` (among the site rules, in order), or -1.
   int site_of(int rank) const;
   // How many of [0, nranks) share `rank`'s site (1 without a site rule).
