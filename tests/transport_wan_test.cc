@@ -191,13 +191,14 @@ TEST(TransportParseWan, PlanSectionsOverrideRanksAndPairs) {
   EXPECT_DOUBLE_EQ(own.bits_per_second, 2e8);
   for (const char* bad :
        {"bw=1gbit;rank=x:bw=1gbit", "bw=1gbit;pair=1:rtt=1ms", "bw=1gbit;rank=1:rtt=5ms",
-        "bw=1gbit;pair=0/1:bw=5mbit", "model=pair,bw=1gbit;rank=0:bw=1mbit",
+        "bw=1gbit;pair=0-1/1-2:bw=5mbit", "model=pair,bw=1gbit;rank=0:bw=1mbit",
         "bw=1gbit;zone=1:bw=1gbit", "bw=1gbit;rank=3-1:bw=1gbit", "bw=1gbit;rank=1"}) {
     auto b = parse_wan_plan(bad);
     EXPECT_FALSE(b.is_ok()) << bad;
     EXPECT_NE(b.status().message().find("LOWCOMM_WAN"), std::string::npos) << bad;
   }
   EXPECT_TRUE(parse_wan_plan("model=pair,bw=1gbit;pair=0/1:bw=5mbit").is_ok());
+  EXPECT_TRUE(parse_wan_plan("bw=1gbit;pair=0/1:bw=5mbit").is_ok()) << "a path (site model)";
 }
 
 // The link carries TCP/IP framing too: 66 bytes per 1448-byte segment by default (what tbf
