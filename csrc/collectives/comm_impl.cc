@@ -99,6 +99,13 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   // their clocks live in shared memory named after the communicator's root (unique on the host
   // while the communicator forms) and the site.
   std::string site_name;
+  // The names below are removed once the mesh is up, or on any return before that.
+  struct Unlink {
+    std::vector<std::string> names;
+    ~Unlink() {
+      for (const std::string& n : names) transport::unlink_shared_site(n);
+    }
+  } unlink_on_exit;
   if (own->shaped() && own->model == transport::WanModel::kSite) {
     if (plan->site_size(rank, nranks) > 1) {
       site_name = "/lowcomm-site-";
@@ -107,6 +114,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
       site_name += "-" + std::to_string(plan->site_of(rank));
       auto site = transport::open_shared_site(site_name, own->down_bits_per_second);
       if (!site) return site.status();
+      unlink_on_exit.names.push_back(site_name);
       cfg.value().site = *site;
     } else {
       cfg.value().site = std::make_shared<transport::SiteLinks>();
@@ -117,7 +125,6 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   // in shared memory, shared by the ranks of the sending set, opened before bootstrapping like
   // the site's.
   std::map<int, std::shared_ptr<transport::SiteLinks>> paths;
-  std::vector<std::string> path_names;
   for (int id_path : plan->paths_from(rank)) {
     std::string name = "/lowcomm-path-";
     for (char ch : id.root_address) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
@@ -125,7 +132,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     auto clock = transport::open_shared_site(name, 0);
     if (!clock) return clock.status();
     paths[id_path] = *clock;
-    path_names.push_back(name);
+    unlink_on_exit.names.push_back(name);
   }
   if (options.socket_buffer_bytes > 0)
     cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
@@ -170,8 +177,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                           : Deadline::after(c->timeout_);
   auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, *cfg, deadline);
   // Every rank of the site opened its clocks before bootstrapping: the name can go.
-  if (!site_name.empty()) transport::unlink_shared_site(site_name);
-  for (const std::string& name : path_names) transport::unlink_shared_site(name);
+  for (const std::string& name : unlink_on_exit.names) transport::unlink_shared_site(name);
+  unlink_on_exit.names.clear();
   if (!mesh) {
     Status s = mesh.status();
     return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
@@ -206,6 +213,15 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   }
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
+  // A peer on this rank's host never crosses a link: its bytes say nothing of the link's rate.
+  if (mesh.value().addresses.size() == static_cast<size_t>(nranks)) {
+    auto host = [&](int r) {
+      const std::string& a = mesh.value().addresses[static_cast<size_t>(r)];
+      return a.substr(0, a.rfind(':'));
+    };
+    for (int r = 0; r < nranks; ++r)
+      if (r != rank && host(r) == host(rank)) c->peers_[r]->set_metered(false);
+  }
   c->chunk_bytes_ = cfg->chunk_bytes;
   c->links_.assign(static_cast<size_t>(nranks), *own);
   if (plan->has_pair_rules()) {

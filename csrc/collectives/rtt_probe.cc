@@ -13,6 +13,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kRounds = 2;
+// The longest the probe may take: round trips of a few hundred milliseconds at most, and
+// peers that are all in init together.
+constexpr auto kProbeLimit = std::chrono::seconds(20);
 
 Status failed(const transport::Request& r, int peer, const char* what) {
   Status s = r.status();
@@ -20,16 +23,17 @@ Status failed(const transport::Request& r, int peer, const char* what) {
                               std::to_string(peer) + ": " + s.message());
 }
 
-}  // namespace
-
-Result<std::vector<std::vector<double>>> measure_rtt_matrix(
-    const std::vector<std::unique_ptr<transport::Peer>>& peers, int rank, Deadline deadline) {
+Result<std::vector<std::vector<double>>> probe(
+    const std::vector<std::unique_ptr<transport::Peer>>& peers, int rank, Deadline deadline,
+    std::vector<uint64_t>& ping_in, std::vector<uint64_t>& pong_in,
+    std::vector<std::vector<double>>& rows, std::vector<double>& mine,
+    std::vector<transport::Request>& sends) {
   const size_t P = peers.size();
-  std::vector<double> mine(P, 1e9);
+  mine.assign(P, 1e9);
   mine[static_cast<size_t>(rank)] = 0;
-  const uint64_t zero = 0;
-  std::vector<uint64_t> ping_in(P), pong_in(P);
-  std::vector<transport::Request> sends;
+  static const uint64_t zero = 0;
+  ping_in.assign(P, 0);
+  pong_in.assign(P, 0);
   for (int round = 0; round < kRounds; ++round) {
     std::vector<transport::Request> pings(P), pongs(P);
     std::vector<Clock::time_point> sent(P);
@@ -64,13 +68,21 @@ Result<std::vector<std::vector<double>>> measure_rtt_matrix(
         }
       }
       if (left == 0) break;
-      if (deadline.expired())
-        return Status(StatusCode::kTimeout, "measuring round trips: a peer did not answer in time");
+      if (deadline.expired()) {
+        std::string missing;
+        for (size_t p = 0; p < P; ++p)
+          if (peers[p] && (!echoed[p] || !timed[p]))
+            missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+        return Status(StatusCode::kTimeout,
+                      "measuring round trips: no answer from rank(s) " + missing +
+                          " (does every rank have the same LOWCOMM_SITES and LOWCOMM_WAN? only "
+                          "ranks without a site map measure)");
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
   // Every rank's row, to every rank.
-  std::vector<std::vector<double>> rows(P, std::vector<double>(P, 0));
+  rows.assign(P, std::vector<double>(P, 0));
   rows[static_cast<size_t>(rank)] = mine;
   std::vector<transport::Request> row_recvs(P);
   for (size_t p = 0; p < P; ++p) {
@@ -96,6 +108,26 @@ Result<std::vector<std::vector<double>>> measure_rtt_matrix(
         const bool ga = a >= 0 && a < 1e6, gb = b >= 0 && b < 1e6;
         rtt[i][j] = ga && gb ? std::min(a, b) : ga ? a : gb ? b : 1e9;
       }
+  return rtt;
+}
+
+}  // namespace
+
+Result<std::vector<std::vector<double>>> measure_rtt_matrix(
+    const std::vector<std::unique_ptr<transport::Peer>>& peers, int rank, Deadline deadline) {
+  // Every peer answers at once if it measures too: a rank configured otherwise (a site map of
+  // its own) never will, and waiting for it until the init deadline would hide the cause.
+  const Deadline probe_deadline =
+      Deadline::after(std::min<Deadline::Clock::duration>(deadline.remaining(), kProbeLimit));
+  std::vector<uint64_t> ping_in, pong_in;
+  std::vector<std::vector<double>> rows;
+  std::vector<double> mine;
+  std::vector<transport::Request> sends;
+  auto rtt = probe(peers, rank, probe_deadline, ping_in, pong_in, rows, mine, sends);
+  if (!rtt) {
+    for (const auto& p : peers)
+      if (p) p->abort();  // no request may still reference the buffers above
+  }
   return rtt;
 }
 

@@ -35,7 +35,10 @@ std::vector<Range> SharePlan::chunks(uint64_t n, int parts_count, uint64_t g) co
   uint64_t cum = 0, prev = 0;
   for (uint64_t j = 0; j < P; ++j) {
     cum += parts[j];
-    uint64_t end = j + 1 == P ? units : units * cum / kShareUnits;
+    // units * cum / 2^20 without overflow (kShareUnits is 2^20; cum at most that).
+    static_assert(kShareUnits == 1u << 20);
+    uint64_t end =
+        j + 1 == P ? units : (units >> 20) * cum + ((units & (kShareUnits - 1)) * cum >> 20);
     end = std::clamp<uint64_t>(end, prev + 1, units - (P - 1 - j));
     const uint64_t b = std::min(n, prev * g), e = std::min(n, end * g);
     out[j] = {b, e - b};
@@ -61,9 +64,10 @@ namespace {
 // What each rank can own if all must finish by T (per byte of the encoded tensor).
 double capacity(const std::vector<double>& rates, double T, std::vector<double>* each) {
   const double k = static_cast<double>(rates.size()) - 2;
+  const double cap = kMaxShareFactor / static_cast<double>(rates.size());
   double sum = 0;
   for (size_t i = 0; i < rates.size(); ++i) {
-    const double c = std::clamp((T * rates[i] - 1) / k, 0.0, 1.0);
+    const double c = std::clamp((T * rates[i] - 1) / k, 0.0, cap);
     if (each) (*each)[i] = c;
     sum += c;
   }

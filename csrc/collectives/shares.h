@@ -6,7 +6,7 @@
 // ranks' rates r_i, every rank finishes together or the slow ones own nothing:
 //   T(w) = max_i E (1 + (P - 2) w_i) / r_i,   and the least T over shares summing to 1 is
 //   found by bisection on T: at a finishing time T rank i can own
-//   c_i(T) = clamp((T r_i / E - 1) / (P - 2), 0, 1), and T is the least with sum c_i(T) >= 1
+//   c_i(T) = clamp((T r_i / E - 1) / (P - 2), 0, 2 / P), and T is the least with sum c_i(T) >= 1
 //   (never below max_i E / r_i: a rank that owns nothing still sends and receives E).
 // The shares are c_i(T) / sum c(T), in parts of kShareUnits, every rank at least one part.
 //
@@ -28,6 +28,10 @@
 namespace lowcomm::collectives {
 
 inline constexpr uint32_t kShareUnits = 1u << 20;
+// No rank owns more than kMaxShareFactor / P of the tensor: an owner's scratch for its
+// contributions grows with its share ((P - 1) x its chunk), and a rank far faster than the rest
+// gains little beyond it.
+inline constexpr double kMaxShareFactor = 2.0;
 inline constexpr double kReplanGain = 1.10;
 // The rate a descriptor carries: kilobytes (1000 bytes) per second, 0 unknown. Rates outside
 // [kMinRate, kMaxRate] bytes/s are not believed (a rank measuring one sends 0).

@@ -72,7 +72,7 @@ double peak_rate_of(const std::vector<MeterSample>& samples, int64_t since_ns, d
       }
     }
   }
-  if (total < static_cast<double>(ArrivalMeter::kMinBytes)) return 0;
+  if (total < static_cast<double>(ArrivalMeter::kMinBytes) || !(fraction > 0)) return 0;
   // The densest stretch of whole bins holding `fraction` of the bytes.
   const double want = total * fraction;
   double best = 0, sum = 0;

@@ -107,6 +107,11 @@ void Peer::set_link(const WanLink& link) {
   engine_->post([core, link] { core->set_link(link); });
 }
 
+void Peer::set_metered(bool metered) {
+  auto core = core_;
+  engine_->post([core, metered] { core->set_metered(metered); });
+}
+
 void Peer::abort() {
   auto core = core_;
   engine_->run_sync([core] { core->fail(Status(StatusCode::kAborted, "aborted by the user")); });

@@ -72,6 +72,9 @@ class Peer {
   // The emulated link to this peer from now on (a per-pair rule of LOWCOMM_WAN, known once the
   // peer's rank is): messages sent after the call are paced over it, on the same site links.
   void set_link(const WanLink& link);
+  // Whether this peer's received bytes count toward the rank's measured link rate
+  // (ArrivalMeter; default yes): not for a peer on the same host, whose bytes never cross a link.
+  void set_metered(bool metered);
 
   int remote_rank() const { return remote_rank_; }
   const std::string& remote_address() const { return remote_address_; }

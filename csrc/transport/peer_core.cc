@@ -140,9 +140,11 @@ void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
     if (link_) {
       const uint64_t bytes = kChunkHeaderBytes + c.len;
       const auto sent = link_->submit(std::move(c), now);
-      // Traffic inside a site is not the site's link: not measured.
-      if (!link_->link().local)
-        engine_.up_meter().record(sent - link_->uplink_time(bytes), sent, bytes);
+      // Traffic inside a site is not the site's link, and an unlimited uplink says nothing
+      // of its rate: not measured.
+      const auto busy = link_->uplink_time(bytes);
+      if (!link_->link().local && busy.count() > 0)
+        engine_.up_meter().record(sent - busy, sent, bytes);
     } else {
       enqueue(std::move(c));
     }
@@ -301,7 +303,9 @@ void PeerCore::do_write(Stream& s) {
 void PeerCore::note_received(Stream& s) {
   // What the kernel took in since the last read event, in the span between the two (emulated
   // links record each chunk as it passes the downlink instead: finish_payload).
+  if (!metered_) return;
   const uint64_t total = kernel_bytes_received(s.fd.get());
+  if (total == 0) return;  // not known (yet): no sample, and the count is not reset
   const auto now = PaceClock::now();
   if (total > s.kernel_received && s.kernel_received_at != PaceClock::time_point{})
     engine_.down_meter().record(s.kernel_received_at, now, total - s.kernel_received);
@@ -470,8 +474,9 @@ void PeerCore::finish_payload(Stream& s) {
     s.cur->ready_at = std::max(s.cur->ready_at, passed);
     const uint64_t bytes = kChunkHeaderBytes + s.cur_chunk_len;
     const auto end = std::max(now, passed);
-    if (!link_->link().local)
-      engine_.down_meter().record(end - link_->downlink_time(bytes), end, bytes);
+    const auto busy = link_->downlink_time(bytes);
+    if (!link_->link().local && busy.count() > 0)
+      engine_.down_meter().record(end - busy, end, bytes);
   }
   s.cur->received += s.cur_chunk_len;
   s.cur.reset();

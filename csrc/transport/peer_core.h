@@ -140,6 +140,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
 
  public:
   void set_link(const WanLink& link);  // Peer::set_link, on the engine thread
+  // Whether what this peer's sockets receive counts toward the rank's link rate (kernel
+  // sockets; emulated links meter themselves): not for a peer on the same host.
+  void set_metered(bool metered) { metered_ = metered; }
 
  private:
   // Whether a message of msg_len bytes fits m's posted receive.
@@ -171,6 +174,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::string name_;
   std::vector<Stream> streams_;
   size_t ended_streams_ = 0;  // streams the remote side has closed (EOF at a chunk boundary)
+  bool metered_ = true;       // set_metered
   Status remote_closed_;      // every stream ended: fail once the held messages completed
   int stripe_ = 1;            // unshaped sends use streams [0, stripe_)
   // The emulated link (LOWCOMM_WAN), null on a real one: the production path never enters it.

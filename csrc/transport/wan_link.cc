@@ -283,7 +283,7 @@ Result<WanPlan> parse_wan_plan(std::string_view text) {
       rule.path = base->model == WanModel::kSite && has_key(rule.keys, "bw");
       if (rule.path && rule.a.first <= rule.b.last && rule.b.first <= rule.a.last)
         return invalid_argument("LOWCOMM_WAN: pair " + std::string(trim(sel)) +
-                                ": a path (bw= in the site model) joins two sets that do not "
+                                ": a path (bw= in the site model) must join two sets that do not "
                                 "overlap");
     } else {
       return invalid_argument("LOWCOMM_WAN: unknown section kind '" + kind +

@@ -1,6 +1,7 @@
 // lowcomm._C: the backend class and its creator, for torch.distributed.Backend.register_backend.
 
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/python.h>
 
 #include "backend.h"
@@ -72,6 +73,8 @@ PYBIND11_MODULE(_C, m) {
         d["network_wait_s"] = secs(s.network_wait);
         d["link_limit_s"] = secs(s.link_limit);
         d["link_efficiency"] = s.link_efficiency;
+        d["shares"] = s.shares;  // owner shares by rank; empty: equal (docs/sites.md)
+        d["rate_estimate"] = s.rate_estimate;
         return d;
       });
   lowcomm::torch_backend::bind_codecs(m);

@@ -60,6 +60,8 @@ def body(rank, world):
     assert torch.allclose(t, torch.full((4096,), float(sum(range(1, world + 1)))), rtol=0.02)
     stats = lowcomm.torch.last_op_stats(lc)
     assert stats["codec"] == "q8" and stats["compression_ratio"] > 3, stats
+    # One host: owner shares stay equal (docs/sites.md); the fields are there.
+    assert stats["shares"] == [] and stats["rate_estimate"] == 0.0, stats
     # A group whose options compress every float all-reduce of at least 1 KiB; smaller and
     # integer ones stay exact; a bad codec is refused when the group is made.
     q4 = dist.new_group(backend="lowcomm",
