@@ -38,12 +38,12 @@ BENCHMARK(BM_PlanShares)->Arg(4)->Arg(8)->Arg(64)->Arg(256)->Unit(benchmark::kMi
 
 void BM_ObserveReplan(benchmark::State& state) {
   const auto r = rates(state.range(0));
-  std::vector<uint32_t> a, b;
+  std::vector<uint16_t> a, b;
   for (double v : r) {
-    a.push_back(rate_code(v));
-    b.push_back(rate_code(v * 1.5));
+    a.push_back(encode_rate(v));
+    b.push_back(encode_rate(v * 1.5));
   }
-  b[1] = rate_code(r[1] / 8);  // another slow rank: a real re-plan each time
+  b[1] = encode_rate(r[1] / 8);  // another slow rank: a real re-plan each time
   for (auto _ : state) {
     SharePlanner s;
     benchmark::DoNotOptimize(s.observe(a));

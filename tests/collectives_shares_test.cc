@@ -96,29 +96,29 @@ TEST(SharesPlan, ChunksCoverTheTensorOnScaleGroupsEachRankAtLeastOne) {
 
 TEST(SharesPlanner, ReplansOnlyForAGainAndNeverFromAnUnknownRate) {
   SharePlanner s;
-  EXPECT_EQ(s.own_code(), 0u) << "nothing measured yet";
+  EXPECT_EQ(s.own_code(), 0) << "nothing measured yet";
   s.measured(0);
   s.measured(1e20);  // absurd: not believed
   s.measured(NAN);
-  EXPECT_EQ(s.own_code(), 0u);
+  EXPECT_EQ(s.own_code(), 0);
   s.measured(1e8);
   s.measured(5e7);
-  EXPECT_EQ(s.own_code(), collectives::rate_code(1e8)) << "the higher of the last two";
+  EXPECT_EQ(s.own_code(), collectives::encode_rate(1e8)) << "the higher of the last two";
   s.measured(6e7);
-  EXPECT_EQ(s.own_code(), collectives::rate_code(6e7)) << "a slower link is seen after two";
+  EXPECT_EQ(s.own_code(), collectives::encode_rate(6e7)) << "a slower link is seen after two";
 
-  const uint32_t fast = collectives::rate_code(1.25e8), slow = collectives::rate_code(3.1e7);
+  const uint16_t fast = collectives::encode_rate(1.25e8), slow = collectives::encode_rate(3.1e7);
   EXPECT_FALSE(s.observe({fast, fast, 0, slow})) << "one rank unknown: keep the plan";
   EXPECT_TRUE(s.plan().equal());
   // Within 5% of each other: equal shares are as good.
   EXPECT_FALSE(
-      s.observe({fast, collectives::rate_code(1.2e8), fast, collectives::rate_code(1.19e8)}));
+      s.observe({fast, collectives::encode_rate(1.2e8), fast, collectives::encode_rate(1.19e8)}));
   EXPECT_TRUE(s.plan().equal());
   EXPECT_TRUE(s.observe({fast, fast, fast, slow}));
   EXPECT_FALSE(s.plan().equal());
   EXPECT_NE(s.plan().hash(), 0u);
   const uint32_t h = s.plan().hash();
-  EXPECT_FALSE(s.observe({fast, fast, fast, collectives::rate_code(3.0e7)})) << "noise: keep it";
+  EXPECT_FALSE(s.observe({fast, fast, fast, collectives::encode_rate(3.0e7)})) << "noise: keep it";
   EXPECT_EQ(s.plan().hash(), h);
   // The slow link recovers: the skewed plan is now 1.5x too slow; re-plan to (about) equal.
   EXPECT_TRUE(s.observe({fast, fast, fast, fast}));
@@ -133,7 +133,7 @@ TEST(SharesPlanner, AChangedLinkIsReplannedWithinThreeCollectives) {
   std::vector<SharePlanner> ranks(4);
   std::vector<uint32_t> used_hash;  // the plan each operation ran with (rank 0's)
   for (int k = 0; k < 12; ++k) {
-    std::vector<uint32_t> codes;
+    std::vector<uint16_t> codes;
     for (auto& r : ranks) codes.push_back(r.own_code());
     used_hash.push_back(ranks[0].plan().hash());
     for (size_t r = 0; r < 4; ++r) ranks[r].measured(r == 3 && k >= 5 ? 2.5e7 : 1e8);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "collectives/schedule_picker.h"
 #include "collectives/sites.h"
 #include "collectives_test_util.h"
 
@@ -270,6 +271,66 @@ TEST(CollectivesTwoLevel, RanksOnHostsOfTheirOwnAreGroupedByRoundTrips) {
     EXPECT_NE(a, f) << res[r].text;
     EXPECT_EQ(res[r].text, res[0].text);
   }
+}
+
+// The schedule picker (schedule_picker.h): two levels first, then flat, until each has a time;
+// then the faster, the other again every kReexplore calls; classes apart.
+TEST(SchedulePicker, TriesBothThenKeepsTheFasterAndLooksAgain) {
+  using collectives::Algorithm;
+  collectives::SchedulePicker p;
+  const int c = collectives::SchedulePicker::size_class(64 << 20);
+  EXPECT_EQ(c, 26);
+  EXPECT_EQ(collectives::SchedulePicker::size_class((64 << 20) + 1), 26);
+  EXPECT_EQ(p.pick(c), Algorithm::kTwoLevel);
+  EXPECT_EQ(p.pick(c), Algorithm::kTwoLevel) << "its time is not in yet";
+  p.record(c, Algorithm::kTwoLevel, 1.8);
+  EXPECT_EQ(p.pick(c), Algorithm::kDefault);
+  p.record(c, Algorithm::kTwoLevel, 1.9);  // a later two-level time replaces the first
+  p.record(c, Algorithm::kDefault, 0.7);
+  int flat = 0, two = 0;
+  for (uint64_t i = 0; i < 2 * collectives::SchedulePicker::kReexplore; ++i)
+    (p.pick(c) == Algorithm::kDefault ? flat : two)++;
+  EXPECT_EQ(two, 2) << "the slower schedule is tried again once every kReexplore calls";
+  EXPECT_EQ(flat, 2 * static_cast<int>(collectives::SchedulePicker::kReexplore) - 2);
+  EXPECT_EQ(p.pick(c + 1), Algorithm::kTwoLevel) << "another size class starts afresh";
+  p.record(c, Algorithm::kDefault, 5.0);  // the WAN slowed down: two levels win again
+  EXPECT_EQ(p.pick_would(c), Algorithm::kTwoLevel);
+}
+
+// Auto all-reduces on four ranks in two sites of the loopback: whatever each schedule takes on
+// this machine, every rank picks the same one for every call (a rank that picked otherwise
+// would fail the descriptor check), both are tried, and every replica is identical.
+TEST(CollectivesTwoLevel, AutoTriesBothSchedulesAndEveryRankPicksTheSame) {
+  constexpr int P = 4;
+  constexpr int calls = 8;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.sites = "0,0,1,1";
+    auto c = Communicator::init(id, rank, P, o);
+    RANK_OK(c.status());
+    const uint64_t n = 1 << 20;
+    Tensor x = make_input(DType::kFloat32, n, 3, rank);
+    std::string out = "ok";
+    for (int k = 0; k < calls; ++k) {
+      std::vector<uint8_t> y(x.bytes.size());
+      AllReduceOptions ar;
+      ar.codec = *parse_codec_spec("q8");
+      Work w = (*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, ar);
+      RANK_OK(w.wait());
+      out += " " + w.stats()->schedule + ":" + std::to_string(fnv64(y));
+    }
+    return out;
+  });
+  expect_all_ok(res);
+  for (int r = 1; r < P; ++r) {
+    if (res[r].ok()) {
+      EXPECT_EQ(res[r].text, res[0].text);
+    }
+  }
+  if (!res[0].ok()) return;
+  std::printf("%s\n", res[0].text.c_str());
+  EXPECT_NE(res[0].text.find(" two-level:"), std::string::npos);
+  EXPECT_NE(res[0].text.find(" flat:"), std::string::npos);
 }
 
 // The grouping rule on matrices shaped like real deployments, with jitter: it must find the

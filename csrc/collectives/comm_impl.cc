@@ -494,12 +494,26 @@ void CommImpl::run_one(Op& op) {
     return;
   }
   const auto start = collectives::StatsClock::now();
-  // A flat all-reduce names the owner shares it runs with and carries this rank's rate to the
-  // others (shares.h); the large ones measure it.
-  const bool rated = op.desc.carries_rate() && shares_auto_;
-  const uint32_t own_code = shares_.own_code();
-  if (rated)
-    op.desc.tag = (static_cast<uint64_t>(shares_.plan().hash()) << 32) | uint64_t{own_code};
+  // An all-reduce whose schedule is left to us: flat or two levels, from what each took
+  // (schedule_picker.h), the same choice on every rank.
+  const uint64_t op_bytes = op.desc.count * dtype_size(op.desc.dtype);
+  if (op.desc.auto_schedule)
+    op.desc.algorithm = schedule_.pick(collectives::SchedulePicker::size_class(op_bytes));
+  // A flat or two-level all-reduce names its owner shares or its sites in the high half of the
+  // tag, and carries this rank's report (op_report.h) in the low half: its rate (shares.h; the
+  // large flat ones measure it) and the time of its previous such call.
+  const bool reports = op.desc.carries_report();
+  const bool flat = op.desc.algorithm == collectives::Algorithm::kDefault;
+  const bool rated = reports && flat && shares_auto_;
+  collectives::OpReport mine;
+  if (reports) {
+    mine.rate = shares_auto_ ? shares_.own_code() : 0;
+    mine.time = collectives::encode_time(last_report_seconds_);
+    const uint64_t site_hash = sites_.hash ^ (sites_.hash >> 32);
+    const uint64_t high =
+        flat ? (shares_auto_ ? shares_.plan().hash() : 0) : site_hash & 0xffffffffu;
+    op.desc.tag = high << 32 | mine.pack();
+  }
   const auto measure_from = transport::PaceClock::now();
   std::string what = op.desc.to_string();
   {
@@ -529,12 +543,21 @@ void CommImpl::run_one(Op& op) {
     source = run.source();
     stats = collectives::summarize(op.desc, run.counters(), collectives::StatsClock::now() - start,
                                    links_);
+    if (op.desc.kind == OpKind::kAllReduce)
+      stats.schedule = op.desc.algorithm == collectives::Algorithm::kTwoLevel ? "two-level"
+                       : op.desc.algorithm == collectives::Algorithm::kOneHop ? "one-hop"
+                                                                              : "flat";
     if (rated) {
       for (uint32_t p : shares_.plan().parts)
         stats.shares.push_back(static_cast<double>(p) / collectives::kShareUnits);
-      stats.rate_estimate = collectives::rate_of_code(own_code);
+      stats.rate_estimate = collectives::decode_rate(mine.rate);
     }
-    if (rated && s.is_ok()) learn_rates(run, op.desc, own_code, measure_from);
+    if (reports && s.is_ok()) {
+      std::vector<uint32_t> all = run.reports();
+      all[static_cast<size_t>(rank_)] = mine.pack();
+      learn_times(all, op.desc, std::chrono::duration<double>(stats.wall).count());
+      if (rated) learn_rates(all, op.desc, measure_from);
+    }
   }
   log_stats(op.desc, stats, s);
   {
@@ -544,15 +567,45 @@ void CommImpl::run_one(Op& op) {
   op.work->complete(s, std::move(stats), source);
 }
 
-void CommImpl::learn_rates(const OpRun& run, const OpDescriptor& desc, uint32_t own_code,
+void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescriptor& desc,
+                           double seconds) {
+  // Every rank's time of the previous reporting call: the slowest is that call's time.
+  double slowest = 0;
+  for (uint32_t r : reports) {
+    const double t = collectives::decode_time(collectives::OpReport::unpack(r).time);
+    if (t == 0) {
+      slowest = 0;
+      break;
+    }
+    slowest = std::max(slowest, t);
+  }
+  if (last_report_valid_ && slowest > 0) {
+    const collectives::Algorithm before = schedule_.pick_would(last_report_class_);
+    schedule_.record(last_report_class_, last_report_algorithm_, slowest);
+    const collectives::Algorithm after = schedule_.pick_would(last_report_class_);
+    if (before != after && sites_.two_level())
+      LOWCOMM_LOG(
+          kInfo,
+          "rank %d: all-reduces of about %llu bytes now run %s (flat %.4f s, two levels %.4f s)",
+          rank_, 1ull << last_report_class_,
+          after == collectives::Algorithm::kTwoLevel ? "in two levels" : "flat",
+          schedule_.times(last_report_class_).flat, schedule_.times(last_report_class_).two);
+  }
+  last_report_valid_ = true;
+  last_report_class_ = collectives::SchedulePicker::size_class(desc.count * dtype_size(desc.dtype));
+  last_report_algorithm_ = desc.algorithm;
+  last_report_seconds_ = seconds;
+}
+
+void CommImpl::learn_rates(const std::vector<uint32_t>& reports, const OpDescriptor& desc,
                            transport::PaceClock::time_point since) {
   if (desc.count * dtype_size(desc.dtype) >= collectives::kTwoLevelMinBytes)
     // Arrivals at the downlink (kernel sockets and emulated links); departures from the
     // emulated uplink (a kernel socket takes bytes long before they leave: not measured).
     shares_.measured(
         std::max(engine_->down_meter().peak_rate(since), engine_->up_meter().peak_rate(since)));
-  std::vector<uint32_t> codes = run.rate_codes();
-  codes[static_cast<size_t>(rank_)] = own_code;
+  std::vector<uint16_t> codes;
+  for (uint32_t r : reports) codes.push_back(collectives::OpReport::unpack(r).rate);
   if (!shares_.observe(codes)) return;
   std::string rates;
   for (double r : shares_.rates())

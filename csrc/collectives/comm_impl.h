@@ -41,6 +41,7 @@
 #include "collectives/descriptor.h"
 #include "collectives/ef_store.h"
 #include "collectives/op_stats.h"
+#include "collectives/schedule_picker.h"
 #include "collectives/scratch_pool.h"
 #include "collectives/shares.h"
 #include "collectives/sites.h"
@@ -147,10 +148,14 @@ class CommImpl {
   std::shared_ptr<StealGate> gate_ = std::make_shared<StealGate>();
   // The INFO (collective) or TRACE (point-to-point) line summarizing a completed operation.
   void log_stats(const collectives::OpDescriptor& desc, const OpStats& st, const Status& s) const;
-  // After a flat all-reduce that carried rates: this rank's measurement (a large one) and the
-  // re-plan from every rank's code in the operation's descriptors (shares.h).
-  void learn_rates(const collectives::OpRun& run, const collectives::OpDescriptor& desc,
-                   uint32_t own_code, transport::PaceClock::time_point since);
+  // After an all-reduce that carried reports (op_report.h), every rank's report by rank:
+  // the previous reporting call's time for the schedule picker, and this call's for the next.
+  void learn_times(const std::vector<uint32_t>& reports, const collectives::OpDescriptor& desc,
+                   double seconds);
+  // After a flat all-reduce with shares that follow the rates: this rank's measurement (a large
+  // one) and the re-plan from every rank's rate (shares.h).
+  void learn_rates(const std::vector<uint32_t>& reports, const collectives::OpDescriptor& desc,
+                   transport::PaceClock::time_point since);
   // Latches `why` as the communicator's failure; the first time, tells the peers and aborts
   // every connection (no request references any buffer afterwards).
   void fail(const Status& why, bool notify);
@@ -167,6 +172,13 @@ class CommImpl {
   collectives::SitePlan sites_;            // which ranks share a site (collectives/sites.h)
   bool shares_auto_ = false;               // owner shares follow measured rates (shares.h)
   collectives::SharePlanner shares_;       // executor thread only
+  // Executor thread only: the schedule of auto all-reduces, and this rank's previous reporting
+  // all-reduce (its size class, schedule and time, reported in the next one).
+  collectives::SchedulePicker schedule_;
+  bool last_report_valid_ = false;
+  int last_report_class_ = 0;
+  collectives::Algorithm last_report_algorithm_ = collectives::Algorithm::kDefault;
+  double last_report_seconds_ = -1;
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank

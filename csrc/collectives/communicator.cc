@@ -151,7 +151,8 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
     alg = collectives::Algorithm::kTwoLevel;
   } else if (options.schedule == Schedule::kAuto && !one_hop &&
              collectives::use_two_level(impl_->sites(), count, dtype, op, codec)) {
-    alg = collectives::Algorithm::kTwoLevel;
+    alg = collectives::Algorithm::kTwoLevel;  // or flat: the communicator picks when it runs
+    d.auto_schedule = true;
   }
   CommImpl* impl = impl_.get();
   return submit_reduce(

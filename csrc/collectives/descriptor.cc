@@ -126,11 +126,15 @@ std::string OpDescriptor::to_string() const {
   if (reduces) s += ", codec " + (codec ? lowcomm::to_string(*codec) : "uncompressed");
   if (algorithm == Algorithm::kOneHop) s += ", one hop";
   if (algorithm == Algorithm::kTwoLevel) {
+    // An all-reduce's low half is the sender's report, not part of the operation.
     char h[24];
-    std::snprintf(h, sizeof(h), "%016llx", static_cast<unsigned long long>(tag));
+    if (carries_report())
+      std::snprintf(h, sizeof(h), "%08llx", static_cast<unsigned long long>(tag >> 32));
+    else
+      std::snprintf(h, sizeof(h), "%016llx", static_cast<unsigned long long>(tag));
     s += std::string(", two-level, sites ") + h;
   }
-  if (carries_rate() && (tag >> 32) != 0) {
+  if (carries_report() && algorithm == Algorithm::kDefault && (tag >> 32) != 0) {
     char h[16];
     std::snprintf(h, sizeof(h), "%08llx", static_cast<unsigned long long>(tag >> 32));
     s += std::string(", shares ") + h;
@@ -149,7 +153,8 @@ std::string OpDescriptor::to_string() const {
 
 OpDescriptor OpDescriptor::agreed() const {
   OpDescriptor d = *this;
-  if (d.carries_rate()) d.tag &= ~uint64_t{0xffffffff};
+  if (d.carries_report()) d.tag &= ~uint64_t{0xffffffff};
+  d.auto_schedule = false;
   return d;
 }
 

@@ -66,10 +66,11 @@ struct OpDescriptor {
   std::optional<CodecSpec> codec;  // reductions only; unset: uncompressed
   int32_t root = -1;               // broadcast: the root; send: the sending rank
   uint32_t nranks = 0;
-  // send/recv: the user's tag (below tags::kMaxUserTag); a two-level all-reduce: the hash of
-  // its site map; a flat all-reduce: the hash of its owner shares (shares.h) in the high 32
-  // bits and the sender's own measured rate (rate_code) in the low 32, the one field a rank's
-  // peers need not agree with (agreed() clears it); 0 otherwise
+  // send/recv: the user's tag (below tags::kMaxUserTag); a two-level all-gather, broadcast or
+  // reduce-scatter: the hash of its site map; an all-reduce, flat or two-level: in the high 32
+  // bits the hash of its owner shares (shares.h) or of its site map (folded to 32 bits), in
+  // the low 32 the sender's report (op_report.h: its rate, its last call's time), the one
+  // field a rank's peers need not agree with (agreed() clears it); 0 otherwise
   uint64_t tag = 0;
   Algorithm algorithm = Algorithm::kDefault;
   // The owner reduction: elements per pipeline segment (reduce_segment_elems: a multiple of
@@ -77,11 +78,16 @@ struct OpDescriptor {
   uint64_t segment_elems = 0;
 
   std::array<uint8_t, kDescriptorBytes> encode() const;
-  // Whether the low half of the tag is the sender's rate (a flat all-reduce).
-  bool carries_rate() const {
-    return kind == OpKind::kAllReduce && algorithm == Algorithm::kDefault;
+  // Local, never on the wire: the caller left the schedule to the communicator, which picks
+  // flat or two levels when the operation runs (schedule_picker.h).
+  bool auto_schedule = false;
+
+  // Whether the low half of the tag is the sender's report (a flat or two-level all-reduce).
+  bool carries_report() const {
+    return kind == OpKind::kAllReduce &&
+           (algorithm == Algorithm::kDefault || algorithm == Algorithm::kTwoLevel);
   }
-  uint32_t rate_code() const { return carries_rate() ? static_cast<uint32_t>(tag) : 0; }
+  uint32_t report() const { return carries_report() ? static_cast<uint32_t>(tag) : 0; }
   // This descriptor less what only the sender decides (the rate): what peers must agree on.
   OpDescriptor agreed() const;
   // kCorruptData naming `who` when the bytes are not a descriptor.

@@ -190,17 +190,18 @@ Status OpRun::check_descriptors() {
 
 std::vector<Range> OpRun::share_chunks(uint64_t n, uint64_t g) const {
   const SharePlan& plan = comm_.share_plan();
-  if (desc_.carries_rate() && (desc_.tag >> 32) != 0 && (desc_.tag >> 32) == plan.hash())
+  if (desc_.carries_report() && desc_.algorithm == Algorithm::kDefault && (desc_.tag >> 32) != 0 &&
+      (desc_.tag >> 32) == plan.hash())
     return plan.chunks(n, size(), g);
   return owner_chunks(n, size(), g);
 }
 
-std::vector<uint32_t> OpRun::rate_codes() const {
+std::vector<uint32_t> OpRun::reports() const {
   std::vector<uint32_t> codes(static_cast<size_t>(size()), 0);
   if (!desc_checked_ || !desc_result_.is_ok()) return codes;
   for (const auto& [p, r] : desc_recvs_) {
     auto d = OpDescriptor::decode(desc_in_ + kDescriptorBytes * static_cast<uint64_t>(p), "");
-    if (d) codes[static_cast<size_t>(p)] = d->rate_code();
+    if (d) codes[static_cast<size_t>(p)] = d->report();
   }
   return codes;
 }

@@ -86,9 +86,9 @@ class OpRun {
   // The owner chunks of a flat all-reduce of n elements in granules of g: the communicator's
   // share plan where the descriptor names it (shares.h), else equal (owner_chunks).
   std::vector<Range> share_chunks(uint64_t n, uint64_t g) const;
-  // After a successful check of a flat all-reduce's descriptors: the rate each rank sent
-  // (OpDescriptor::rate_code), by rank; 0 for this rank and for ranks not in the operation.
-  std::vector<uint32_t> rate_codes() const;
+  // After a successful check of an all-reduce's descriptors: the report each rank sent
+  // (OpDescriptor::report, op_report.h), by rank; 0 for this rank and for ranks not in it.
+  std::vector<uint32_t> reports() const;
   // Any-source receives: the first peer (of peers()) whose next unclaimed message on `tag` has
   // begun to arrive; waits as wait() does (deadline, health), claims nothing.
   Result<int> wait_arrival(uint64_t tag);

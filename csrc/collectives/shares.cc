@@ -6,15 +6,6 @@
 
 namespace lowcomm::collectives {
 
-uint32_t rate_code(double bytes_per_second) {
-  if (!(bytes_per_second >= kMinRate && bytes_per_second <= kMaxRate)) return 0;  // NaN too
-  return static_cast<uint32_t>(std::lround(bytes_per_second / 1e3));
-}
-
-double rate_of_code(uint32_t code) {
-  return static_cast<double>(code) * 1e3;
-}
-
 uint32_t SharePlan::hash() const {
   if (parts.empty()) return 0;
   uint32_t h = 2166136261u;
@@ -128,17 +119,17 @@ double predicted_time(const SharePlan& plan, const std::vector<double>& rates) {
 }
 
 void SharePlanner::measured(double bytes_per_second) {
-  if (rate_code(bytes_per_second) == 0) return;
+  if (encode_rate(bytes_per_second) == 0) return;  // outside what is believed, NaN too
   recent_[next_++ % kRecent] = bytes_per_second;
   rate_ = *std::max_element(recent_.begin(), recent_.end());
 }
 
-bool SharePlanner::observe(const std::vector<uint32_t>& codes) {
+bool SharePlanner::observe(const std::vector<uint16_t>& codes) {
   if (codes.size() < 3) return false;
   std::vector<double> rates;
-  for (uint32_t c : codes) {
+  for (uint16_t c : codes) {
     if (c == 0) return false;
-    rates.push_back(rate_of_code(c));
+    rates.push_back(decode_rate(c));
   }
   SharePlan next = plan_shares(rates);
   if (next.parts == plan_.parts) return false;

@@ -12,7 +12,7 @@
 //
 // The rates come from the traffic itself (transport/arrival_meter.h: the link's peak
 // throughput during each large flat all-reduce, the higher of the last two), and every rank sends
-// its own in the descriptor of the next flat all-reduce (descriptor.h: the low half of the tag).
+// its own in the descriptor of the next flat all-reduce (op_report.h: in the low half of the tag).
 // After an operation every rank holds the same P numbers and re-plans from them with the same code,
 // so the ranks agree without a message of their own; the plan's hash rides in the high half of the
 // tag and is checked like the rest of the descriptor. Hysteresis: a new plan replaces the current
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/op_report.h"
 #include "collectives/partition.h"
 
 namespace lowcomm::collectives {
@@ -33,12 +34,6 @@ inline constexpr uint32_t kShareUnits = 1u << 20;
 // gains little beyond it.
 inline constexpr double kMaxShareFactor = 2.0;
 inline constexpr double kReplanGain = 1.10;
-// The rate a descriptor carries: kilobytes (1000 bytes) per second, 0 unknown. Rates outside
-// [kMinRate, kMaxRate] bytes/s are not believed (a rank measuring one sends 0).
-inline constexpr double kMinRate = 1e4;   // 80 kbit/s
-inline constexpr double kMaxRate = 4e12;  // 32 Tbit/s
-uint32_t rate_code(double bytes_per_second);
-double rate_of_code(uint32_t code);
 
 // Shares in parts of kShareUnits; empty: equal shares.
 struct SharePlan {
@@ -64,11 +59,11 @@ class SharePlanner {
   // included: not believed, ignored).
   void measured(double bytes_per_second);
   // The code of this rank's rate, for its next descriptor.
-  uint32_t own_code() const { return rate_code(rate_); }
+  uint16_t own_code() const { return encode_rate(rate_); }
   double rate() const { return rate_; }
   // Every rank's code from one operation's descriptors (by rank): re-plans with hysteresis;
   // returns whether the plan changed. Any unknown code keeps the current plan.
-  bool observe(const std::vector<uint32_t>& codes);
+  bool observe(const std::vector<uint16_t>& codes);
   const SharePlan& plan() const { return plan_; }
   const std::vector<double>& rates() const { return rates_; }
 

@@ -232,6 +232,9 @@ struct OpStats {
   // CommOptions::shares).
   std::vector<double> shares;
   double rate_estimate = 0.0;
+  // An all-reduce: the schedule it ran, "flat", "two-level" or "one-hop" (AllReduceOptions::
+  // schedule kAuto leaves flat or two levels to the communicator: docs/sites.md); "" otherwise.
+  std::string schedule;
 };
 
 class WorkState;

@@ -1,0 +1,45 @@
+#pragma once
+// Flat or two levels, from what the two took. Sizes alone cannot say: where the sites' WAN links
+// are fast, or the ranks of a site share few cores, the local phases of two levels cost more
+// than the WAN saves (docs/sites.md: 0.74 s flat against 1.83 s in two levels over a published
+// inter-region matrix on two cores). So for an all-reduce that may take either
+// (AllReduceOptions::Schedule::kAuto, sites that allow two levels, sizes.h's threshold met), the
+// communicator tries both in each size class (powers of two of bytes) and then keeps the faster,
+// trying the other again every kReexplore calls of the class, in case the links changed.
+//
+// Every rank must pick the same: the times are the slowest rank's (each rank sends the time of
+// its previous flat or two-level all-reduce in the next one's descriptor, op_report.h), fed to
+// record() after the operation that carried them, and pick() runs on the executor in operation
+// order, so every rank holds the same numbers at the same point.
+
+#include <cstdint>
+#include <map>
+
+#include "collectives/descriptor.h"
+
+namespace lowcomm::collectives {
+
+class SchedulePicker {
+ public:
+  static constexpr uint64_t kReexplore = 32;
+
+  // The size class of an all-reduce of `bytes`.
+  static int size_class(uint64_t bytes);
+  // The schedule for the next auto call of this class (kTwoLevel or kDefault).
+  Algorithm pick(int size_class);
+  // The slowest rank's time of a call of this class that ran `algorithm`.
+  void record(int size_class, Algorithm algorithm, double seconds);
+
+  struct Times {
+    double flat = 0, two = 0;  // 0: not measured yet
+    uint64_t picks = 0;
+  };
+  Times times(int size_class) const;
+  // The schedule the class prefers now (no pick counted): what the log reports.
+  Algorithm pick_would(int size_class) const;
+
+ private:
+  std::map<int, Times> classes_;
+};
+
+}  // namespace lowcomm::collectives
