@@ -158,10 +158,11 @@ struct AllReduceOptions {
   // build has no GPU path yet: kCuda fails at once with kUnsupported, nothing sent (issue 4).
   MemoryKind memory = MemoryKind::kHost;
   void* cuda_stream = nullptr;
-  // Which schedule runs when the communicator has sites (CommOptions::sites). kAuto: two levels
-  // where the cost model says so (docs/sites.md), else flat; kFlat: the flat full mesh always;
-  // kTwoLevel: two levels, or kInvalidArgument when the call cannot take them (no sites, or not
-  // an fp32 sum or average). Every rank must pass the same (the descriptor check enforces it).
+  // Which schedule runs when the communicator has sites (CommOptions::sites). kAuto: where the
+  // sites and the size allow two levels, whichever of flat and two levels has run faster for
+  // calls of this size (both are tried first; docs/sites.md), else flat; kFlat: the flat full mesh
+  // always; kTwoLevel: two levels, or kInvalidArgument when the call cannot take them (no sites, or
+  // not an fp32 sum or average). Every rank must pass the same (the descriptor check enforces it).
   enum class Schedule : uint8_t { kAuto = 0, kFlat = 1, kTwoLevel = 2 };
   Schedule schedule = Schedule::kAuto;
 };
