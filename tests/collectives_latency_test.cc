@@ -194,6 +194,43 @@ TEST(CollectivesWanModel, SiteUplinkAndDownlinkAreSharedByEveryPeer) {
   EXPECT_LE(down, bytes * 8 / 1e8 * 2.5);
 }
 
+// Four ranks in two sites {0,1} and {2,3} over the emulated WAN `wan`: the time of 4 MiB from
+// rank 0 to rank 1 (inside the site), and of 2 MiB from each of ranks 0 and 1 at once to ranks 2
+// and 3 (out of the site), the slower receiver's.
+struct SiteTimes {
+  double local = 0, across = 0;
+};
+SiteTimes time_inside_and_across(const std::string& wan) {
+  std::vector<RankResult> res = run_ranks(4, [&](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.wan = wan;
+    auto c = Communicator::init(id, rank, 4, o);
+    RANK_OK(c.status());
+    std::vector<uint8_t> big(4 << 20, static_cast<uint8_t>(rank)), half(2 << 20);
+    RANK_OK(align_start(**c, rank));
+    auto t0 = Clock::now();
+    if (rank == 0) RANK_OK((*c)->send(big.data(), big.size(), DType::kUInt8, 1).wait());
+    if (rank == 1) RANK_OK((*c)->recv(big.data(), big.size(), DType::kUInt8, 0).wait());
+    double local = std::chrono::duration<double>(Clock::now() - t0).count();
+    RANK_OK(align_start(**c, rank));
+    t0 = Clock::now();
+    if (rank < 2) RANK_OK((*c)->send(half.data(), half.size(), DType::kUInt8, rank + 2).wait());
+    if (rank >= 2) RANK_OK((*c)->recv(half.data(), half.size(), DType::kUInt8, rank - 2).wait());
+    double across = std::chrono::duration<double>(Clock::now() - t0).count();
+    return "ok " + std::to_string(local) + " " + std::to_string(across);
+  });
+  expect_all_ok(res);
+  SiteTimes t;
+  for (int r = 0; r < 4; ++r) {
+    if (!res[r].ok()) continue;
+    double l = 0, a = 0;
+    std::sscanf(res[r].text.c_str(), "ok %lf %lf", &l, &a);
+    if (r == 1) t.local = l;
+    if (r >= 2) t.across = std::max(t.across, a);
+  }
+  return t;
+}
+
 // Sites of several ranks (site= rules): ranks 0-1 and 2-3 are two sites, each behind ONE
 // 100 Mbit/s link shared by its two processes. Inside a site the local network is unshaped:
 // 4 MiB from rank 0 to rank 1 takes far less than the 0.34 s the WAN link would. Across sites,
@@ -202,79 +239,28 @@ TEST(CollectivesWanModel, SiteUplinkAndDownlinkAreSharedByEveryPeer) {
 TEST(CollectivesWanModel, RanksOfASiteShareItsLinkAndTalkLocallyForFree) {
   const double mib = 1 << 20;
   const double wire = 1 + 64.0 / (512 << 10);  // chunk headers
-  std::vector<RankResult> res = run_ranks(4, [](int rank, const UniqueId& id) -> std::string {
-    CommOptions o = test_options();
-    o.wan = "bw=100mbit;site=0-1:bw=100mbit;site=2-3:bw=100mbit";
-    auto c = Communicator::init(id, rank, 4, o);
-    RANK_OK(c.status());
-    std::vector<uint8_t> big(4 << 20, static_cast<uint8_t>(rank)), half(2 << 20);
-    RANK_OK(align_start(**c, rank));
-    auto t0 = Clock::now();
-    if (rank == 0) RANK_OK((*c)->send(big.data(), big.size(), DType::kUInt8, 1).wait());
-    if (rank == 1) RANK_OK((*c)->recv(big.data(), big.size(), DType::kUInt8, 0).wait());
-    double local = std::chrono::duration<double>(Clock::now() - t0).count();
-    RANK_OK(align_start(**c, rank));
-    t0 = Clock::now();
-    if (rank < 2) RANK_OK((*c)->send(half.data(), half.size(), DType::kUInt8, rank + 2).wait());
-    if (rank >= 2) RANK_OK((*c)->recv(half.data(), half.size(), DType::kUInt8, rank - 2).wait());
-    double across = std::chrono::duration<double>(Clock::now() - t0).count();
-    return "ok " + std::to_string(local) + " " + std::to_string(across);
-  });
-  expect_all_ok(res);
-  double local = 0, across = 0;
-  for (int r = 0; r < 4; ++r) {
-    if (!res[r].ok()) continue;
-    double l = 0, a = 0;
-    std::sscanf(res[r].text.c_str(), "ok %lf %lf", &l, &a);
-    if (r == 1) local = l;
-    if (r >= 2) across = std::max(across, a);
-  }
+  SiteTimes t = time_inside_and_across("bw=100mbit;site=0-1:bw=100mbit;site=2-3:bw=100mbit");
   std::printf("site of two ranks: 4 MiB inside %.3f s, 2 x 2 MiB out through one uplink %.3f s\n",
-              local, across);
-  EXPECT_LT(local, 4 * mib * wire * 8 / 1e8 * 0.5) << "inside a site the network is local";
-  EXPECT_GE(across, 4 * mib * wire * 8 / 1e8 * 0.97) << "two ranks of a site share one uplink";
-  EXPECT_LE(across, 4 * mib * wire * 8 / 1e8 * 2.5);
+              t.local, t.across);
+  EXPECT_LT(t.local, 4 * mib * wire * 8 / 1e8 * 0.5) << "inside a site the network is local";
+  EXPECT_GE(t.across, 4 * mib * wire * 8 / 1e8 * 0.97) << "two ranks of a site share one uplink";
+  EXPECT_LE(t.across, 4 * mib * wire * 8 / 1e8 * 2.5);
 }
 
 // A path (pair= with bw= in the site model): ranks 0 and 1 each send 2 MiB at once to ranks 2
 // and 3 over the one 100 Mbit/s route from {0,1} to {2,3}; the last arrives after 4 MiB at that
-// rate, not 2 MiB. Inside the site, 4 MiB from rank 0 to rank 1 stays local and fast.
+// rate (and its TCP/IP framing), not 2 MiB. Inside the site the network stays local and fast.
 TEST(CollectivesWanModel, APathIsOneLinkSharedByTheSendingSite) {
   const double mib = 1 << 20;
   const double wire = 1 + 64.0 / (512 << 10);  // chunk headers
-  std::vector<RankResult> res = run_ranks(4, [](int rank, const UniqueId& id) -> std::string {
-    CommOptions o = test_options();
-    o.wan = "bw=0;site=0-1:bw=0;site=2-3:bw=0;pair=0-1/2-3:bw=100mbit,rtt=20ms";
-    auto c = Communicator::init(id, rank, 4, o);
-    RANK_OK(c.status());
-    std::vector<uint8_t> big(4 << 20, static_cast<uint8_t>(rank)), half(2 << 20);
-    RANK_OK(align_start(**c, rank));
-    auto t0 = Clock::now();
-    if (rank == 0) RANK_OK((*c)->send(big.data(), big.size(), DType::kUInt8, 1).wait());
-    if (rank == 1) RANK_OK((*c)->recv(big.data(), big.size(), DType::kUInt8, 0).wait());
-    double local = std::chrono::duration<double>(Clock::now() - t0).count();
-    RANK_OK(align_start(**c, rank));
-    t0 = Clock::now();
-    if (rank < 2) RANK_OK((*c)->send(half.data(), half.size(), DType::kUInt8, rank + 2).wait());
-    if (rank >= 2) RANK_OK((*c)->recv(half.data(), half.size(), DType::kUInt8, rank - 2).wait());
-    double across = std::chrono::duration<double>(Clock::now() - t0).count();
-    return "ok " + std::to_string(local) + " " + std::to_string(across);
-  });
-  expect_all_ok(res);
-  double local = 0, across = 0;
-  for (int r = 0; r < 4; ++r) {
-    if (!res[r].ok()) continue;
-    double l = 0, a = 0;
-    std::sscanf(res[r].text.c_str(), "ok %lf %lf", &l, &a);
-    if (r == 1) local = l;
-    if (r >= 2) across = std::max(across, a);
-  }
+  SiteTimes t =
+      time_inside_and_across("bw=0;site=0-1:bw=0;site=2-3:bw=0;pair=0-1/2-3:bw=100mbit,rtt=20ms");
   std::printf("path: 4 MiB inside a site %.3f s, 2 x 2 MiB over one 100 Mbit/s path %.3f s\n",
-              local, across);
+              t.local, t.across);
   const double path_time = 4 * mib * wire * (1 + 66.0 / 1448) * 8 / 1e8;
-  EXPECT_LT(local, path_time * 0.5) << "inside a site the network is local";
-  EXPECT_GE(across, path_time * 0.97) << "the two ranks of a site share one path";
-  EXPECT_LE(across, path_time * 2.5);
+  EXPECT_LT(t.local, path_time * 0.5) << "inside a site the network is local";
+  EXPECT_GE(t.across, path_time * 0.97) << "the two ranks of a site share one path";
+  EXPECT_LE(t.across, path_time * 2.5);
 }
 
 }  // namespace

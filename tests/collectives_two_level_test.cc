@@ -5,6 +5,7 @@
 // sites fail naming the mismatch instead of mixing schedules.
 
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 #include "collectives/schedule_picker.h"
@@ -199,17 +200,17 @@ TEST(CollectivesTwoLevel, ScheduleOptionForcesOrRefuses) {
   EXPECT_EQ(refused[0].text, "ok refused");
 }
 
-// Without a map the ranks of one host are one site: ranks 0-1 listen on 127.0.0.1 and 2-3 on
-// 127.0.0.2 (two loopback "hosts"), so a large all-reduce runs in two levels by itself: the
-// bits of a forced two-level call, not those of a forced flat one.
-TEST(CollectivesTwoLevel, RanksOfOneHostAreOneSiteByDefault) {
+// Four ranks set up by `configure` with no site map: the first auto all-reduce (the picker
+// tries two levels first) must give the bits of a forced two-level call, not those of a forced
+// flat one, on every rank alike: the ranks found the sites by themselves.
+void expect_auto_found_two_sites(const std::function<void(int, CommOptions&)>& configure) {
   constexpr int P = 4;
-  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+  auto res = run_ranks(P, [&](int rank, const UniqueId& id) -> std::string {
     CommOptions o = test_options();
-    o.listen_address = rank < 2 ? "127.0.0.1" : "127.0.0.2";
+    configure(rank, o);
     auto c = Communicator::init(id, rank, P, o);
     RANK_OK(c.status());
-    const uint64_t n = 1 << 20;  // 4 MiB: two levels by the cost model
+    const uint64_t n = 1 << 20;  // 4 MiB: two levels by the size
     Tensor x = make_input(DType::kFloat32, n, 9, rank);
     std::string out = "ok";
     for (auto schedule : {AllReduceOptions::Schedule::kAuto, AllReduceOptions::Schedule::kTwoLevel,
@@ -235,42 +236,21 @@ TEST(CollectivesTwoLevel, RanksOfOneHostAreOneSiteByDefault) {
   }
 }
 
+// Without a map the ranks of one host are one site: ranks 0-1 listen on 127.0.0.1 and 2-3 on
+// 127.0.0.2 (two loopback "hosts").
+TEST(CollectivesTwoLevel, RanksOfOneHostAreOneSiteByDefault) {
+  expect_auto_found_two_sites(
+      [](int rank, CommOptions& o) { o.listen_address = rank < 2 ? "127.0.0.1" : "127.0.0.2"; });
+}
+
 // Every rank on a host of its own (127.0.0.1 .. 127.0.0.4) and no map: the sites come from round
 // trips measured at init. The emulator puts 40 ms between ranks {0,1} and {2,3}; inside each
-// pair the loopback's tens of microseconds. Auto then runs two levels (its result is the forced
-// two-level one, not the flat one), on every rank alike.
+// pair the loopback's tens of microseconds.
 TEST(CollectivesTwoLevel, RanksOnHostsOfTheirOwnAreGroupedByRoundTrips) {
-  constexpr int P = 4;
-  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
-    CommOptions o = test_options();
+  expect_auto_found_two_sites([](int rank, CommOptions& o) {
     o.listen_address = "127.0.0." + std::to_string(rank + 1);
     o.wan = "rtt=0ms;pair=0-1/2-3:rtt=40ms";
-    auto c = Communicator::init(id, rank, P, o);
-    RANK_OK(c.status());
-    const uint64_t n = 1 << 20;
-    Tensor x = make_input(DType::kFloat32, n, 11, rank);
-    std::string out = "ok";
-    for (auto schedule : {AllReduceOptions::Schedule::kAuto, AllReduceOptions::Schedule::kTwoLevel,
-                          AllReduceOptions::Schedule::kFlat}) {
-      std::vector<uint8_t> y(x.bytes.size());
-      AllReduceOptions ar;
-      ar.codec = *parse_codec_spec("q4");
-      ar.schedule = schedule;
-      RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, ar).wait());
-      out += " " + std::to_string(fnv64(y));
-    }
-    return out;
   });
-  expect_all_ok(res);
-  for (int r = 0; r < P; ++r) {
-    if (!res[r].ok()) continue;
-    std::string a, t, f;
-    std::istringstream in(res[r].text.substr(3));
-    in >> a >> t >> f;
-    EXPECT_EQ(a, t) << "auto did not run two levels: " << res[r].text;
-    EXPECT_NE(a, f) << res[r].text;
-    EXPECT_EQ(res[r].text, res[0].text);
-  }
 }
 
 // The schedule picker (schedule_picker.h): two levels first, then flat, until each has a time;
