@@ -417,18 +417,7 @@ struct Row {
 void print_shares(const OpStats& st, const bench::LinkModel& link,
                   const std::optional<transport::WanPlan>& wplan, int P, double encoded) {
   std::printf("#   owner shares %s; rank 0's rate estimate %.1f Mbit/s\n",
-              st.shares.empty() ? "equal"
-                                : [&] {
-                                    std::string t;
-                                    for (double w : st.shares) {
-                                      char b[16];
-                                      std::snprintf(b, sizeof b, "%s%.3f", t.empty() ? "" : ",", w);
-                                      t += b;
-                                    }
-                                    return t;
-                                  }()
-                                      .c_str(),
-              st.rate_estimate * 8 / 1e6);
+              collectives::shares_to_string(st.shares).c_str(), st.rate_estimate * 8 / 1e6);
   if (!wplan || link.kind != bench::LinkModel::kSite) return;
   std::vector<double> rates;  // bytes/s of the wire, the slower direction of each rank's link
   for (int r = 0; r < P; ++r) {

@@ -184,17 +184,18 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
                                 ": " + s.message());
   }
-  // Without a map, the ranks of one host are one site (the root's address table, the same on
-  // every rank, so every rank draws the same map).
+  // Each rank's host, from the root's address table (the same on every rank); empty without one.
+  std::vector<std::string> hosts;
+  if (mesh.value().addresses.size() == static_cast<size_t>(nranks))
+    for (const std::string& a : mesh.value().addresses) hosts.push_back(a.substr(0, a.rfind(':')));
+  // Without a map, the ranks of one host are one site (every rank draws the same map).
   bool probe_rtt = false;
-  if (sites_by_host && mesh.value().addresses.size() == static_cast<size_t>(nranks)) {
+  if (sites_by_host && !hosts.empty()) {
     std::map<std::string, int> host_label;
     std::vector<int> labels;
-    for (const std::string& a : mesh.value().addresses) {
-      std::string host = a.substr(0, a.rfind(':'));
+    for (const std::string& h : hosts)
       labels.push_back(
-          host_label.try_emplace(host, static_cast<int>(host_label.size())).first->second);
-    }
+          host_label.try_emplace(h, static_cast<int>(host_label.size())).first->second);
     collectives::SitePlan by_host = collectives::plan_from_labels(labels);
     if (by_host.sites() > 1 && by_host.sites() < nranks) {
       c->sites_ = std::move(by_host);
@@ -207,21 +208,17 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (!shares_text.empty()) {
     c->shares_auto_ = shares_text == "auto";
   } else {
-    std::set<std::string> hosts;
-    for (const std::string& a : mesh.value().addresses) hosts.insert(a.substr(0, a.rfind(':')));
-    c->shares_auto_ = !wan_text.empty() || hosts.size() > 1;
+    c->shares_auto_ =
+        !wan_text.empty() || std::set<std::string>(hosts.begin(), hosts.end()).size() > 1;
   }
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
-  // A peer on this rank's host never crosses a link: its bytes say nothing of the link's rate.
-  if (mesh.value().addresses.size() == static_cast<size_t>(nranks)) {
-    auto host = [&](int r) {
-      const std::string& a = mesh.value().addresses[static_cast<size_t>(r)];
-      return a.substr(0, a.rfind(':'));
-    };
-    for (int r = 0; r < nranks; ++r)
-      if (r != rank && host(r) == host(rank)) c->peers_[r]->set_metered(false);
-  }
+  // What a kernel socket receives is sampled for the rank's rate only where the rate is used,
+  // and not from a peer on this rank's host (its bytes never cross a link).
+  for (int r = 0; r < nranks; ++r)
+    if (r != rank && (!c->shares_auto_ || (!hosts.empty() && hosts[static_cast<size_t>(r)] ==
+                                                                 hosts[static_cast<size_t>(rank)])))
+      c->peers_[r]->set_metered(false);
   c->chunk_bytes_ = cfg->chunk_bytes;
   c->links_.assign(static_cast<size_t>(nranks), *own);
   if (plan->has_pair_rules()) {
@@ -579,7 +576,7 @@ void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescrip
     }
     slowest = std::max(slowest, t);
   }
-  if (last_report_valid_ && slowest > 0) {
+  if (last_report_seconds_ >= 0 && slowest > 0) {
     const collectives::Algorithm before = schedule_.pick_would(last_report_class_);
     schedule_.record(last_report_class_, last_report_algorithm_, slowest);
     const collectives::Algorithm after = schedule_.pick_would(last_report_class_);
@@ -591,7 +588,6 @@ void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescrip
           after == collectives::Algorithm::kTwoLevel ? "in two levels" : "flat",
           schedule_.times(last_report_class_).flat, schedule_.times(last_report_class_).two);
   }
-  last_report_valid_ = true;
   last_report_class_ = collectives::SchedulePicker::size_class(desc.count * dtype_size(desc.dtype));
   last_report_algorithm_ = desc.algorithm;
   last_report_seconds_ = seconds;
@@ -631,18 +627,11 @@ void CommImpl::log_stats(const OpDescriptor& desc, const OpStats& st, const Stat
             st.codec.empty() ? "none" : st.codec.c_str(), ms(st.wall),
             static_cast<double>(st.bytes_sent) / 1e6, static_cast<double>(st.bytes_received) / 1e6,
             st.compression_ratio, ms(st.encode), ms(st.decode), ms(st.network_wait), efficiency);
-  if (!st.shares.empty() || st.rate_estimate > 0) {
-    std::string shares;
-    for (double w : st.shares) {
-      char buf[16];
-      std::snprintf(buf, sizeof(buf), "%s%.3f", shares.empty() ? "" : ",", w);
-      shares += buf;
-    }
+  if (!st.shares.empty() || st.rate_estimate > 0)
     log_write(LogLevel::kInfo, __FILE__, __LINE__,
               "rank %d: %s #%llu: owner shares %s, downlink rate estimate %.1f Mbit/s", rank_,
               st.kind.c_str(), static_cast<unsigned long long>(st.sequence),
-              shares.empty() ? "equal" : shares.c_str(), st.rate_estimate * 8 / 1e6);
-  }
+              collectives::shares_to_string(st.shares).c_str(), st.rate_estimate * 8 / 1e6);
 }
 
 OpStats CommImpl::last_op_stats() const {

@@ -175,10 +175,9 @@ class CommImpl {
   // Executor thread only: the schedule of auto all-reduces, and this rank's previous reporting
   // all-reduce (its size class, schedule and time, reported in the next one).
   collectives::SchedulePicker schedule_;
-  bool last_report_valid_ = false;
   int last_report_class_ = 0;
   collectives::Algorithm last_report_algorithm_ = collectives::Algorithm::kDefault;
-  double last_report_seconds_ = -1;
+  double last_report_seconds_ = -1;  // < 0: no reporting call yet
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank

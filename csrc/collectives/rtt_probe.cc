@@ -23,12 +23,20 @@ Status failed(const transport::Request& r, int peer, const char* what) {
                               std::to_string(peer) + ": " + s.message());
 }
 
+// What the probe's requests read and write: owned by the caller, which aborts the peers before
+// letting go of it when the probe fails.
+struct ProbeBuffers {
+  std::vector<uint64_t> ping_in, pong_in;
+  std::vector<std::vector<double>> rows;
+  std::vector<double> mine;
+  std::vector<transport::Request> sends;
+};
+
 Result<std::vector<std::vector<double>>> probe(
     const std::vector<std::unique_ptr<transport::Peer>>& peers, int rank, Deadline deadline,
-    std::vector<uint64_t>& ping_in, std::vector<uint64_t>& pong_in,
-    std::vector<std::vector<double>>& rows, std::vector<double>& mine,
-    std::vector<transport::Request>& sends) {
+    ProbeBuffers& buffers) {
   const size_t P = peers.size();
+  auto& [ping_in, pong_in, rows, mine, sends] = buffers;
   mine.assign(P, 1e9);
   mine[static_cast<size_t>(rank)] = 0;
   static const uint64_t zero = 0;
@@ -119,14 +127,11 @@ Result<std::vector<std::vector<double>>> measure_rtt_matrix(
   // its own) never will, and waiting for it until the init deadline would hide the cause.
   const Deadline probe_deadline =
       Deadline::after(std::min<Deadline::Clock::duration>(deadline.remaining(), kProbeLimit));
-  std::vector<uint64_t> ping_in, pong_in;
-  std::vector<std::vector<double>> rows;
-  std::vector<double> mine;
-  std::vector<transport::Request> sends;
-  auto rtt = probe(peers, rank, probe_deadline, ping_in, pong_in, rows, mine, sends);
+  ProbeBuffers buffers;
+  auto rtt = probe(peers, rank, probe_deadline, buffers);
   if (!rtt) {
     for (const auto& p : peers)
-      if (p) p->abort();  // no request may still reference the buffers above
+      if (p) p->abort();  // no request may still reference `buffers`
   }
   return rtt;
 }

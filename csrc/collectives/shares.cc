@@ -38,16 +38,21 @@ std::vector<Range> SharePlan::chunks(uint64_t n, int parts_count, uint64_t g) co
   return out;
 }
 
-std::string SharePlan::to_string() const {
-  if (parts.empty()) return "equal";
+std::string shares_to_string(const std::vector<double>& fractions) {
+  if (fractions.empty()) return "equal";
   std::string s;
-  for (size_t i = 0; i < parts.size(); ++i) {
+  for (double w : fractions) {
     char buf[32];
-    std::snprintf(buf, sizeof(buf), "%s%.3f", i ? "," : "",
-                  static_cast<double>(parts[i]) / kShareUnits);
+    std::snprintf(buf, sizeof(buf), "%s%.3f", s.empty() ? "" : ",", w);
     s += buf;
   }
   return s;
+}
+
+std::string SharePlan::to_string() const {
+  std::vector<double> fractions;
+  for (uint32_t p : parts) fractions.push_back(static_cast<double>(p) / kShareUnits);
+  return shares_to_string(fractions);
 }
 
 namespace {

@@ -47,12 +47,16 @@ struct SharePlan {
   std::string to_string() const;  // "0.322,0.322,0.322,0.034" or "equal"
 };
 
+// Shares as fractions ("0.333,0.333,0.333,0.000"), or "equal" for none: the plan, the stats
+// (OpStats::shares) and the bench print them alike.
+std::string shares_to_string(const std::vector<double>& fractions);
+
 // The least-finishing-time shares for rates r (bytes/s, all > 0); equal for P < 3.
 SharePlan plan_shares(const std::vector<double>& rates);
 // T(w) / E: the modelled finishing time per byte of the encoded tensor.
 double predicted_time(const SharePlan& plan, const std::vector<double>& rates);
 
-// One rank's view of the shares: its own smoothed rate and the plan every rank holds.
+// One rank's view of the shares: its own rate and the plan every rank holds.
 class SharePlanner {
  public:
   // What this rank measured during a flat all-reduce (outside [kMinRate, kMaxRate], NaN

@@ -31,7 +31,6 @@ class ArrivalMeter {
   static constexpr size_t kCapacity = 1 << 15;  // the most recent samples kept
   static constexpr uint64_t kMinBytes = 1 << 20;
 
-  void record(PaceClock::time_point at, uint64_t bytes) { record(at, at, bytes); }
   void record(PaceClock::time_point start, PaceClock::time_point end, uint64_t bytes);
   // Bytes per second over the best stretch after `since` holding at least `fraction` of the
   // bytes since then; 0 when fewer than kMinBytes crossed.
