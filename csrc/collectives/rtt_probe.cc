@@ -12,7 +12,7 @@ namespace lowcomm::collectives {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kRounds = 2;
+constexpr int kRounds = 3;  // the lowest of three: a busy host's scheduling delays drop out
 // The longest the probe may take: round trips of a few hundred milliseconds at most, and
 // peers that are all in init together.
 constexpr auto kProbeLimit = std::chrono::seconds(20);
