@@ -69,6 +69,7 @@ struct Options {
   std::string sites;                           // CommOptions::sites ("" = LOWCOMM_SITES / --wan)
   std::vector<std::string> schedules{"auto"};  // auto | flat | two-level, one table each
   std::string shares;                          // CommOptions::shares ("" = LOWCOMM_SHARES)
+  std::string intra;                           // CommOptions::intra_site ("" = LOWCOMM_INTRA_SITE)
   std::string netns;                           // namespace prefix, "" = none
   int warmup = 1;
   int iters = 5;
@@ -134,6 +135,8 @@ void usage() {
       "                           flat (default: LOWCOMM_SITES, else --wan's site= rules)\n"
       "      --shares MODE        auto | equal: owner shares of the flat all-reduce from the\n"
       "                           measured rates, or equal (default: the communicator's)\n"
+      "      --intra MODE         tcp | ucx: the transport between ranks of one site or host\n"
+      "                           (default: LOWCOMM_INTRA_SITE, else tcp)\n"
       "      --schedule LIST      auto,flat,two-level,ring: one table each (all-reduce; ring:\n"
       "                           the PCCL-style baseline, a ring over the sites in order);\n"
       "                           with flat and two-level, a summary against the bound\n"
@@ -204,6 +207,8 @@ Options parse_args(int argc, char** argv) {
       o.schedules = split(need(i), ',');
     else if (a == "--shares")
       o.shares = need(i);
+    else if (a == "--intra")
+      o.intra = need(i);
     else if (a == "-w" || a == "--warmup")
       o.warmup = std::stoi(need(i));
     else if (a == "-i" || a == "--iters")
@@ -511,6 +516,7 @@ int run_rank(const Options& o, int rank, int P) {
   co.wan = o.wan;
   co.sites = o.sites;
   co.shares = o.shares;
+  co.intra_site = o.intra;
   // Namespaces behind site links (wan_netns.sh up --sites): each rank has an address of its own,
   // so the communicator is told the sites (unless --sites or LOWCOMM_SITES says otherwise).
   std::vector<int> ns_labels;  // by rank: its netns site, or a site alone
@@ -611,12 +617,15 @@ int run_rank(const Options& o, int rank, int P) {
   if (rank == 0) {
     std::printf(
         "# lowcomm-bench: %s, %d ranks, fp32 sum, warm-up %d, iterations %d, streams %s, socket "
-        "buffers %s\n",
+        "buffers %s, inside a site %s\n",
         bench::collective_name(o.collective), P, o.warmup, o.iters,
         o.streams ? std::to_string(o.streams).c_str() : "default (adaptive)",
         o.sockbuf < 0   ? "kernel autotuning"
         : o.sockbuf > 0 ? std::to_string(o.sockbuf).c_str()
-                        : "default");
+                        : "default",
+        !o.intra.empty()                    ? o.intra.c_str()
+        : std::getenv("LOWCOMM_INTRA_SITE") ? std::getenv("LOWCOMM_INTRA_SITE")
+                                            : "tcp");
     std::printf("# link: %s\n", link.describe(o.wan, ns ? o.netns + "0.." + o.netns +
                                                               std::to_string(P - 1) + " " + ns->rate
                                                         : "")

@@ -12,6 +12,7 @@ PACKAGES=(
   libxxhash-dev
   libssl-dev                       # OpenSSL 3: HMAC authentication of transport streams
   libzstd-dev liblz4-dev           # lossless stream compression (plugins/nccl_net)
+  libucx-dev                       # UCX inside a site (optional in the build: LOWCOMM_UCX)
   iproute2 iperf3                  # scripts/wan_netns.sh: namespaces, veth, tbf; its selftest
   nftables                         # scripts/elastic_netns.sh: partitions between namespaces
   openmpi-bin libopenmpi-dev       # Open MPI 4.1 baseline (scripts/baselines/mpi_allreduce.sh)

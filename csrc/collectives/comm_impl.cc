@@ -11,6 +11,7 @@
 #include <set>
 
 #include "collectives/bootstrap.h"
+#include "collectives/intra_site.h"
 #include "collectives/op_run.h"
 #include "collectives/rtt_probe.h"
 #include "collectives/tags.h"
@@ -165,6 +166,16 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                             (options.shares.empty() ? "LOWCOMM_SHARES" : "shares option") +
                             " must be auto or equal, got '" + shares_text + "'");
 
+  const char* env_intra = std::getenv("LOWCOMM_INTRA_SITE");
+  const std::string intra_text = !options.intra_site.empty() ? options.intra_site
+                                 : env_intra                 ? env_intra
+                                                             : "";
+  if (!intra_text.empty() && intra_text != "tcp" && intra_text != "ucx")
+    return invalid_argument(
+        std::string("init: ") +
+        (options.intra_site.empty() ? "LOWCOMM_INTRA_SITE" : "intra_site option") +
+        " must be tcp or ucx, got '" + intra_text + "'");
+
   std::unique_ptr<CommImpl> c(new CommImpl());
   c->sites_ = std::move(sites);
   c->rank_ = rank;
@@ -265,6 +276,30 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                   c->sites_.sites() > 1 ? c->sites_.to_string().c_str() : "flat");
     }
   }
+  {
+    // The transport inside the site (intra_site.h): the ranks of this rank's site, else of its
+    // host.
+    collectives::IntraSiteRequest intra;
+    intra.want_ucx = intra_text == "ucx";
+    intra.sealed = cfg->seal;
+    for (int r = 0; r < nranks; ++r) {
+      intra.emulated.push_back(r != rank && c->links_[static_cast<size_t>(r)].shaped());
+      const bool together =
+          c->sites_.sites() > 1
+              ? c->sites_.site_of[static_cast<size_t>(r)] ==
+                    c->sites_.site_of[static_cast<size_t>(rank)]
+              : !hosts.empty() && hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)];
+      if (r != rank && together) intra.partners.push_back(r);
+      intra.same_host.push_back(!hosts.empty() &&
+                                hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)]);
+    }
+    auto site = collectives::connect_intra_site(c->peers_, rank, intra, deadline);
+    if (!site)
+      return Status(site.status().code(),
+                    "init rank " + std::to_string(rank) + ": " + site.status().message());
+    c->ucx_ = std::move(site.value().ucx);
+    c->over_ucx_ = std::move(site.value().over_ucx);
+  }
   if (c->sites_.sites() > 1)
     LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, c->sites_.to_string().c_str(),
                 c->sites_.two_level()
@@ -314,6 +349,7 @@ CommImpl::~CommImpl() {
   }
   for (auto& p : peers_)
     if (p) p->abort();
+  ucx_.reset();
   peers_.clear();  // closes every socket; the engine joins when the last peer lets go of it
   engine_.reset();
 }
@@ -750,6 +786,7 @@ void CommImpl::fail(const Status& why, bool notify) {
   }
   for (auto& p : peers_)
     if (p) p->abort();
+  if (ucx_) ucx_->abort(why);
 }
 
 void CommImpl::abort() {

@@ -49,6 +49,7 @@
 #include "core/deadline.h"
 #include "lowcomm/communicator.h"
 #include "transport/peer.h"
+#include "transport/ucx_site.h"
 
 namespace lowcomm {
 namespace collectives {
@@ -88,6 +89,10 @@ class CommImpl {
 
   // --- for OpRun, on the executor thread ---
   transport::Peer& peer(int r) { return *peers_[r]; }
+  // Whether collective payloads to/from rank r travel over UCX (intra_site.h), and the UCX
+  // transport when any do.
+  bool over_ucx(int r) const { return ucx_ && over_ucx_[static_cast<size_t>(r)]; }
+  transport::UcxSite& ucx() { return *ucx_; }
   collectives::ErrorFeedbackStore& ef() { return ef_; }
   const collectives::SitePlan& sites() const { return sites_; }
   // The owner shares of flat all-reduces (shares.h): the plan the running operation's
@@ -181,6 +186,8 @@ class CommImpl {
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank
+  std::unique_ptr<transport::UcxSite> ucx_;              // null: every peer on TCP
+  std::vector<char> over_ucx_;                           // by rank
   collectives::ErrorFeedbackStore ef_;
   collectives::ScratchPool scratch_pool_;  // executor thread only
 

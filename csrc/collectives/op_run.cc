@@ -51,16 +51,30 @@ transport::Request OpRun::isend(int peer, uint64_t tag, const void* data, uint64
   return isend_wire(peer, tag, data, len);
 }
 
+// Collective payloads to a rank of this site travel over UCX where the pair agreed on it
+// (intra_site.h); everything else over the peer's TCP streams. A UCX message has no chunk
+// headers: it counts its length.
 transport::Request OpRun::isend_wire(int peer, uint64_t tag, const void* data, uint64_t len) {
-  counters_.wire[static_cast<size_t>(peer)].sent += wire_bytes(len, comm_.chunk_bytes());
-  issued_.push_back(comm_.peer(peer).isend(tag, data, len));
+  if (comm_.over_ucx(peer) && tags::is_payload(tag)) {
+    counters_.wire[static_cast<size_t>(peer)].sent += len;
+    counters_.ucx_sent += len;
+    issued_.push_back(comm_.ucx().isend(peer, tags::payload_bits(tag), data, len));
+  } else {
+    counters_.wire[static_cast<size_t>(peer)].sent += wire_bytes(len, comm_.chunk_bytes());
+    issued_.push_back(comm_.peer(peer).isend(tag, data, len));
+  }
   issued_peer_.push_back(peer);
   return issued_.back();
 }
 
 transport::Request OpRun::irecv(int peer, uint64_t tag, void* data, uint64_t len) {
-  counters_.wire[static_cast<size_t>(peer)].received += wire_bytes(len, comm_.chunk_bytes());
-  issued_.push_back(comm_.peer(peer).irecv(tag, data, len));
+  if (comm_.over_ucx(peer) && tags::is_payload(tag)) {
+    counters_.wire[static_cast<size_t>(peer)].received += len;
+    issued_.push_back(comm_.ucx().irecv(peer, tags::payload_bits(tag), data, len));
+  } else {
+    counters_.wire[static_cast<size_t>(peer)].received += wire_bytes(len, comm_.chunk_bytes());
+    issued_.push_back(comm_.peer(peer).irecv(tag, data, len));
+  }
   issued_peer_.push_back(peer);
   return issued_.back();
 }

@@ -74,6 +74,7 @@ OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::dur
   }
   s.payload_bytes_sent = c.payload_sent;
   s.uncompressed_bytes_sent = c.uncompressed_sent;
+  s.ucx_bytes_sent = c.ucx_sent;
   s.compression_ratio = c.payload_sent > 0 ? static_cast<double>(c.uncompressed_sent) /
                                                  static_cast<double>(c.payload_sent)
                                            : 1.0;

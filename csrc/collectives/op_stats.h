@@ -23,6 +23,7 @@ struct OpCounters {
   std::vector<Peer> wire;  // by rank
   uint64_t payload_sent = 0;
   uint64_t uncompressed_sent = 0;
+  uint64_t ucx_sent = 0;  // of the bytes sent, those handed to UCX (intra_site.h)
   StatsClock::duration encode{};
   StatsClock::duration decode{};
   StatsClock::duration wait{};

@@ -25,6 +25,9 @@ inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
 inline constexpr uint64_t kRttPing = 7;
 inline constexpr uint64_t kRttPong = 8;
 inline constexpr uint64_t kRttRow = 9;
+// Init, between ranks of one site: each one's UCX worker address, or nothing
+// (transport/ucx_site.h).
+inline constexpr uint64_t kUcxAddress = 10;
 // Payload channels (only inside payload()).
 inline constexpr uint64_t kReduce = 4;   // contributions to an owner chunk
 inline constexpr uint64_t kGather = 5;   // owners' results, all-gather blocks, broadcast relay
@@ -33,6 +36,14 @@ inline constexpr uint64_t kScatter = 6;  // broadcast: root to each relay
 // Bit 61, the shape hash's low 16 bits in bits 4..19, the channel in bits 0..3.
 inline uint64_t payload(uint64_t channel, uint64_t shape_hash) {
   return (uint64_t{1} << 61) | ((shape_hash & 0xFFFFu) << 4) | channel;
+}
+
+// Whether `tag` is a payload tag, and its 20 bits below bit 61 (what a UCX tag carries).
+inline bool is_payload(uint64_t tag) {
+  return (tag >> 20) == (uint64_t{1} << 41);
+}
+inline uint64_t payload_bits(uint64_t tag) {
+  return tag & 0xFFFFFu;
 }
 
 // Point-to-point: user tag t (< 2^60) uses these two transport tags (bit 62; never bit 61).

@@ -95,6 +95,15 @@ struct CommOptions {
   // an emulated WAN is set (LOWCOMM_WAN), equal otherwise (on one host the rates measure the
   // CPU, not a link). Every rank must pass the same.
   std::string shares;
+  // The transport between ranks of one site (the same host, or a site of `sites`): "tcp"
+  // (lowcomm's own streams, authenticated and optionally sealed), or "ucx" (UCX: shared memory
+  // on one host, TCP or RDMA between hosts; every message still checked by XXH3-128, but UCX
+  // authenticates nothing, so use it inside a trusted site; never with `encrypt`). "":
+  // LOWCOMM_INTRA_SITE, else tcp. A pair of ranks uses UCX only where both ask for it and both
+  // have it (a build without UCX, or UCX failing to start, keeps TCP and says so at INFO);
+  // links of an emulated WAN stay on TCP. Collective payloads travel over it; descriptors,
+  // control and point-to-point messages stay on TCP.
+  std::string intra_site;
   // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
   // else 30 minutes.
   std::chrono::milliseconds timeout{0};
@@ -215,6 +224,9 @@ struct OpStats {
   uint64_t bytes_sent = 0;          // on the wire, to all peers
   uint64_t bytes_received = 0;      // on the wire, from all peers
   uint64_t payload_bytes_sent = 0;  // bytes_sent less chunk headers and descriptors
+  // Of payload_bytes_sent, what went to ranks of this site over UCX (CommOptions::intra_site;
+  // a UCX message is counted in bytes_sent by its length, without chunk headers).
+  uint64_t ucx_bytes_sent = 0;
   // The payload the same operation sends uncompressed (its dtype's bytes, same schedule).
   uint64_t uncompressed_bytes_sent = 0;
   // uncompressed_bytes_sent / payload_bytes_sent: 1 for uncompressed operations and for

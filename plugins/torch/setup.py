@@ -4,7 +4,8 @@ environment and the lowcomm core of this repository, offline:
     pip install --no-build-isolation ./plugins/torch
 
 The core is configured and built with CMake into build/core (static, no tests, no CUDA) and
-linked into the extension; OpenSSL's libcrypto and xxHash come from the system. With
+linked into the extension; OpenSSL's libcrypto and xxHash come from the system, and UCX's
+libraries where the core was built with UCX (its lowcomm.pc requires ucx). With
 LOWCOMM_CORE_BUILD=<a build directory of this repository> the liblowcomm.a already built there
 is linked instead (scripts/test.sh uses its Release build; the extension calls no CUDA code, so
 a CUDA-enabled archive links the same).
@@ -47,8 +48,12 @@ class BuildWithCore(BuildExtension):
 
     def run(self):
         lib = build_core()
+        # A core built with UCX (the transport inside a site) needs UCX's libraries too.
+        pc = (CORE / "lowcomm.pc").read_text() if (CORE / "lowcomm.pc").exists() else ""
+        ucx = [] if "ucx" not in pc else ["ucp", "uct", "ucs", "ucm"]
         for ext in self.extensions:
             ext.extra_objects = [str(lib)]
+            ext.libraries = ext.libraries + [l for l in ucx if l not in ext.libraries]
         super().run()
 
 

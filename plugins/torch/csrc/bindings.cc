@@ -63,6 +63,7 @@ PYBIND11_MODULE(_C, m) {
         d["bytes_received"] = s.bytes_received;
         d["payload_bytes_sent"] = s.payload_bytes_sent;
         d["uncompressed_bytes_sent"] = s.uncompressed_bytes_sent;
+        d["ucx_bytes_sent"] = s.ucx_bytes_sent;  // CommOptions::intra_site
         d["compression_ratio"] = s.compression_ratio;
         auto secs = [](std::chrono::nanoseconds ns) {
           return std::chrono::duration<double>(ns).count();

@@ -1,0 +1,75 @@
+#pragma once
+// UcxSite: the second transport, for ranks of one site. One UCP context and worker per
+// communicator (ucp_init, ucp_worker_create), an endpoint per partner created from the address
+// blob the partner sent over lowcomm's own authenticated TCP connection, and tagged messages
+// with the same contract as Peer's (peer.h): the k-th isend to a rank on a tag meets that rank's
+// k-th irecv on it, lengths must match exactly, failures stick. UCX picks the path: shared
+// memory (and cross-memory attach for large messages) on one host, TCP or RDMA between hosts.
+//
+//   auto site = UcxSite::create(rank);              // unavailable: built without UCX
+//   send site->address() to each partner, receive theirs; site->connect(r, theirs);
+//   Request q = site->irecv(r, tag, out, len);      // tag < kMaxTag
+//   Request s = site->isend(r, tag, in, len);
+//
+// Integrity, per partner (connect's `checked`): every message is followed by its XXH3-128 (a
+// 16-byte message on the same tag with bit 63 set); the receiver hashes what arrived and fails
+// the request on a mismatch, as the TCP transport checks every chunk. The communicator checks
+// partners on other hosts (their bytes cross a wire: UCX's TCP has only TCP's 16-bit checksum)
+// and not those on its own host (shared memory and cross-memory attach cross no wire, and the
+// two extra passes over the data would cost a quarter of the time). UCX authenticates nothing:
+// whoever can reach a worker's address can connect to it, so the communicator uses UCX only when
+// asked (a site is a trusted network) and never with sealed streams (LOWCOMM_ENCRYPT).
+//
+// Tags on the wire: (source rank << 24) | tag, received with a full mask, so a message matches
+// only a receive for its sender and tag.
+//
+// Threads: one progress thread ("lc-ucx-r<rank>") owns the worker; isend/irecv hand their
+// operations to it in call order (a queue and ucp_worker_signal) and may be called from any
+// thread. It sleeps in epoll on the worker's event fd when there is nothing to progress.
+// abort() fails every outstanding and later request and returns once no user buffer is
+// referenced (endpoints closed by force, receives cancelled). A partner's failure reported by
+// UCX (its error handler) fails that partner's requests. The destructor aborts.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "lowcomm/status.h"
+#include "transport/request.h"
+
+namespace lowcomm::transport {
+
+class UcxSite {
+ public:
+  static constexpr uint64_t kMaxTag = (uint64_t{1} << 24) - 1;
+
+  // Whether this build has UCX at all.
+  static bool built_with_ucx();
+  // The context, the worker and its progress thread; kUnsupported without UCX, kSystem when UCX
+  // fails to start (the message says why).
+  static Result<std::unique_ptr<UcxSite>> create(int rank);
+  ~UcxSite();
+  UcxSite(const UcxSite&) = delete;
+  UcxSite& operator=(const UcxSite&) = delete;
+
+  // This worker's address, to send to the partners.
+  const std::string& address() const;
+  // An endpoint to `rank` from the address it sent, before any isend/irecv with it; `checked`:
+  // messages carry their digest (both sides must say the same).
+  Status connect(int rank, const std::string& address, bool checked);
+  bool connected(int rank) const;
+
+  Request isend(int rank, uint64_t tag, const void* data, uint64_t len);
+  Request irecv(int rank, uint64_t tag, void* data, uint64_t len);
+
+  // Fails everything outstanding and later with `why` (kAborted when empty); returns once no
+  // user buffer is referenced. Idempotent.
+  void abort(const Status& why = Status());
+
+ private:
+  struct Impl;
+  explicit UcxSite(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lowcomm::transport
