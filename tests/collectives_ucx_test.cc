@@ -1,8 +1,8 @@
 // Collectives with UCX inside the site (CommOptions::intra_site, collectives/intra_site.h):
 // the same bits as over TCP for every collective and both all-reduce schedules, payload really
 // on UCX (OpStats::ucx_bytes_sent), with digests across hosts (ranks on their own loopback
-// addresses) and without on one host; ranks that disagree fall back pairwise; a killed rank
-// fails the others; a bad setting is refused.
+// addresses) and without on one host; ranks that disagree fall back pairwise, as does UCX that
+// fails to start; a killed rank fails the others; a bad setting is refused.
 
 #include <cstdlib>
 #include <thread>
@@ -158,6 +158,27 @@ TEST(CollectivesUcx, SealedStreamsKeepTcp) {
     return x[7] == 2.0f ? "ok" : "wrong sum";
   });
   expect_all_ok(res);
+}
+
+TEST(CollectivesUcx, UcxMissingOrFailingToStartFallsBackToTcp) {
+  // Built without UCX, or asked for a transport UCX does not have (ucp_init fails): every rank
+  // says so and keeps TCP.
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    ::setenv("UCX_TLS", "no_such_transport", 1);
+    std::string out = collectives(rank, id, 3, "ucx", "flat", false);
+    if (out.rfind("ok 0 ", 0) != 0) return "expected no UCX bytes: " + out;
+    return out;
+  });
+  auto tcp = run_ranks(3, [](int rank, const UniqueId& id) {
+    return collectives(rank, id, 3, "tcp", "flat", false);
+  });
+  expect_all_ok(res);
+  expect_all_ok(tcp);
+  for (int r = 0; r < 3; ++r) {
+    if (res[r].ok() && tcp[r].ok()) {
+      EXPECT_EQ(hashes_of(res[r].text), hashes_of(tcp[r].text));
+    }
+  }
 }
 
 TEST(CollectivesUcx, KilledRankFailsTheOthersNamingIt) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "transport/ucx_site.h"
@@ -171,6 +172,23 @@ TEST(TransportUcx, AbortFailsOutstandingAndLaterRequestsAndReleasesBuffers) {
   Request later = p.b->isend(0, 1, out.data(), 8);
   EXPECT_EQ(later.wait(Deadline::after_seconds(5)).code(), StatusCode::kAborted);
   p.b->abort();  // idempotent
+}
+
+TEST(TransportUcx, ConcurrentAbortsAllReturnWithTheBuffersFree) {
+  SKIP_WITHOUT_UCX();
+  Pair p = connected_pair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> in(4 << 20);
+  std::vector<Request> recvs;
+  for (uint64_t t = 0; t < 8; ++t) recvs.push_back(p.a->irecv(1, t, in.data(), in.size()));
+  // An executor failing and a user aborting at once: each returns only once nothing is in use.
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { p.a->abort(); });
+  for (auto& t : threads) t.join();
+  for (auto& r : recvs) {
+    ASSERT_TRUE(r.test());
+    EXPECT_EQ(r.status().code(), StatusCode::kAborted);
+  }
 }
 
 TEST(TransportUcx, UnconnectedRankAndOutOfRangeTagFailClearly) {

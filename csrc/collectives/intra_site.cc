@@ -25,8 +25,13 @@ Result<IntraSite> connect_intra_site(std::vector<std::unique_ptr<transport::Peer
       why_not = site.status().message();
     }
   }
+  if (out.ucx && out.ucx->address().size() > kMaxAddressBytes) {
+    why_not = "its worker address is " + std::to_string(out.ucx->address().size()) +
+              " bytes, more than the " + std::to_string(kMaxAddressBytes) + " a peer takes";
+    out.ucx.reset();
+  }
   if (req.want_ucx && !out.ucx)
-    LOWCOMM_LOG(kInfo, "rank %d: UCX asked for inside the site, TCP instead: %s", rank,
+    LOWCOMM_LOG(kWarn, "rank %d: UCX asked for inside the site, TCP instead: %s", rank,
                 why_not.c_str());
 
   const size_t P = peers.size();
@@ -43,10 +48,21 @@ Result<IntraSite> connect_intra_site(std::vector<std::unique_ptr<transport::Peer
     sends[r] = peers[r]->isend(tags::kUcxAddress, offer ? out.ucx->address().data() : &kNone,
                                offer ? out.ucx->address().size() : 0);
   }
+  // Every request finished before anything returns: a failure aborts every peer (the mesh is
+  // lost anyway), so no transfer outlives `theirs` or the worker's address.
+  Status failed;
+  for (size_t r = 0; r < P && failed.is_ok(); ++r) {
+    if (static_cast<int>(r) == rank) continue;
+    failed = sends[r].wait(deadline);
+    if (failed.is_ok()) failed = recvs[r].wait(deadline);
+  }
+  if (!failed.is_ok()) {
+    for (auto& p : peers)
+      if (p) p->abort();
+    return failed;
+  }
   for (size_t r = 0; r < P; ++r) {
     if (static_cast<int>(r) == rank) continue;
-    LOWCOMM_CHECK(sends[r].wait(deadline));
-    LOWCOMM_CHECK(recvs[r].wait(deadline));
     theirs[r].resize(recvs[r].received_bytes());
     const bool offered = out.ucx && partner[r] && !req.emulated[r];
     if (!offered || theirs[r].empty()) continue;

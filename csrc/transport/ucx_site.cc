@@ -12,7 +12,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -29,6 +31,8 @@ namespace {
 constexpr uint64_t kDigestBit = uint64_t{1} << 63;
 constexpr int kRankShift = 24;
 constexpr size_t kDigestBytes = 16;
+constexpr int kProgressBurst = 64;  // worker progress calls between looks at the queue
+constexpr auto kAbortWait = std::chrono::seconds(5);
 
 Status ucx_error(const std::string& what, ucs_status_t s) {
   return Status(StatusCode::kSystem, what + ": " + ucs_status_string(s));
@@ -52,6 +56,7 @@ struct UcxSite::Impl {
     Op* op = nullptr;
     int index = 0;
     void* request = nullptr;  // in flight; null once done
+    bool done = false;        // its callback ran (possibly inside the _nbx call itself)
   };
   struct Op {
     enum Kind { kSend, kRecv, kConnect, kAbort } kind = kSend;
@@ -65,10 +70,12 @@ struct UcxSite::Impl {
     std::array<Half, 2> half;
     int pending = 0;
     uint64_t received = 0;
-    Status error;         // the first half's failure
-    std::string address;  // kConnect
-    bool checked = true;  // kConnect
-    Status abort_why;     // kAbort
+    uint64_t ticket = 0;     // kAbort
+    bool abandoned = false;  // abort gave up waiting for it (see let_go())
+    Status error;            // the first half's failure
+    std::string address;     // kConnect
+    bool checked = true;     // kConnect
+    Status abort_why;        // kAbort
   };
   struct Partner {
     ucp_ep_h ep = nullptr;
@@ -85,17 +92,19 @@ struct UcxSite::Impl {
   int wake_fd = -1;  // eventfd: a queued operation
   std::thread thread;
 
-  std::mutex mu;  // guards queue, stop, aborted_done, connected_ranks
+  std::mutex mu;  // guards queue, stop, abort_asked, abort_done
   std::condition_variable cv;
   std::deque<std::unique_ptr<Op>> queue;
   bool stop = false;
-  bool abort_done = false;
-  std::vector<int> connected_ranks;
+  uint64_t abort_asked = 0;  // aborts posted (tickets)
+  uint64_t abort_done = 0;   // the highest ticket whose abort has let go of every buffer
 
   // Progress thread only.
   std::map<int, Partner> partners;
-  Status aborted;  // set by kAbort: every partner failed, every later operation fails
-  bool aborting = false;
+  Status aborted;         // set by kAbort: every partner failed, every later operation fails
+  uint64_t aborting = 0;  // the highest abort ticket issued and not yet done; 0: none
+  std::chrono::steady_clock::time_point abort_since;
+  bool arm_failed = false;                    // ucp_worker_arm failed once: poll on a short timeout
   std::vector<std::unique_ptr<Op>> finished;  // freed at the end of the turn
   std::vector<void*> closing;                 // ucp_ep_close_nbx requests in flight
   std::vector<int> to_settle;                 // failed partners to cancel and close
@@ -137,32 +146,38 @@ struct UcxSite::Impl {
       }
       for (auto& op : batch) issue(std::move(op));
       settle();
+      // Bounded, so that queued operations (an abort among them) are not starved by traffic.
       int progressed = 0;
-      while (ucp_worker_progress(worker) != 0) ++progressed;
-      settle();
+      while (progressed < kProgressBurst && ucp_worker_progress(worker) != 0) ++progressed;
+      const bool settled = settle();
       reap_closing();
       finished.clear();
-      if (aborting && idle()) {
-        aborting = false;
+      if (aborting != 0 && (idle() || let_go())) {
         std::lock_guard<std::mutex> lock(mu);
-        abort_done = true;
+        abort_done = std::max(abort_done, aborting);
+        aborting = 0;
         cv.notify_all();
       }
-      if (stopping && idle()) return;
-      if (progressed > 0) continue;
+      if (stopping && (idle() || let_go())) return;
+      if (progressed > 0 || settled) continue;
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!queue.empty() || stop != stopping) continue;
       }
       const ucs_status_t armed = ucp_worker_arm(worker);
       if (armed == UCS_ERR_BUSY) continue;
+      if (armed != UCS_OK && !arm_failed) {
+        arm_failed = true;
+        LOWCOMM_LOG(kWarn, "UCX rank %d: ucp_worker_arm: %s (polling every millisecond instead)",
+                    rank, ucs_status_string(armed));
+      }
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!queue.empty()) continue;
       }
       // Sleep until the worker or a caller has news; a bound, so a lost wake-up costs little.
       const int n = ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()),
-                                 aborting || !closing.empty() ? 1 : 200);
+                                 aborting != 0 || !closing.empty() || arm_failed ? 1 : 200);
       for (int i = 0; i < n; ++i)
         if (events[static_cast<size_t>(i)].data.fd == wake_fd) {
           uint64_t count;
@@ -174,8 +189,32 @@ struct UcxSite::Impl {
   bool idle() const {
     if (!closing.empty() || !to_settle.empty()) return false;
     for (const auto& [r, p] : partners)
-      if (!p.ops.empty()) return false;
+      for (const auto& [op, owned] : p.ops)
+        if (!op->abandoned) return false;
     return true;
+  }
+
+  // An abort (or the destructor) that has waited kAbortWait for operations UCX will not finish:
+  // a receive already matched to a message whose sender died mid-way is neither cancellable
+  // (ucp_request_cancel takes only unmatched receives) nor purged by closing the endpoint. Their
+  // requests fail now, loudly, so nobody hangs; they stay registered (UCX still holds their
+  // Halves), and their buffers may still be written if the rest of that message ever arrives.
+  bool let_go() {
+    if (std::chrono::steady_clock::now() - abort_since < kAbortWait) return false;
+    int n = 0;
+    for (auto& [r, p] : partners)
+      for (auto& [op, owned] : p.ops)
+        if (!op->abandoned) {
+          op->abandoned = true;
+          op->state->complete(aborted);
+          ++n;
+        }
+    if (n > 0)
+      LOWCOMM_LOG(kWarn,
+                  "UCX rank %d: %d operation(s) still in UCX %.0f s after the abort: failed "
+                  "without waiting for them (their buffers may still be written)",
+                  rank, n, std::chrono::duration<double>(kAbortWait).count());
+    return closing.empty() && to_settle.empty();
   }
 
   void issue(std::unique_ptr<Op> op) {
@@ -183,8 +222,9 @@ struct UcxSite::Impl {
       case Op::kConnect:
         return connect_now(std::move(op));
       case Op::kAbort:
-        aborted = op->abort_why;
-        aborting = true;
+        if (aborted.is_ok()) aborted = op->abort_why;
+        if (aborting == 0) abort_since = std::chrono::steady_clock::now();
+        aborting = std::max(aborting, op->ticket);
         for (auto& [r, p] : partners) fail_partner(r, aborted);
         op->state->complete(Status());
         return;
@@ -235,7 +275,7 @@ struct UcxSite::Impl {
     ucs_status_ptr_t r = ucp_tag_send_nbx(p.ep, data, len, tag, &param);
     if (r == nullptr) return half_done(h, UCS_OK, len);
     if (UCS_PTR_IS_ERR(r)) return half_done(h, UCS_PTR_STATUS(r), 0);
-    h.request = r;
+    if (!h.done) h.request = r;  // else the callback ran (and freed it) inside the call
   }
 
   void start_recv(Half& h, void* data, uint64_t len, uint64_t tag) {
@@ -249,7 +289,9 @@ struct UcxSite::Impl {
     ucs_status_ptr_t r = ucp_tag_recv_nbx(worker, data, len, tag, ~uint64_t{0}, &param);
     if (r == nullptr) return half_done(h, UCS_ERR_NO_MESSAGE, 0);  // not promised by UCX
     if (UCS_PTR_IS_ERR(r)) return half_done(h, UCS_PTR_STATUS(r), 0);
-    h.request = r;
+    // A message already here completes the receive inside the call: UCX runs the callback (which
+    // frees the request) and still returns the pointer.
+    if (!h.done) h.request = r;
   }
 
   static void on_send(void* request, ucs_status_t status, void* user_data) {
@@ -270,6 +312,7 @@ struct UcxSite::Impl {
   void half_done(Half& h, ucs_status_t status, uint64_t length) {
     Op* op = h.op;
     h.request = nullptr;
+    h.done = true;
     if (status != UCS_OK && op->error.is_ok()) {
       const char* dir = op->kind == Op::kSend ? "send" : "receive";
       if (status == UCS_ERR_MESSAGE_TRUNCATED) {
@@ -331,7 +374,9 @@ struct UcxSite::Impl {
     to_settle.push_back(r);
   }
 
-  void settle() {
+  // Whether it did anything.
+  bool settle() {
+    const bool any = !to_settle.empty();
     while (!to_settle.empty()) {
       Partner& p = partner(to_settle.back());
       to_settle.pop_back();
@@ -343,6 +388,7 @@ struct UcxSite::Impl {
       for (void* req : cancel) ucp_request_cancel(worker, req);
       close_endpoint(p);
     }
+    return any;
   }
 
   void close_endpoint(Partner& p) {
@@ -382,10 +428,13 @@ struct UcxSite::Impl {
       op->state->complete(aborted);
       return;
     }
-    if (partners.count(op->rank)) {
+    if (partners.count(op->rank) != 0) {
       op->state->complete(internal_error(who(op->rank) + ": connected twice"));
       return;
     }
+    // The partner exists before its endpoint: UCX may call the error handler at any time after.
+    Partner& p = partners[op->rank];
+    p.checked = op->checked;
     auto ctx = std::make_unique<std::pair<Impl*, int>>(this, op->rank);
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -397,17 +446,12 @@ struct UcxSite::Impl {
     ucp_ep_h ep = nullptr;
     const ucs_status_t s = ucp_ep_create(worker, &params, &ep);
     if (s != UCS_OK) {
+      partners.erase(op->rank);
       op->state->complete(ucx_error(who(op->rank) + ": ucp_ep_create", s));
       return;
     }
-    Partner& p = partners[op->rank];
     p.ep = ep;
-    p.checked = op->checked;
     error_args.push_back(std::move(ctx));
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      connected_ranks.push_back(op->rank);
-    }
     op->state->complete(Status());
   }
   std::vector<std::unique_ptr<std::pair<Impl*, int>>> error_args;
@@ -433,7 +477,9 @@ Result<std::unique_ptr<UcxSite>> UcxSite::create(int rank) {
   if (s != UCS_OK) return ucx_error("UCX: ucp_init", s);
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+  // Serialized: created here, driven by the progress thread, destroyed by the destructor's
+  // thread, never two at once (UCP adds no locks for it).
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   s = ucp_worker_create(impl->context, &wp, &impl->worker);
   if (s != UCS_OK) return ucx_error("UCX: ucp_worker_create", s);
   ucp_address_t* addr = nullptr;
@@ -493,13 +539,6 @@ Status UcxSite::connect(int rank, const std::string& address, bool checked) {
   return state->wait(Deadline::none());
 }
 
-bool UcxSite::connected(int rank) const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  for (int r : impl_->connected_ranks)
-    if (r == rank) return true;
-  return false;
-}
-
 Request UcxSite::isend(int rank, uint64_t tag, const void* data, uint64_t len) {
   auto state = std::make_shared<RequestState>();
   if (tag > kMaxTag) {
@@ -543,15 +582,15 @@ void UcxSite::abort(const Status& why) {
   op->abort_why = why.is_ok() ? Status(StatusCode::kAborted,
                                        "UCX rank " + std::to_string(impl_->rank) + ": aborted")
                               : why;
-  auto state = std::make_shared<RequestState>();
-  op->state = state;
+  op->state = std::make_shared<RequestState>();
+  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->abort_done = false;
+    ticket = op->ticket = ++impl_->abort_asked;
   }
   impl_->post(std::move(op));
   std::unique_lock<std::mutex> lock(impl_->mu);
-  impl_->cv.wait(lock, [&] { return impl_->abort_done; });
+  impl_->cv.wait(lock, [&] { return impl_->abort_done >= ticket; });
 }
 
 }  // namespace lowcomm::transport

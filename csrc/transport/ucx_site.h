@@ -24,10 +24,12 @@
 // only a receive for its sender and tag.
 //
 // Threads: one progress thread ("lc-ucx-r<rank>") owns the worker; isend/irecv hand their
-// operations to it in call order (a queue and ucp_worker_signal) and may be called from any
-// thread. It sleeps in epoll on the worker's event fd when there is nothing to progress.
+// operations to it in call order (a queue and an eventfd) and may be called from any thread. It
+// sleeps in epoll on the worker's event fd and the eventfd when there is nothing to progress.
 // abort() fails every outstanding and later request and returns once no user buffer is
-// referenced (endpoints closed by force, receives cancelled). A partner's failure reported by
+// referenced (endpoints closed by force, receives cancelled), or after 5 s with a warning for
+// operations UCX will not finish (a receive already matched to a message whose sender died
+// mid-way: UCX can neither cancel nor purge it). A partner's failure reported by
 // UCX (its error handler) fails that partner's requests. The destructor aborts.
 
 #include <cstdint>
@@ -57,7 +59,6 @@ class UcxSite {
   // An endpoint to `rank` from the address it sent, before any isend/irecv with it; `checked`:
   // messages carry their digest (both sides must say the same).
   Status connect(int rank, const std::string& address, bool checked);
-  bool connected(int rank) const;
 
   Request isend(int rank, uint64_t tag, const void* data, uint64_t len);
   Request irecv(int rank, uint64_t tag, void* data, uint64_t len);

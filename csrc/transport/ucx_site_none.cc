@@ -26,9 +26,6 @@ const std::string& UcxSite::address() const {
 Status UcxSite::connect(int, const std::string&, bool) {
   return unsupported("built without UCX");
 }
-bool UcxSite::connected(int) const {
-  return false;
-}
 Request UcxSite::isend(int, uint64_t, const void*, uint64_t) {
   auto s = std::make_shared<RequestState>();
   s->complete(unsupported("built without UCX"));
