@@ -127,6 +127,24 @@ struct UcxSite::Impl {
     }
     wake();
   }
+  // isend/irecv on the caller's thread: the operation, queued for the progress thread.
+  Request transfer(Op::Kind kind, int r, uint64_t tag, void* data, uint64_t len) {
+    auto state = std::make_shared<RequestState>();
+    if (tag > kMaxTag) {
+      state->complete(internal_error("UCX: tag " + std::to_string(tag) + " out of range"));
+      return Request(state);
+    }
+    auto op = std::make_unique<Op>();
+    op->kind = kind;
+    op->owner = this;
+    op->rank = r;
+    op->tag = tag;
+    op->data = data;
+    op->len = len;
+    op->state = state;
+    post(std::move(op));
+    return Request(state);
+  }
   void wake() const {
     const uint64_t one = 1;
     (void)!::write(wake_fd, &one, sizeof one);
@@ -540,39 +558,11 @@ Status UcxSite::connect(int rank, const std::string& address, bool checked) {
 }
 
 Request UcxSite::isend(int rank, uint64_t tag, const void* data, uint64_t len) {
-  auto state = std::make_shared<RequestState>();
-  if (tag > kMaxTag) {
-    state->complete(internal_error("UCX: tag " + std::to_string(tag) + " out of range"));
-    return Request(state);
-  }
-  auto op = std::make_unique<Impl::Op>();
-  op->kind = Impl::Op::kSend;
-  op->owner = impl_.get();
-  op->rank = rank;
-  op->tag = tag;
-  op->data = const_cast<void*>(data);
-  op->len = len;
-  op->state = state;
-  impl_->post(std::move(op));
-  return Request(state);
+  return impl_->transfer(Impl::Op::kSend, rank, tag, const_cast<void*>(data), len);
 }
 
 Request UcxSite::irecv(int rank, uint64_t tag, void* data, uint64_t len) {
-  auto state = std::make_shared<RequestState>();
-  if (tag > kMaxTag) {
-    state->complete(internal_error("UCX: tag " + std::to_string(tag) + " out of range"));
-    return Request(state);
-  }
-  auto op = std::make_unique<Impl::Op>();
-  op->kind = Impl::Op::kRecv;
-  op->owner = impl_.get();
-  op->rank = rank;
-  op->tag = tag;
-  op->data = data;
-  op->len = len;
-  op->state = state;
-  impl_->post(std::move(op));
-  return Request(state);
+  return impl_->transfer(Impl::Op::kRecv, rank, tag, data, len);
 }
 
 void UcxSite::abort(const Status& why) {
