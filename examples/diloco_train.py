@@ -135,7 +135,10 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--H", type=int, default=50, help="inner steps per outer step")
     ap.add_argument("--outer-steps", type=int, default=12)
-    ap.add_argument("--overlap", action="store_true", help="delayed outer update (overlap)")
+    ap.add_argument("--overlap", nargs="?", const="eager", default=False,
+                    choices=("eager", "delayed"),
+                    help="overlap the outer all-reduce with the next round: eager (the default "
+                         "with --overlap) or delayed (the naive one-round delay)")
     ap.add_argument("--fragments", type=int, default=1)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
@@ -163,7 +166,7 @@ def main():
                   f"sent per worker per outer step, wall {r['wall_s']:.1f} s, compute "
                   f"utilisation {100 * r['utilisation']:.1f}% ({r['params']} parameters, "
                   f"{args.workers} workers, H {args.H}, {args.outer_steps} outer steps"
-                  f"{', overlap' if args.overlap else ''})", flush=True)
+                  f"{', overlap ' + args.overlap if args.overlap else ''})", flush=True)
     plot.write_results(args.out, "diloco", args, results)
 
 

@@ -15,10 +15,16 @@ steps, Δ = θ_start − θ (θ_start: where this round began) is averaged over 
 with optional error feedback), the outer optimizer (SGD, lr 0.7, momentum 0.9, Nesterov by
 default) steps θ_g with Δ̄ as its gradient, and θ ← θ_g.
 
-overlap=True (the one-step-delayed outer update of Streaming DiLoCo with full overlap): the
-average of round t is computed while round t+1 trains; at the end of round t+1 it is applied to
-θ_g, and θ ← θ_g − Δ_{t+1}: each worker continues from the newest global parameters plus its
-own progress that is still on the wire. The link then has H inner steps to move a round.
+overlap: the average of round t travels while round t+1 trains, so the link has H inner steps
+to move a round. overlap=True or "eager" (Kale, Douillard, Donchev 2025, "Eager Updates for
+Overlapped Communication and Computation in DiLoCo"): at the end of round t each worker feeds
+its outer optimizer, where the average would go, Δ̄(t−1) + (Δ_m(t) − Δ_m(t−1))/M — the others'
+contributions of the previous round and its own of this one (its own as it entered the
+reduction: decoded), then θ ← θ_g. The outer states then differ by the local term; finish()
+applies the last average and makes every rank's θ_g their exact average, so the replicas end
+identical. overlap="delayed": the naive one-round delay, for comparison: at the end of round
+t+1 the average of round t is applied to θ_g, and θ ← θ_g − Δ_{t+1} (the newest global
+parameters plus this worker's own progress still on the wire).
 
 fragments=F (Streaming DiLoCo): the parameters, in order, are cut into F fragments of about
 equal size; fragment f synchronises at steps (f+1)·H/F + kH, so at most 1/F of the model is on
@@ -74,7 +80,8 @@ class DiLoCo:
       (θ ← θ_g − error), so the next pseudo-gradient carries it without the inner steps
       redoing it (docs/training.md compares them). error_feedback_decay: scale the kept error
       by this factor (the residual then lives here, not in lowcomm's store).
-    overlap: average round t while round t+1 trains (delayed outer update).
+    overlap: average round t while round t+1 trains: True or "eager" (the eager update), or
+      "delayed" (the naive one-round delay); False: no overlap.
     fragments: synchronise F slices of the parameters at staggered steps.
     """
 
@@ -98,13 +105,24 @@ class DiLoCo:
         self.error_feedback = bool(error_feedback)
         self.owner_error_feedback = error_feedback == "both"
         self.local_error_feedback = error_feedback == "local"
+        if overlap not in (False, True, None, "eager", "delayed"):
+            raise ValueError(f"lowcomm.diloco: overlap must be False, True (= 'eager'), 'eager' "
+                             f"or 'delayed', got {overlap!r}")
+        self.overlap_mode = "eager" if overlap is True else (overlap or "")
         if self.local_error_feedback and overlap:
             raise ValueError("lowcomm.diloco: error_feedback='local' is not defined with overlap")
+        if self.overlap_mode == "eager" and (error_feedback == "both" or ":sr" in (codec or "")):
+            # The eager rule subtracts this rank's contribution as it entered the reduction,
+            # computed here: round to nearest, and the sender's error only.
+            raise ValueError("lowcomm.diloco: overlap='eager' takes a round-to-nearest codec and "
+                             "error_feedback False or True")
         if self.error_feedback and not self.codec:
             raise ValueError("lowcomm.diloco: error_feedback needs a lossy codec")
         self.ef_decay = None if error_feedback_decay is None else float(error_feedback_decay)
         if self.local_error_feedback and self.ef_decay is None:
             self.ef_decay = 1.0
+        if (self.overlap_mode == "eager" and self.error_feedback and self.ef_decay is None):
+            self.ef_decay = 1.0  # the residual kept here: the eager rule needs what was sent
         if self.ef_decay is not None:
             if error_feedback not in (True, "sender", "local") or ":sr" in self.codec:
                 raise ValueError("lowcomm.diloco: error_feedback_decay needs error_feedback="
@@ -122,7 +140,7 @@ class DiLoCo:
         if self.codec and not self.on_lowcomm and not self.elastic:
             raise ValueError("lowcomm.diloco: a codec needs a lowcomm group "
                              "(dist.new_group(backend='lowcomm'))")
-        self.overlap = bool(overlap)
+        self.overlap = bool(self.overlap_mode)
         self.name = name
         self.world = group.size() if self.elastic else dist.get_world_size(group)
         self.inner_steps = 0
@@ -140,6 +158,7 @@ class DiLoCo:
                           if self.ef_decay is not None and not self.local_error_feedback
                           else None)
         self.pending = [None] * fragments      # overlap: (lowcomm Work or None, buffer)
+        self.own_sent = [None] * fragments     # eager: this rank's last contribution, decoded
         if outer_optimizer is None:
             self.outer = torch.optim.SGD(self.global_params, lr=outer_lr,
                                          momentum=outer_momentum, nesterov=nesterov)
@@ -195,6 +214,8 @@ class DiLoCo:
         is dropped, as at any outer step."""
         for f in range(len(self.fragments)):
             self._apply_pending(f)
+            if self.overlap_mode == "eager":
+                self._equalize(f)
             self.starts[f].copy_(self.global_params[f])
             self._load(f, self.global_params[f])
 
@@ -205,6 +226,7 @@ class DiLoCo:
         key = f"{self.name}/frag{f}" if self.error_feedback else ""
         delta = progress
         lost = None
+        sent = None
         if self.local_error_feedback:
             # Implicit error feedback (as CocktailSGD's workers): what this rank's quantization
             # loses stays in its own model, θ ← θ_g − lost, and the next Δ = θ_g − θ carries it
@@ -227,6 +249,9 @@ class DiLoCo:
         if self.elastic:
             self._round_t[0] = self.rounds[f]  # the registered count: as of the last commit
         self.rounds[f] += 1
+        if self.overlap_mode == "eager":
+            self._sync_eager(f, delta, key, step, sent)
+            return
         if not self.overlap:
             self._wait(self._launch(delta, key, step))
             self._outer_step(f, delta)
@@ -238,6 +263,43 @@ class DiLoCo:
         self.starts[f].copy_(new_start)
         self._load(f, new_start)
         self.pending[f] = (self._launch(delta, key, step), delta)
+
+    def _sync_eager(self, f, delta, key, step, sent):
+        """The eager update (module doc): own contribution of this round, the others' of the
+        previous one; the all-reduce of this round is consumed at the next. `sent`: delta as
+        this rank's quantization leaves it, when _sync has computed it."""
+        if sent is not None:
+            own = sent
+        elif self.codec:
+            own = torch.empty_like(delta)
+            _C.decode(self.codec, _C.encode(self.codec, delta), own)
+        else:
+            own = delta.clone()
+        work = self._launch(delta, key, step)
+        if self.pending[f] is None:
+            grad = own / self.world
+        else:
+            prev_work, prev_avg = self.pending[f]
+            if prev_work is not None:
+                self._wait(prev_work)
+            grad = prev_avg + (own - self.own_sent[f]) / self.world
+        self._outer_step(f, grad)
+        self.starts[f].copy_(self.global_params[f])
+        self._load(f, self.global_params[f])
+        self.pending[f] = (work, delta)
+        self.own_sent[f] = own
+
+    def _equalize(self, f):
+        """Eager: every rank's θ_g becomes their exact average (the replicas differ by the local
+        terms until then)."""
+        g = self.global_params[f]
+        if self.elastic:
+            raise ValueError("lowcomm.diloco: eager overlap is not for elastic groups")
+        if self.on_lowcomm:
+            dist.all_reduce(g, op=dist.ReduceOp.AVG, group=self.group)
+        else:
+            dist.all_reduce(g, group=self.group)
+            g.div_(self.world)
 
     def _launch(self, delta, key, step):
         """Start averaging delta in place over the group; returns its work."""
@@ -268,6 +330,11 @@ class DiLoCo:
         if work is not None:
             self._wait(work)
         self.pending[f] = None
+        if self.overlap_mode == "eager":
+            # The last round: the others' contributions (this rank's own went in already).
+            self._outer_step(f, avg - self.own_sent[f] / self.world)
+            self.own_sent[f] = None
+            return
         self._outer_step(f, avg)
 
     def _wait(self, work):
@@ -345,6 +412,7 @@ class DiLoCo:
             "outer_optimizer": self.outer.state_dict(),
             "error_feedback": ef,
             "residuals": None if self.residuals is None else [r.clone() for r in self.residuals],
+            "own_sent": [None if o is None else o.clone() for o in self.own_sent],
         }
 
     @torch.no_grad()
@@ -364,6 +432,8 @@ class DiLoCo:
         for dst, src in zip(self.starts, state["starts"]):
             dst.copy_(src)
         self.pending = [None if p is None else (None, p.clone()) for p in state["pending"]]
+        self.own_sent = [None if o is None else o.clone()
+                         for o in state.get("own_sent", [None] * len(self.fragments))]
         self.outer.load_state_dict(state["outer_optimizer"])
         if self.residuals is not None:
             for dst, src in zip(self.residuals, state["residuals"]):
@@ -380,7 +450,7 @@ class DiLoCo:
             "owner_error_feedback": self.owner_error_feedback,
             "local_error_feedback": self.local_error_feedback,
             "error_feedback_decay": self.ef_decay,
-            "overlap": self.overlap,
+            "overlap": self.overlap_mode,
             "world": self.world,
         }
 

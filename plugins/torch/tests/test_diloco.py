@@ -1,4 +1,5 @@
-"""lowcomm.diloco: the outer step uncompressed equals a hand-written DiLoCo step bitwise; a run
+"""lowcomm.diloco: the outer step uncompressed equals a hand-written DiLoCo step bitwise, and so
+does the eager overlapped update (Kale et al. 2025); a run
 stopped and resumed from state_dict() (compressed, stochastic rounding, error feedback,
 overlap, fragments) ends with the same bits as one that never stopped; Gloo groups work
 uncompressed; sites running DDP on Gloo inside and DiLoCo on lowcomm between end identical."""
@@ -72,6 +73,69 @@ def test_outer_step_uncompressed_equals_reference_bitwise(tmp_path):
     run_world(_reference, 3, tmp_path)
 
 
+def _eager_reference(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        lc = dist.new_group(backend="lowcomm")
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        outer = DiLoCo(model, group=lc, sync_every=3, overlap="eager")
+        lr, mu = 0.7, 0.9
+        ref_global, buf, prev_avg, prev_own = flat(model).clone(), None, None, None
+
+        def outer_sgd(g):
+            nonlocal buf, ref_global
+            buf = g.clone() if buf is None else buf.mul(mu).add(g)
+            ref_global = ref_global.add(g.add(buf, alpha=mu), alpha=-lr)
+
+        def rank_order_average(t):
+            every = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(every, t)
+            avg = every[0]
+            for r in range(1, world):
+                avg = avg + every[r]
+            return avg / world
+
+        for step in range(9):
+            inner_step(model, opt, rank, step)
+            if (step + 1) % 3 == 0:
+                # Hand-written eager update (Kale et al. 2025): this round's own pseudo-gradient,
+                # the previous round's average of the others'.
+                own = ref_global - flat(model)
+                avg = rank_order_average(own)
+                outer_sgd(own / world if prev_avg is None else prev_avg + (own - prev_own) / world)
+                prev_avg, prev_own = avg, own
+            outer.step()
+            if (step + 1) % 3 == 0:
+                assert torch.equal(flat(model), ref_global), (step, (flat(model) - ref_global)
+                                                              .abs().max())
+        # The outer states differ by the local terms until finish(): the last round's others,
+        # then the exact average of every rank's global parameters.
+        mine = ref_global.clone()
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        assert not all(torch.equal(e, mine) for e in every), "eager replicas never differed"
+        outer_sgd(prev_avg - prev_own / world)
+        final = rank_order_average(ref_global)
+        outer.finish()
+        assert torch.equal(flat(model), final), (flat(model) - final).abs().max()
+        # Refused: a stochastic-rounding codec (this rank's contribution is not known here).
+        try:
+            DiLoCo(make_model(), group=lc, codec="q4:sr", overlap="eager")
+            raise AssertionError("eager with stochastic rounding was accepted")
+        except ValueError as e:
+            assert "round-to-nearest" in str(e), e
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_eager_overlap_equals_reference_bitwise(tmp_path):
+    run_world(_eager_reference, 3, tmp_path)
+
+
 def _train(rank, group, steps, state=None, **kw):
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -89,10 +153,12 @@ def _train(rank, group, steps, state=None, **kw):
 
 
 RESUME_CONFIGS = {
-    "sender": dict(sync_every=4, codec="q2:sr", error_feedback=True, overlap=True, fragments=2),
+    "sender": dict(sync_every=4, codec="q2:sr", error_feedback=True, overlap="delayed",
+                   fragments=2),
+    "eager": dict(sync_every=4, codec="q2", error_feedback=True, overlap="eager", fragments=2),
     "local": dict(sync_every=4, codec="q2", error_feedback="local", fragments=2),
     "decay": dict(sync_every=4, codec="q2", error_feedback=True, error_feedback_decay=0.5,
-                  overlap=True),
+                  overlap="delayed"),
 }
 
 
