@@ -135,10 +135,10 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--H", type=int, default=50, help="inner steps per outer step")
     ap.add_argument("--outer-steps", type=int, default=12)
-    ap.add_argument("--overlap", nargs="?", const="eager", default=False,
-                    choices=("eager", "delayed"),
-                    help="overlap the outer all-reduce with the next round: eager (the default "
-                         "with --overlap) or delayed (the naive one-round delay)")
+    ap.add_argument("--overlap", nargs="?", const="delayed", default=False,
+                    choices=("delayed", "eager"),
+                    help="overlap the outer all-reduce with the next round: delayed (the default "
+                         "with --overlap) or eager (Kale et al.'s eager update)")
     ap.add_argument("--fragments", type=int, default=1)
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")

@@ -16,15 +16,17 @@ with optional error feedback), the outer optimizer (SGD, lr 0.7, momentum 0.9, N
 default) steps θ_g with Δ̄ as its gradient, and θ ← θ_g.
 
 overlap: the average of round t travels while round t+1 trains, so the link has H inner steps
-to move a round. overlap=True or "eager" (Kale, Douillard, Donchev 2025, "Eager Updates for
+to move a round. overlap=True or "delayed" (the best measured here, docs/training.md): at the
+end of round t+1 the average of round t is applied to θ_g, and θ ← θ_g − Δ_{t+1} (the newest
+global parameters plus this worker's own progress still on the wire). overlap="eager" (Kale,
+Douillard, Donchev 2025, "Eager Updates for
 Overlapped Communication and Computation in DiLoCo"): at the end of round t each worker feeds
 its outer optimizer, where the average would go, Δ̄(t−1) + (Δ_m(t) − Δ_m(t−1))/M — the others'
 contributions of the previous round and its own of this one (its own as it entered the
 reduction: decoded), then θ ← θ_g. The outer states then differ by the local term; finish()
-applies the last average and makes every rank's θ_g their exact average, so the replicas end
-identical. overlap="delayed": the naive one-round delay, for comparison: at the end of round
-t+1 the average of round t is applied to θ_g, and θ ← θ_g − Δ_{t+1} (the newest global
-parameters plus this worker's own progress still on the wire).
+applies the last average and makes every rank's θ_g their exact average (one uncompressed
+all-reduce of the parameters), so the replicas end identical. In the measured harness (4
+workers, H 50, 6 outer steps) it oscillates and ends far worse than the delayed update.
 
 fragments=F (Streaming DiLoCo): the parameters, in order, are cut into F fragments of about
 equal size; fragment f synchronises at steps (f+1)·H/F + kH, so at most 1/F of the model is on
@@ -80,8 +82,8 @@ class DiLoCo:
       (θ ← θ_g − error), so the next pseudo-gradient carries it without the inner steps
       redoing it (docs/training.md compares them). error_feedback_decay: scale the kept error
       by this factor (the residual then lives here, not in lowcomm's store).
-    overlap: average round t while round t+1 trains: True or "eager" (the eager update), or
-      "delayed" (the naive one-round delay); False: no overlap.
+    overlap: average round t while round t+1 trains: True or "delayed" (the delayed update),
+      or "eager" (the eager update); False: no overlap.
     fragments: synchronise F slices of the parameters at staggered steps.
     """
 
@@ -106,9 +108,9 @@ class DiLoCo:
         self.owner_error_feedback = error_feedback == "both"
         self.local_error_feedback = error_feedback == "local"
         if overlap not in (False, True, None, "eager", "delayed"):
-            raise ValueError(f"lowcomm.diloco: overlap must be False, True (= 'eager'), 'eager' "
-                             f"or 'delayed', got {overlap!r}")
-        self.overlap_mode = "eager" if overlap is True else (overlap or "")
+            raise ValueError(f"lowcomm.diloco: overlap must be False, True (= 'delayed'), "
+                             f"'delayed' or 'eager', got {overlap!r}")
+        self.overlap_mode = "delayed" if overlap is True else (overlap or "")
         if self.local_error_feedback and overlap:
             raise ValueError("lowcomm.diloco: error_feedback='local' is not defined with overlap")
         if self.overlap_mode == "eager" and (error_feedback == "both" or ":sr" in (codec or "")):
