@@ -36,6 +36,7 @@ def _train(outer, model, member, until_round, out, kill_round=None):
     import lowcomm.diloco  # noqa: F401
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     step = 0
+    size = outer.group.size()
     while outer.rounds[0] < until_round:
         x, y = _batch(member, step)
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -51,9 +52,16 @@ def _train(outer, model, member, until_round, out, kill_round=None):
         # The view as the round's all-reduce begins: read after the run, a member that finished
         # first and left would already be gone from it.
         size = outer.group.size()
+        if member < 3 and outer.rounds[0] > JOIN_AT and size < 3:
+            # Until the joiner is admitted (at a commit, so the founders must keep running
+            # rounds), slow the rounds down: on a loaded machine the founders must not finish
+            # before the joiner got in.
+            time.sleep(0.05)
         outer.step()
         if member == 0 and outer.rounds[0] == JOIN_AT:
             open(out + ".joinnow", "w").close()
+            while not os.path.exists(out + ".joining"):
+                time.sleep(0.005)
     outer.finish()
     with open(f"{out}.{member}", "w") as f:
         f.write(f"{_digest(outer.global_params[0])} {size} {float(loss.detach()):.6f}")
@@ -75,6 +83,7 @@ def _joiner(store_path, out):
     while not os.path.exists(out + ".joinnow"):
         time.sleep(0.01)
     store = dist.FileStore(store_path, -1)
+    open(out + ".joining", "w").close()
     g = ElasticGroup.join(store, failure_timeout=3.0)
     model = _model(7)  # other initial weights: the fetched state must replace them
     outer = lowcomm.diloco.DiLoCo(model, group=g, sync_every=H, codec="q4")
