@@ -72,7 +72,7 @@ def worker(rank, args, run, seed, port, queue):
     warm = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: min(1.0, (s + 1) / args.warmup))
     outer = DiLoCo(model, sync_every=args.H, codec=codec, error_feedback=ef,
                    error_feedback_decay=decay, overlap=args.overlap, fragments=args.fragments,
-                   outer_lr=args.outer_lr)
+                   outer_lr=args.outer_lr, delay=args.delay, merge_alpha=args.merge_alpha)
 
     def evaluate():
         outer.load_global(probe)
@@ -139,7 +139,14 @@ def main():
                     choices=("delayed", "eager"),
                     help="overlap the outer all-reduce with the next round: delayed (the default "
                          "with --overlap) or eager (Kale et al.'s eager update)")
-    ap.add_argument("--fragments", type=int, default=1)
+    ap.add_argument("--fragments", type=int, default=1,
+                    help="Streaming DiLoCo: fragments synchronised at staggered steps")
+    ap.add_argument("--delay", type=int, default=0,
+                    help="Streaming DiLoCo's tau: inner steps between sending a fragment's "
+                         "average and applying it")
+    ap.add_argument("--merge-alpha", type=float, default=0.5,
+                    help="Streaming DiLoCo's alpha: the share of the local parameters kept when "
+                         "a delayed average is applied")
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
     ap.add_argument("--warmup", type=int, default=50)
@@ -166,7 +173,10 @@ def main():
                   f"sent per worker per outer step, wall {r['wall_s']:.1f} s, compute "
                   f"utilisation {100 * r['utilisation']:.1f}% ({r['params']} parameters, "
                   f"{args.workers} workers, H {args.H}, {args.outer_steps} outer steps"
-                  f"{', overlap ' + args.overlap if args.overlap else ''})", flush=True)
+                  f"{', overlap ' + args.overlap if args.overlap else ''}"
+                  f"{f', {args.fragments} fragments' if args.fragments > 1 else ''}"
+                  f"{f', delay {args.delay}, alpha {args.merge_alpha}' if args.delay else ''})",
+                  flush=True)
     plot.write_results(args.out, "diloco", args, results)
 
 

@@ -28,9 +28,16 @@ applies the last average and makes every rank's θ_g their exact average (one un
 all-reduce of the parameters), so the replicas end identical. In the measured harness (4
 workers, H 50, 6 outer steps) it oscillates and ends far worse than the delayed update.
 
-fragments=F (Streaming DiLoCo): the parameters, in order, are cut into F fragments of about
-equal size; fragment f synchronises at steps (f+1)·H/F + kH, so at most 1/F of the model is on
-the wire at once. Each fragment is an independent DiLoCo with its own round.
+fragments=F (Streaming DiLoCo, Douillard et al. 2025): the parameters, in order, are cut into
+F fragments of about equal size (or fragments= a list of parameter lists, any plan that holds
+every trainable parameter once, e.g. strided across depth); fragment f synchronises at steps
+(f+1)·H/F + kH, so at most 1/F of the model is on the wire at once. Each fragment is an
+independent DiLoCo with its own round and outer state. delay=τ (0 < τ < H): a fragment's
+average is sent at its sync step and applied τ inner steps later, overlapping τ steps: the
+outer step is taken from the global parameters the round started from, and the fragment's
+parameters become α·θ_local + (1 − α)·θ_g (merge_alpha=α; 0 drops the τ local steps, 0.5
+keeps half of them). The next round's pseudo-gradient is measured from θ_g, so what the merge
+kept of the local steps is sent with it.
 
 Each rank's own contribution is quantized with `codec`; error feedback keeps what its
 quantization lost (one residual per fragment, in lowcomm's error-feedback store) and adds it to
@@ -84,20 +91,37 @@ class DiLoCo:
       by this factor (the residual then lives here, not in lowcomm's store).
     overlap: average round t while round t+1 trains: True or "delayed" (the delayed update),
       or "eager" (the eager update); False: no overlap.
-    fragments: synchronise F slices of the parameters at staggered steps.
+    fragments: synchronise F slices of the parameters at staggered steps; an int (contiguous
+      slices of about equal size) or a list of lists of the model's trainable parameters.
+    delay: τ, the inner steps between sending a fragment's average and applying it (Streaming
+      DiLoCo; 0: apply at once). merge_alpha: α of the merge after a delayed outer step.
     """
 
     def __init__(self, model, *, group=None, sync_every=500, outer_lr=0.7, outer_momentum=0.9,
                  nesterov=True, outer_optimizer=None, codec=None, error_feedback=False,
-                 overlap=False, fragments=1, error_feedback_decay=None, name="diloco"):
+                 overlap=False, fragments=1, error_feedback_decay=None, delay=0,
+                 merge_alpha=0.5, name="diloco"):
         if sync_every < 1:
             raise ValueError(f"lowcomm.diloco: sync_every must be >= 1, got {sync_every}")
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("lowcomm.diloco: the model has no trainable parameters")
-        if fragments < 1 or fragments > len(self.params) or fragments > sync_every:
-            raise ValueError(f"lowcomm.diloco: fragments must be in [1, min(#parameters "
-                             f"{len(self.params)}, sync_every {sync_every})], got {fragments}")
+        plan = _plan(self.params, fragments)
+        if len(plan) > sync_every:
+            raise ValueError(f"lowcomm.diloco: {len(plan)} fragments need sync_every >= "
+                             f"{len(plan)}, got {sync_every}")
+        if isinstance(delay, bool) or int(delay) != delay or not 0 <= delay < sync_every:
+            raise ValueError(f"lowcomm.diloco: delay (tau) must be an integer in [0, sync_every "
+                             f"{sync_every}), got {delay!r}")
+        self.delay = int(delay)
+        if not 0.0 <= float(merge_alpha) <= 1.0:
+            raise ValueError(f"lowcomm.diloco: merge_alpha must be in [0, 1], got {merge_alpha}")
+        self.merge_alpha = float(merge_alpha)
+        if self.delay and overlap:
+            raise ValueError("lowcomm.diloco: delay (Streaming DiLoCo) and overlap are "
+                             "alternatives: overlap applies the average a whole round later")
+        if self.delay and error_feedback == "local":
+            raise ValueError("lowcomm.diloco: error_feedback='local' is not defined with delay")
         self.group = group
         self.sync_every = int(sync_every)
         self.codec = "" if codec in (None, "", "none", "fp32") else codec
@@ -133,11 +157,12 @@ class DiLoCo:
                 raise ValueError(f"lowcomm.diloco: error_feedback_decay must be in [0, 1], "
                                  f"got {self.ef_decay}")
         self.elastic = isinstance(group, lowcomm_elastic.ElasticGroup)
-        if self.elastic and (fragments != 1 or overlap or outer_optimizer is not None
+        if self.elastic and (len(plan) != 1 or overlap or self.delay
+                             or outer_optimizer is not None
                              or error_feedback in ("both", "local")
                              or error_feedback_decay is not None):
             raise ValueError("lowcomm.diloco: an elastic group takes fragments=1, overlap=False, "
-                             "the built-in outer SGD and error_feedback False or True")
+                             "delay=0, the built-in outer SGD and error_feedback False or True")
         self.on_lowcomm = not self.elastic and _is_lowcomm(group)
         if self.codec and not self.on_lowcomm and not self.elastic:
             raise ValueError("lowcomm.diloco: a codec needs a lowcomm group "
@@ -146,7 +171,9 @@ class DiLoCo:
         self.name = name
         self.world = group.size() if self.elastic else dist.get_world_size(group)
         self.inner_steps = 0
-        self.fragments = _cut(self.params, fragments)
+        self.plan = plan  # per fragment: indices into self.params
+        self.fragments = [[self.params[i] for i in idx] for idx in plan]
+        fragments = len(plan)
         self.offsets = [(f + 1) * self.sync_every // fragments for f in range(fragments)]
         self.global_params = []  # per fragment: fp32 flat θ_g
         self.starts = []         # per fragment: fp32 flat θ_start of the current round
@@ -159,7 +186,8 @@ class DiLoCo:
         self.residuals = ([torch.zeros_like(g) for g in self.global_params]
                           if self.ef_decay is not None and not self.local_error_feedback
                           else None)
-        self.pending = [None] * fragments      # overlap: (lowcomm Work or None, buffer)
+        self.pending = [None] * fragments      # overlap, delay: (lowcomm Work or None, buffer)
+        self.due = [None] * fragments          # delay: the inner step to apply pending at
         self.own_sent = [None] * fragments     # eager: this rank's last contribution, decoded
         if outer_optimizer is None:
             self.outer = torch.optim.SGD(self.global_params, lr=outer_lr,
@@ -202,6 +230,9 @@ class DiLoCo:
     def step(self):
         """Call once after every inner optimizer step. Returns the fragments synchronised."""
         self.inner_steps += 1
+        for f, due in enumerate(self.due):
+            if due is not None and self.inner_steps >= due:
+                self._apply_delayed(f)
         done = []
         for f, off in enumerate(self.offsets):
             if self.inner_steps >= off and (self.inner_steps - off) % self.sync_every == 0:
@@ -254,6 +285,11 @@ class DiLoCo:
         if self.overlap_mode == "eager":
             self._sync_eager(f, delta, key, step, sent)
             return
+        if self.delay:
+            # Streaming DiLoCo: τ more inner steps from here, then _apply_delayed.
+            self.pending[f] = (self._launch(delta, key, step), delta)
+            self.due[f] = self.inner_steps + self.delay
+            return
         if not self.overlap:
             self._wait(self._launch(delta, key, step))
             self._outer_step(f, delta)
@@ -265,6 +301,15 @@ class DiLoCo:
         self.starts[f].copy_(new_start)
         self._load(f, new_start)
         self.pending[f] = (self._launch(delta, key, step), delta)
+
+    def _apply_delayed(self, f):
+        """Streaming DiLoCo, τ steps after the send: the outer step from the round's θ_g, then
+        θ ← α·θ_local + (1 − α)·θ_g, and the next round is measured from θ_g."""
+        self._apply_pending(f)
+        g = self.global_params[f]
+        merged = self._flat(f).mul_(self.merge_alpha).add_(g, alpha=1.0 - self.merge_alpha)
+        self.starts[f].copy_(g)
+        self._load(f, merged)
 
     def _sync_eager(self, f, delta, key, step, sent):
         """The eager update (module doc): own contribution of this round, the others' of the
@@ -332,6 +377,7 @@ class DiLoCo:
         if work is not None:
             self._wait(work)
         self.pending[f] = None
+        self.due[f] = None
         if self.overlap_mode == "eager":
             # The last round: the others' contributions (this rank's own went in already).
             self._outer_step(f, avg - self.own_sent[f] / self.world)
@@ -358,13 +404,11 @@ class DiLoCo:
         params = [p for p in module.parameters() if p.requires_grad]
         if [p.shape for p in params] != [p.shape for p in self.params]:
             raise ValueError("lowcomm.diloco: load_global needs a module shaped like the model")
-        i = 0
-        for f, frag in enumerate(self.fragments):
+        for f, idx in enumerate(self.plan):
             j = 0
-            for _ in frag:
+            for i in idx:
                 p = params[i]
                 p.copy_(self.global_params[f][j:j + p.numel()].view_as(p))
-                i += 1
                 j += p.numel()
 
     def _outer_step(self, f, avg):
@@ -408,6 +452,7 @@ class DiLoCo:
             "config": self._config(),
             "inner_steps": self.inner_steps,
             "rounds": list(self.rounds),
+            "due": list(self.due),
             "global_params": [g.clone() for g in self.global_params],
             "starts": [s.clone() for s in self.starts],
             "pending": pending,
@@ -421,7 +466,12 @@ class DiLoCo:
     def load_state_dict(self, state):
         if state.get("version") != 1:
             raise ValueError(f"lowcomm.diloco: unknown state version {state.get('version')}")
-        if state["config"] != self._config():
+        saved = dict(state["config"])
+        if "plan" not in saved:  # a state from before plans and delays: contiguous, no delay
+            saved["plan"] = _plan(self.params, len(saved["sizes"]))
+            saved.setdefault("delay", 0)
+            saved.setdefault("merge_alpha", self.merge_alpha)
+        if saved != self._config():
             raise ValueError(f"lowcomm.diloco: the state is of another configuration: saved "
                              f"{state['config']}, this one {self._config()}")
         for f in range(len(self.fragments)):
@@ -434,6 +484,7 @@ class DiLoCo:
         for dst, src in zip(self.starts, state["starts"]):
             dst.copy_(src)
         self.pending = [None if p is None else (None, p.clone()) for p in state["pending"]]
+        self.due = list(state.get("due", [None] * len(self.fragments)))
         self.own_sent = [None if o is None else o.clone()
                          for o in state.get("own_sent", [None] * len(self.fragments))]
         self.outer.load_state_dict(state["outer_optimizer"])
@@ -453,6 +504,9 @@ class DiLoCo:
             "local_error_feedback": self.local_error_feedback,
             "error_feedback_decay": self.ef_decay,
             "overlap": self.overlap_mode,
+            "plan": [list(idx) for idx in self.plan],
+            "delay": self.delay,
+            "merge_alpha": self.merge_alpha,
             "world": self.world,
         }
 
@@ -466,6 +520,47 @@ class _DivideAfter:
     def wait(self):
         self.work.wait()
         self.buf.div_(self.n)
+
+
+def _plan(params, fragments):
+    """The fragments as lists of indices into params: an int cuts params in order into runs of
+    about equal element count; a list of parameter lists must hold every one exactly once."""
+    if isinstance(fragments, bool) or not isinstance(fragments, (int, list, tuple)):
+        raise ValueError(f"lowcomm.diloco: fragments must be an int or a list of parameter "
+                         f"lists, got {fragments!r}")
+    if isinstance(fragments, int):
+        if not 1 <= fragments <= len(params):
+            raise ValueError(f"lowcomm.diloco: fragments must be in [1, #parameters "
+                             f"{len(params)}], got {fragments}")
+        plan, i = [], 0
+        for frag in _cut(params, fragments):
+            plan.append(list(range(i, i + len(frag))))
+            i += len(frag)
+        return plan
+    where = {id(p): i for i, p in enumerate(params)}
+    plan, seen = [], set()
+    for f, frag in enumerate(fragments):
+        frag = list(frag)
+        if not frag:
+            raise ValueError(f"lowcomm.diloco: fragment {f} of the plan is empty")
+        idx = []
+        for p in frag:
+            i = where.get(id(p))
+            if i is None:
+                raise ValueError(f"lowcomm.diloco: fragment {f} holds a tensor that is not a "
+                                 f"trainable parameter of the model (shape {tuple(p.shape)})")
+            if i in seen:
+                raise ValueError(f"lowcomm.diloco: parameter {i} (shape "
+                                 f"{tuple(params[i].shape)}) is in more than one fragment")
+            seen.add(i)
+            idx.append(i)
+        plan.append(idx)
+    missing = [i for i in range(len(params)) if i not in seen]
+    if missing:
+        raise ValueError(f"lowcomm.diloco: the fragment plan does not cover every trainable "
+                         f"parameter: {len(missing)} of {len(params)} missing (indices "
+                         f"{missing[:8]}{'...' if len(missing) > 8 else ''})")
+    return plan
 
 
 def _cut(params, n):

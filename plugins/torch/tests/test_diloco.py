@@ -1,5 +1,6 @@
 """lowcomm.diloco: the outer step uncompressed equals a hand-written DiLoCo step bitwise, and so
-does the eager overlapped update (Kale et al. 2025); a run
+does the eager overlapped update (Kale et al. 2025) and Streaming DiLoCo's delayed, merged
+fragments (Douillard et al. 2025); bad fragment plans and delays are refused; a run
 stopped and resumed from state_dict() (compressed, stochastic rounding, error feedback,
 overlap, fragments) ends with the same bits as one that never stopped; Gloo groups work
 uncompressed; sites running DDP on Gloo inside and DiLoCo on lowcomm between end identical."""
@@ -136,6 +137,112 @@ def test_eager_overlap_equals_reference_bitwise(tmp_path):
     run_world(_eager_reference, 3, tmp_path)
 
 
+def _streaming_reference(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        lc = dist.new_group(backend="lowcomm")
+        model = make_model()
+        params = list(model.parameters())
+        plan = [[params[0], params[2]], [params[1], params[3]]]  # strided across depth
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        H, tau, alpha, lr, mu = 4, 1, 0.5, 0.7, 0.9
+        outer = DiLoCo(model, group=lc, sync_every=H, fragments=plan, delay=tau,
+                       merge_alpha=alpha)
+
+        def get(f):
+            return torch.cat([p.detach().reshape(-1) for p in rplan[f]])
+
+        def put(f, flat):
+            i = 0
+            for p in rplan[f]:
+                p.data.copy_(flat[i:i + p.numel()].view_as(p))
+                i += p.numel()
+
+        def rank_order_average(t):
+            every = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(every, t)
+            avg = every[0]
+            for r in range(1, world):
+                avg = avg + every[r]
+            return avg / world
+
+        # Hand-written Streaming DiLoCo on a copy of the model, run beside the real one.
+        ref = make_model()
+        ref.load_state_dict(model.state_dict())
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        rparams = list(ref.parameters())
+        rplan = [[rparams[0], rparams[2]], [rparams[1], rparams[3]]]
+        glob = [torch.cat([p.detach().reshape(-1) for p in fr]).clone() for fr in rplan]
+        start = [g.clone() for g in glob]
+        buf, pending, due = [None, None], [None, None], [None, None]
+        offsets = [2, 4]
+        synced_and_merged = 0
+        for step in range(1, 15):
+            inner_step(model, opt, rank, step)
+            inner_step(ref, ref_opt, rank, step)
+            outer.step()
+            for f in range(2):
+                if due[f] == step:
+                    avg = pending[f]
+                    buf[f] = avg.clone() if buf[f] is None else buf[f].mul(mu).add(avg)
+                    glob[f] = glob[f].add(avg.add(buf[f], alpha=mu), alpha=-lr)
+                    put(f, get(f).mul(alpha).add(glob[f], alpha=1.0 - alpha))
+                    start[f] = glob[f].clone()
+                    due[f] = None
+                    synced_and_merged += 1
+            for f in range(2):
+                if step >= offsets[f] and (step - offsets[f]) % H == 0:
+                    pending[f] = rank_order_average(start[f] - get(f))
+                    due[f] = step + tau
+            a = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            b = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+            assert torch.equal(a, b), (step, (a - b).abs().max())
+        assert synced_and_merged == 6, synced_and_merged
+        # Between a send and its merge the model trains on: the local parameters differ
+        # between ranks (the global ones do not), and finish() leaves the global ones.
+        outer.finish()
+        for f in range(2):
+            g = outer.global_params[f]
+            every = [torch.empty_like(g) for _ in range(world)]
+            dist.all_gather(every, g)
+            assert all(torch.equal(e, g) for e in every)
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_streaming_delay_and_merge_equal_reference_bitwise(tmp_path):
+    run_world(_streaming_reference, 3, tmp_path)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(sync_every=4, delay=4), "delay (tau) must be an integer in [0, sync_every 4)"),
+    (dict(sync_every=4, delay=-1), "delay (tau) must be"),
+    (dict(sync_every=4, delay=1, overlap=True), "alternatives"),
+    (dict(sync_every=4, delay=1, merge_alpha=1.5), "merge_alpha must be in [0, 1]"),
+    (dict(sync_every=4, fragments="first"), "an int or a list of parameter lists"),
+    (dict(sync_every=4, fragments=[[0]]), "not a trainable parameter"),
+    (dict(sync_every=4, fragments=[["self0"], ["self0", "self1", "self2", "self3"]]),
+     "more than one fragment"),
+    (dict(sync_every=4, fragments=[["self0", "self1"], ["self2"]]),
+     "does not cover every trainable parameter: 1 of 4 missing (indices [3])"),
+    (dict(sync_every=4, fragments=[["self0", "self1"], []]), "fragment 1 of the plan is empty"),
+    (dict(sync_every=2, fragments=3), "3 fragments need sync_every >= 3"),
+    (dict(sync_every=4, fragments=0), "fragments must be in [1, #parameters 4]"),
+])
+def test_bad_fragment_plans_and_delays_are_refused(kw, message):
+    model = make_model()
+    params = list(model.parameters())
+    if isinstance(kw.get("fragments"), list):
+        kw["fragments"] = [[params[int(x[4:])] if isinstance(x, str) else torch.zeros(3)
+                            for x in frag] for frag in kw["fragments"]]
+    with pytest.raises(ValueError) as e:
+        DiLoCo(model, **kw)
+    assert message in str(e.value), str(e.value)
+
+
 def _train(rank, group, steps, state=None, **kw):
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -159,6 +266,8 @@ RESUME_CONFIGS = {
     "local": dict(sync_every=4, codec="q2", error_feedback="local", fragments=2),
     "decay": dict(sync_every=4, codec="q2", error_feedback=True, error_feedback_decay=0.5,
                   overlap="delayed"),
+    "streaming": dict(sync_every=4, codec="q2:sr", error_feedback=True, fragments=2, delay=2,
+                      merge_alpha=0.5),
 }
 
 
