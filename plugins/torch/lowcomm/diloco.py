@@ -182,6 +182,7 @@ class DiLoCo:
             self.global_params.append(flat)
             self.starts.append(flat.clone())
         self.rounds = [0] * fragments          # outer steps taken per fragment
+        self.synced_at = [0] * fragments       # the inner step of each fragment's last sync
         # error_feedback_decay: the residuals kept here (the core's store keeps them otherwise)
         self.residuals = ([torch.zeros_like(g) for g in self.global_params]
                           if self.ef_decay is not None and not self.local_error_feedback
@@ -242,19 +243,33 @@ class DiLoCo:
 
     @torch.no_grad()
     def finish(self):
-        """Apply every average still on the wire and load the global parameters into the model
-        (what every rank then holds bit for bit). Progress since a fragment's last round start
-        is dropped, as at any outer step."""
+        """Apply every average still on the wire, take a last outer step for every fragment
+        trained since its last sync (a short round: with fragments, or a step count that is
+        not a multiple of sync_every, no inner step is lost; every rank must call it after
+        the same number of steps), and load the global parameters into the model (what every
+        rank then holds bit for bit). Eager overlap and elastic groups (whose members leave
+        when they like) drop the progress of a short last round."""
         for f in range(len(self.fragments)):
             self._apply_pending(f)
             if self.overlap_mode == "eager":
                 self._equalize(f)
+            elif not self.elastic and self.inner_steps > self.synced_at[f]:
+                self._sync(f)
+                self._apply_pending(f)
             self.starts[f].copy_(self.global_params[f])
             self._load(f, self.global_params[f])
+
+    def _last_scheduled_sync(self, f):
+        """The inner step at which fragment f last synchronised on schedule (0: never)."""
+        off = self.offsets[f]
+        if self.inner_steps < off:
+            return 0
+        return self.inner_steps - (self.inner_steps - off) % self.sync_every
 
     # -- one fragment's outer step ------------------------------------------------------------
 
     def _sync(self, f):
+        self.synced_at[f] = self.inner_steps
         progress = self.starts[f] - self._flat(f)  # Δ = θ_start − θ, fp32
         key = f"{self.name}/frag{f}" if self.error_feedback else ""
         delta = progress
@@ -453,6 +468,7 @@ class DiLoCo:
             "inner_steps": self.inner_steps,
             "rounds": list(self.rounds),
             "due": list(self.due),
+            "synced_at": list(self.synced_at),
             "global_params": [g.clone() for g in self.global_params],
             "starts": [s.clone() for s in self.starts],
             "pending": pending,
@@ -485,6 +501,8 @@ class DiLoCo:
             dst.copy_(src)
         self.pending = [None if p is None else (None, p.clone()) for p in state["pending"]]
         self.due = list(state.get("due", [None] * len(self.fragments)))
+        self.synced_at = list(state.get("synced_at", [self._last_scheduled_sync(f)
+                                                      for f in range(len(self.fragments))]))
         self.own_sent = [None if o is None else o.clone()
                          for o in state.get("own_sent", [None] * len(self.fragments))]
         self.outer.load_state_dict(state["outer_optimizer"])

@@ -64,6 +64,24 @@ def _reference(rank, world, init_file, errors):
             if (step + 1) % 3 == 0:
                 assert torch.equal(flat(model), ref_global), (step, (flat(model) - ref_global)
                                                               .abs().max())
+        # Two steps into a round, finish(): a last outer step over them (no step is lost);
+        # a second finish() changes nothing.
+        for step in range(9, 11):
+            inner_step(model, opt, rank, step)
+            outer.step()
+        mine = flat(model)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        avg = ref_global - every[0]
+        for r in range(1, world):
+            avg = avg + (ref_global - every[r])
+        avg = avg / world
+        buf = buf.mul(mu).add(avg)
+        ref_global = ref_global.add(avg.add(buf, alpha=mu), alpha=-lr)
+        outer.finish()
+        assert torch.equal(flat(model), ref_global), (flat(model) - ref_global).abs().max()
+        outer.finish()
+        assert torch.equal(flat(model), ref_global)
         dist.destroy_process_group()
     except Exception:
         errors.put(f"rank {rank}:\n{traceback.format_exc()}")
