@@ -143,8 +143,13 @@ class Link:
     mode: "aqsgd" (deltas against the per-sample cache), "direct" (Q_b of the activation),
       "fp32" (the activation as it is).
     bits: 2, 3, 4 (or 8) for the forward codes; block: elements per scale.
+    scales: "block" (one scale per `block` consecutive elements) or "channel" (one scale per
+      feature channel, the last dimension of sample_shape, over all the message's tokens:
+      AQ-SGD's quantizer; codec "q<bits>:col=<channels>").
     first: how a sample's first appearance travels: "fp32" or "q8".
-    backward: the gradients' codec, 8 bits or more ("q8", "bf16", "fp32", ...).
+    backward: the gradients' codec, 8 bits or more ("q8", "bf16", "fp32", ...); "q4" (AQ-SGD's
+      fw2/bw4), "q3" or "q2" only with allow_low_bit_backward=True (they hurt training from
+      scratch badly here; the paper's fine-tuning used them).
     cache_dtype: the cache's (and decoded activation's) dtype; activations are converted.
     capacity / cache_path: the cache's initial rows / a file for a memory-mapped cache.
     Sends return at once (the tensors are copied or encoded first); flush() waits for them.
@@ -153,22 +158,31 @@ class Link:
     max_in_flight = 64  # micro-batches sent and not yet waited for
 
     def __init__(self, peer, sample_shape, *, group=None, mode="aqsgd", bits=2, block=128,
-                 first="fp32", backward="q8", cache_dtype=torch.float32, capacity=None,
-                 cache_path=None, tag=100):
+                 scales="block", first="fp32", backward="q8", cache_dtype=torch.float32,
+                 capacity=None, cache_path=None, tag=100, allow_low_bit_backward=False):
         if mode not in ("aqsgd", "direct", "fp32"):
             raise ValueError(f"lowcomm.aqsgd: mode must be aqsgd, direct or fp32, got {mode!r}")
         if bits not in (1, 2, 3, 4, 8):
             raise ValueError(f"lowcomm.aqsgd: bits must be 1, 2, 3, 4 or 8, got {bits}")
         if first not in ("fp32", "q8"):
             raise ValueError(f"lowcomm.aqsgd: first must be 'fp32' or 'q8', got {first!r}")
-        if backward.split(":")[0] not in _BACKWARD_OK:
+        if backward.split(":")[0] not in _BACKWARD_OK and not (
+                allow_low_bit_backward and backward.split(":")[0] in ("q4", "q3", "q2")):
             raise ValueError(f"lowcomm.aqsgd: backward gradients need 8 bits or more "
                              f"({', '.join(_BACKWARD_OK)}), got {backward!r}: fewer bits on "
-                             "the backward pass hurt convergence badly")
+                             "the backward pass hurt convergence badly (allow_low_bit_backward"
+                             "=True takes q4, q3 or q2)")
         self.peer = int(peer)
         self.group = group
         self.mode = mode
-        self.codec = f"q{bits}:block={block}"
+        if scales not in ("block", "channel"):
+            raise ValueError(f"lowcomm.aqsgd: scales must be 'block' or 'channel', got "
+                             f"{scales!r}")
+        if scales == "channel" and bits == 1:
+            raise ValueError("lowcomm.aqsgd: 1-bit codes take block scales, not channel scales")
+        self.scales = scales
+        self.codec = (f"q{bits}:col={int(sample_shape[-1])}" if scales == "channel"
+                      else f"q{bits}:block={block}")
         self.first_codec = None if first == "fp32" else f"q8:block={block}"
         self.backward = None if backward in ("fp32", "none") else backward
         self.sample_shape = tuple(int(s) for s in sample_shape)

@@ -1,6 +1,7 @@
 """lowcomm.aqsgd: the two ends' caches stay bit-identical over many steps, across a restart
 from state_dict() and with a memory-mapped cache; a sample's first appearance travels at full
 precision (or 8-bit), later ones as b-bit deltas whose error shrinks as activations settle;
+per-channel scales keep the caches identical and cut the error where channels differ in size;
 diverged caches, wrong samples and sub-8-bit gradients are refused with clear errors."""
 import sys
 import traceback
@@ -158,9 +159,61 @@ def test_aqsgd_error_far_below_direct_quantization(tmp_path):
     run_world(_deltas_shrink, 2, tmp_path)
 
 
+def _channel_scales(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        peer = 1 - rank
+        plan = batches(12)
+        # Channels of very different magnitudes (as transformer activations have): one scale
+        # per block mixes them, one per channel does not.
+        gain = 2.0 ** (torch.arange(SHAPE[1]) % 8 - 4.0)
+        errs = {}
+        for scales, tag in (("block", 100), ("channel", 200)):
+            link = Link(peer, SHAPE, bits=2, block=64, scales=scales, tag=tag)
+            worst = 0.0
+            for step, ids in enumerate(plan):
+                x = torch.stack([activation(s, step) for s in ids]) * gain
+                if rank == 0:
+                    link.send(x, ids)
+                    link.recv_grad(ids)
+                else:
+                    out = link.recv(ids)
+                    new = [i for i, s in enumerate(ids) if s not in seen] if step else ids
+                    old = [i for i in range(len(ids)) if i not in new]
+                    if old:  # delta-coded samples only: the first appearance is exact
+                        err = ((out[old] - x[old]).abs() / gain).mean().item()
+                        worst = max(worst, err)
+                    link.send_grad(0.5 * x, ids)
+                seen = set(ids) | (seen if step else set())
+            link.flush()
+            link.verify()  # the two ends' caches: the same bits
+            errs[scales] = worst
+        if rank == 1:
+            assert link.codec == f"q2:col={SHAPE[1]}"
+            # Mean error per unit of gain (2.1x apart here): where a block's scale is set by
+            # the large channels, the small ones' deltas round to zero.
+            assert errs["channel"] < errs["block"] / 1.5, errs
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_channel_scales_keep_caches_identical_and_cut_error(tmp_path):
+    run_world(_channel_scales, 2, tmp_path)
+
+
 def test_arguments_refused():
+    with pytest.raises(ValueError, match="scales must be"):
+        Link(1, SHAPE, scales="row")
+    with pytest.raises(ValueError, match="1-bit codes take block scales"):
+        Link(1, SHAPE, bits=1, scales="channel")
     with pytest.raises(ValueError, match="8 bits or more"):
         Link(1, SHAPE, backward="q4")
+    assert Link(1, SHAPE, backward="q4", allow_low_bit_backward=True).backward == "q4"
+    with pytest.raises(ValueError, match="8 bits or more"):
+        Link(1, SHAPE, backward="q1", allow_low_bit_backward=True)
     with pytest.raises(ValueError, match="bits must be"):
         Link(1, SHAPE, bits=5)
     with pytest.raises(ValueError, match="capacity"):
