@@ -9,7 +9,13 @@ per-sample cache (lowcomm.aqsgd), gradients back at 8 bits.
 
 Runs: "fp32" (activations and gradients as they are), "direct<b>" (activations quantized to
 b bits), "aqsgd<b>" (AQ-SGD deltas of b bits; a sample's first appearance, i.e. the first
-epoch, at full precision). Training visits a fixed set of samples for several epochs (AQ-SGD
+epoch, at full precision). "/bw<b>" after a run sets the backward gradients' bits (8 by
+default: "aqsgd2/bw4" is AQ-SGD's fw2/bw4).
+
+Fine-tuning, as AQ-SGD was published (--pretrain N --shift swapcase): the whole model first
+trains N steps on the corpus in the launching process (fp32, no pipeline; cached in <out>),
+then the pipeline fine-tunes that model on a shifted distribution of the same bytes (every
+letter's case swapped) for the epochs given, and validation is on the shifted held-out bytes. Training visits a fixed set of samples for several epochs (AQ-SGD
 keys its cache by sample id). Schedule: GPipe, M micro-batches per step, stage 0 sends every
 micro-batch's activation as soon as it is computed (sends do not block), stage 1 sends each
 gradient back as soon as it has it. Each run prints validation loss, bytes per micro-batch,
@@ -33,12 +39,45 @@ from lowcomm_examples.launch import run_ranks  # noqa: E402
 
 
 def parse_run(name):
+    """'aqsgd2/bw4' -> ('aqsgd', 2, 4); 'fp32' -> ('fp32', 32, 32)."""
     if name == "fp32":
-        return "fp32", 32
-    m = re.fullmatch(r"(direct|aqsgd)([1-8])", name)
+        return "fp32", 32, 32
+    m = re.fullmatch(r"(direct|aqsgd)([1-8])(?:/bw([48]))?", name)
     if not m:
-        raise SystemExit(f"pipeline_aqsgd: unknown run {name!r} (fp32, direct<b>, aqsgd<b>)")
-    return m.group(1), int(m.group(2))
+        raise SystemExit(f"pipeline_aqsgd: unknown run {name!r} (fp32, direct<b>, aqsgd<b>, "
+                         f"each with an optional /bw4 or /bw8)")
+    return m.group(1), int(m.group(2)), int(m.group(3) or 8)
+
+
+def pretrained_path(args, seed):
+    return os.path.join(args.out, f"pretrained-{args.model}-s{seed}-{args.pretrain}steps-"
+                                  f"{args.data_bytes}bytes.pt")
+
+
+def pretrain(args, seed):
+    """The model every run of this seed fine-tunes: N steps of AdamW on the unshifted corpus,
+    in this process (one thread per core), cached."""
+    path = pretrained_path(args, seed)
+    if os.path.exists(path):
+        return
+    cfg = gpt.QUICK if args.model == "quick" else gpt.FULL
+    corpus = data.Corpus(args.data_bytes, seed=seed)
+    model = gpt.GPT(cfg, seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    t0 = time.perf_counter()
+    for step in range(args.pretrain):
+        x, y = corpus.train_batch(step, batch=16, seq=cfg.seq)
+        loss = gpt.loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    shifted = data.Corpus(args.data_bytes, seed=seed, shift=args.shift)
+    print(f"pretrained seed {seed}: {args.pretrain} steps in {time.perf_counter() - t0:.0f} s, "
+          f"val loss {gpt.evaluate(model, corpus.val_batches(16, cfg.seq, 8)):.4f} on the "
+          f"corpus, {gpt.evaluate(model, shifted.val_batches(16, cfg.seq, 8)):.4f} on the "
+          f"{args.shift} shift", flush=True)
+    torch.save(model.state_dict(), path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def stage_main(rank, args, run, seed, port, queue):
@@ -50,17 +89,21 @@ def stage_main(rank, args, run, seed, port, queue):
 
     dist.init_process_group("lowcomm", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
-    mode, bits = parse_run(run)
+    mode, bits, bw_bits = parse_run(run)
     cfg = gpt.QUICK if args.model == "quick" else gpt.FULL
-    corpus = data.Corpus(args.data_bytes, seed=seed)
+    corpus = data.Corpus(args.data_bytes, seed=seed, shift=args.shift)
     samples = corpus.samples(args.samples, cfg.seq)
     val = corpus.val_batches(args.micro_batch, cfg.seq, args.val_batches)
     model = gpt.GPT(cfg, seed=seed)
+    if args.pretrain:
+        model.load_state_dict(torch.load(pretrained_path(args, seed)))
     stage = gpt.split_stages(model, 2)[rank]
     opt = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.0)
     shape = (cfg.seq, cfg.d_model)
     link = Link(1 - rank, shape, mode=mode, bits=min(bits, 8), block=args.block,
-                backward="fp32" if mode == "fp32" else f"q8:block={args.block}")
+                scales=args.scales,
+                backward="fp32" if mode == "fp32" else f"q{bw_bits}:block={args.block}",
+                allow_low_bit_backward=bw_bits < 8)
     probe = Link(1 - rank, shape, mode="fp32", tag=500)  # validation: exact, not timed
 
     def evaluate():
@@ -118,10 +161,24 @@ def stage_main(rank, args, run, seed, port, queue):
             step += 1
             step_times.append((epoch, time.perf_counter() - t_step))
         t0 = time.perf_counter()
+        if epoch == 0:  # the per-step breakdown counts the later (compressed) epochs
+            mark = (step, t0 - start - evaluating, compute, link.link_s, link.wait_s)
         curve.append((step, t0 - start - evaluating, evaluate()))
         evaluating += time.perf_counter() - t0
     wall = time.perf_counter() - start - evaluating
     later = [t for e, t in step_times if e >= 1] or [t for _, t in step_times]
+    if args.epochs == 1:
+        mark = (0, 0.0, 0.0, 0.0, 0.0)
+    n_later = max(1, step - mark[0])
+    # Per step after epoch 1, this stage: its model's compute, lowcomm's CPU work in the link
+    # (codecs, cache, copies, Python), time blocked on the network, and the rest.
+    breakdown = {
+        "step": (wall - mark[1]) / n_later,
+        "compute": (compute - mark[2]) / n_later,
+        "lowcomm": (link.link_s - link.wait_s - mark[3] + mark[4]) / n_later,
+        "network_wait": (link.wait_s - mark[4]) / n_later,
+    }
+    breakdown["other"] = breakdown["step"] - sum(v for k, v in breakdown.items() if k != "step")
     n_micro = step * args.micro_batches
     result = {
         "run": run, "seed": seed, "rank": rank, "params": model.n_params(),
@@ -130,6 +187,7 @@ def stage_main(rank, args, run, seed, port, queue):
         "bytes_per_micro_batch": link.bytes_sent / n_micro,
         "step_s_after_first_epoch": sorted(later)[len(later) // 2],
         "cache_bytes_per_sample": link.cache.bytes_per_sample if mode == "aqsgd" else 0,
+        "breakdown_s": breakdown,
     }
     queue.put(result)
     dist.destroy_process_group()
@@ -143,6 +201,7 @@ def one_run(args, run, seed):
     r["bytes_per_micro_batch"] = sum(x["bytes_per_micro_batch"] for x in results)
     r["step_s_after_first_epoch"] = max(x["step_s_after_first_epoch"] for x in results)
     r["cache_bytes_per_sample"] = results[0]["cache_bytes_per_sample"]
+    r["breakdown_s"] = [x["breakdown_s"] for x in results]
     return r
 
 
@@ -158,6 +217,13 @@ def main():
     ap.add_argument("--block", type=int, default=1024,
                     help="elements per quantization scale (AQ-SGD's code: one scale per "
                          "channel over a micro-batch's tokens, ~1024 values)")
+    ap.add_argument("--scales", choices=("block", "channel"), default="block",
+                    help="one quantization scale per --block elements, or per hidden channel "
+                         "over a micro-batch's tokens (AQ-SGD's quantizer)")
+    ap.add_argument("--pretrain", type=int, default=0,
+                    help="fine-tune: pretrain the whole model this many steps first")
+    ap.add_argument("--shift", choices=("none", "swapcase"), default="none",
+                    help="the pipeline's data: the corpus, or a shifted one (fine-tuning)")
     ap.add_argument("--model", choices=("quick", "full"), default="quick")
     ap.add_argument("--data-bytes", type=int, default=8 << 20)
     ap.add_argument("--val-batches", type=int, default=16)
@@ -169,18 +235,29 @@ def main():
     if args.quick:
         args.samples, args.epochs, args.val_batches = 128, 3, 4
         args.data_bytes = min(args.data_bytes, 2 << 20)
+    runs = args.runs.split(",")
+    for run in runs:
+        if args.scales == "channel" and parse_run(run)[1] == 1:
+            raise SystemExit(f"pipeline_aqsgd: {run}: 1-bit codes take block scales, not "
+                             "--scales channel")
     os.makedirs(args.out, exist_ok=True)
     results = []
     for seed in [int(s) for s in args.seeds.split(",")]:
-        for run in args.runs.split(","):
+        if args.pretrain:
+            pretrain(args, seed)
+        for run in runs:
             r = one_run(args, run, seed)
             results.append(r)
-            print(f"{run:>8} seed {seed}: val loss {r['final_val_loss']:.4f} (untrained "
+            print(f"{run:>8} seed {seed}: val loss {r['final_val_loss']:.4f} "
+                  f"({'before fine-tuning' if args.pretrain else 'untrained'} "
                   f"{r['curve'][0][2]:.4f}), {r['bytes_per_micro_batch'] / 1e3:.1f} kB per "
                   f"micro-batch (both ways), wall {r['wall_s']:.1f} s, step "
                   f"{1e3 * r['step_s_after_first_epoch']:.0f} ms after epoch 1, compute "
                   f"utilisation {', '.join(f'{100 * u:.0f}%' for u in r['utilisation'])}",
                   flush=True)
+            print("          per step after epoch 1, stage 0 | stage 1 (ms): " + " | ".join(
+                ", ".join(f"{k.replace('_', ' ')} {1e3 * v:.0f}" for k, v in b.items())
+                for b in r["breakdown_s"]), flush=True)
     plot.write_results(args.out, "pipeline", args, results)
 
 

@@ -4,6 +4,13 @@ loss over seeds, its gap to the run named as the reference (fp32), bytes, wall t
 compute utilisation.
 
     .venv/bin/python examples/report.py results/diloco-quality [more result dirs...]
+    .venv/bin/python examples/report.py --plot docs/img/t2 results/t2/none \
+        "results/t2/tau1=q4 tau 1" ...
+
+A directory given as DIR=LABEL names its runs "LABEL" (its run name after a space when it
+holds several), so runs of the same codec in different settings stay apart. --plot PREFIX
+also writes PREFIX-loss-vs-step.png and PREFIX-loss-vs-wall.png: each run's validation loss
+curve averaged over its seeds, side by side.
 """
 import json
 import statistics
@@ -13,10 +20,16 @@ from pathlib import Path
 
 def load(dirs):
     rows, kind = [], None
-    for d in dirs:
+    for arg in dirs:
+        d, label = arg, ""
+        if not Path(arg).is_dir() and "=" in arg:
+            d, _, label = arg.rpartition("=")
         data = json.loads((Path(d) / "results.json").read_text())
+        names = {r["run"] for r in data["results"]}
         for r in data["results"]:
             r["_dir"] = str(d)
+            if label:
+                r["run"] = label if len(names) == 1 else f"{label} {r['run']}"
             kind = "pipeline" if "bytes_per_micro_batch" in r else "diloco"
             rows.append(r)
     return rows, kind
@@ -52,11 +65,35 @@ def table(rows, kind):
                   f"{step:.0f} | {wall:.1f} |")
 
 
+def mean_curves(rows):
+    """Per run: (step, wall_s, val_loss) averaged over its seeds, point by point."""
+    runs = {}
+    for r in rows:
+        runs.setdefault(r["run"], []).append(r["curve"])
+    out = {}
+    for name, curves in runs.items():
+        n = min(len(c) for c in curves)
+        out[f"{name} ({len(curves)} seeds)"] = [
+            (curves[0][i][0], statistics.mean(c[i][1] for c in curves),
+             statistics.mean(c[i][2] for c in curves)) for i in range(n)]
+    return out
+
+
 def main():
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    plot_prefix = None
+    if args and args[0] == "--plot":
+        if len(args) < 2:
+            raise SystemExit(__doc__)
+        plot_prefix, args = args[1], args[2:]
+    if not args:
         raise SystemExit(__doc__)
-    rows, kind = load(sys.argv[1:])
+    rows, kind = load(args)
     table(rows, kind)
+    if plot_prefix:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from lowcomm_examples import plot
+        plot.write_curves(plot_prefix, mean_curves(rows))
 
 
 if __name__ == "__main__":

@@ -129,11 +129,22 @@ class Corpus:
     """The standard-library byte corpus, split 90/10 into training and validation bytes.
 
     Attributes: ``sha256`` (hex digest of the bytes), ``n_files``, ``train`` and ``val``
-    (uint8 tensors), ``seed`` (for ``train_batch``).
+    (uint8 tensors), ``seed`` (for ``train_batch``), ``shift`` (``"swapcase"``: every ASCII
+    letter's case swapped, a shifted distribution for fine-tuning).
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, seed: int = 0, root: Path | None = None):
+    def __init__(
+        self, max_bytes: int = DEFAULT_MAX_BYTES, seed: int = 0, root: Path | None = None,
+        shift: str = "none",
+    ):
         raw, self.n_files = load_bytes(max_bytes, root)
+        if shift == "swapcase":
+            # A shifted distribution for fine-tuning (same structure, other byte statistics):
+            # "def f(self):" becomes "DEF F(SELF):".
+            raw = raw.swapcase()
+        elif shift != "none":
+            raise ValueError(f"unknown corpus shift {shift!r} (none, swapcase)")
+        self.shift = shift
         if len(raw) < 64 * CHUNK_BYTES:
             raise ValueError(f"corpus too small: {len(raw)} bytes (max_bytes={max_bytes})")
         self.sha256 = hashlib.sha256(raw).hexdigest()

@@ -53,6 +53,38 @@ def test_pipeline_quick(tmp_path):
     assert aq["cache_bytes_per_sample"] > 0 and direct["cache_bytes_per_sample"] == 0
 
 
+def test_pipeline_fine_tuning_with_channel_scales_and_4_bit_gradients(tmp_path):
+    out = tmp_path / "finetune"
+    text = run([EXAMPLES / "pipeline_aqsgd.py", "--quick", "--pretrain", "40", "--shift",
+                "swapcase", "--scales", "channel", "--runs", "fp32,aqsgd2/bw4", "--out", out],
+               tmp_path)
+    assert "pretrained seed 1: 40 steps" in text and "before fine-tuning" in text
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert [r["run"] for r in results] == ["fp32", "aqsgd2/bw4"]
+    for r in results:  # both fine-tune the same pretrained model: the same starting loss
+        assert r["curve"][0][2] == results[0]["curve"][0][2]
+        assert r["final_val_loss"] < r["curve"][0][2] - 0.3, r
+
+
+def test_report_relabels_and_plots(tmp_path):
+    out = tmp_path / "pipe"
+    run([EXAMPLES / "pipeline_aqsgd.py", "--quick", "--runs", "fp32,direct2", "--epochs", "1",
+         "--out", out], tmp_path)
+    text = run([EXAMPLES / "report.py", "--plot", tmp_path / "cmp", str(out),
+                f"{out}=again"], tmp_path)
+    assert "| fp32 | 1 |" in text and "| again fp32 | 1 |" in text and "| again direct2 |" in text
+    for suffix in ("-loss-vs-step.png", "-loss-vs-wall.png"):
+        assert (tmp_path / f"cmp{suffix}").stat().st_size > 1000
+
+
+def test_diloco_streaming_quick(tmp_path):
+    out = tmp_path / "streaming"
+    text = run([EXAMPLES / "diloco_train.py", "--quick", "--runs", "q4", "--fragments", "2",
+                "--delay", "2", "--out", out], tmp_path)
+    assert "2 fragments, delay 2, alpha 0.5" in text
+    check_outputs(out, "diloco", ["q4"])
+
+
 def test_opendiloco_style_script_with_only_the_backend_changed(tmp_path):
     text = run([EXAMPLES / "existing" / "opendiloco_style.py", "--spawn", "2", "--steps", "20",
                 "--local-steps", "5"], tmp_path,

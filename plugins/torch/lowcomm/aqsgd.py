@@ -30,8 +30,10 @@ checks the ids against its own and which samples are new against its cache, so a
 caches diverged (one end restored from another checkpoint) fails with a clear error instead
 of decoding garbage.
 """
+import contextlib
 import hashlib
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -191,12 +193,51 @@ class Link:
         self.in_flight = []  # sends not yet known complete: (requests, buffers they read)
         self.bytes_sent = 0
         self.bytes_received = 0
+        # Where this end's time goes (seconds): in the link's calls (send, recv, send_grad,
+        # recv_grad, flush) in all, and the part of it blocked on the network (receives and
+        # waits for sends); the rest is lowcomm's CPU work: codecs, cache, copies, Python.
+        self.link_s = 0.0
+        self.wait_s = 0.0
 
     # -- forward ------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def send(self, x, sample_ids):
         """Send the activations x [len(sample_ids), *sample_shape] of these samples."""
+        with self._timed():
+            self._send(x, sample_ids)
+
+    def recv(self, sample_ids):
+        """The activations of these samples, as the sender sent them: [len, *sample_shape]."""
+        with self._timed():
+            return self._recv(sample_ids)
+
+    def send_grad(self, grad, sample_ids):
+        """Send the gradient w.r.t. the received activation of these samples back."""
+        with self._timed():
+            self._send_grad(grad, sample_ids)
+
+    def recv_grad(self, sample_ids):
+        """The gradients of these samples' activations, as the receiver sent them."""
+        with self._timed():
+            return self._recv_grad(sample_ids)
+
+    def flush(self):
+        """Wait until every send of this end has completed (sends return at once; at most
+        max_in_flight micro-batches are outstanding)."""
+        with self._timed():
+            while self.in_flight:
+                self._complete_oldest()
+
+    @contextlib.contextmanager
+    def _timed(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.link_s += time.perf_counter() - t0
+
+    @torch.no_grad()
+    def _send(self, x, sample_ids):
         ids = _ids(sample_ids)
         x = self._rows(x, len(ids))
         old_rows, old_pos, new_pos = self.cache.rows(ids) if self.mode == "aqsgd" else (
@@ -225,8 +266,7 @@ class Link:
         self._post(_FWD, ids, len(new_pos) if self.mode == "aqsgd" else 0, parts)
 
     @torch.no_grad()
-    def recv(self, sample_ids):
-        """The activations of these samples, as the sender sent them: [len, *sample_shape]."""
+    def _recv(self, sample_ids):
         ids = _ids(sample_ids)
         old_rows, old_pos, new_pos = self.cache.rows(ids) if self.mode == "aqsgd" else (
             [], [], list(range(len(ids))))
@@ -264,8 +304,7 @@ class Link:
     # -- backward -----------------------------------------------------------------------------
 
     @torch.no_grad()
-    def send_grad(self, grad, sample_ids):
-        """Send the gradient w.r.t. the received activation of these samples back."""
+    def _send_grad(self, grad, sample_ids):
         ids = _ids(sample_ids)
         g = self._rows(grad, len(ids))
         if self.backward is None:
@@ -275,7 +314,7 @@ class Link:
         self._post(_BWD, ids, 0, [part])
 
     @torch.no_grad()
-    def recv_grad(self, sample_ids):
+    def _recv_grad(self, sample_ids):
         ids = _ids(sample_ids)
         self._header(_BWD, ids, 0)
         out = torch.empty(len(ids), self.cache.numel, dtype=self.cache.dtype)
@@ -346,18 +385,16 @@ class Link:
 
     def _complete_oldest(self):
         reqs, _ = self.in_flight.pop(0)
+        t0 = time.perf_counter()
         for r in reqs:
             r.wait()
-
-    def flush(self):
-        """Wait until every send of this end has completed (sends return at once; at most
-        max_in_flight micro-batches are outstanding)."""
-        while self.in_flight:
-            self._complete_oldest()
+        self.wait_s += time.perf_counter() - t0
 
     def _header(self, direction, ids, n_new):
         head = torch.empty(4 + len(ids), dtype=torch.int64)
+        t0 = time.perf_counter()
         dist.recv(head, self.peer, group=self.group, tag=self.tag + 2 * (direction - 1))
+        self.wait_s += time.perf_counter() - t0
         self._payload_tag = self.tag + 2 * (direction - 1) + 1
         got = head.tolist()
         what = "activations" if direction == _FWD else "gradients"
@@ -376,7 +413,9 @@ class Link:
 
     def _payload(self, nbytes):
         buf = torch.empty(nbytes, dtype=torch.uint8)
+        t0 = time.perf_counter()
         dist.recv(buf, self.peer, group=self.group, tag=self._payload_tag)
+        self.wait_s += time.perf_counter() - t0
         self.bytes_received += nbytes
         return buf
 

@@ -101,8 +101,11 @@ class DiLoCo:
                  nesterov=True, outer_optimizer=None, codec=None, error_feedback=False,
                  overlap=False, fragments=1, error_feedback_decay=None, delay=0,
                  merge_alpha=0.5, name="diloco"):
-        if sync_every < 1:
-            raise ValueError(f"lowcomm.diloco: sync_every must be >= 1, got {sync_every}")
+        if isinstance(sync_every, bool) or not isinstance(sync_every, (int, float)) or \
+                int(sync_every) != sync_every or sync_every < 1:
+            raise ValueError(f"lowcomm.diloco: sync_every must be an integer >= 1, got "
+                             f"{sync_every!r}")
+        sync_every = int(sync_every)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("lowcomm.diloco: the model has no trainable parameters")
@@ -110,11 +113,13 @@ class DiLoCo:
         if len(plan) > sync_every:
             raise ValueError(f"lowcomm.diloco: {len(plan)} fragments need sync_every >= "
                              f"{len(plan)}, got {sync_every}")
-        if isinstance(delay, bool) or int(delay) != delay or not 0 <= delay < sync_every:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or \
+                int(delay) != delay or not 0 <= delay < sync_every:
             raise ValueError(f"lowcomm.diloco: delay (tau) must be an integer in [0, sync_every "
                              f"{sync_every}), got {delay!r}")
         self.delay = int(delay)
-        if not 0.0 <= float(merge_alpha) <= 1.0:
+        if isinstance(merge_alpha, bool) or not isinstance(merge_alpha, (int, float)) or \
+                not 0.0 <= merge_alpha <= 1.0:
             raise ValueError(f"lowcomm.diloco: merge_alpha must be in [0, 1], got {merge_alpha}")
         self.merge_alpha = float(merge_alpha)
         if self.delay and overlap:
@@ -249,15 +254,31 @@ class DiLoCo:
         the same number of steps), and load the global parameters into the model (what every
         rank then holds bit for bit). Eager overlap and elastic groups (whose members leave
         when they like) drop the progress of a short last round."""
+        short_rounds = not self.elastic and self.overlap_mode != "eager"
+        if short_rounds:
+            self._check_same_steps()
         for f in range(len(self.fragments)):
+            if self.delay and self.pending[f] is not None:
+                self._apply_delayed(f)  # the merge too: the short round starts from θ_g
             self._apply_pending(f)
             if self.overlap_mode == "eager":
                 self._equalize(f)
-            elif not self.elastic and self.inner_steps > self.synced_at[f]:
+            elif short_rounds and self.inner_steps > self.synced_at[f]:
                 self._sync(f)
                 self._apply_pending(f)
             self.starts[f].copy_(self.global_params[f])
             self._load(f, self.global_params[f])
+
+    def _check_same_steps(self):
+        """finish()'s short rounds are collectives only ranks with progress would start: every
+        rank must have run the same inner steps (one small all-reduce says so, or why not)."""
+        t = torch.tensor([self.inner_steps, -self.inner_steps], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        if int(t[0]) != -int(t[1]):
+            raise ValueError(f"lowcomm.diloco: finish() after {self.inner_steps} inner steps "
+                             f"here, while the group's ranks ran from {-int(t[1])} to "
+                             f"{int(t[0])}: every rank must call finish() after the same "
+                             "number of step() calls")
 
     def _last_scheduled_sync(self, f):
         """The inner step at which fragment f last synchronised on schedule (0: never)."""
@@ -484,9 +505,12 @@ class DiLoCo:
             raise ValueError(f"lowcomm.diloco: unknown state version {state.get('version')}")
         saved = dict(state["config"])
         if "plan" not in saved:  # a state from before plans and delays: contiguous, no delay
-            saved["plan"] = _plan(self.params, len(saved["sizes"]))
+            try:
+                saved["plan"] = _plan(self.params, len(saved["sizes"]))
+            except ValueError:
+                saved["plan"] = None
             saved.setdefault("delay", 0)
-            saved.setdefault("merge_alpha", self.merge_alpha)
+            saved.setdefault("merge_alpha", None)
         if saved != self._config():
             raise ValueError(f"lowcomm.diloco: the state is of another configuration: saved "
                              f"{state['config']}, this one {self._config()}")
@@ -524,7 +548,7 @@ class DiLoCo:
             "overlap": self.overlap_mode,
             "plan": [list(idx) for idx in self.plan],
             "delay": self.delay,
-            "merge_alpha": self.merge_alpha,
+            "merge_alpha": self.merge_alpha if self.delay else None,
             "world": self.world,
         }
 
@@ -563,6 +587,10 @@ def _plan(params, fragments):
             raise ValueError(f"lowcomm.diloco: fragment {f} of the plan is empty")
         idx = []
         for p in frag:
+            if not isinstance(p, torch.Tensor):
+                raise ValueError(f"lowcomm.diloco: fragment {f} holds a {type(p).__name__}, "
+                                 f"not a parameter (give lists of parameters, e.g. "
+                                 f"list(block.parameters()))")
             i = where.get(id(p))
             if i is None:
                 raise ValueError(f"lowcomm.diloco: fragment {f} holds a tensor that is not a "

@@ -179,7 +179,8 @@ def _channel_scales(rank, world, init_file, errors):
                     link.recv_grad(ids)
                 else:
                     out = link.recv(ids)
-                    new = [i for i, s in enumerate(ids) if s not in seen] if step else ids
+                    new = ([i for i, s in enumerate(ids) if s not in seen] if step
+                           else list(range(len(ids))))
                     old = [i for i in range(len(ids)) if i not in new]
                     if old:  # delta-coded samples only: the first appearance is exact
                         err = ((out[old] - x[old]).abs() / gain).mean().item()

@@ -82,6 +82,12 @@ def _reference(rank, world, init_file, errors):
         assert torch.equal(flat(model), ref_global), (flat(model) - ref_global).abs().max()
         outer.finish()
         assert torch.equal(flat(model), ref_global)
+        # Ranks that ran different step counts: finish() says so instead of hanging.
+        odd = DiLoCo(make_model(), group=lc, sync_every=3)
+        if rank == 0:
+            odd.step()
+        with pytest.raises(ValueError, match="every rank must call finish"):
+            odd.finish()
         dist.destroy_process_group()
     except Exception:
         errors.put(f"rank {rank}:\n{traceback.format_exc()}")
@@ -164,7 +170,7 @@ def _streaming_reference(rank, world, init_file, errors):
         params = list(model.parameters())
         plan = [[params[0], params[2]], [params[1], params[3]]]  # strided across depth
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        H, tau, alpha, lr, mu = 4, 1, 0.5, 0.7, 0.9
+        H, tau, alpha, lr, mu = 4, 2, 0.5, 0.7, 0.9
         outer = DiLoCo(model, group=lc, sync_every=H, fragments=plan, delay=tau,
                        merge_alpha=alpha)
 
@@ -193,18 +199,20 @@ def _streaming_reference(rank, world, init_file, errors):
         rplan = [[rparams[0], rparams[2]], [rparams[1], rparams[3]]]
         glob = [torch.cat([p.detach().reshape(-1) for p in fr]).clone() for fr in rplan]
         start = [g.clone() for g in glob]
-        buf, pending, due = [None, None], [None, None], [None, None]
+        buf, pending, due, last = [None, None], [None, None], [None, None], [0, 0]
         offsets = [2, 4]
         synced_and_merged = 0
-        for step in range(1, 15):
+        def outer_sgd(f, avg):
+            buf[f] = avg.clone() if buf[f] is None else buf[f].mul(mu).add(avg)
+            glob[f] = glob[f].add(avg.add(buf[f], alpha=mu), alpha=-lr)
+
+        for step in range(1, 16):
             inner_step(model, opt, rank, step)
             inner_step(ref, ref_opt, rank, step)
             outer.step()
             for f in range(2):
                 if due[f] == step:
-                    avg = pending[f]
-                    buf[f] = avg.clone() if buf[f] is None else buf[f].mul(mu).add(avg)
-                    glob[f] = glob[f].add(avg.add(buf[f], alpha=mu), alpha=-lr)
+                    outer_sgd(f, pending[f])
                     put(f, get(f).mul(alpha).add(glob[f], alpha=1.0 - alpha))
                     start[f] = glob[f].clone()
                     due[f] = None
@@ -213,18 +221,24 @@ def _streaming_reference(rank, world, init_file, errors):
                 if step >= offsets[f] and (step - offsets[f]) % H == 0:
                     pending[f] = rank_order_average(start[f] - get(f))
                     due[f] = step + tau
+                    last[f] = step
             a = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             b = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
             assert torch.equal(a, b), (step, (a - b).abs().max())
         assert synced_and_merged == 6, synced_and_merged
-        # Between a send and its merge the model trains on: the local parameters differ
-        # between ranks (the global ones do not), and finish() leaves the global ones.
+        # finish() at step 15: fragment 0 sent at 14 (due at 16) is applied and merged, then
+        # both fragments take a last outer step over the steps since their last send.
+        assert due == [16, None] and last == [14, 12], (due, last)
+        for f in range(2):
+            if due[f] is not None:
+                outer_sgd(f, pending[f])
+                put(f, get(f).mul(alpha).add(glob[f], alpha=1.0 - alpha))
+                start[f] = glob[f].clone()
+            outer_sgd(f, rank_order_average(start[f] - get(f)))
         outer.finish()
         for f in range(2):
-            g = outer.global_params[f]
-            every = [torch.empty_like(g) for _ in range(world)]
-            dist.all_gather(every, g)
-            assert all(torch.equal(e, g) for e in every)
+            assert torch.equal(outer.global_params[f], glob[f]), f
+            assert torch.equal(torch.cat([p.detach().reshape(-1) for p in plan[f]]), glob[f])
         dist.destroy_process_group()
     except Exception:
         errors.put(f"rank {rank}:\n{traceback.format_exc()}")
@@ -242,6 +256,11 @@ def test_streaming_delay_and_merge_equal_reference_bitwise(tmp_path):
     (dict(sync_every=4, delay=1, merge_alpha=1.5), "merge_alpha must be in [0, 1]"),
     (dict(sync_every=4, fragments="first"), "an int or a list of parameter lists"),
     (dict(sync_every=4, fragments=[[0]]), "not a trainable parameter"),
+    (dict(sync_every=4, fragments=[["module"]]), "holds a Linear, not a parameter"),
+    (dict(sync_every=4.5, delay=4), "sync_every must be an integer"),
+    (dict(sync_every=True), "sync_every must be an integer"),
+    (dict(sync_every=4, delay=None), "delay (tau) must be"),
+    (dict(sync_every=4, delay=1, merge_alpha=True), "merge_alpha must be in [0, 1]"),
     (dict(sync_every=4, fragments=[["self0"], ["self0", "self1", "self2", "self3"]]),
      "more than one fragment"),
     (dict(sync_every=4, fragments=[["self0", "self1"], ["self2"]]),
@@ -254,7 +273,8 @@ def test_bad_fragment_plans_and_delays_are_refused(kw, message):
     model = make_model()
     params = list(model.parameters())
     if isinstance(kw.get("fragments"), list):
-        kw["fragments"] = [[params[int(x[4:])] if isinstance(x, str) else torch.zeros(3)
+        kw["fragments"] = [[model[0] if x == "module" else params[int(x[4:])]
+                            if isinstance(x, str) else torch.zeros(3)
                             for x in frag] for frag in kw["fragments"]]
     with pytest.raises(ValueError) as e:
         DiLoCo(model, **kw)
