@@ -10,7 +10,7 @@ per-sample cache (lowcomm.aqsgd), gradients back at 8 bits.
 Runs: "fp32" (activations and gradients as they are), "direct<b>" (activations quantized to
 b bits), "aqsgd<b>" (AQ-SGD deltas of b bits; a sample's first appearance, i.e. the first
 epoch, at full precision). "/bw<b>" after a run sets the backward gradients' bits (8 by
-default: "aqsgd2/bw4" is AQ-SGD's fw2/bw4).
+default: "aqsgd2/bw4" is AQ-SGD's fw2/bw4), "/bw<b>sr" rounds them stochastically.
 
 Fine-tuning, as AQ-SGD was published (--pretrain N --shift swapcase): the whole model first
 trains N steps on the corpus in the launching process (fp32, no pipeline; cached in <out>),
@@ -39,14 +39,15 @@ from lowcomm_examples.launch import run_ranks  # noqa: E402
 
 
 def parse_run(name):
-    """'aqsgd2/bw4' -> ('aqsgd', 2, 4); 'fp32' -> ('fp32', 32, 32)."""
+    """'aqsgd2/bw4' -> ('aqsgd', 2, 4, ''); 'aqsgd2/bw4sr' -> ('aqsgd', 2, 4, ':sr');
+    'fp32' -> ('fp32', 32, 32, '')."""
     if name == "fp32":
-        return "fp32", 32, 32
-    m = re.fullmatch(r"(direct|aqsgd)([1-8])(?:/bw([48]))?", name)
+        return "fp32", 32, 32, ""
+    m = re.fullmatch(r"(direct|aqsgd)([1-8])(?:/bw([48])(sr)?)?", name)
     if not m:
         raise SystemExit(f"pipeline_aqsgd: unknown run {name!r} (fp32, direct<b>, aqsgd<b>, "
-                         f"each with an optional /bw4 or /bw8)")
-    return m.group(1), int(m.group(2)), int(m.group(3) or 8)
+                         f"each with an optional /bw4, /bw8, /bw4sr or /bw8sr)")
+    return m.group(1), int(m.group(2)), int(m.group(3) or 8), ":sr" if m.group(4) else ""
 
 
 def pretrained_path(args, seed):
@@ -89,7 +90,7 @@ def stage_main(rank, args, run, seed, port, queue):
 
     dist.init_process_group("lowcomm", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
-    mode, bits, bw_bits = parse_run(run)
+    mode, bits, bw_bits, bw_sr = parse_run(run)
     cfg = gpt.QUICK if args.model == "quick" else gpt.FULL
     corpus = data.Corpus(args.data_bytes, seed=seed, shift=args.shift)
     samples = corpus.samples(args.samples, cfg.seq)
@@ -102,7 +103,7 @@ def stage_main(rank, args, run, seed, port, queue):
     shape = (cfg.seq, cfg.d_model)
     link = Link(1 - rank, shape, mode=mode, bits=min(bits, 8), block=args.block,
                 scales=args.scales,
-                backward="fp32" if mode == "fp32" else f"q{bw_bits}:block={args.block}",
+                backward="fp32" if mode == "fp32" else f"q{bw_bits}:block={args.block}{bw_sr}",
                 allow_low_bit_backward=bw_bits < 8)
     probe = Link(1 - rank, shape, mode="fp32", tag=500)  # validation: exact, not timed
 

@@ -198,6 +198,9 @@ class Link:
         # waits for sends); the rest is lowcomm's CPU work: codecs, cache, copies, Python.
         self.link_s = 0.0
         self.wait_s = 0.0
+        # Stochastic rounding of the gradients (backward="q4:sr", ...): every message draws
+        # from its own stretch of the codec's counter-based random stream.
+        self.grad_offset = 0
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -310,7 +313,8 @@ class Link:
         if self.backward is None:
             part = g.view(torch.uint8).reshape(-1).clone()
         else:
-            part = _C.encode(self.backward, g)
+            part = _C.encode(self.backward, g, seed=self.tag, offset=self.grad_offset)
+            self.grad_offset += g.numel()
         self._post(_BWD, ids, 0, [part])
 
     @torch.no_grad()
@@ -329,7 +333,8 @@ class Link:
     # -- checkpoints and checks ---------------------------------------------------------------
 
     def state_dict(self, with_data=True):
-        return {"mode": self.mode, "codec": self.codec, "cache": self.cache.state_dict(with_data)}
+        return {"mode": self.mode, "codec": self.codec, "cache": self.cache.state_dict(with_data),
+                "grad_offset": self.grad_offset}
 
     def load_state_dict(self, st, verify=True):
         """Restore the cache; with verify (both ends at once) the two ends compare digests."""
@@ -337,6 +342,7 @@ class Link:
             raise ValueError(f"lowcomm.aqsgd: state of a {st['mode']} {st['codec']} link, "
                              f"this is {self.mode} {self.codec}")
         self.cache.load_state_dict(st["cache"])
+        self.grad_offset = int(st.get("grad_offset", 0))
         if verify:
             self.verify()
 

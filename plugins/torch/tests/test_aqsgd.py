@@ -205,6 +205,38 @@ def test_channel_scales_keep_caches_identical_and_cut_error(tmp_path):
     run_world(_channel_scales, 2, tmp_path)
 
 
+def _stochastic_gradients(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        peer = 1 - rank
+        link = Link(peer, SHAPE, backward="q4:block=64:sr", allow_low_bit_backward=True)
+        g = torch.randn(2, *SHAPE, generator=torch.Generator().manual_seed(3))
+        got = []
+        for _ in range(16):  # the same gradient, sent again and again
+            if rank == 1:
+                link.send_grad(g, [0, 1])
+            else:
+                got.append(link.recv_grad([0, 1]))
+        link.flush()
+        if rank == 0:
+            # Every message rounds with its own random numbers: the copies differ, and their
+            # mean is far closer to the gradient than one copy (unbiased rounding).
+            assert not torch.equal(got[0], got[1])
+            one = (got[0] - g).abs().mean()
+            mean = (torch.stack(got).mean(0) - g).abs().mean()
+            assert mean < one / 2.5, (float(one), float(mean))
+        assert link.state_dict()["grad_offset"] == (16 * g.numel() if rank == 1 else 0)
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_stochastically_rounded_gradients_draw_fresh_randomness_per_message(tmp_path):
+    run_world(_stochastic_gradients, 2, tmp_path)
+
+
 def test_arguments_refused():
     with pytest.raises(ValueError, match="scales must be"):
         Link(1, SHAPE, scales="row")
