@@ -101,10 +101,16 @@ def stage_main(rank, args, run, seed, port, queue):
     stage = gpt.split_stages(model, 2)[rank]
     opt = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.0)
     shape = (cfg.seq, cfg.d_model)
-    link = Link(1 - rank, shape, mode=mode, bits=min(bits, 8), block=args.block,
+    main = Link(1 - rank, shape, mode=mode, bits=min(bits, 8), block=args.block,
                 scales=args.scales,
                 backward="fp32" if mode == "fp32" else f"q{bw_bits}:block={args.block}{bw_sr}",
-                allow_low_bit_backward=bw_bits < 8)
+                allow_low_bit_backward=bw_bits < 8, rotate=args.rotate)
+    # --warmup-epochs: the first epochs over an exact link (AQ-SGD's own first appearance of
+    # every sample then comes on top: one more uncompressed epoch).
+    warm = (Link(1 - rank, shape, mode="fp32", tag=300)
+            if args.warmup_epochs and mode != "fp32" else None)
+    links = [main] + ([warm] if warm else [])
+    link = main
     probe = Link(1 - rank, shape, mode="fp32", tag=500)  # validation: exact, not timed
 
     def evaluate():
@@ -128,6 +134,7 @@ def stage_main(rank, args, run, seed, port, queue):
     start = time.perf_counter()
     step = 0
     for epoch in range(args.epochs):
+        link = warm if warm is not None and epoch < args.warmup_epochs else main
         batches = list(samples.batches(epoch, args.micro_batch * args.micro_batches, seed=seed))
         for ids, x, y in batches:
             t_step = time.perf_counter()
@@ -162,32 +169,36 @@ def stage_main(rank, args, run, seed, port, queue):
             step += 1
             step_times.append((epoch, time.perf_counter() - t_step))
         t0 = time.perf_counter()
-        if epoch == 0:  # the per-step breakdown counts the later (compressed) epochs
-            mark = (step, t0 - start - evaluating, compute, link.link_s, link.wait_s)
+        if epoch == args.warmup_epochs:  # the per-step breakdown: the compressed epochs
+            mark = (step, t0 - start - evaluating, compute, sum(x.link_s for x in links),
+                    sum(x.wait_s for x in links))
         curve.append((step, t0 - start - evaluating, evaluate()))
         evaluating += time.perf_counter() - t0
     wall = time.perf_counter() - start - evaluating
-    later = [t for e, t in step_times if e >= 1] or [t for _, t in step_times]
-    if args.epochs == 1:
+    later = ([t for e, t in step_times if e > args.warmup_epochs] or
+             [t for _, t in step_times])
+    if args.epochs <= args.warmup_epochs + 1:
         mark = (0, 0.0, 0.0, 0.0, 0.0)
+    link_s, wait_s = sum(x.link_s for x in links), sum(x.wait_s for x in links)
+    bytes_sent = sum(x.bytes_sent for x in links)
     n_later = max(1, step - mark[0])
     # Per step after epoch 1, this stage: its model's compute, lowcomm's CPU work in the link
     # (codecs, cache, copies, Python), time blocked on the network, and the rest.
     breakdown = {
         "step": (wall - mark[1]) / n_later,
         "compute": (compute - mark[2]) / n_later,
-        "lowcomm": (link.link_s - link.wait_s - mark[3] + mark[4]) / n_later,
-        "network_wait": (link.wait_s - mark[4]) / n_later,
+        "lowcomm": (link_s - wait_s - mark[3] + mark[4]) / n_later,
+        "network_wait": (wait_s - mark[4]) / n_later,
     }
     breakdown["other"] = breakdown["step"] - sum(v for k, v in breakdown.items() if k != "step")
     n_micro = step * args.micro_batches
     result = {
         "run": run, "seed": seed, "rank": rank, "params": model.n_params(),
         "final_val_loss": curve[-1][2], "curve": curve, "wall_s": wall, "compute_s": compute,
-        "utilisation": compute / wall, "bytes_sent": link.bytes_sent,
-        "bytes_per_micro_batch": link.bytes_sent / n_micro,
+        "utilisation": compute / wall, "bytes_sent": bytes_sent,
+        "bytes_per_micro_batch": bytes_sent / n_micro,
         "step_s_after_first_epoch": sorted(later)[len(later) // 2],
-        "cache_bytes_per_sample": link.cache.bytes_per_sample if mode == "aqsgd" else 0,
+        "cache_bytes_per_sample": main.cache.bytes_per_sample if mode == "aqsgd" else 0,
         "breakdown_s": breakdown,
     }
     queue.put(result)
@@ -221,6 +232,10 @@ def main():
     ap.add_argument("--scales", choices=("block", "channel"), default="block",
                     help="one quantization scale per --block elements, or per hidden channel "
                          "over a micro-batch's tokens (AQ-SGD's quantizer)")
+    ap.add_argument("--rotate", action="store_true",
+                    help="quantize after a randomized Hadamard rotation (block scales)")
+    ap.add_argument("--warmup-epochs", type=int, default=0,
+                    help="train the first epochs with exact activations and gradients")
     ap.add_argument("--pretrain", type=int, default=0,
                     help="fine-tune: pretrain the whole model this many steps first")
     ap.add_argument("--shift", choices=("none", "swapcase"), default="none",

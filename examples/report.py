@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Markdown tables from the examples' results.json files: per run, the mean final validation
-loss over seeds, its gap to the run named as the reference (fp32), bytes, wall time and
-compute utilisation.
+loss over seeds, its gap to the reference (the first run named fp32, or "<label> fp32"),
+bytes, wall time and compute utilisation.
 
     .venv/bin/python examples/report.py results/diloco-quality [more result dirs...]
     .venv/bin/python examples/report.py --plot docs/img/t2 results/t2/none \
         "results/t2/tau1=q4 tau 1" ...
 
 A directory given as DIR=LABEL names its runs "LABEL" (its run name after a space when it
-holds several), so runs of the same codec in different settings stay apart. --plot PREFIX
+holds several; fp32 runs keep their name), so runs of the same codec in different settings
+stay apart. --plot PREFIX
 also writes PREFIX-loss-vs-step.png and PREFIX-loss-vs-wall.png: each run's validation loss
 curve averaged over its seeds, side by side.
 """
@@ -28,7 +29,7 @@ def load(dirs):
         names = {r["run"] for r in data["results"]}
         for r in data["results"]:
             r["_dir"] = str(d)
-            if label:
+            if label and r["run"] != "fp32":  # fp32 is fp32 whatever the codec settings
                 r["run"] = label if len(names) == 1 else f"{label} {r['run']}"
             kind = "pipeline" if "bytes_per_micro_batch" in r else "diloco"
             rows.append(r)
@@ -39,7 +40,8 @@ def table(rows, kind):
     runs = {}
     for r in rows:
         runs.setdefault(r["run"], []).append(r)
-    ref = statistics.mean(r["final_val_loss"] for r in runs.get("fp32", rows))
+    fp32 = [name for name in runs if name == "fp32" or name.endswith(" fp32")]
+    ref = statistics.mean(r["final_val_loss"] for r in (runs[fp32[0]] if fp32 else rows))
     if kind == "diloco":
         print("| run | seeds | val loss (mean) | per seed | gap to fp32 | MB sent per worker per "
               "outer step | wall s (mean) | compute utilisation (min) |")

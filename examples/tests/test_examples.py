@@ -72,7 +72,7 @@ def test_report_relabels_and_plots(tmp_path):
          "--out", out], tmp_path)
     text = run([EXAMPLES / "report.py", "--plot", tmp_path / "cmp", str(out),
                 f"{out}=again"], tmp_path)
-    assert "| fp32 | 1 |" in text and "| again fp32 | 1 |" in text and "| again direct2 |" in text
+    assert "| fp32 | 2 |" in text and "| again direct2 | 1 |" in text and "| direct2 |" in text
     for suffix in ("-loss-vs-step.png", "-loss-vs-wall.png"):
         assert (tmp_path / f"cmp{suffix}").stat().st_size > 1000
 

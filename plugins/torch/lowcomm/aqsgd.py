@@ -145,6 +145,10 @@ class Link:
     mode: "aqsgd" (deltas against the per-sample cache), "direct" (Q_b of the activation),
       "fp32" (the activation as it is).
     bits: 2, 3, 4 (or 8) for the forward codes; block: elements per scale.
+    rotate: quantize the deltas (direct mode: the activations) after a randomized Hadamard
+      rotation, H·diag(±1) over runs of `block` elements (both ends draw the same signs), and
+      rotate back after decoding: outliers spread over their run before the scale is taken.
+      Block scales only; the activations must be finite (else a clear error).
     scales: "block" (one scale per `block` consecutive elements) or "channel" (one scale per
       feature channel, the last dimension of sample_shape, over all the message's tokens:
       AQ-SGD's quantizer; codec "q<bits>:col=<channels>").
@@ -161,7 +165,8 @@ class Link:
 
     def __init__(self, peer, sample_shape, *, group=None, mode="aqsgd", bits=2, block=128,
                  scales="block", first="fp32", backward="q8", cache_dtype=torch.float32,
-                 capacity=None, cache_path=None, tag=100, allow_low_bit_backward=False):
+                 capacity=None, cache_path=None, tag=100, allow_low_bit_backward=False,
+                 rotate=False):
         if mode not in ("aqsgd", "direct", "fp32"):
             raise ValueError(f"lowcomm.aqsgd: mode must be aqsgd, direct or fp32, got {mode!r}")
         if bits not in (1, 2, 3, 4, 8):
@@ -183,6 +188,16 @@ class Link:
         if scales == "channel" and bits == 1:
             raise ValueError("lowcomm.aqsgd: 1-bit codes take block scales, not channel scales")
         self.scales = scales
+        self.rotation = None
+        if rotate:
+            n = math.prod(int(d) for d in sample_shape)
+            if scales != "block" or block & (block - 1) or n % block:
+                raise ValueError(f"lowcomm.aqsgd: rotate takes block scales whose power-of-two "
+                                 f"block divides the sample's {n} elements, got scales="
+                                 f"{scales!r}, block={block}")
+            signs = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(
+                0x4C43524F54 + int(tag))).to(torch.float32).mul_(2).sub_(1)
+            self.rotation = (int(block), signs)
         self.codec = (f"q{bits}:col={int(sample_shape[-1])}" if scales == "channel"
                       else f"q{bits}:block={block}")
         self.first_codec = None if first == "fp32" else f"q8:block={block}"
@@ -246,10 +261,17 @@ class Link:
         old_rows, old_pos, new_pos = self.cache.rows(ids) if self.mode == "aqsgd" else (
             [], [], list(range(len(ids))))
         parts = []
+        if self.rotation is not None and not bool(torch.isfinite(x).all()):
+            raise ValueError("lowcomm.aqsgd: a rotating link needs finite activations")
         if self.mode == "aqsgd":
             if old_pos:
                 m = self.cache.data[old_rows]
-                parts.append(_C.encode_delta(self.codec, x[old_pos].contiguous(), m))
+                if self.rotation is None:
+                    parts.append(_C.encode_delta(self.codec, x[old_pos].contiguous(), m))
+                else:  # Q(R(x − m)); m += R⁻¹(D(codes)), as the receiver computes it
+                    codes = _C.encode(self.codec, self._rotate(x[old_pos] - m))
+                    parts.append(codes)
+                    m += self._unrotate(self._decoded(codes, m.shape))
                 self.cache.data[old_rows] = m
             if new_pos:
                 fresh = x[new_pos].contiguous()
@@ -263,7 +285,7 @@ class Link:
                 self.cache.data[rows] = fresh
             self.cache.updates += 1
         elif self.mode == "direct":
-            parts.append(_C.encode(self.codec, x))
+            parts.append(_C.encode(self.codec, x if self.rotation is None else self._rotate(x)))
         else:
             parts.append(x.view(torch.uint8).reshape(-1).clone())
         self._post(_FWD, ids, len(new_pos) if self.mode == "aqsgd" else 0, parts)
@@ -282,8 +304,12 @@ class Link:
             payload = self._payload(sum(sizes))
             if old_pos:
                 m = self.cache.data[old_rows]
-                dec = torch.empty_like(m)
-                _C.decode_delta(self.codec, payload[:sizes[0]], m, dec)
+                if self.rotation is None:
+                    dec = torch.empty_like(m)
+                    _C.decode_delta(self.codec, payload[:sizes[0]], m, dec)
+                else:
+                    m += self._unrotate(self._decoded(payload[:sizes[0]], m.shape))
+                    dec = m
                 self.cache.data[old_rows] = m
                 out[old_pos] = dec
             if new_pos:
@@ -299,6 +325,8 @@ class Link:
             self.cache.updates += 1
         elif self.mode == "direct":
             _C.decode(self.codec, self._payload(_C.encoded_size(self.codec, out.numel())), out)
+            if self.rotation is not None:
+                out = self._unrotate(out)
         else:
             out.view(torch.uint8).reshape(-1).copy_(self._payload(out.numel() *
                                                                   out.element_size()))
@@ -363,6 +391,21 @@ class Link:
                 f"{bytes(out.tolist()).hex()} vs {bytes(theirs.tolist()).hex()}): restore both "
                 "ends from the same checkpoint")
 
+    # -- the randomized Hadamard rotation ---------------------------------------------------
+
+    def _decoded(self, codes, shape):
+        out = torch.empty(shape, dtype=self.cache.dtype)
+        _C.decode(self.codec, codes, out)
+        return out
+
+    def _rotate(self, v):
+        """H·diag(signs)·v per run of `block` elements (orthonormal)."""
+        return _hadamard(v * self.rotation[1], self.rotation[0])
+
+    def _unrotate(self, w):
+        """The inverse: diag(signs)·H·w (H is its own inverse)."""
+        return _hadamard(w, self.rotation[0]).mul_(self.rotation[1])
+
     # -- wire ---------------------------------------------------------------------------------
 
     def _rows(self, x, count):
@@ -424,6 +467,21 @@ class Link:
         self.wait_s += time.perf_counter() - t0
         self.bytes_received += nbytes
         return buf
+
+
+def _hadamard(v, run):
+    """The normalized fast Walsh–Hadamard transform of every run of `run` (a power of two)
+    consecutive elements of v (rows [k, n], n a multiple of run). The same float operations
+    in the same order on both ends of a link, so they agree bitwise."""
+    shape = v.shape
+    y = v.reshape(-1, run)
+    h = 1
+    while h < run:
+        y = y.view(y.shape[0], run // (2 * h), 2, h)
+        a, b = y[:, :, 0, :], y[:, :, 1, :]
+        y = torch.stack((a + b, a - b), dim=2)
+        h *= 2
+    return y.reshape(shape).mul_(run ** -0.5)
 
 
 def _ids(sample_ids):
