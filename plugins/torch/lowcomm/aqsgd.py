@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import math
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -50,11 +51,14 @@ class ActivationCache:
     memory-mapped file. Rows are assigned in order of first appearance, so both ends of a
     link assign the same rows."""
 
-    def __init__(self, sample_shape, dtype=torch.float32, capacity=None, path=None):
+    def __init__(self, sample_shape, dtype=torch.float32, capacity=None, path=None,
+                 max_samples=None):
         self.sample_shape = tuple(int(s) for s in sample_shape)
         self.numel = math.prod(self.sample_shape)
         self.dtype = dtype
         self.path = path
+        # The most samples it holds: a file's capacity, or a memory budget (None: unbounded).
+        self.limit = capacity if path is not None else max_samples
         self.slots = {}  # sample id -> row
         self.updates = 0
         if path is not None:
@@ -71,6 +75,12 @@ class ActivationCache:
 
     def __len__(self):
         return len(self.slots)
+
+    def room(self, wanted):
+        """How many of `wanted` new samples get rows (the rest travel uncached)."""
+        if self.limit is None:
+            return wanted
+        return max(0, min(wanted, self.limit - len(self.slots)))
 
     def rows(self, ids):
         """(rows of ids already cached, their positions in ids, positions of new ids); the new
@@ -157,7 +167,11 @@ class Link:
       fw2/bw4), "q3" or "q2" only with allow_low_bit_backward=True (they hurt training from
       scratch badly here; the paper's fine-tuning used them).
     cache_dtype: the cache's (and decoded activation's) dtype; activations are converted.
-    capacity / cache_path: the cache's initial rows / a file for a memory-mapped cache.
+    capacity / cache_path: the cache's initial rows / a file for a memory-mapped cache (then
+      capacity is fixed). cache_budget_bytes: the most a RAM cache may hold. A full cache
+      (file or budget) keeps the samples it has; new samples beyond it travel at full
+      precision (or `first`) at every appearance, uncached, with a warning; both ends decide
+      alike and the header says which, so ends given different sizes fail clearly.
     Sends return at once (the tensors are copied or encoded first); flush() waits for them.
     """
 
@@ -166,7 +180,7 @@ class Link:
     def __init__(self, peer, sample_shape, *, group=None, mode="aqsgd", bits=2, block=128,
                  scales="block", first="fp32", backward="q8", cache_dtype=torch.float32,
                  capacity=None, cache_path=None, tag=100, allow_low_bit_backward=False,
-                 rotate=False):
+                 rotate=False, cache_budget_bytes=None):
         if mode not in ("aqsgd", "direct", "fp32"):
             raise ValueError(f"lowcomm.aqsgd: mode must be aqsgd, direct or fp32, got {mode!r}")
         if bits not in (1, 2, 3, 4, 8):
@@ -203,7 +217,15 @@ class Link:
         self.first_codec = None if first == "fp32" else f"q8:block={block}"
         self.backward = None if backward in ("fp32", "none") else backward
         self.sample_shape = tuple(int(s) for s in sample_shape)
-        self.cache = ActivationCache(self.sample_shape, cache_dtype, capacity, cache_path)
+        per_sample = math.prod(self.sample_shape) * torch.tensor([], dtype=cache_dtype) \
+            .element_size()
+        if cache_budget_bytes is not None and cache_budget_bytes < 0:
+            raise ValueError(f"lowcomm.aqsgd: cache_budget_bytes must be >= 0, got "
+                             f"{cache_budget_bytes}")
+        self.cache = ActivationCache(
+            self.sample_shape, cache_dtype, capacity, cache_path,
+            max_samples=None if cache_budget_bytes is None else cache_budget_bytes // per_sample)
+        self.uncached_sends = 0  # samples sent at full precision because the cache was full
         self.tag = int(tag)
         self.in_flight = []  # sends not yet known complete: (requests, buffers they read)
         self.bytes_sent = 0
@@ -260,6 +282,7 @@ class Link:
         x = self._rows(x, len(ids))
         old_rows, old_pos, new_pos = self.cache.rows(ids) if self.mode == "aqsgd" else (
             [], [], list(range(len(ids))))
+        field = self._new_field(len(new_pos))  # before the new samples take rows
         parts = []
         if self.rotation is not None and not bool(torch.isfinite(x).all()):
             raise ValueError("lowcomm.aqsgd: a rotating link needs finite activations")
@@ -281,21 +304,22 @@ class Link:
                     codes = _C.encode(self.first_codec, fresh)
                     parts.append(codes)
                     _C.decode(self.first_codec, codes, fresh)
-                rows = self.cache.add([ids[i] for i in new_pos])  # may grow the cache
-                self.cache.data[rows] = fresh
+                kept = self._kept(len(new_pos))
+                rows = self.cache.add([ids[i] for i in new_pos[:kept]])  # may grow the cache
+                self.cache.data[rows] = fresh[:kept]
             self.cache.updates += 1
         elif self.mode == "direct":
             parts.append(_C.encode(self.codec, x if self.rotation is None else self._rotate(x)))
         else:
             parts.append(x.view(torch.uint8).reshape(-1).clone())
-        self._post(_FWD, ids, len(new_pos) if self.mode == "aqsgd" else 0, parts)
+        self._post(_FWD, ids, field, parts)
 
     @torch.no_grad()
     def _recv(self, sample_ids):
         ids = _ids(sample_ids)
         old_rows, old_pos, new_pos = self.cache.rows(ids) if self.mode == "aqsgd" else (
             [], [], list(range(len(ids))))
-        self._header(_FWD, ids, len(new_pos) if self.mode == "aqsgd" else 0)
+        self._header(_FWD, ids, self._new_field(len(new_pos)))
         n = self.cache.numel
         out = torch.empty(len(ids), n, dtype=self.cache.dtype)
         if self.mode == "aqsgd":
@@ -319,8 +343,9 @@ class Link:
                     fresh.view(torch.uint8).reshape(-1).copy_(codes)
                 else:
                     _C.decode(self.first_codec, codes, fresh)
-                rows = self.cache.add([ids[i] for i in new_pos])  # may grow the cache
-                self.cache.data[rows] = fresh
+                kept = self._kept(len(new_pos))
+                rows = self.cache.add([ids[i] for i in new_pos[:kept]])  # may grow the cache
+                self.cache.data[rows] = fresh[:kept]
                 out[new_pos] = fresh
             self.cache.updates += 1
         elif self.mode == "direct":
@@ -391,6 +416,26 @@ class Link:
                 f"{bytes(out.tolist()).hex()} vs {bytes(theirs.tolist()).hex()}): restore both "
                 "ends from the same checkpoint")
 
+    # -- a full cache -------------------------------------------------------------------------
+
+    def _new_field(self, n_new):
+        """The header's count of new samples: those that get rows, plus (<< 32) those that
+        travel uncached because the cache is full. Both ends compute it; they must agree."""
+        if self.mode != "aqsgd":
+            return 0
+        kept = self.cache.room(n_new)
+        return kept + ((n_new - kept) << 32)
+
+    def _kept(self, n_new):
+        kept = self.cache.room(n_new)
+        if kept < n_new:
+            if not self.uncached_sends:
+                warnings.warn(f"lowcomm.aqsgd: the activation cache is full ({self.cache.limit} "
+                              f"samples); samples beyond it travel at full precision, uncached",
+                              stacklevel=4)
+            self.uncached_sends += n_new - kept
+        return kept
+
     # -- the randomized Hadamard rotation ---------------------------------------------------
 
     def _decoded(self, codes, shape):
@@ -454,10 +499,12 @@ class Link:
             raise RuntimeError(f"lowcomm.aqsgd: rank {self.peer} sent {what} of samples "
                                f"{got[4:]}, this rank expected {ids}")
         if got[3] != n_new:
+            def say(v):
+                return f"{v & 0xFFFFFFFF} new to cache and {v >> 32} uncached"
             raise RuntimeError(f"lowcomm.aqsgd: the caches differ: rank {self.peer} sent "
-                               f"{got[3]} of samples {ids} as new, this rank's cache has "
-                               f"{n_new} of them new; restore both ends from the same "
-                               "checkpoint")
+                               f"samples {ids} as {say(got[3])}, this rank's cache has "
+                               f"{say(n_new)}; restore both ends from the same checkpoint and "
+                               "give both the same cache size")
         self.bytes_received += head.numel() * 8
 
     def _payload(self, nbytes):

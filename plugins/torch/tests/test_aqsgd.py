@@ -1,10 +1,12 @@
 """lowcomm.aqsgd: the two ends' caches stay bit-identical over many steps, across a restart
 from state_dict() and with a memory-mapped cache; a sample's first appearance travels at full
 precision (or 8-bit), later ones as b-bit deltas whose error shrinks as activations settle;
-per-channel scales keep the caches identical and cut the error where channels differ in size;
+a full cache (file or memory budget) sends further samples uncached at full precision, both ends
+agreeing; per-channel scales keep the caches identical and cut the error where channels differ in size;
 diverged caches, wrong samples and sub-8-bit gradients are refused with clear errors."""
 import sys
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -280,6 +282,58 @@ def _rotation(rank, world, init_file, errors):
 
 def test_hadamard_rotation_keeps_caches_identical_and_round_trips(tmp_path):
     run_world(_rotation, 2, tmp_path)
+
+
+def _full_cache(rank, world, init_file, errors):
+    try:
+        dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        peer = 1 - rank
+        per_sample = SHAPE[0] * SHAPE[1] * 4
+        plan = batches(20)  # 12 samples, 4 per step
+        for tag, path in ((100, None), (200, f"{init_file}.full{rank}")):
+            kw = (dict(cache_budget_bytes=3 * per_sample + 7) if path is None
+                  else dict(cache_path=path, capacity=3))
+            link = Link(peer, SHAPE, bits=2, tag=tag, **kw)
+            cached = set()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for step, ids in enumerate(plan):
+                    x = torch.stack([activation(s, step) for s in ids])
+                    if rank == 0:
+                        link.send(x, ids)
+                        link.recv_grad(ids)
+                    else:
+                        out = link.recv(ids)
+                        for i, s in enumerate(ids):
+                            if s not in link.cache.slots:  # uncached: exact every time
+                                assert torch.equal(out[i], x[i]), (step, s)
+                        link.send_grad(0.5 * x, ids)
+                    cached |= set(link.cache.slots)
+            assert any("cache is full" in str(w.message) for w in caught), caught
+            link.flush()
+            link.verify()  # the same 3 samples, the same bits, at both ends
+            assert len(link.cache) == 3 and cached == set(link.cache.slots)
+            assert link.uncached_sends > 0
+        # Ends given different budgets: the receiver says so instead of decoding garbage.
+        link = Link(peer, SHAPE, bits=2, tag=300,
+                    cache_budget_bytes=per_sample if rank == 0 else None)
+        x = torch.stack([activation(s, 0) for s in (0, 1)])
+        if rank == 0:
+            with pytest.warns(UserWarning, match="cache is full"):
+                link.send(x, [0, 1])
+            link.flush()
+        else:
+            with pytest.raises(RuntimeError, match="give both the same cache size"):
+                link.recv([0, 1])
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_a_full_cache_sends_the_rest_uncached_and_ends_stay_equal(tmp_path):
+    run_world(_full_cache, 2, tmp_path)
 
 
 def test_arguments_refused():
