@@ -112,7 +112,9 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
             ? "lowcomm: Timed out at the group's timeout: " + err.message()
             : "lowcomm: " + err.to_string()));
   }
-  finish(e);  // c10d::Work: marks completed, wakes wait()
+  // The future first, then wait(): as Gloo's works do. A caller that returns from wait() and
+  // then asks for the future must find it complete; torchft chains callbacks on it right after
+  // wait() and breaks when they run later, on this thread.
   c10::intrusive_ptr<c10::ivalue::Future> f;
   {
     std::lock_guard<std::mutex> lock(future_mu_);
@@ -121,6 +123,7 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
     f = future_;
   }
   if (f) complete_future(f);  // outside the lock: its callbacks may call getFuture()
+  finish(e);                  // c10d::Work: marks completed, wakes wait()
 }
 
 bool LowcommWork::isCompleted() {

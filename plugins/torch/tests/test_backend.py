@@ -223,6 +223,15 @@ def body(rank, world, lc):
     fut = work.get_future().then(lambda f: f.value()[0] * 2)
     work.wait()
     assert torch.equal(fut.wait(), torch.full((1 << 16,), 2.0 * world))
+    # Once wait() has returned, the work's future is complete (torchft chains callbacks on it
+    # right after wait() and expects them to run at once); asked for before or after.
+    for i in range(200):
+        y = torch.ones(256)
+        work = dist.all_reduce(y, group=lc, async_op=True)
+        early = work.get_future() if i % 2 else None
+        work.wait()
+        for f in (early, work.get_future()):
+            assert f is None or f.done(), i
     dist.barrier(group=lc)
 
 

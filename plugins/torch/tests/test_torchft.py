@@ -49,11 +49,12 @@ def on_lowcomm(monkeypatch):
 def _run(case_cls, name, attempts=3):
     """Runs torchft's test case; a failed attempt is run again, up to `attempts` in all.
 
-    Known flake, not understood yet: in ~4 of 10 runs of this file, one or two of its recovery
-    cases fail the same way, with the backend as it was before the reconfigure work too: a
-    replica's manager hits `assert managed_fut._callback` in torchft 0.2.0's callback chain
-    (manager.py, _ManagedWork._set_future_callback) and its next quorum times out after 60 s.
-    Each case passes alone, and a rerun passes. Every failed attempt is printed."""
+    The flake the reruns were for is understood and fixed: a replica's manager hit
+    `assert managed_fut._callback` in torchft's callback chain (manager.py,
+    _ManagedWork._set_future_callback) because lowcomm's work woke wait() before completing
+    its future, so the chain torchft builds right after wait() ran later, on lowcomm's thread,
+    after torchft had moved on (test_backend.py checks the order now). The reruns stay as a
+    guard; every failed attempt is printed."""
     # torchft's replicas are threads of this process: a hang would stall the whole suite, so
     # past 400 s every thread's stack is printed and the process exits.
     faulthandler.dump_traceback_later(400, exit=True)
