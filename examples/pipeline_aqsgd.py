@@ -101,13 +101,14 @@ def stage_main(rank, args, run, seed, port, queue):
     stage = gpt.split_stages(model, 2)[rank]
     opt = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.0)
     shape = (cfg.seq, cfg.d_model)
+    backward = "fp32" if mode == "fp32" else f"q{bw_bits}:block={args.block}{bw_sr}"
     main = Link(1 - rank, shape, mode=mode, bits=min(bits, 8), block=args.block,
-                scales=args.scales,
-                backward="fp32" if mode == "fp32" else f"q{bw_bits}:block={args.block}{bw_sr}",
-                allow_low_bit_backward=bw_bits < 8, rotate=args.rotate)
-    # --warmup-epochs: the first epochs over an exact link (AQ-SGD's own first appearance of
-    # every sample then comes on top: one more uncompressed epoch).
-    warm = (Link(1 - rank, shape, mode="fp32", tag=300)
+                scales=args.scales, backward=backward, allow_low_bit_backward=bw_bits < 8,
+                rotate=args.rotate)
+    # --warmup-epochs: the first epochs send the activations exactly (gradients as in the
+    # run; AQ-SGD's own first appearance of every sample then comes on top: one more epoch).
+    warm = (Link(1 - rank, shape, mode="fp32", tag=300, backward=backward,
+                 allow_low_bit_backward=bw_bits < 8)
             if args.warmup_epochs and mode != "fp32" else None)
     links = [main] + ([warm] if warm else [])
     link = main
@@ -235,7 +236,8 @@ def main():
     ap.add_argument("--rotate", action="store_true",
                     help="quantize after a randomized Hadamard rotation (block scales)")
     ap.add_argument("--warmup-epochs", type=int, default=0,
-                    help="train the first epochs with exact activations and gradients")
+                    help="train the first epochs with exact activations (gradients as in the "
+                         "run)")
     ap.add_argument("--pretrain", type=int, default=0,
                     help="fine-tune: pretrain the whole model this many steps first")
     ap.add_argument("--shift", choices=("none", "swapcase"), default="none",

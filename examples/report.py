@@ -8,8 +8,8 @@ bytes, wall time and compute utilisation.
         "results/t2/tau1=q4 tau 1" ...
 
 A directory given as DIR=LABEL names its runs "LABEL" (its run name after a space when it
-holds several; fp32 runs keep their name), so runs of the same codec in different settings
-stay apart. --plot PREFIX
+holds several), so runs of the same codec in different settings stay apart; the gaps are to
+the first fp32 run given ("fp32" or "LABEL fp32"). --plot PREFIX
 also writes PREFIX-loss-vs-step.png and PREFIX-loss-vs-wall.png: each run's validation loss
 curve averaged over its seeds, side by side.
 """
@@ -29,7 +29,7 @@ def load(dirs):
         names = {r["run"] for r in data["results"]}
         for r in data["results"]:
             r["_dir"] = str(d)
-            if label and r["run"] != "fp32":  # fp32 is fp32 whatever the codec settings
+            if label:
                 r["run"] = label if len(names) == 1 else f"{label} {r['run']}"
             kind = "pipeline" if "bytes_per_micro_batch" in r else "diloco"
             rows.append(r)

@@ -122,8 +122,15 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
     error_ = e;
     f = future_;
   }
-  if (f) complete_future(f);  // outside the lock: its callbacks may call getFuture()
-  finish(e);                  // c10d::Work: marks completed, wakes wait()
+  if (f) {
+    try {
+      complete_future(f);  // outside the lock: its callbacks may call getFuture()
+    } catch (...) {
+      // A callback that throws must not keep wait() from returning.
+      TORCH_WARN("lowcomm: a callback on a work's future threw; the work completes anyway");
+    }
+  }
+  finish(e);  // c10d::Work: marks completed, wakes wait()
 }
 
 bool LowcommWork::isCompleted() {

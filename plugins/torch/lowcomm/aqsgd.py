@@ -67,7 +67,9 @@ class ActivationCache:
             self.data = torch.from_file(path, shared=True, size=capacity * self.numel,
                                         dtype=dtype).view(capacity, self.numel)
         else:
-            self.data = torch.zeros(capacity or 64, self.numel, dtype=dtype)
+            rows = capacity or 64
+            self.data = torch.zeros(rows if self.limit is None else min(rows, self.limit),
+                                    self.numel, dtype=dtype)
 
     @property
     def bytes_per_sample(self):
@@ -102,7 +104,12 @@ class ActivationCache:
                 raise RuntimeError(f"lowcomm.aqsgd: the cache file {self.path} holds "
                                    f"{self.data.shape[0]} samples; {need} needed (raise "
                                    "capacity)")
-            grown = torch.zeros(max(need, 2 * self.data.shape[0]), self.numel, dtype=self.dtype)
+            if self.limit is not None and need > self.limit:
+                raise RuntimeError(f"lowcomm.aqsgd: the cache's budget holds {self.limit} "
+                                   f"samples; {need} needed")
+            rows = max(need, 2 * self.data.shape[0])
+            grown = torch.zeros(rows if self.limit is None else min(rows, self.limit),
+                                self.numel, dtype=self.dtype)
             grown[:self.data.shape[0]] = self.data
             self.data = grown
         rows = []
@@ -139,6 +146,9 @@ class ActivationCache:
         if tuple(st["sample_shape"]) != self.sample_shape or st["dtype"] != str(self.dtype):
             raise ValueError(f"lowcomm.aqsgd: cache state of {st['sample_shape']} "
                              f"{st['dtype']}, this cache holds {self.sample_shape} {self.dtype}")
+        if self.limit is not None and len(st["ids"]) > self.limit:
+            raise ValueError(f"lowcomm.aqsgd: the cache state holds {len(st['ids'])} samples, "
+                             f"this cache {self.limit} at most")
         self.slots = {}
         self.add(list(st["ids"]))
         if "data" in st:
@@ -203,7 +213,7 @@ class Link:
             raise ValueError("lowcomm.aqsgd: 1-bit codes take block scales, not channel scales")
         self.scales = scales
         self.rotation = None
-        if rotate:
+        if rotate and mode != "fp32":  # fp32 sends the activations as they are
             n = math.prod(int(d) for d in sample_shape)
             if scales != "block" or block & (block - 1) or n % block:
                 raise ValueError(f"lowcomm.aqsgd: rotate takes block scales whose power-of-two "
@@ -294,7 +304,7 @@ class Link:
                 else:  # Q(R(x − m)); m += R⁻¹(D(codes)), as the receiver computes it
                     codes = _C.encode(self.codec, self._rotate(x[old_pos] - m))
                     parts.append(codes)
-                    m += self._unrotate(self._decoded(codes, m.shape))
+                    m += self._unrotate(self._decoded(codes, m.shape)).to(m.dtype)
                 self.cache.data[old_rows] = m
             if new_pos:
                 fresh = x[new_pos].contiguous()
@@ -332,7 +342,7 @@ class Link:
                     dec = torch.empty_like(m)
                     _C.decode_delta(self.codec, payload[:sizes[0]], m, dec)
                 else:
-                    m += self._unrotate(self._decoded(payload[:sizes[0]], m.shape))
+                    m += self._unrotate(self._decoded(payload[:sizes[0]], m.shape)).to(m.dtype)
                     dec = m
                 self.cache.data[old_rows] = m
                 out[old_pos] = dec
@@ -349,9 +359,11 @@ class Link:
                 out[new_pos] = fresh
             self.cache.updates += 1
         elif self.mode == "direct":
-            _C.decode(self.codec, self._payload(_C.encoded_size(self.codec, out.numel())), out)
-            if self.rotation is not None:
-                out = self._unrotate(out)
+            codes = self._payload(_C.encoded_size(self.codec, out.numel()))
+            if self.rotation is None:
+                _C.decode(self.codec, codes, out)
+            else:
+                out = self._unrotate(self._decoded(codes, out.shape)).to(self.cache.dtype)
         else:
             out.view(torch.uint8).reshape(-1).copy_(self._payload(out.numel() *
                                                                   out.element_size()))
@@ -366,7 +378,9 @@ class Link:
         if self.backward is None:
             part = g.view(torch.uint8).reshape(-1).clone()
         else:
-            part = _C.encode(self.backward, g, seed=self.tag, offset=self.grad_offset)
+            # This end's own stream: replicas of a data-parallel stage round independently.
+            seed = (self.tag << 32) ^ (dist.get_rank() if dist.is_initialized() else 0)
+            part = _C.encode(self.backward, g, seed=seed, offset=self.grad_offset)
             self.grad_offset += g.numel()
         self._post(_BWD, ids, 0, [part])
 
@@ -401,8 +415,10 @@ class Link:
 
     def verify(self, data=True):
         """Both ends at once: raise unless the two caches hold the same samples (and, with
-        data, the same bytes)."""
-        mine = bytes.fromhex(self.cache.digest(data)) + self.cache.updates.to_bytes(8, "little")
+        data, the same bytes) and have the same size limit."""
+        limit = -1 if self.cache.limit is None else int(self.cache.limit)
+        mine = (bytes.fromhex(self.cache.digest(data)) + self.cache.updates.to_bytes(8, "little")
+                + limit.to_bytes(8, "little", signed=True))
         out = torch.tensor(list(mine), dtype=torch.uint8)
         theirs = torch.empty_like(out)
         reqs = [dist.isend(out, self.peer, group=self.group, tag=self.tag + 4),
@@ -413,8 +429,9 @@ class Link:
             raise RuntimeError(
                 f"lowcomm.aqsgd: the caches of this rank and rank {self.peer} differ "
                 f"({len(self.cache)} samples, {self.cache.updates} updates here; digests "
-                f"{bytes(out.tolist()).hex()} vs {bytes(theirs.tolist()).hex()}): restore both "
-                "ends from the same checkpoint")
+                f"{bytes(out.tolist()).hex()} vs {bytes(theirs.tolist()).hex()}; the last 8 "
+                f"bytes: the most samples each holds, -1 unbounded): restore both ends from the "
+                "same checkpoint and give both the same cache size")
 
     # -- a full cache -------------------------------------------------------------------------
 
@@ -439,13 +456,13 @@ class Link:
     # -- the randomized Hadamard rotation ---------------------------------------------------
 
     def _decoded(self, codes, shape):
-        out = torch.empty(shape, dtype=self.cache.dtype)
+        out = torch.empty(shape, dtype=torch.float32)  # rotated back in fp32, cast once
         _C.decode(self.codec, codes, out)
         return out
 
     def _rotate(self, v):
-        """H·diag(signs)·v per run of `block` elements (orthonormal)."""
-        return _hadamard(v * self.rotation[1], self.rotation[0])
+        """H·diag(signs)·v per run of `block` elements (orthonormal), in fp32."""
+        return _hadamard(v.float() * self.rotation[1], self.rotation[0])
 
     def _unrotate(self, w):
         """The inverse: diag(signs)·H·w (H is its own inverse)."""

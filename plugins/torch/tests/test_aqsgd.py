@@ -246,29 +246,33 @@ def _rotation(rank, world, init_file, errors):
         peer = 1 - rank
         plan = batches(10)
         errs = {}
+        spike = torch.zeros(SHAPE)
+        spike[:, ::64] = 8.0  # one large element per block of 64: it sets the block's scale
         for mode, bits, rotate, tag in (("aqsgd", 2, False, 100), ("aqsgd", 2, True, 200),
-                                        ("direct", 8, True, 300), ("direct", 8, False, 400)):
+                                        ("direct", 2, True, 300), ("direct", 2, False, 400)):
             link = Link(peer, SHAPE, bits=bits, block=64, mode=mode, rotate=rotate, tag=tag)
             worst = 0.0
             for step, ids in enumerate(plan):
                 x = torch.stack([activation(s, step) for s in ids])
+                if mode == "direct":
+                    x = x + spike
                 if rank == 0:
                     link.send(x, ids)
                     link.recv_grad(ids)
                 else:
                     out = link.recv(ids)
                     if step > 0:
-                        worst = max(worst, (out - x).abs().max().item())
+                        worst = max(worst, (out - x).pow(2).mean().sqrt().item())
                     link.send_grad(0.5 * x, ids)
             link.flush()
             if mode == "aqsgd":
                 link.verify()  # the two ends' caches: the same bits, rotated or not
             errs[(mode, bits, rotate)] = worst
         if rank == 1:
-            # Rotated and rotated back: 8-bit codes reproduce the activations as closely as
-            # without the rotation; 2-bit deltas stay as small as without it.
-            assert errs[("direct", 8, True)] < 1.5 * errs[("direct", 8, False)], errs
-            assert errs[("direct", 8, True)] < 0.1, errs
+            # Rotated and rotated back: where one element sets each block's scale, the
+            # rotation spreads it and halves the RMS error of 2-bit codes (1.06 -> 0.54 at
+            # this size); smooth deltas stay about as small as without it.
+            assert errs[("direct", 2, True)] < 0.7 * errs[("direct", 2, False)], errs
             assert errs[("aqsgd", 2, True)] < 1.5 * errs[("aqsgd", 2, False)], errs
         link = Link(peer, SHAPE, bits=2, block=64, rotate=True, tag=500)
         if rank == 0:
@@ -284,6 +288,19 @@ def test_hadamard_rotation_keeps_caches_identical_and_round_trips(tmp_path):
     run_world(_rotation, 2, tmp_path)
 
 
+def test_hadamard_transform_is_the_normalized_sylvester_matrix():
+    from lowcomm.aqsgd import _hadamard
+    h = torch.ones(1, 1)
+    while h.shape[0] < 64:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    h = h / 8.0
+    eye = torch.eye(64)
+    assert torch.allclose(_hadamard(eye.clone(), 64), h @ eye, atol=1e-6)
+    v = torch.randn(5, 128)  # runs of 64: two per row
+    assert torch.allclose(_hadamard(_hadamard(v.clone(), 64), 64), v, atol=1e-5)
+    assert torch.allclose(_hadamard(v.clone(), 64)[:, 64:], v[:, 64:] @ h.T, atol=1e-5)
+
+
 def _full_cache(rank, world, init_file, errors):
     try:
         dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
@@ -295,7 +312,6 @@ def _full_cache(rank, world, init_file, errors):
             kw = (dict(cache_budget_bytes=3 * per_sample + 7) if path is None
                   else dict(cache_path=path, capacity=3))
             link = Link(peer, SHAPE, bits=2, tag=tag, **kw)
-            cached = set()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 for step, ids in enumerate(plan):
@@ -309,11 +325,12 @@ def _full_cache(rank, world, init_file, errors):
                             if s not in link.cache.slots:  # uncached: exact every time
                                 assert torch.equal(out[i], x[i]), (step, s)
                         link.send_grad(0.5 * x, ids)
-                    cached |= set(link.cache.slots)
             assert any("cache is full" in str(w.message) for w in caught), caught
             link.flush()
             link.verify()  # the same 3 samples, the same bits, at both ends
-            assert len(link.cache) == 3 and cached == set(link.cache.slots)
+            first3 = list(dict.fromkeys(s for ids in plan for s in ids))[:3]
+            assert len(link.cache) == 3 and link.cache.ids() == first3, link.cache.ids()
+            assert link.cache.data.shape[0] <= 3  # the budget holds for the allocation too
             assert link.uncached_sends > 0
         # Ends given different budgets: the receiver says so instead of decoding garbage.
         link = Link(peer, SHAPE, bits=2, tag=300,
