@@ -4,6 +4,7 @@ loss over seeds, its gap to the reference (the first run named fp32, or "<label>
 bytes, wall time and compute utilisation.
 
     .venv/bin/python examples/report.py results/diloco-quality [more result dirs...]
+    .venv/bin/python examples/report.py docs/results/aqsgd/finetune-block2.json  # a file
     .venv/bin/python examples/report.py --plot docs/img/t2 results/t2/none \
         "results/t2/tau1=q4 tau 1" ...
 
@@ -23,9 +24,10 @@ def load(dirs):
     rows, kind = [], None
     for arg in dirs:
         d, label = arg, ""
-        if not Path(arg).is_dir() and "=" in arg:
+        if not Path(arg).exists() and "=" in arg:
             d, _, label = arg.rpartition("=")
-        data = json.loads((Path(d) / "results.json").read_text())
+        path = Path(d) if Path(d).is_file() else Path(d) / "results.json"
+        data = json.loads(path.read_text())
         names = {r["run"] for r in data["results"]}
         for r in data["results"]:
             r["_dir"] = str(d)
