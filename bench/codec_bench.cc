@@ -84,7 +84,15 @@ double memcpy_gbps(uint64_t bytes) {
   return best;
 }
 
-enum class Op { kEncode, kEncodeFeedback, kEncodeDelta, kDecode, kDecodeAccumulate, kDecodeDelta };
+enum class Op {
+  kEncode,
+  kEncodeFeedback,
+  kEncodeDelta,
+  kDecode,
+  kDecodeAccumulate,
+  kDecodeDelta,
+  kDecodeAccumulate4,  // zero an fp32 sum, then decode-accumulate 4 messages into it
+};
 const char* op_name(Op op) {
   switch (op) {
     case Op::kEncode:
@@ -99,6 +107,8 @@ const char* op_name(Op op) {
       return "decode_acc";
     case Op::kDecodeDelta:
       return "decode_delta";
+    case Op::kDecodeAccumulate4:
+      return "decode_acc4";
   }
   return "?";
 }
@@ -116,6 +126,24 @@ void run(benchmark::State& state, Op op, const CodecSpec& spec, DType dtype, uin
   if (!encode(spec, dtype, x.data(), n, codes.data(), cb, {7, 0}, opts).is_ok()) {
     state.SkipWithError("encode failed");
     return;
+  }
+  // decode_acc4: four different messages (the input, then scaled by 2, 3, 4).
+  std::vector<std::vector<uint8_t>> more;
+  if (op == Op::kDecodeAccumulate4) {
+    std::vector<float> xs(n);
+    for (int mult = 2; mult <= 4; ++mult) {
+      for (uint64_t i = 0; i < n; ++i) {
+        float v;
+        std::memcpy(&v, x.data() + 4 * i, 4);
+        xs[i] = v * static_cast<float>(mult);
+      }
+      more.emplace_back(cb);
+      if (!encode(spec, DType::kFloat32, xs.data(), n, more.back().data(), cb, {7, 0}, opts)
+               .is_ok()) {
+        state.SkipWithError("encode failed");
+        return;
+      }
+    }
   }
   auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
@@ -141,6 +169,13 @@ void run(benchmark::State& state, Op op, const CodecSpec& spec, DType dtype, uin
       case Op::kDecodeDelta:
         s = decode_delta(spec, codes.data(), cb, n, dtype, m.data(), out.data(), opts);
         break;
+      case Op::kDecodeAccumulate4:
+        std::memset(out.data(), 0, out.size());
+        s = decode_accumulate(spec, codes.data(), cb, n, dtype, out.data(), opts);
+        for (const auto& c : more) {
+          if (s.is_ok()) s = decode_accumulate(spec, c.data(), cb, n, dtype, out.data(), opts);
+        }
+        break;
     }
     if (!s.is_ok()) {
       state.SkipWithError(s.to_string().c_str());
@@ -159,6 +194,21 @@ void run(benchmark::State& state, Op op, const CodecSpec& spec, DType dtype, uin
   state.counters["memcpy_GBps"] = mc;
   state.counters["vs_memcpy"] = gbps / mc;
   state.counters["bits_per_elem"] = bits_per_element(spec, n);
+  state.counters["vs_fp32"] = 32.0 / bits_per_element(spec, n);
+  if (op == Op::kEncode && dtype == DType::kFloat32) {
+    // Relative error of one round trip: ||D(Q(x)) - x|| / ||x||.
+    std::vector<float> dec(n);
+    if (decode(spec, codes.data(), cb, n, dtype, dec.data(), opts).is_ok()) {
+      double num = 0, den = 0;
+      for (uint64_t i = 0; i < n; ++i) {
+        float v;
+        std::memcpy(&v, x.data() + 4 * i, 4);
+        num += (double(dec[i]) - v) * (double(dec[i]) - v);
+        den += double(v) * v;
+      }
+      state.counters["rel_error"] = std::sqrt(num / den);
+    }
+  }
 }
 
 // With --benchmark_repetitions: the "max" row's GBps is the best repetition, the least disturbed
@@ -211,6 +261,24 @@ int register_all() {
                 ->ComputeStatistics("max", max_of);
           }
         }
+      }
+    }
+  }
+  // The sparse codecs (fp32, the pseudo-gradients' dtype): '/' in their specs reads 'of' here.
+  for (const char* c : {"topk:64/4096+q2", "topk:0.03+q2", "randk:64/4096+q2"}) {
+    auto spec = parse_codec_spec(c);
+    std::string label = c;
+    label.replace(label.find('/') == std::string::npos ? label.size() : label.find('/'),
+                  label.find('/') == std::string::npos ? 0 : 1, "of");
+    for (Op op : {Op::kEncode, Op::kEncodeFeedback, Op::kDecode, Op::kDecodeAccumulate,
+                  Op::kDecodeAccumulate4}) {
+      for (uint64_t bytes : sizes) {
+        std::string name =
+            std::string("cpu/") + op_name(op) + "/fp32/" + label + "/rn/" + size_name(bytes);
+        benchmark::RegisterBenchmark(name.c_str(), run, op, *spec, DType::kFloat32, bytes, 1)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime()
+            ->ComputeStatistics("max", max_of);
       }
     }
   }

@@ -70,6 +70,11 @@ Status enqueue(const CodecJob& job, cudaStream_t stream) {
 Status run_checked(const CodecJob& job, const void* data, uint64_t codes_bytes,
                    cudaStream_t stream) {
   LOWCOMM_CHECK(check_codec_job(job, data, codes_bytes));
+  if (job.op == CodecOp::kEncodeFeedback && job.spec.ef_decay != 1.0f && !job.spec.sparse()) {
+    return unsupported(to_string(job.spec) +
+                       ": error feedback with decay runs on the CPU only for dense codecs");
+  }
+  if (job.spec.sparse()) return cuda::enqueue_sparse(job, stream);
   return enqueue(job, stream);
 }
 

@@ -31,4 +31,9 @@ cudaError_t launch_quant_decode(const CodecJob& job, const GridShape& grid, cuda
 // Every op of the passthrough codecs none/bf16/fp16 (passthrough.cu).
 cudaError_t launch_passthrough(const CodecJob& job, const GridShape& grid, cudaStream_t stream);
 
+// Every op of the sparse codecs topk/randk (sparse_codec.cu): the bytes of sparse_cpu.cc.
+// Decodes of malformed positions fail with kCorruptData (the stream is synchronised to read
+// the kernel's verdict).
+Status enqueue_sparse(const CodecJob& job, cudaStream_t stream);
+
 }  // namespace lowcomm::cuda

@@ -358,7 +358,10 @@ const std::pair<size_t, size_t> kStatsFields[] = {STATS_FIELD(kind),
                                                   STATS_FIELD(decodeNs),
                                                   STATS_FIELD(networkWaitNs),
                                                   STATS_FIELD(linkLimitNs),
-                                                  STATS_FIELD(linkEfficiency)};
+                                                  STATS_FIELD(linkEfficiency),
+                                                  STATS_FIELD(density),
+                                                  STATS_FIELD(indexBytesSent),
+                                                  STATS_FIELD(valueBytesSent)};
 #undef STATS_FIELD
 
 // What a caller built against the first fields only would declare (the struct as it might have

@@ -10,7 +10,7 @@ namespace lowcomm {
 
 enum class CodecOp : uint8_t {
   kEncode,            // codes = Q(x)
-  kEncodeFeedback,    // y = x + r; codes = Q(y); r = y - D(codes)
+  kEncodeFeedback,    // y = x + r; codes = Q(y); r = β·(y - D(codes)), β = spec.ef_decay
   kEncodeDelta,       // codes = Q(a - m); m += D(codes)
   kDecode,            // out = D(codes)
   kDecodeAccumulate,  // out += D(codes)

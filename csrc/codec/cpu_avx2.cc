@@ -306,6 +306,8 @@ bool avx2_supported() {
 }
 
 bool avx2_range(const CodecJob& job, uint64_t begin, uint64_t end) {
+  // Error feedback with decay: the scalar path (one more multiply per element).
+  if (job.op == CodecOp::kEncodeFeedback && job.spec.ef_decay != 1.0f) return false;
   if (job.spec.kind == CodecKind::kNone) return passthrough_range(job, begin, end);
   const bool minmax = job.spec.kind == CodecKind::kMinmax;
   const bool encode = is_encode(job.op);

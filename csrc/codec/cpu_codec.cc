@@ -44,6 +44,7 @@ void run_job(const CodecJob& job, const CpuOptions& opts) {
 
 Status run_checked(CodecJob& job, const void* data, uint64_t codes_bytes, const CpuOptions& opts) {
   LOWCOMM_CHECK(check_codec_job(job, data, codes_bytes));
+  if (job.spec.sparse()) return cpu::sparse_run(job, opts);
   run_job(job, opts);
   return Status::ok();
 }

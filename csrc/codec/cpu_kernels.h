@@ -20,4 +20,8 @@ bool avx2_range(const CodecJob& job, uint64_t begin, uint64_t end);
 // (encode) or whole units (decode) of block-grouped jobs.
 void avx2_minmax_range(const CodecJob& job, uint64_t begin, uint64_t end);
 
+// The sparse codecs (topk, randk), whole jobs (sparse_cpu.cc); decodes fail with kCorruptData
+// on positions a message cannot hold.
+Status sparse_run(const CodecJob& job, const CpuOptions& opts);
+
 }  // namespace lowcomm::cpu

@@ -35,7 +35,8 @@ float source_value(const CodecJob& job, uint64_t i) {
 template <DType D>
 void update_state(const CodecJob& job, uint64_t i, float y, float dec, bool finite) {
   if (job.op == CodecOp::kEncodeFeedback) {
-    static_cast<float*>(job.state)[i] = finite ? qm::canonical(sub(y, dec)) : 0.0f;
+    static_cast<float*>(job.state)[i] =
+        finite ? qm::canonical(qm::mul(job.spec.ef_decay, sub(y, dec))) : 0.0f;
   } else if (job.op == CodecOp::kEncodeDelta) {
     using IO = ElementIO<D>;
     IO::store(job.state, i, finite ? add(IO::load(job.state, i), dec) : 0.0f);

@@ -41,6 +41,10 @@ Status check_op_buffers(const CodecJob& job) {
 Status check_codec_job(const CodecJob& job, const void* data, uint64_t codes_bytes) {
   LOWCOMM_CHECK(check_op_buffers(job));
   LOWCOMM_CHECK(validate_spec(job.spec));
+  if (job.spec.sparse() && (job.op == CodecOp::kEncodeDelta || job.op == CodecOp::kDecodeDelta)) {
+    return invalid_argument(to_string(job.spec) +
+                            ": sparse codecs do not take AQ-SGD deltas (use q2..q8)");
+  }
   LOWCOMM_CHECK(check_count(job.spec, job.n));
   if (!codec_dtype(job.dtype)) {
     return invalid_argument(

@@ -145,7 +145,10 @@ constexpr size_t kOpStatsFieldEnds[] = {LOWCOMM_OP_STATS_END(kind),
                                         LOWCOMM_OP_STATS_END(decodeNs),
                                         LOWCOMM_OP_STATS_END(networkWaitNs),
                                         LOWCOMM_OP_STATS_END(linkLimitNs),
-                                        LOWCOMM_OP_STATS_END(linkEfficiency)};
+                                        LOWCOMM_OP_STATS_END(linkEfficiency),
+                                        LOWCOMM_OP_STATS_END(density),
+                                        LOWCOMM_OP_STATS_END(indexBytesSent),
+                                        LOWCOMM_OP_STATS_END(valueBytesSent)};
 #undef LOWCOMM_OP_STATS_END
 static_assert(kOpStatsFieldEnds[sizeof(kOpStatsFieldEnds) / sizeof(size_t) - 1] ==
                   sizeof(lowcommOpStats),
@@ -187,6 +190,9 @@ void to_c_stats(const lowcomm::OpStats& s, lowcommOpStats* out) {
   all.networkWaitNs = to_ns(s.network_wait);
   all.linkLimitNs = to_ns(s.link_limit);
   all.linkEfficiency = s.link_efficiency;
+  all.density = s.density;
+  all.indexBytesSent = s.index_bytes_sent;
+  all.valueBytesSent = s.value_bytes_sent;
   constexpr size_t kFirst = offsetof(lowcommOpStats, kind);
   size_t end = kFirst;
   for (size_t e : kOpStatsFieldEnds)

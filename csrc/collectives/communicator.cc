@@ -72,6 +72,23 @@ Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> code
   });
 }
 
+// A sparse codec (topk, randk) sums its P messages where they arrive (all_reduce's one-hop
+// schedule); an owner-based reduction would re-sparsify the union. So reduce_scatter and reduce
+// take none: named by the call, refused; the communicator's default, left exact (bypassed).
+Result<Compression> dense_only(Compression c, const std::optional<CodecSpec>& named,
+                               const char* what) {
+  if (!c.codec || !c.codec->sparse()) return c;
+  if (named)
+    return invalid_argument(std::string(what) + ": sparse codecs (" + to_string(*c.codec) +
+                            ") take all_reduce only (their sum is gathered, not owned); use a "
+                            "dense codec such as q4");
+  c.codec.reset();
+  c.bypassed = true;
+  c.error_feedback_key.clear();
+  c.owner_error_feedback = false;
+  return c;
+}
+
 Status host_only(const char* what, MemoryKind memory) {
   if (memory == MemoryKind::kHost) return Status::ok();
   // Refused before any descriptor is sent: the group is not broken by an unsupported call.
@@ -136,8 +153,17 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   collectives::ReduceArgs a{
       send,         recv, count, dtype, op, {}, c.error_feedback_key, c.owner_error_feedback,
       options.seed, 0};
-  const bool one_hop = size() > 1 && count * dtype_size(dtype) <=
-                                         static_cast<uint64_t>(impl_->options().direct_bytes);
+  const bool sparse = codec && codec->sparse();
+  if (sparse && c.owner_error_feedback)
+    return refused(invalid_argument(
+        "all_reduce: owner_error_feedback does not apply to sparse codecs (" + to_string(*codec) +
+        "): every contribution is summed where it arrives, nothing is re-quantized"));
+  if (sparse && options.schedule == AllReduceOptions::Schedule::kTwoLevel)
+    return refused(invalid_argument("all_reduce: schedule two-level takes dense codecs; sparse " +
+                                    to_string(*codec) + " runs gather-all (one-hop)"));
+  const bool one_hop =
+      sparse || (size() > 1 &&
+                 count * dtype_size(dtype) <= static_cast<uint64_t>(impl_->options().direct_bytes));
   collectives::Algorithm alg =
       one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
   using Schedule = AllReduceOptions::Schedule;
@@ -173,10 +199,13 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
                                   ReduceOp op, const ReduceScatterOptions& options) {
   if (Status s = host_only("reduce_scatter", options.memory); !s) return refused(s);
-  const Compression c =
-      decide_compression(policy_of(*impl_), options.codec, dtype, op,
-                         recv_count * static_cast<uint64_t>(size()) * dtype_size(dtype),
-                         options.error_feedback_key, false);
+  const Result<Compression> decided =
+      dense_only(decide_compression(policy_of(*impl_), options.codec, dtype, op,
+                                    recv_count * static_cast<uint64_t>(size()) * dtype_size(dtype),
+                                    options.error_feedback_key, false),
+                 options.codec, "reduce_scatter");
+  if (!decided) return refused(decided.status());
+  const Compression& c = *decided;
   const std::optional<CodecSpec>& codec = c.codec;
   if (Status s = check_reduce_scatter(send, recv, recv_count, dtype, op, size(), codec,
                                       c.error_feedback_key);
@@ -234,9 +263,12 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
 Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                           int root, const AllReduceOptions& options) {
   if (Status s = host_only("reduce", options.memory); !s) return refused(s);
-  const Compression c =
+  const Result<Compression> decided = dense_only(
       decide_compression(policy_of(*impl_), options.codec, dtype, op, count * dtype_size(dtype),
-                         options.error_feedback_key, options.owner_error_feedback);
+                         options.error_feedback_key, options.owner_error_feedback),
+      options.codec, "reduce");
+  if (!decided) return refused(decided.status());
+  const Compression& c = *decided;
   const std::optional<CodecSpec>& codec = c.codec;
   if (Status s = collectives::check_reduce(send, recv, count, dtype, op, root, rank(), size(),
                                            codec, c.error_feedback_key);

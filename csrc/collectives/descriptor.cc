@@ -65,10 +65,16 @@ std::array<uint8_t, kDescriptorBytes> OpDescriptor::encode() const {
     p[29] = static_cast<uint8_t>(codec->wire_dtype);
     p[30] = static_cast<uint8_t>(codec->grouping);
     p[31] = static_cast<uint8_t>(codec->rounding);
-    // A validated block is at most kMaxBlock (4096); other groupings do not use it.
-    if (codec->grouping == Grouping::kBlock)
-      store_le16(p + 32, static_cast<uint16_t>(codec->block));
-    store_le64(p + 40, codec->cols);
+    if (codec->sparse()) {
+      // K and C (C up to 65536: wider than the 16 bits a dense block takes); no columns.
+      store_le32(p + 40, codec->keep);
+      store_le32(p + 44, codec->block);
+    } else {
+      // A validated block is at most kMaxBlock (4096); other groupings do not use it.
+      if (codec->grouping == Grouping::kBlock)
+        store_le16(p + 32, static_cast<uint16_t>(codec->block));
+      store_le64(p + 40, codec->cols);
+    }
   }
   p[34] = static_cast<uint8_t>(algorithm);
   store_le32(p + 36, nranks);
@@ -104,9 +110,14 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
     s.wire_dtype = static_cast<DType>(p[29]);
     s.grouping = static_cast<Grouping>(p[30]);
     s.rounding = static_cast<Rounding>(p[31]);
-    if (s.grouping == Grouping::kBlock) s.block = load_le16(p + 32);
-    s.cols = load_le64(p + 40);
-    if (p[7] > 2 || !valid_dtype_byte(p[29]) || p[30] > 2 || p[31] > 1 || !validate_spec(s).is_ok())
+    if (s.sparse()) {
+      s.keep = load_le32(p + 40);
+      s.block = load_le32(p + 44);
+    } else {
+      if (s.grouping == Grouping::kBlock) s.block = load_le16(p + 32);
+      s.cols = load_le64(p + 40);
+    }
+    if (p[7] > 4 || !valid_dtype_byte(p[29]) || p[30] > 2 || p[31] > 1 || !validate_spec(s).is_ok())
       return corrupt_data(who + ": operation descriptor carries an invalid codec spec");
     d.codec = s;
   }

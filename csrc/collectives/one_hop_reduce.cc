@@ -12,6 +12,12 @@
 // (instead of 2(P-1)/P·n·w). A trainer that all-reduces each parameter synchronously pays the
 // delay once per tensor, so for tensors below the bandwidth-delay product this halves its time.
 //
+// The sparse codecs (topk, randk) always take this schedule, whatever the size: the union of P
+// sparse messages is not sparse, so an owner could only re-sparsify it (a second lossy step);
+// here each rank's message reaches every rank and every element is quantized once (SparseLoCo's
+// aggregation). Random-k draws its positions from a seed every rank derives alike from
+// (seed, step), so the P messages keep the same positions.
+//
 // As in the owner reduction, the descriptors are posted with the payload and checked before any
 // received byte is read; contributions land in scratch; the input is copied before it is sent
 // when it is also the output (a send may still be reading it when the result is written).
@@ -51,7 +57,9 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
   if (plain) {
     std::memcpy(own, a.send, bytes);
   } else {
-    RoundingKey key{rounding_seed(a.seed, a.step, me, 1), 0};
+    // Random-k's positions: the same on every rank (the rank is left out of the seed).
+    const bool shared = wire.kind == CodecKind::kRandk;
+    RoundingKey key{rounding_seed(a.seed, a.step, shared ? 0 : me, shared ? 2 : 1), 0};
     ScopedTimer t(run.counters().encode);
     if (!a.error_feedback_key.empty()) {
       auto e = run.ef().sender(a.error_feedback_key, a.n);
@@ -64,6 +72,14 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
   }
   codes[me] = own;
   for (int d = 1; d < P; ++d) run.isend((me + d) % P, tag, own, bytes, a.n * es);
+  if (wire.sparse() && P > 1) {
+    const SparseLayout l = sparse_layout(wire, a.n);
+    const auto peers = static_cast<uint64_t>(P - 1);
+    run.counters().index_sent += peers * l.index_bytes;
+    run.counters().value_sent += peers * l.value_bytes;
+    run.counters().kept_sent += peers * l.kept;
+    run.counters().elements_sent += peers * a.n;
+  }
 
   LOWCOMM_CHECK(run.check_descriptors());
 

@@ -75,6 +75,11 @@ OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::dur
   s.payload_bytes_sent = c.payload_sent;
   s.uncompressed_bytes_sent = c.uncompressed_sent;
   s.ucx_bytes_sent = c.ucx_sent;
+  s.index_bytes_sent = c.index_sent;
+  s.value_bytes_sent = c.value_sent;
+  s.density = c.elements_sent > 0
+                  ? static_cast<double>(c.kept_sent) / static_cast<double>(c.elements_sent)
+                  : 0.0;
   s.compression_ratio = c.payload_sent > 0 ? static_cast<double>(c.uncompressed_sent) /
                                                  static_cast<double>(c.payload_sent)
                                            : 1.0;

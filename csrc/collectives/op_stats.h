@@ -24,6 +24,12 @@ struct OpCounters {
   uint64_t payload_sent = 0;
   uint64_t uncompressed_sent = 0;
   uint64_t ucx_sent = 0;  // of the bytes sent, those handed to UCX (intra_site.h)
+  // Sparse codecs: of payload_sent, the positions' and the value codes' bytes, and the elements
+  // kept of those sent (elements_sent counts every element a sparse message stands for).
+  uint64_t index_sent = 0;
+  uint64_t value_sent = 0;
+  uint64_t kept_sent = 0;
+  uint64_t elements_sent = 0;
   StatsClock::duration encode{};
   StatsClock::duration decode{};
   StatsClock::duration wait{};

@@ -47,6 +47,13 @@ enum class CodecKind : uint8_t {
   kAbsmax =
       1,  // symmetric: codes k in [-2^(b-1), 2^(b-1)-1] times absmax/2^(b-1); b=1: sign x mean|x|
   kMinmax = 2,  // asymmetric: codes k in [0, 2^b-1], x = min + k (max-min)/(2^b-1)
+  // Sparse (docs/codecs.md, "Sparse codecs"): per chunk of `block` elements, `keep` elements
+  // are sent, each as a sign and a (b-1)-bit magnitude between the chunk's smallest and largest
+  // kept magnitude; the rest decode to zero.
+  kTopk = 3,   // the `keep` largest magnitudes of each chunk (ties: the lower index), with their
+               // positions (offsets or a bitmap, whichever is smaller)
+  kRandk = 4,  // `keep` positions per chunk drawn from a seed the message carries: no positions
+               // on the wire, the same positions on every rank that uses the same seed
 };
 
 enum class Rounding : uint8_t { kNearest = 0, kStochastic = 1 };
@@ -65,14 +72,19 @@ struct CodecSpec {
   uint32_t block = 128;  // kBlock: power of two in [32, 4096]
   uint64_t cols = 0;     // kColumn: number of columns (n must be a multiple)
   Rounding rounding = Rounding::kNearest;
+  uint32_t keep = 0;  // sparse: elements kept per chunk of `block` (1..block)
+  // Error feedback's decay β: the residual is stored as β·(y - D(codes)) and added to the next
+  // input (SparseLoCo's e <- β·e + Δ). 1: plain error feedback. Not part of the wire format.
+  float ef_decay = 1.0f;
 
   bool quantized() const { return kind != CodecKind::kNone; }
+  bool sparse() const { return kind == CodecKind::kTopk || kind == CodecKind::kRandk; }
 };
 
 inline bool operator==(const CodecSpec& a, const CodecSpec& b) {
   return a.kind == b.kind && a.bits == b.bits && a.wire_dtype == b.wire_dtype &&
          a.grouping == b.grouping && a.block == b.block && a.cols == b.cols &&
-         a.rounding == b.rounding;
+         a.rounding == b.rounding && a.keep == b.keep && a.ef_decay == b.ef_decay;
 }
 inline bool operator!=(const CodecSpec& a, const CodecSpec& b) {
   return !(a == b);
@@ -81,12 +93,19 @@ inline bool operator!=(const CodecSpec& a, const CodecSpec& b) {
 constexpr uint32_t kDefaultBlock = 128;
 constexpr uint32_t kMinBlock = 32;
 constexpr uint32_t kMaxBlock = 4096;
+constexpr uint32_t kDefaultSparseChunk = 4096;
+constexpr uint32_t kMaxSparseChunk = 65536;
 
 // Parses the textual form: a name, then ':'-separated options.
 //   names:   none | fp32 | bf16 | fp16 | q1 | q2 | q3 | q4 | q8 | minmax2 | minmax4 | minmax8
+//            | topk:K/C+qB | topk:D+qB | randk:K/C+qB | randk:D+qB  (sparse: K of every C
+//              elements, C a power of two from 32 to 65536, 1 <= K <= C; or density D in
+//              (0, 1] of chunks of 4096; values at B = 2, 3, 4 or 8 bits, default 2)
 //   options: block=N (power of two, 32..4096) | col=N (one scale per column of [n/N, N])
 //            | sr (stochastic rounding) | rn (round to nearest, the default)
-// Examples: "q4", "q2:block=64:sr", "q4:col=4096", "minmax8", "none".
+//            | decay=B (error feedback's decay, 0 <= B <= 1; any codec)
+// Examples: "q4", "q2:block=64:sr", "q4:col=4096", "minmax8", "none", "topk:64/4096+q2",
+//           "randk:0.02+q2", "topk:0.01+q2:decay=0.95".
 LOWCOMM_API Result<CodecSpec> parse_codec_spec(std::string_view text);
 LOWCOMM_API std::string to_string(const CodecSpec& spec);
 // The spec in environment variable `name` (e.g. LOWCOMM_CODEC=q4), or `fallback` when unset;
@@ -102,6 +121,19 @@ LOWCOMM_API uint64_t encoded_size(const CodecSpec& spec, uint64_t n);
 LOWCOMM_API double bits_per_element(const CodecSpec& spec, uint64_t n);
 // Checks that n elements can be encoded with spec (for kColumn: n is a multiple of cols).
 LOWCOMM_API Status check_count(const CodecSpec& spec, uint64_t n);
+
+// What a sparse codec's message of n elements holds (zeros for other codecs): elements kept,
+// and the bytes of positions (offsets or bitmaps), of value codes, and of the per-chunk scales
+// and the message header. index + value + scale + header bytes == encoded_size(spec, n).
+struct SparseLayout {
+  uint64_t chunks = 0;
+  uint64_t kept = 0;
+  uint64_t index_bytes = 0;
+  uint64_t value_bytes = 0;
+  uint64_t scale_bytes = 0;
+  uint64_t header_bytes = 0;
+};
+LOWCOMM_API SparseLayout sparse_layout(const CodecSpec& spec, uint64_t n);
 
 // Stochastic rounding key: the random number for element i is a pure function of
 // (seed, offset + i), so chunks of a tensor encoded separately match the whole.
@@ -131,13 +163,16 @@ LOWCOMM_API Status decode(const CodecSpec& spec, const void* codes, uint64_t cod
 // out += D(codes), accumulated in fp32 and rounded once to dtype
 LOWCOMM_API Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t codes_bytes,
                                      uint64_t n, DType dtype, void* out, CpuOptions opts = {});
-// Error feedback, one pass: y = x + residual; codes = Q(y); residual = y - D(codes).
-// residual is fp32, n elements, updated in place.
+// Error feedback, one pass: y = x + residual; codes = Q(y); residual = β·(y - D(codes)) with
+// β = spec.ef_decay. residual is fp32, n elements, updated in place.
+// Random-k draws its positions from key.seed (not from the rank: every rank must pass the same
+// seed to select the same positions); the message carries the seed, so decodes need no key.
 LOWCOMM_API Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x,
                                          float* residual, uint64_t n, void* codes,
                                          uint64_t codes_bytes, RoundingKey key = {},
                                          CpuOptions opts = {});
-// AQ-SGD sender: codes = Q(a - m); m += D(codes). m has a's dtype, updated in place.
+// AQ-SGD sender: codes = Q(a - m); m += D(codes). m has a's dtype, updated in place. Dense
+// codecs only (as decode_delta).
 LOWCOMM_API Status encode_delta(const CodecSpec& spec, DType dtype, const void* a, void* m,
                                 uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key = {},
                                 CpuOptions opts = {});

@@ -248,6 +248,12 @@ struct OpStats {
   // An all-reduce: the schedule it ran, "flat", "two-level" or "one-hop" (AllReduceOptions::
   // schedule kAuto leaves flat or two levels to the communicator: docs/sites.md); "" otherwise.
   std::string schedule;
+  // A sparse codec (topk, randk): the fraction of elements its messages kept, and of
+  // payload_bytes_sent the bytes of positions (offsets or bitmaps; 0 for randk) and of value
+  // codes (the rest are per-chunk scales and randk's seed). 0 for dense codecs.
+  double density = 0.0;
+  uint64_t index_bytes_sent = 0;
+  uint64_t value_bytes_sent = 0;
 };
 
 class WorkState;

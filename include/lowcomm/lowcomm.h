@@ -124,12 +124,17 @@ typedef struct {
    * (max(sent * 8 / uplink, received * 8 / downlink) + one one-way delay), and that / wall. */
   uint64_t linkLimitNs;
   double linkEfficiency;
+  /* Sparse codecs (topk, randk), else 0: the fraction of elements kept, and of payloadBytesSent
+   * the bytes of positions (offsets or bitmaps) and of value codes. */
+  double density;
+  uint64_t indexBytesSent;
+  uint64_t valueBytesSent;
 } lowcommOpStats;
 
 /* A lowcommOpStats ready to be filled: structSize set, every field zero. Every field is named
  * so that C and C++ compilers with -Wmissing-field-initializers accept it. */
 #define LOWCOMM_OP_STATS_INIT \
-  { sizeof(lowcommOpStats), {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0 }
+  { sizeof(lowcommOpStats), {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0 }
 /* The smallest structSize the library takes: structSize and the first field, kind. */
 #define LOWCOMM_OP_STATS_MIN_SIZE (offsetof(lowcommOpStats, codec))
 
@@ -167,7 +172,9 @@ LOWCOMM_API lowcommResult_t lowcommCommUserRank(const lowcommComm_t comm, int* r
 LOWCOMM_API lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm,
                                                      lowcommResult_t* asyncError);
 
-/* codec: a codec spec ("q4", "q2:sr", "minmax4", docs/codecs.md) or NULL for uncompressed. */
+/* codec: a codec spec ("q4", "q2:sr", "minmax4", docs/codecs.md) or NULL for uncompressed.
+ * Sparse codecs ("topk:64/4096+q2", "randk:0.02+q2") send every rank's message to every rank and
+ * sum them in rank order (all-reduce only; reduce-scatter and reduce refuse them). */
 LOWCOMM_API lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                              lowcommDataType_t datatype, lowcommRedOp_t op,
                                              const char* codec, lowcommComm_t comm,

@@ -65,6 +65,9 @@ PYBIND11_MODULE(_C, m) {
         d["uncompressed_bytes_sent"] = s.uncompressed_bytes_sent;
         d["ucx_bytes_sent"] = s.ucx_bytes_sent;  // CommOptions::intra_site
         d["compression_ratio"] = s.compression_ratio;
+        d["density"] = s.density;
+        d["index_bytes_sent"] = s.index_bytes_sent;
+        d["value_bytes_sent"] = s.value_bytes_sent;
         auto secs = [](std::chrono::nanoseconds ns) {
           return std::chrono::duration<double>(ns).count();
         };

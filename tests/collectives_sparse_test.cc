@@ -1,0 +1,140 @@
+// All-reduce with the sparse codecs (topk, randk) over real sockets: every rank's message reaches
+// every rank and the P messages are summed in rank order in fp32 (the reference below rebuilds
+// the result from the codec functions, error feedback with decay included), bitwise identical on
+// every rank; the stats name density, index and value bytes; reduce_scatter and reduce refuse a
+// sparse codec the call names and leave a default one exact; ranks that disagree on K fail the
+// descriptor check.
+
+#include "collectives/reduce_common.h"
+#include "collectives_test_util.h"
+
+namespace lowcomm::testing {
+namespace {
+
+TEST(CollectivesSparse, GatherAllSumIsTheReferenceOnEveryRank) {
+  constexpr int P = 4;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, P, test_options());
+    RANK_OK(c.status());
+    const uint64_t n = 3 * 4096 + 123;  // a short last chunk
+    std::string out = "ok ";
+    for (const char* text :
+         {"topk:64/4096+q2:decay=0.9", "randk:82/4096+q2", "topk:700/4096+q4", "topk:3/32+q8"}) {
+      const CodecSpec spec = *parse_codec_spec(text);
+      std::vector<std::vector<float>> residual(P, std::vector<float>(n, 0.0f));
+      for (uint64_t step = 0; step < 3; ++step) {  // error feedback carries across calls
+        std::vector<float> x(n), y(n);
+        for (uint64_t i = 0; i < n; ++i) x[i] = input_value(step, rank, i);
+        AllReduceOptions o;
+        o.codec = spec;
+        o.error_feedback_key = text;
+        o.seed = 5;
+        o.step = step;
+        RANK_OK(
+            (*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kAverage, o).wait());
+        const OpStats st = (*c)->last_op_stats();
+        RANK_CHECK(st.schedule == "one-hop", "schedule " + st.schedule);
+        const SparseLayout l = sparse_layout(spec, n);
+        RANK_CHECK(st.payload_bytes_sent == (P - 1) * encoded_size(spec, n),
+                   "payload " + std::to_string(st.payload_bytes_sent));
+        RANK_CHECK(st.index_bytes_sent == (P - 1) * l.index_bytes, "index bytes");
+        RANK_CHECK(st.value_bytes_sent == (P - 1) * l.value_bytes, "value bytes");
+        RANK_CHECK(std::abs(st.density - double(l.kept) / double(n)) < 1e-12,
+                   "density " + std::to_string(st.density));
+        std::vector<float> acc(n, 0.0f), ref(n);
+        std::vector<uint8_t> codes(encoded_size(spec, n));
+        for (int r = 0; r < P; ++r) {
+          std::vector<float> xr(n);
+          for (uint64_t i = 0; i < n; ++i) xr[i] = input_value(step, r, i);
+          const bool shared = spec.kind == CodecKind::kRandk;
+          RoundingKey key{collectives::rounding_seed(5, step, shared ? 0 : r, shared ? 2 : 1), 0};
+          RANK_OK(encode_error_feedback(spec, DType::kFloat32, xr.data(), residual[r].data(), n,
+                                        codes.data(), codes.size(), key));
+          RANK_OK(
+              decode_accumulate(spec, codes.data(), codes.size(), n, DType::kFloat32, acc.data()));
+        }
+        uint64_t nonzero = 0;
+        for (uint64_t i = 0; i < n; ++i) {
+          ref[i] = acc[i] / static_cast<float>(P);
+          nonzero += y[i] != 0.0f ? 1 : 0;
+        }
+        RANK_CHECK(std::memcmp(ref.data(), y.data(), n * 4) == 0,
+                   std::string(text) + " step " + std::to_string(step) + ": not the reference");
+        // Random-k: every rank kept the same positions, so the sum is as sparse as one message.
+        if (spec.kind == CodecKind::kRandk)
+          RANK_CHECK(nonzero <= l.kept, "randk positions differ across ranks");
+        else
+          RANK_CHECK(nonzero > l.kept, "topk sets should differ across ranks");
+        std::vector<uint8_t> b(n * 4);
+        std::memcpy(b.data(), y.data(), b.size());
+        out += std::to_string(fnv64(b)) + " ";
+      }
+    }
+    // In place, bf16: the same path, rounded once to bf16.
+    Tensor t = make_input(DType::kBFloat16, 5000, 3, rank);
+    AllReduceOptions o;
+    o.codec = *parse_codec_spec("topk:16/1024+q4");
+    RANK_OK((*c)->all_reduce(t.data(), t.data(), 5000, DType::kBFloat16, ReduceOp::kSum, o).wait());
+    out += std::to_string(fnv64(t.bytes));
+    return out;
+  });
+  expect_all_ok(res);
+  for (int r = 1; r < P; ++r) EXPECT_EQ(res[r].text, res[0].text) << "rank " << r;
+}
+
+TEST(CollectivesSparse, OtherReductionsRefuseOrBypassSparseCodecs) {
+  constexpr int P = 2;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions opts = test_options();
+    opts.codec = *parse_codec_spec("topk:8/256+q2");  // the default codec
+    auto c = Communicator::init(id, rank, P, opts);
+    RANK_OK(c.status());
+    std::vector<float> x(1024), y(1024), z(512);
+    for (uint64_t i = 0; i < x.size(); ++i) x[i] = input_value(1, rank, i);
+    AllReduceOptions named;
+    named.codec = *parse_codec_spec("topk:8/256+q2");
+    Work w = (*c)->reduce_scatter(x.data(), z.data(), 512, DType::kFloat32, ReduceOp::kSum, named);
+    RANK_CHECK(w.refused() && w.status().message().find("all_reduce only") != std::string::npos,
+               w.status().to_string());
+    w = (*c)->reduce(x.data(), y.data(), 1024, DType::kFloat32, ReduceOp::kSum, 0, named);
+    RANK_CHECK(w.refused(), w.status().to_string());
+    AllReduceOptions owner = named;
+    owner.error_feedback_key = "k";
+    owner.owner_error_feedback = true;
+    w = (*c)->all_reduce(x.data(), y.data(), 1024, DType::kFloat32, ReduceOp::kSum, owner);
+    RANK_CHECK(w.refused(), "owner_error_feedback with a sparse codec");
+    // The default sparse codec leaves reduce_scatter exact.
+    RANK_OK((*c)->reduce_scatter(x.data(), z.data(), 512, DType::kFloat32, ReduceOp::kSum).wait());
+    RANK_CHECK((*c)->last_op_stats().codec.empty(), "reduce_scatter compressed");
+    for (uint64_t i = 0; i < 512; ++i) {
+      const uint64_t g = static_cast<uint64_t>(rank) * 512 + i;
+      volatile float want = input_value(1, 0, g) + input_value(1, 1, g);
+      RANK_CHECK(z[i] == want, "reduce_scatter not exact at " + std::to_string(i));
+    }
+    // ... and all_reduce sparse.
+    RANK_OK((*c)->all_reduce(x.data(), y.data(), 1024, DType::kFloat32, ReduceOp::kSum).wait());
+    RANK_CHECK((*c)->last_op_stats().codec == "topk:8/256+q2", (*c)->last_op_stats().codec);
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesSparse, RanksThatDisagreeOnKFailWithAMismatch) {
+  constexpr int P = 2;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, P, test_options());
+    RANK_OK(c.status());
+    std::vector<float> x(4096, 1.0f);
+    AllReduceOptions o;
+    o.codec = *parse_codec_spec(rank == 0 ? "topk:64/4096+q2" : "topk:65/4096+q2");
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o).wait();
+    RANK_CHECK(s.code() == StatusCode::kInvalidArgument, s.to_string());
+    RANK_CHECK(s.to_string().find("mismatched operations") != std::string::npos, s.to_string());
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+}  // namespace
+}  // namespace lowcomm::testing
