@@ -15,7 +15,9 @@ Runs: "fp32" (exact), a lowcomm codec ("q8", "q4", "q4:sr", "q2", "q2:block=32",
 "+ef" for error feedback on each worker's quantization, "+ef2" for error feedback on the
 workers' and the owners' quantizations, "+ef<decay>" (e.g. "+ef0.5") for worker error feedback
 whose residual is scaled by <decay> before it is carried over, "+efl" for error feedback left
-in each worker's own model (implicit, as CocktailSGD's workers; docs/training.md). The data is the Python standard library's sources
+in each worker's own model (implicit, as CocktailSGD's workers; docs/training.md), "+sl<decay>"
+(e.g. "topk:64/4096+q2+sl0.95") for SparseLoCo's rule: error feedback decayed by <decay> (0.95
+when omitted) and the outer step without momentum at --sparseloco-lr. The data is the Python standard library's sources
 (examples/lowcomm_examples/data.py); every worker draws its own shard.
 """
 import argparse
@@ -34,19 +36,24 @@ from lowcomm_examples.launch import run_ranks  # noqa: E402
 
 
 def parse_run(name):
-    """'q2+ef' -> ('q2', True, None); 'q2+ef0.5' -> ('q2', True, 0.5); 'fp32' -> (None, False,
-    None)."""
-    codec, _, ef = name.partition("+")
-    codec = None if codec == "fp32" else codec
-    if ef in ("", "ef", "ef2", "efl"):
-        return codec, {"": False, "ef": True, "ef2": "both", "efl": "local"}[ef], None
+    """'q2+ef' -> ('q2', True, None, 'diloco'); 'q2+ef0.5' -> ('q2', True, 0.5, 'diloco');
+    'topk:64/4096+q2+sl0.9' -> ('topk:64/4096+q2', True, 0.9, 'sparseloco'); 'fp32' -> (None,
+    False, None, 'diloco'). The suffix is the last '+' part when it starts with 'ef' or 'sl'
+    (a sparse codec's own '+q2' is part of the codec)."""
+    head, _, tail = name.rpartition("+")
+    if not head or not (tail.startswith("ef") or tail.startswith("sl")):
+        head, tail = name, ""
+    codec = None if head == "fp32" else head
+    if tail in ("", "ef", "ef2", "efl"):
+        return codec, {"": False, "ef": True, "ef2": "both", "efl": "local"}[tail], None, "diloco"
+    rule = "sparseloco" if tail.startswith("sl") else "diloco"
     try:
-        decay = float(ef[2:]) if ef.startswith("ef") else None
+        decay = float(tail[2:]) if len(tail) > 2 else None
     except ValueError:
-        decay = None
-    if decay is None:
-        raise SystemExit(f"diloco_train: unknown run suffix '+{ef}' in {name!r}")
-    return codec, True, decay
+        raise SystemExit(f"diloco_train: unknown run suffix '+{tail}' in {name!r}")
+    if decay is None and rule == "diloco":
+        raise SystemExit(f"diloco_train: unknown run suffix '+{tail}' in {name!r}")
+    return codec, True, decay, rule
 
 
 def worker(rank, args, run, seed, port, queue):
@@ -61,7 +68,7 @@ def worker(rank, args, run, seed, port, queue):
     # Evaluation's small all-reduces on a group of their own, so the DiLoCo group carries only
     # the outer steps (its statistics count them alone).
     eval_group = dist.new_group(backend="gloo")
-    codec, ef, decay = parse_run(run)
+    codec, ef, decay, rule = parse_run(run)
     cfg = gpt.QUICK if args.model == "quick" else gpt.FULL
     corpus = data.Corpus(args.data_bytes, seed=seed)
     val = corpus.val_batches(args.batch, cfg.seq, args.val_batches)[rank::args.workers]
@@ -72,7 +79,8 @@ def worker(rank, args, run, seed, port, queue):
     warm = torch.optim.lr_scheduler.LambdaLR(inner, lambda s: min(1.0, (s + 1) / args.warmup))
     outer = DiLoCo(model, sync_every=args.H, codec=codec, error_feedback=ef,
                    error_feedback_decay=decay, overlap=args.overlap, fragments=args.fragments,
-                   outer_lr=args.outer_lr, delay=args.delay, merge_alpha=args.merge_alpha)
+                   outer_lr=args.sparseloco_lr if rule == "sparseloco" else args.outer_lr,
+                   delay=args.delay, merge_alpha=args.merge_alpha, rule=rule)
 
     def evaluate():
         outer.load_global(probe)
@@ -148,6 +156,8 @@ def main():
                     help="Streaming DiLoCo's alpha: the share of the local parameters kept when "
                          "a delayed average is applied")
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--sparseloco-lr", type=float, default=1.0,
+                    help="the outer learning rate of '+sl' runs (SparseLoCo: no momentum)")
     ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--batch", type=int, default=16)

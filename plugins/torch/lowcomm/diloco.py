@@ -95,12 +95,17 @@ class DiLoCo:
       slices of about equal size) or a list of lists of the model's trainable parameters.
     delay: τ, the inner steps between sending a fragment's average and applying it (Streaming
       DiLoCo; 0: apply at once). merge_alpha: α of the merge after a delayed outer step.
+    rule: "diloco" (the outer optimizer above) or "sparseloco" (SparseLoCo: no outer momentum,
+      θ_g ← θ_g − outer_lr · mean of the decoded messages, outer_lr 1 by default; each rank's
+      error-feedback accumulator e ← β·e + Δ in lowcomm's store, β = error_feedback_decay,
+      0.95 by default; meant for a sparse codec such as "topk:64/4096+q2", any lossy codec
+      works). Not with overlap="eager" or an elastic group.
     """
 
-    def __init__(self, model, *, group=None, sync_every=500, outer_lr=0.7, outer_momentum=0.9,
+    def __init__(self, model, *, group=None, sync_every=500, outer_lr=None, outer_momentum=0.9,
                  nesterov=True, outer_optimizer=None, codec=None, error_feedback=False,
                  overlap=False, fragments=1, error_feedback_decay=None, delay=0,
-                 merge_alpha=0.5, name="diloco"):
+                 merge_alpha=0.5, rule="diloco", name="diloco"):
         if isinstance(sync_every, bool) or not isinstance(sync_every, (int, float)) or \
                 int(sync_every) != sync_every or sync_every < 1:
             raise ValueError(f"lowcomm.diloco: sync_every must be an integer >= 1, got "
@@ -130,6 +135,36 @@ class DiLoCo:
         self.group = group
         self.sync_every = int(sync_every)
         self.codec = "" if codec in (None, "", "none", "fp32") else codec
+        if rule not in ("diloco", "sparseloco"):
+            raise ValueError(f"lowcomm.diloco: rule must be 'diloco' or 'sparseloco', got {rule!r}")
+        self.rule = rule
+        if rule == "sparseloco":
+            # SparseLoCo: the decayed accumulator lives in lowcomm's error-feedback store (the
+            # codec's decay= option), the outer step is plain SGD without momentum.
+            if not self.codec:
+                raise ValueError("lowcomm.diloco: rule='sparseloco' needs a lossy codec, e.g. "
+                                 "'topk:64/4096+q2'")
+            if outer_optimizer is not None or error_feedback not in (False, True, None, "sender"):
+                raise ValueError("lowcomm.diloco: rule='sparseloco' sets the outer step and the "
+                                 "error feedback itself (no outer_optimizer, error_feedback True)")
+            if overlap == "eager" or isinstance(group, lowcomm_elastic.ElasticGroup):
+                raise ValueError("lowcomm.diloco: rule='sparseloco' takes overlap False, True or "
+                                 "'delayed' and a process group (not an elastic one)")
+            beta = 0.95 if error_feedback_decay is None else float(error_feedback_decay)
+            if not 0.0 <= beta <= 1.0:
+                raise ValueError(f"lowcomm.diloco: error_feedback_decay must be in [0, 1], "
+                                 f"got {beta}")
+            if ":decay=" in self.codec:
+                raise ValueError("lowcomm.diloco: rule='sparseloco' takes the decay as "
+                                 "error_feedback_decay, not in the codec")
+            self.codec = f"{self.codec}:decay={beta!r}"
+            self.sparse_decay = beta
+            error_feedback, error_feedback_decay = True, None
+            outer_momentum, nesterov = 0.0, False
+            if outer_lr is None:
+                outer_lr = 1.0
+        if outer_lr is None:
+            outer_lr = 0.7
         if error_feedback not in (False, True, None, "sender", "both", "local"):
             raise ValueError(f"lowcomm.diloco: error_feedback must be False, True (= 'sender'), "
                              f"'both' or 'local', got {error_feedback!r}")
@@ -511,6 +546,7 @@ class DiLoCo:
                 saved["plan"] = None
             saved.setdefault("delay", 0)
             saved.setdefault("merge_alpha", None)
+        saved.setdefault("rule", "diloco")
         if saved != self._config():
             raise ValueError(f"lowcomm.diloco: the state is of another configuration: saved "
                              f"{state['config']}, this one {self._config()}")
@@ -550,6 +586,7 @@ class DiLoCo:
             "delay": self.delay,
             "merge_alpha": self.merge_alpha if self.delay else None,
             "world": self.world,
+            "rule": self.rule,
         }
 
 

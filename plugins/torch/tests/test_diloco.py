@@ -1,6 +1,7 @@
 """lowcomm.diloco: the outer step uncompressed equals a hand-written DiLoCo step bitwise, and so
 does the eager overlapped update (Kale et al. 2025) and Streaming DiLoCo's delayed, merged
-fragments (Douillard et al. 2025); bad fragment plans and delays are refused; a run
+fragments (Douillard et al. 2025) and SparseLoCo's rule (top-k + decayed error feedback, no
+outer momentum); bad fragment plans and delays are refused; a run
 stopped and resumed from state_dict() (compressed, stochastic rounding, error feedback,
 overlap, fragments) ends with the same bits as one that never stopped; Gloo groups work
 uncompressed; sites running DDP on Gloo inside and DiLoCo on lowcomm between end identical."""
@@ -281,6 +282,61 @@ def test_bad_fragment_plans_and_delays_are_refused(kw, message):
     assert message in str(e.value), str(e.value)
 
 
+def _sparseloco_reference(rank, world, init_file, errors):
+    try:
+        from lowcomm import _C
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        lc = dist.new_group(backend="lowcomm")
+        model = make_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        codec, beta, alpha = "topk:8/128+q3", 0.9, 1.0
+        outer = DiLoCo(model, group=lc, sync_every=3, codec=codec, rule="sparseloco",
+                       error_feedback_decay=beta, outer_lr=alpha)
+        ref_global = flat(model).clone()
+        resid = [torch.zeros_like(ref_global) for _ in range(world)]
+        for step in range(12):
+            inner_step(model, opt, rank, step)
+            if (step + 1) % 3 == 0:
+                # Hand-written SparseLoCo: every rank's accumulator e = Δ + β·(last e − sent),
+                # its top-k sent; the decoded messages summed in rank order in fp32, / P; the
+                # outer step θ_g − α·mean, no momentum.
+                mine = flat(model)
+                every = [torch.empty_like(mine) for _ in range(world)]
+                dist.all_gather(every, mine)
+                acc = torch.zeros_like(mine)
+                for r in range(world):
+                    e = (ref_global - every[r]) + resid[r]
+                    sent = torch.empty_like(e)
+                    _C.decode(codec, _C.encode(codec, e), sent)
+                    resid[r] = (e - sent).mul(beta)
+                    acc = acc + sent
+                    assert int((sent != 0).sum()) <= 8 * 6  # 676 elements: 5 full chunks + 1
+                ref_global = ref_global.add(acc / world, alpha=-alpha)
+            outer.step()
+            if (step + 1) % 3 == 0:
+                assert torch.equal(flat(model), ref_global), (step, (flat(model) - ref_global)
+                                                              .abs().max())
+                stats = lowcomm.torch.last_op_stats(lc)
+                assert 0 < stats["density"] < 0.08, stats
+                assert stats["index_bytes_sent"] > 0 and stats["value_bytes_sent"] > 0, stats
+        for bad, message in [(dict(codec=None), "needs a lossy codec"),
+                             (dict(overlap="eager"), "overlap False"),
+                             (dict(codec="q4:decay=0.5"), "error_feedback_decay")]:
+            kw = dict(group=lc, sync_every=3, codec=codec, rule="sparseloco")
+            kw.update(bad)
+            with pytest.raises(ValueError, match=message):
+                DiLoCo(make_model(), **kw)
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}:\n{traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_sparseloco_equals_reference_bitwise(tmp_path):
+    run_world(_sparseloco_reference, 3, tmp_path)
+
+
 def _train(rank, group, steps, state=None, **kw):
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -306,6 +362,8 @@ RESUME_CONFIGS = {
                   overlap="delayed"),
     "streaming": dict(sync_every=4, codec="q2:sr", error_feedback=True, fragments=2, delay=2,
                       merge_alpha=0.5),
+    "sparseloco": dict(sync_every=4, codec="topk:8/128+q2", rule="sparseloco",
+                       error_feedback_decay=0.9, overlap="delayed", fragments=2),
 }
 
 
