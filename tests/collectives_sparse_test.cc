@@ -7,6 +7,7 @@
 
 #include "collectives/reduce_common.h"
 #include "collectives_test_util.h"
+#include "lowcomm/lowcomm.h"
 
 namespace lowcomm::testing {
 namespace {
@@ -134,6 +135,44 @@ TEST(CollectivesSparse, RanksThatDisagreeOnKFailWithAMismatch) {
     return "ok";
   });
   expect_all_ok(res);
+}
+
+// The C API takes a sparse spec string and reports density, index and value bytes.
+TEST(CollectivesSparse, CApiSpecAndStats) {
+  constexpr int P = 3;
+  expect_all_ok(run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    ::setenv("LOWCOMM_TIMEOUT_S", "10", 1);
+    lowcommUniqueId cid;
+    auto raw = id.to_bytes();
+    std::memcpy(cid.internal, raw.data(), raw.size());
+    lowcommComm_t comm = nullptr;
+    RANK_CHECK(lowcommCommInitRank(&comm, P, cid, rank) == lowcommSuccess,
+               lowcommGetLastError(nullptr));
+    const uint64_t n = 100000;
+    Tensor x = make_input(DType::kFloat32, n, 4, rank);
+    lowcommRequest_t req = nullptr;
+    RANK_CHECK(lowcommAllReduce(x.data(), x.data(), n, lowcommFloat32, lowcommSum,
+                                "topk:64/4096+q2", comm, &req) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    lowcommOpStats s = LOWCOMM_OP_STATS_INIT;
+    RANK_CHECK(lowcommWaitStats(req, &s) == lowcommSuccess, lowcommGetLastError(comm));
+    const CodecSpec spec = *parse_codec_spec("topk:64/4096+q2");
+    const SparseLayout l = sparse_layout(spec, n);
+    RANK_CHECK(std::string(s.codec) == "topk:64/4096+q2", s.codec);
+    RANK_CHECK(s.payloadBytesSent == (P - 1) * encoded_size(spec, n), "payload");
+    RANK_CHECK(s.indexBytesSent == (P - 1) * l.index_bytes, "index bytes");
+    RANK_CHECK(s.valueBytesSent == (P - 1) * l.value_bytes, "value bytes");
+    RANK_CHECK(std::abs(s.density - double(l.kept) / double(n)) < 1e-12, "density");
+    RANK_CHECK(s.compressionRatio > 100, "ratio " + std::to_string(s.compressionRatio));
+    // A bad sparse spec is refused before anything is sent.
+    RANK_CHECK(lowcommAllReduce(x.data(), x.data(), n, lowcommFloat32, lowcommSum,
+                                "topk:64/1000+q2", comm, &req) == lowcommInvalidArgument,
+               "bad chunk accepted");
+    RANK_CHECK(std::string(lowcommGetLastError(comm)).find("power of two") != std::string::npos,
+               lowcommGetLastError(comm));
+    RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, lowcommGetLastError(nullptr));
+    return "ok";
+  }));
 }
 
 }  // namespace
