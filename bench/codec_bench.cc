@@ -268,8 +268,7 @@ int register_all() {
   for (const char* c : {"topk:64/4096+q2", "topk:0.03+q2", "randk:64/4096+q2"}) {
     auto spec = parse_codec_spec(c);
     std::string label = c;
-    label.replace(label.find('/') == std::string::npos ? label.size() : label.find('/'),
-                  label.find('/') == std::string::npos ? 0 : 1, "of");
+    if (label.find('/') != std::string::npos) label.replace(label.find('/'), 1, "of");
     for (Op op : {Op::kEncode, Op::kEncodeFeedback, Op::kDecode, Op::kDecodeAccumulate,
                   Op::kDecodeAccumulate4}) {
       for (uint64_t bytes : sizes) {

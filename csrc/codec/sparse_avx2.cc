@@ -26,6 +26,20 @@ __m256i randk_keys8(uint32_t salt, uint32_t i) {
   return _mm256_srli_epi32(fmix32x8(p), 1);
 }
 
+// Left-packing: lane indices of the set bits of an 8-bit mask, in order.
+struct PackTable {
+  alignas(32) uint32_t idx[256][8];
+  PackTable() {
+    for (uint32_t m = 0; m < 256; ++m) {
+      uint32_t n = 0;
+      for (uint32_t l = 0; l < 8; ++l)
+        if (m >> l & 1u) idx[m][n++] = l;
+      for (; n < 8; ++n) idx[m][n] = 0;
+    }
+  }
+};
+const PackTable kPack;
+
 uint32_t hmax(__m256i v) {
   __m128i a = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   a = _mm_max_epu32(a, _mm_shuffle_epi32(a, 0x4E));
@@ -43,6 +57,12 @@ uint32_t load_fp32(const float* x, const float* r, uint32_t len, float* y, uint3
   __m256i vmax = _mm256_setzero_si256();
   uint32_t i = 0;
   for (; i + 8 <= len; i += 8) {
+    // The next chunk (the tensor is contiguous) while this one's other passes run from L1; a
+    // prefetch past the tensor's end is harmless.
+    if ((i & 15u) == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(x + i + len), _MM_HINT_T0);
+      if (r) _mm_prefetch(reinterpret_cast<const char*>(r + i + len), _MM_HINT_T0);
+    }
     __m256 v = _mm256_loadu_ps(x + i);
     if (r) v = _mm256_add_ps(v, _mm256_loadu_ps(r + i));
     _mm256_storeu_ps(y + i, v);
@@ -105,10 +125,9 @@ uint32_t collect(const uint32_t* key, uint32_t len, uint32_t lo, uint64_t hi, ui
     __m256i k = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + i));
     __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(k, hi1), _mm256_cmpgt_epi32(k, lo1));
     auto mask = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(in)));
-    while (mask) {
-      cand[n++] = key[i + static_cast<uint32_t>(__builtin_ctz(mask))];
-      mask &= mask - 1;
-    }
+    const __m256i perm = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPack.idx[mask]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cand + n), _mm256_permutevar8x32_epi32(k, perm));
+    n += static_cast<uint32_t>(__builtin_popcount(mask));
   }
   for (; i < len; ++i)
     if (key[i] >= lo && key[i] < hi) cand[n++] = key[i];

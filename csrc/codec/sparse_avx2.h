@@ -15,7 +15,8 @@ uint32_t load_fp32(const float* x, const float* r, uint32_t len, float* y, uint3
 void randk_keys(uint32_t salt, uint32_t len, uint32_t* key);
 // out[j] = #{i : key[i] >= t[j]} for four thresholds, each at most 0x7FFFFFFF.
 void count_ge4(const uint32_t* key, uint32_t len, const uint32_t t[4], uint32_t out[4]);
-// Appends to cand the keys in [lo, hi) (hi <= 0x80000000); returns how many.
+// Appends to cand the keys in [lo, hi) (hi <= 0x80000000); returns how many. Writes up to 8
+// entries past the last one: cand holds len + 8.
 uint32_t collect(const uint32_t* key, uint32_t len, uint32_t lo, uint64_t hi, uint32_t* cand);
 // The kept offsets in increasing order: key > t, then key == t while ties last; returns how many.
 uint32_t select(const uint32_t* key, uint32_t len, uint32_t t, uint32_t ties, uint32_t* sel);

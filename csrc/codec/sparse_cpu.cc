@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -32,11 +33,28 @@ namespace {
 constexpr uint64_t kTaskElements = uint64_t{1} << 16;
 constexpr int kWalkPasses = 8;  // then a histogram finds T's bin
 
+// Per-thread chunk buffers, kept across calls (allocating and zeroing them per task cost as
+// much as a pass over the input). Plain arrays, never read before written.
 struct Scratch {
-  std::vector<float> y;
-  std::vector<uint32_t> key, cand, sel;
-  explicit Scratch(uint32_t chunk) : y(chunk), key(chunk), cand(chunk), sel(chunk) {}
+  std::unique_ptr<float[]> y, res;
+  std::unique_ptr<uint32_t[]> key, cand, sel;
+  uint32_t size = 0;
+  void reserve(uint32_t chunk) {
+    if (chunk <= size) return;
+    y.reset(new float[chunk]);
+    res.reset(new float[chunk]);
+    key.reset(new uint32_t[chunk]);
+    cand.reset(new uint32_t[chunk + 8]);  // sparse_avx2::collect writes 8 lanes at a time
+    sel.reset(new uint32_t[chunk]);
+    size = chunk;
+  }
 };
+
+Scratch& thread_scratch(uint32_t chunk) {
+  thread_local Scratch s;
+  s.reserve(chunk);
+  return s;
+}
 
 struct Threshold {
   uint32_t t = 0;     // the k-th largest key
@@ -54,7 +72,8 @@ Threshold threshold_scalar(const uint32_t* key, uint32_t len, uint32_t k, uint32
   return th;
 }
 
-// Fast: find the bin of the top 8 key bits that holds T, then select inside it.
+// Fast: find the bin of the top 8 key bits that holds T, then its sub-bin of the next 4 bits,
+// then select inside that.
 Threshold threshold_fast(const uint32_t* key, uint32_t len, uint32_t k, uint32_t max_key,
                          uint32_t* cand) {
   uint32_t bin = max_key >> 23;  // keys < 2^31: bins 0..255
@@ -86,11 +105,19 @@ Threshold threshold_fast(const uint32_t* key, uint32_t len, uint32_t k, uint32_t
   const uint32_t lo = bin << 23;
   const uint64_t hi = (static_cast<uint64_t>(bin) + 1) << 23;
   uint32_t n = sparse_avx2::collect(key, len, lo, hi, cand);
-  const uint32_t r = k - above;  // 1..n
-  std::nth_element(cand, cand + (r - 1), cand + n, std::greater<uint32_t>());
+  // Inside the bin, the next 4 key bits narrow the candidates 16-fold before nth_element.
+  uint32_t sub[16] = {};
+  for (uint32_t i = 0; i < n; ++i) ++sub[(cand[i] >> 19) & 15u];
+  uint32_t s = 15;
+  for (; s > 0 && above + sub[s] < k; --s) above += sub[s];
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < n; ++i)
+    if (((cand[i] >> 19) & 15u) == s) cand[m++] = cand[i];
+  const uint32_t r = k - above;  // 1..m
+  std::nth_element(cand, cand + (r - 1), cand + m, std::greater<uint32_t>());
   Threshold th{cand[r - 1], 0};
   uint32_t gt = above;
-  for (uint32_t i = 0; i < n; ++i) gt += cand[i] > th.t ? 1u : 0u;
+  for (uint32_t i = 0; i < m; ++i) gt += cand[i] > th.t ? 1u : 0u;
   th.ties = k - gt;
   return th;
 }
@@ -131,7 +158,7 @@ class SparseRun {
     const uint64_t per_task = std::max<uint64_t>(1, kTaskElements / chunk_);
     const uint64_t tasks = (chunks_ + per_task - 1) / per_task;
     ThreadPool::global().parallel_for(tasks, opts.threads, [&](uint64_t t) {
-      Scratch s(chunk_);
+      Scratch& s = thread_scratch(chunk_);
       const uint64_t c1 = std::min(chunks_, (t + 1) * per_task);
       for (uint64_t c = t * per_task; c < c1; ++c) {
         Status st = is_encode(job_.op) ? encode_chunk(c, s) : decode_chunk(c, s);
@@ -155,22 +182,21 @@ class SparseRun {
 
   bool fp32_fast() const { return fast_ && job_.dtype == DType::kFloat32; }
 
-  // y and keys of chunk c; returns the largest magnitude key.
-  uint32_t load(uint64_t c, uint32_t len, Scratch& s) const {
+  // y (into `y`, which may be the residual r itself) and keys of chunk c; returns the largest
+  // magnitude key.
+  uint32_t load(uint64_t c, uint32_t len, float* r, float* y, Scratch& s) const {
     const uint64_t begin = c * chunk_;
     const uint32_t salt = topk_ ? 0u : sparse::randk_salt(seed_, c);
-    float* r =
-        job_.op == CodecOp::kEncodeFeedback ? static_cast<float*>(job_.state) + begin : nullptr;
     if (fp32_fast()) {
-      return sparse_avx2::load_fp32(static_cast<const float*>(job_.x) + begin, r, len, s.y.data(),
-                                    s.key.data(), topk_, salt);
+      return sparse_avx2::load_fp32(static_cast<const float*>(job_.x) + begin, r, len, y,
+                                    s.key.get(), topk_, salt);
     }
     uint32_t max_key = 0;
     with_dtype(job_.dtype, [&]<DType D>() {
       for (uint32_t i = 0; i < len; ++i) {
         float v = ElementIO<D>::load(job_.x, begin + i);
         if (r) v = qm::add(v, r[i]);
-        s.y[i] = v;
+        y[i] = v;
         uint32_t m = sparse::magnitude_key(v);
         max_key = std::max(max_key, m);
         s.key[i] = topk_ ? m : sparse::randk_key(salt, i);
@@ -183,29 +209,36 @@ class SparseRun {
     // randk's largest key is not the largest magnitude: the walk starts at the top bin.
     const uint32_t top = topk_ ? max_key : 0x7FFFFFFFu;
     if (fast_) {
-      Threshold th = threshold_fast(s.key.data(), len, k, top, s.cand.data());
-      return sparse_avx2::select(s.key.data(), len, th.t, th.ties, s.sel.data());
+      Threshold th = threshold_fast(s.key.get(), len, k, top, s.cand.get());
+      return sparse_avx2::select(s.key.get(), len, th.t, th.ties, s.sel.get());
     }
-    Threshold th = threshold_scalar(s.key.data(), len, k, s.cand.data());
-    return select_scalar(s.key.data(), len, th, s.sel.data());
+    Threshold th = threshold_scalar(s.key.get(), len, k, s.cand.get());
+    return select_scalar(s.key.get(), len, th, s.sel.get());
   }
 
   Status encode_chunk(uint64_t c, Scratch& s) {
     const sparse::ChunkLayout l = layout(c);
     const uint64_t begin = c * chunk_;
-    const uint32_t max_key = load(c, l.len, s);
+    float* r =
+        job_.op == CodecOp::kEncodeFeedback ? static_cast<float*>(job_.state) + begin : nullptr;
+    // The AVX2 path writes y over the residual it was computed from (one pass over memory
+    // fewer); elements not kept then already hold their residual when β = 1.
+    const bool in_place = r && fp32_fast();
+    float* y = in_place ? r : s.y.get();
+    const uint32_t max_key = load(c, l.len, r, y, s);
     const bool finite = max_key < sparse::kInfKey;
     const uint32_t kept = choose(l.len, l.k, max_key, s);
     if (kept != l.k) return internal_error("sparse encode kept " + std::to_string(kept));
+    const uint32_t* sel = s.sel.get();
 
     uint8_t* rec = job_.payload + l.offset;
     std::memset(rec, 0, l.end - l.offset);
     float lo = qm::bits_f32(qm::kCanonicalNanF32), hi = lo;
     if (finite) {
-      lo = qm::abs_f(s.y[s.sel[0]]);
+      lo = qm::abs_f(y[sel[0]]);
       hi = lo;
       for (uint32_t j = 1; j < kept; ++j) {
-        float m = qm::abs_f(s.y[s.sel[j]]);
+        float m = qm::abs_f(y[sel[j]]);
         lo = m < lo ? m : lo;
         hi = m > hi ? m : hi;
       }
@@ -215,35 +248,34 @@ class SparseRun {
     uint8_t* idx = job_.payload + l.index;
     if (topk_) {
       if (l.bitmap) {
-        for (uint32_t j = 0; j < kept; ++j) idx[s.sel[j] >> 3] |= uint8_t(1u << (s.sel[j] & 7));
+        for (uint32_t j = 0; j < kept; ++j) idx[sel[j] >> 3] |= uint8_t(1u << (sel[j] & 7));
       } else {
         const int ob = static_cast<int>(sparse::offset_bits(chunk_));
-        for (uint32_t j = 0; j < kept; ++j) sparse::put_bits(idx, uint64_t{j} * ob, s.sel[j], ob);
+        for (uint32_t j = 0; j < kept; ++j) sparse::put_bits(idx, uint64_t{j} * ob, sel[j], ob);
       }
     }
     const sparse::ValueGrid grid = sparse::value_grid(lo, hi, job_.spec.bits);
     uint8_t* vals = job_.payload + l.values;
     const int bits = job_.spec.bits;
-    float* r =
-        job_.op == CodecOp::kEncodeFeedback ? static_cast<float*>(job_.state) + begin : nullptr;
     const float decay = job_.spec.ef_decay;
-    if (r) {
-      if (!finite) {
-        std::memset(r, 0, sizeof(float) * l.len);
-      } else if (fp32_fast() && decay != 1.0f) {
-        sparse_avx2::scale(r, s.y.data(), l.len, decay);
-      } else if (fp32_fast()) {
-        std::memcpy(r, s.y.data(), sizeof(float) * l.len);  // β = 1: r = y exactly
-      } else {
-        for (uint32_t i = 0; i < l.len; ++i) r[i] = sparse::residual(s.y[i], 0.0f, decay, true);
-      }
-    }
+    float* res = s.res.get();  // the kept elements' residuals, written after the others'
     for (uint32_t j = 0; j < kept; ++j) {
-      const float y = s.y[s.sel[j]];
-      const uint32_t code = sparse::value_code(y, grid);
+      const float v = y[sel[j]];
+      const uint32_t code = sparse::value_code(v, grid);
       sparse::put_bits(vals, uint64_t{j} * bits, code, bits);
-      if (r && finite) r[s.sel[j]] = sparse::residual(y, sparse::value_of(code, grid), decay, true);
+      if (r) res[j] = sparse::residual(v, sparse::value_of(code, grid), decay, finite);
     }
+    if (!r) return Status::ok();
+    if (!finite) {
+      std::memset(r, 0, sizeof(float) * l.len);
+      return Status::ok();
+    }
+    if (fp32_fast()) {
+      if (decay != 1.0f) sparse_avx2::scale(r, r, l.len, decay);  // β·y, exact as β·(y - 0)
+    } else {
+      for (uint32_t i = 0; i < l.len; ++i) r[i] = sparse::residual(y[i], 0.0f, decay, true);
+    }
+    for (uint32_t j = 0; j < kept; ++j) r[sel[j]] = res[j];
     return Status::ok();
   }
 
@@ -258,7 +290,7 @@ class SparseRun {
     if (!topk_) {
       const uint32_t salt = sparse::randk_salt(seed_, c);
       if (fast_) {
-        sparse_avx2::randk_keys(salt, l.len, s.key.data());
+        sparse_avx2::randk_keys(salt, l.len, s.key.get());
       } else {
         for (uint32_t i = 0; i < l.len; ++i) s.key[i] = sparse::randk_key(salt, i);
       }
@@ -301,6 +333,13 @@ class SparseRun {
   Status decode_chunk(uint64_t c, Scratch& s) {
     const sparse::ChunkLayout l = layout(c);
     LOWCOMM_CHECK(positions(c, l, s));
+    const uint64_t es = dtype_size(job_.dtype);
+    if (job_.op == CodecOp::kDecodeAccumulate) {
+      // The kept elements are scattered over the chunk: start their loads now, while the
+      // values are decoded.
+      const auto* base = static_cast<const uint8_t*>(job_.out) + c * chunk_ * es;
+      for (uint32_t j = 0; j < l.k; ++j) __builtin_prefetch(base + s.sel[j] * es, 1);
+    }
     const uint8_t* rec = job_.payload + l.offset;
     float lo, hi;
     std::memcpy(&lo, rec, 4);
@@ -318,8 +357,15 @@ class SparseRun {
           for (uint32_t i = 0; i < l.len; ++i) IO::store(job_.out, begin + i, 0.0f);
         }
       }
+      // The chunk's 2^b values, computed once when there are fewer of them than kept elements.
+      float table[256];
+      const uint32_t codes = 1u << bits;
+      const bool tabled = codes <= l.k;
+      if (tabled)
+        for (uint32_t code = 0; code < codes; ++code) table[code] = sparse::value_of(code, grid);
       for (uint32_t j = 0; j < l.k; ++j) {
-        const float v = sparse::value_of(sparse::get_bits(vals, uint64_t{j} * bits, bits), grid);
+        const uint32_t code = sparse::get_bits(vals, uint64_t{j} * bits, bits);
+        const float v = tabled ? table[code] : sparse::value_of(code, grid);
         const uint64_t i = begin + s.sel[j];
         IO::store(job_.out, i, job_.op == CodecOp::kDecode ? v : qm::add(IO::load(job_.out, i), v));
       }
