@@ -324,6 +324,10 @@ TEST(Wire, EncodeRejectsCallerMistakes) {
   s = encode_frame(spec, DType::kFloat32, x.data(), n, out.data() + 1, need);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Mentions(s, "aligned"));
+  // Sparse codecs travel as collective payloads, not frames: refused, not mis-sized.
+  s = encode_frame(spec_of("topk:8/256+q2"), DType::kFloat32, x.data(), n, out.data(), need);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(s, "dense codecs only")) << s.message();
 }
 
 TEST(Wire, FramedSize) {

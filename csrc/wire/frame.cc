@@ -150,6 +150,11 @@ Status check_alignment(const CodecSpec& s, const void* payload) {
 Status check_frame_args(const CodecSpec& spec, DType dtype, uint64_t n) {
   LOWCOMM_CHECK(validate_spec(spec));
   LOWCOMM_CHECK(check_count(spec, n));
+  if (spec.sparse()) {
+    return caller_error(to_string(spec) +
+                        ": frames carry dense codecs only (a sparse message travels as the "
+                        "collectives' payload, docs/codecs.md)");
+  }
   if (!codec_dtype(dtype)) {
     return caller_error("unknown tensor " + dtype_text(dtype) + " (expected fp32, bf16 or fp16)");
   }
