@@ -117,6 +117,8 @@ TEST(CodecSparse, SizesAreExactAndBelowOnePercentOfFp32) {
   CodecSpec rk = spec_of("randk:64/4096+q2");
   EXPECT_EQ(encoded_size(rk, 4096), 8u + 8u + 16u);
   EXPECT_EQ(sparse_layout(rk, 4096).index_bytes, 0u);
+  EXPECT_EQ(encoded_size(rk, 0), 0u);  // an empty tensor sends nothing, not an unwritten seed
+  EXPECT_EQ(encoded_size(s, 0), 0u);
 }
 
 TEST(CodecSparse, KeepsTheLargestMagnitudesWithinTheGrid) {
@@ -357,6 +359,15 @@ TEST(CodecSparse, MalformedPositionsFailAsCorruptData) {
   for (int b = 0; b < 8; ++b) extra[8 + b] = 0xFF;  // 64 marked, 40 expected
   EXPECT_EQ(decode(bm, extra.data(), extra.size(), 70, DType::kFloat32, o3.data()).code(),
             StatusCode::kCorruptData);
+  // Scale records an encoder never writes: lo > hi, lo < 0, one NaN, an infinity.
+  for (auto [lo, hi] :
+       {std::pair<float, float>{2.0f, 1.0f}, {-1.0f, 1.0f}, {NAN, 1.0f}, {0.5f, INFINITY}}) {
+    auto bad = codes;
+    std::memcpy(bad.data(), &lo, 4);
+    std::memcpy(bad.data() + 4, &hi, 4);
+    Status st2 = decode(s, bad.data(), bad.size(), 128, DType::kFloat32, out.data());
+    EXPECT_EQ(st2.code(), StatusCode::kCorruptData) << lo << " " << hi << ": " << st2.message();
+  }
 }
 
 TEST(CodecSparse, RefusesDeltasAndShortBuffers) {

@@ -83,6 +83,26 @@ TEST(CollectivesSparse, GatherAllSumIsTheReferenceOnEveryRank) {
   for (int r = 1; r < P; ++r) EXPECT_EQ(res[r].text, res[0].text) << "rank " << r;
 }
 
+// One rank: the sum of its own message (the one-hop path runs alone).
+TEST(CollectivesSparse, OneRankSumsItsOwnMessage) {
+  auto res = run_ranks(1, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, 1, test_options());
+    RANK_OK(c.status());
+    const uint64_t n = 10000;
+    std::vector<float> x(n), y(n), want(n);
+    for (uint64_t i = 0; i < n; ++i) x[i] = input_value(2, 0, i);
+    AllReduceOptions o;
+    o.codec = *parse_codec_spec("topk:16/1024+q4");
+    RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, o).wait());
+    std::vector<uint8_t> codes(encoded_size(*o.codec, n));
+    RANK_OK(encode(*o.codec, DType::kFloat32, x.data(), n, codes.data(), codes.size()));
+    RANK_OK(decode(*o.codec, codes.data(), codes.size(), n, DType::kFloat32, want.data()));
+    RANK_CHECK(std::memcmp(y.data(), want.data(), n * 4) == 0, "not decode(encode(x))");
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
 TEST(CollectivesSparse, OtherReductionsRefuseOrBypassSparseCodecs) {
   constexpr int P = 2;
   auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {

@@ -27,18 +27,18 @@ __m256i randk_keys8(uint32_t salt, uint32_t i) {
 }
 
 // Left-packing: lane indices of the set bits of an 8-bit mask, in order.
+// Built at compile time: no static initializer runs code of this -mavx2 file on CPUs without it.
 struct PackTable {
-  alignas(32) uint32_t idx[256][8];
-  PackTable() {
+  alignas(32) uint32_t idx[256][8] = {};
+  constexpr PackTable() {
     for (uint32_t m = 0; m < 256; ++m) {
       uint32_t n = 0;
       for (uint32_t l = 0; l < 8; ++l)
         if (m >> l & 1u) idx[m][n++] = l;
-      for (; n < 8; ++n) idx[m][n] = 0;
     }
   }
 };
-const PackTable kPack;
+constexpr PackTable kPack;
 
 uint32_t hmax(__m256i v) {
   __m128i a = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

@@ -344,6 +344,11 @@ class SparseRun {
     float lo, hi;
     std::memcpy(&lo, rec, 4);
     std::memcpy(&hi, rec + 4, 4);
+    // An encoder writes both NaN (a non-finite chunk) or 0 <= lo <= hi, finite.
+    const bool both_nan = qm::is_nan(lo) && qm::is_nan(hi);
+    if (!both_nan && !(qm::is_finite(lo) && qm::is_finite(hi) && lo >= 0.0f && lo <= hi))
+      return corrupt(c, "scale record (lo " + std::to_string(lo) + ", hi " + std::to_string(hi) +
+                            ") is not 0 <= lo <= hi");
     const sparse::ValueGrid grid = sparse::value_grid(lo, hi, job_.spec.bits);
     const uint8_t* vals = job_.payload + l.values;
     const int bits = job_.spec.bits;

@@ -380,9 +380,9 @@ SparseLayout sparse_layout(const CodecSpec& s, uint64_t n) {
   SparseLayout l;
   if (!s.sparse() || s.block == 0 || s.keep == 0) return l;
   l.chunks = (n + s.block - 1) / s.block;
+  if (l.chunks == 0) return l;  // an empty message: no seed either
   l.header_bytes = sparse::header_bytes(s.kind);
   l.scale_bytes = l.chunks * sparse::kScaleBytes;
-  if (l.chunks == 0) return l;
   const uint64_t full = n / s.block, tail = n % s.block;
   auto add = [&](uint64_t count, uint64_t len) {
     const uint32_t k = sparse::chunk_keep(s.keep, s.block, static_cast<uint32_t>(len));

@@ -166,7 +166,8 @@ LOWCOMM_API Status decode_accumulate(const CodecSpec& spec, const void* codes, u
 // Error feedback, one pass: y = x + residual; codes = Q(y); residual = β·(y - D(codes)) with
 // β = spec.ef_decay. residual is fp32, n elements, updated in place.
 // Random-k draws its positions from key.seed (not from the rank: every rank must pass the same
-// seed to select the same positions); the message carries the seed, so decodes need no key.
+// seed to select the same positions) and each chunk's index in this call (key.offset is not
+// used); the message carries the seed, so decodes need no key.
 LOWCOMM_API Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x,
                                          float* residual, uint64_t n, void* codes,
                                          uint64_t codes_bytes, RoundingKey key = {},

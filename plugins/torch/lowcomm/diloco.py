@@ -99,7 +99,8 @@ class DiLoCo:
       θ_g ← θ_g − outer_lr · mean of the decoded messages, outer_lr 1 by default; each rank's
       error-feedback accumulator e ← β·e + Δ in lowcomm's store, β = error_feedback_decay,
       0.95 by default; meant for a sparse codec such as "topk:64/4096+q2", any lossy codec
-      works). Not with overlap="eager" or an elastic group.
+      works; outer_momentum and nesterov do not apply). Not with overlap="eager" or an elastic
+      group.
     """
 
     def __init__(self, model, *, group=None, sync_every=500, outer_lr=None, outer_momentum=0.9,
@@ -141,7 +142,7 @@ class DiLoCo:
         if rule == "sparseloco":
             # SparseLoCo: the decayed accumulator lives in lowcomm's error-feedback store (the
             # codec's decay= option), the outer step is plain SGD without momentum.
-            if not self.codec:
+            if not self.codec or self.codec.split(":")[0] in ("bf16", "fp16"):
                 raise ValueError("lowcomm.diloco: rule='sparseloco' needs a lossy codec, e.g. "
                                  "'topk:64/4096+q2'")
             if outer_optimizer is not None or error_feedback not in (False, True, None, "sender"):
@@ -158,7 +159,6 @@ class DiLoCo:
                 raise ValueError("lowcomm.diloco: rule='sparseloco' takes the decay as "
                                  "error_feedback_decay, not in the codec")
             self.codec = f"{self.codec}:decay={beta!r}"
-            self.sparse_decay = beta
             error_feedback, error_feedback_decay = True, None
             outer_momentum, nesterov = 0.0, False
             if outer_lr is None:
@@ -546,7 +546,6 @@ class DiLoCo:
                 saved["plan"] = None
             saved.setdefault("delay", 0)
             saved.setdefault("merge_alpha", None)
-        saved.setdefault("rule", "diloco")
         if saved != self._config():
             raise ValueError(f"lowcomm.diloco: the state is of another configuration: saved "
                              f"{state['config']}, this one {self._config()}")
@@ -586,7 +585,8 @@ class DiLoCo:
             "delay": self.delay,
             "merge_alpha": self.merge_alpha if self.delay else None,
             "world": self.world,
-            "rule": self.rule,
+            # Only when not the default, so states of rule="diloco" load in earlier versions.
+            **({"rule": self.rule} if self.rule != "diloco" else {}),
         }
 
 
