@@ -655,5 +655,260 @@ TEST(CudaCodec, MoreThan2Pow31Elements) {
   EXPECT_EQ(0, std::memcmp(x.data(), gpu_out.data(), tensor_bytes)) << "decoded tensors differ";
 }
 
+// ---- sparse codecs (topk, randk): every op, bytes and verdicts as on the CPU ----
+
+// Sparse inputs: make_tensor's runs (constant and zero runs tie; kSpecial adds NaN and Inf, so
+// whole chunks are non-finite), or a few distinct values with all-zero stretches (ties
+// everywhere, all-zero chunks), or signed zeros only.
+enum class SparseFill { kNormal, kSpecial, kTies, kZeros };
+
+const char* sparse_fill_name(SparseFill f) {
+  switch (f) {
+    case SparseFill::kNormal:
+      return "normal";
+    case SparseFill::kSpecial:
+      return "special";
+    case SparseFill::kTies:
+      return "ties";
+    case SparseFill::kZeros:
+      return "zeros";
+  }
+  return "?";
+}
+
+std::vector<uint8_t> make_sparse_tensor(DType dtype, uint64_t n, uint64_t seed, SparseFill fill) {
+  if (fill == SparseFill::kNormal) return make_tensor(dtype, n, seed, Fill::kNormal);
+  if (fill == SparseFill::kSpecial) return make_tensor(dtype, n, seed, Fill::kSpecial);
+  Rng rng(seed);
+  std::vector<uint8_t> buf(n * dtype_size(dtype) + kGuard, kGuardByte);
+  const float values[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 0.5f, -0.5f};
+  const uint64_t zero_run = 32 + rng() % 5000;  // all-zero stretches: whole chunks of small C
+  for (uint64_t i = 0; i < n; ++i) {
+    float v = (rng() & 1) ? 0.0f : -0.0f;
+    if (fill == SparseFill::kTies && (i / zero_run) % 3 != 1) v = values[rng() % 8];
+    put(buf, dtype, i, dtype == DType::kFloat32 ? qm::f32_bits(v) : to_bits16(dtype, v));
+  }
+  return buf;
+}
+
+// Encode, error feedback (β = 1 and 0.9), decode and decode_accumulate of one spec, dtype, size
+// and fill on both sides. Decodes take the CPU's encoding; randk's also random bytes (its
+// messages carry no positions, so any bytes decode: NaN, Inf and inverted lo/hi records).
+void compare_sparse(const CodecSpec& spec, DType dtype, uint64_t n, SparseFill fill, uint64_t seed,
+                    RoundingKey key, const Shifts& shift = {}) {
+  SCOPED_TRACE("spec " + to_string(spec) + ", dtype " + dtype_name(dtype) + ", n " +
+               std::to_string(n) + ", fill " + sparse_fill_name(fill) + ", seed " +
+               std::to_string(key.seed));
+  const uint64_t bytes = encoded_size(spec, n);
+  Buffers in;
+  in.x = make_sparse_tensor(dtype, n, seed, fill);
+  in.out = std::vector<uint8_t>(n * dtype_size(dtype) + kGuard, kGuardByte);
+  in.payload = random_bytes(bytes, seed + 1);  // encodes must overwrite every payload byte
+  in.state = make_tensor(DType::kFloat32, n, seed + 2,
+                         fill == SparseFill::kSpecial ? Fill::kSpecial : Fill::kNormal, 1e-3f);
+  compare_op(Op::kEncode, spec, dtype, n, key, Out::kSeparate, in, shift);
+  compare_op(Op::kFeedback, spec, dtype, n, key, Out::kSeparate, in, shift);
+  CodecSpec decayed = spec;
+  decayed.ef_decay = 0.9f;
+  compare_op(Op::kFeedback, decayed, dtype, n, key, Out::kSeparate, in, shift);
+  if (::testing::Test::HasFailure()) return;
+
+  Buffers enc = in;
+  ASSERT_TRUE(
+      encode(spec, dtype, in.x.data(), n, enc.payload.data(), bytes, key, kReference).is_ok());
+  const int sources = spec.kind == CodecKind::kRandk ? 2 : 1;
+  for (int source = 0; source < sources; ++source) {
+    SCOPED_TRACE(source == 0 ? "payload: cpu encoding" : "payload: random bytes");
+    Buffers dec = in;
+    dec.payload = source == 0 ? enc.payload : random_bytes(bytes, seed + 4);
+    compare_op(Op::kDecode, spec, dtype, n, key, Out::kSeparate, dec, shift);
+    dec.out = make_tensor(dtype, n, seed + 5,
+                          fill == SparseFill::kSpecial ? Fill::kSpecial : Fill::kNormal);
+    compare_op(Op::kAccumulate, spec, dtype, n, key, Out::kSeparate, dec, shift);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Element counts: one element, below one chunk, around one chunk, and a ragged last chunk.
+std::vector<uint64_t> sparse_sizes(const CodecSpec& spec) {
+  const uint64_t c = spec.block;
+  std::vector<uint64_t> sizes = {1, 7, c / 2 + 3, c - 1, c, c + 1, 3 * c + 5};
+  if (c <= 4096) sizes.push_back(100003);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  return sizes;
+}
+
+std::vector<CodecCase> sparse_cases() {
+  std::vector<CodecCase> cases;
+  for (const char* s : {
+           "topk:64/4096+q2", "topk:3/32+q3",
+           "topk:700/4096+q4",  // positions as a bitmap
+           "randk:82/4096+q8", "topk:1/65536+q2",
+           "topk:5/32+q4",   // 15-byte records: most start off a 4-byte boundary
+           "topk:32/32+q8",  // every element kept
+           "randk:3/32+q2",
+           "topk:300/16384+q3",    // y recomputed from x (and r) at each pass
+           "randk:5000/16384+q4",  // the same for randk
+           "topk:40000/65536+q8",  // a record above 48 KiB of shared memory
+       }) {
+    for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) cases.push_back({s, d});
+  }
+  return cases;
+}
+
+class CudaSparseMatrix : public ::testing::TestWithParam<CodecCase> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_CUDA_DEVICE(); }
+};
+
+TEST_P(CudaSparseMatrix, MatchesCpuByteForByte) {
+  auto spec = parse_codec_spec(GetParam().spec);
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  size_t k = 0;
+  for (uint64_t n : sparse_sizes(*spec)) {
+    for (SparseFill fill :
+         {SparseFill::kNormal, SparseFill::kSpecial, SparseFill::kTies, SparseFill::kZeros}) {
+      compare_sparse(*spec, GetParam().dtype, n, fill, 7000 * k + 29, test_key(k));
+      ++k;
+      if (HasFailure()) return;  // one failing case says enough
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SparseCodecs, CudaSparseMatrix, ::testing::ValuesIn(sparse_cases()),
+                         case_name);
+
+TEST(CudaCodec, SparseUnalignedBuffers) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (const char* text : {"topk:5/32+q4", "topk:700/4096+q3", "randk:9/64+q3"}) {
+    const CodecSpec spec = *parse_codec_spec(text);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (size_t payload_shift : {4, 8, 12}) {
+        SCOPED_TRACE("payload shift " + std::to_string(payload_shift));
+        const Shifts shift{dtype_size(dtype), 4, dtype_size(dtype), payload_shift};
+        compare_sparse(spec, dtype, 5003, SparseFill::kNormal, 313 + payload_shift,
+                       test_key(payload_shift), shift);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// More chunks than one launch has blocks (2^20): the kernels' grid-stride loop over chunks.
+TEST(CudaCodec, SparseMoreChunksThanBlocks) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const CodecSpec spec = *parse_codec_spec("topk:2/32+q2");
+  const uint64_t n = (uint64_t{1} << 25) + 45;  // 2^20 + 2 chunks, the last of 13 elements
+  Buffers in;
+  in.x = make_tensor(DType::kBFloat16, n, 4242, Fill::kNormal);
+  in.state = make_tensor(DType::kFloat32, n, 4243, Fill::kNormal, 1e-3f);
+  in.out = std::vector<uint8_t>(n * 2 + kGuard, kGuardByte);
+  in.payload = random_bytes(encoded_size(spec, n), 4244);
+  compare_op(Op::kFeedback, spec, DType::kBFloat16, n, {}, Out::kSeparate, in);
+  Buffers dec = in;
+  ASSERT_TRUE(encode(spec, DType::kBFloat16, in.x.data(), n, dec.payload.data(),
+                     encoded_size(spec, n), {}, kReference)
+                  .is_ok());
+  compare_op(Op::kDecode, spec, DType::kBFloat16, n, {}, Out::kSeparate, dec);
+}
+
+// Clears and sets bit field [bit, bit + nbits) of a little-endian bit string.
+void set_bits(std::vector<uint8_t>& buf, uint64_t bit, uint32_t v, int nbits) {
+  for (int b = 0; b < nbits; ++b, ++bit) {
+    const uint8_t m = static_cast<uint8_t>(1u << (bit & 7));
+    buf[bit >> 3] =
+        static_cast<uint8_t>(((v >> b) & 1u) ? (buf[bit >> 3] | m) : (buf[bit >> 3] & ~m));
+  }
+}
+uint32_t get_bits(const std::vector<uint8_t>& buf, uint64_t bit, int nbits) {
+  uint32_t v = 0;
+  for (int b = 0; b < nbits; ++b, ++bit)
+    v |= static_cast<uint32_t>((buf[bit >> 3] >> (bit & 7)) & 1u) << b;
+  return v;
+}
+
+// Malformed topk positions: the GPU decodes fail with the CPU's kCorruptData and message, and
+// the stream stays usable.
+TEST(CudaCodec, SparseCorruptPositionsFailAsOnTheCpu) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  struct Bad {
+    const char* spec;
+    uint64_t n;
+    const char* what;
+  };
+  // Offsets: chunk 0 of 4/64 starts at byte 8 (6-bit offsets); the last chunk of 70 elements has
+  // 6. 64/4096: 12-bit offsets. Bitmaps: 40/64, the last chunk of 70 elements 6 bits long.
+  for (const Bad& bad : {Bad{"topk:4/64+q2", 70, "swap"}, Bad{"topk:4/64+q2", 70, "past tail"},
+                         Bad{"topk:4/64+q2", 192, "repeat"}, Bad{"topk:64/4096+q2", 8292, "past"},
+                         Bad{"topk:64/4096+q2", 8292, "swap"}, Bad{"topk:40/64+q2", 70, "bit past"},
+                         Bad{"topk:40/64+q2", 70, "extra"}, Bad{"topk:40/64+q2", 192, "missing"}}) {
+    SCOPED_TRACE(std::string(bad.spec) + ", n " + std::to_string(bad.n) + ": " + bad.what);
+    const CodecSpec spec = *parse_codec_spec(bad.spec);
+    const uint64_t n = bad.n, bytes = encoded_size(spec, n);
+    std::vector<uint8_t> x = make_tensor(DType::kFloat32, n, n + 1, Fill::kNormal);
+    std::vector<uint8_t> codes(bytes);
+    ASSERT_TRUE(
+        encode(spec, DType::kFloat32, x.data(), n, codes.data(), bytes, {}, kReference).is_ok());
+    const uint64_t record = encoded_size(spec, spec.block);  // a full chunk's bytes
+    const uint64_t last = (n - 1) / spec.block;
+    const int ob = spec.block == 64 ? 6 : 12;
+    const std::string what = bad.what;
+    if (what == "swap") {  // offsets 0 and 1 of chunk 0 exchanged: not increasing
+      const uint32_t o0 = get_bits(codes, 64, ob), o1 = get_bits(codes, 64 + ob, ob);
+      set_bits(codes, 64, o1, ob);
+      set_bits(codes, 64 + ob, o0, ob);
+    } else if (what == "repeat") {  // chunk 2's second offset equal to its first
+      set_bits(codes, 8 * (2 * record + 8) + ob, get_bits(codes, 8 * (2 * record + 8), ob), ob);
+    } else if (what == "past tail") {  // the last chunk's last offset past its 6 elements
+      set_bits(codes, 8 * (last * record + 8), 60, ob);
+    } else if (what == "past") {  // chunk 2 (100 elements): its last offset at 100
+      const uint32_t k = 2;       // ceil(64 * 100 / 4096)
+      set_bits(codes, 8 * (2 * record + 8) + (k - 1) * ob, 100, ob);
+    } else if (what == "bit past") {  // bit 7 of a 6-bit bitmap
+      codes[last * record + 8] |= 0x80;
+    } else if (what == "extra") {  // chunk 0: all 64 bits marked, 40 expected
+      for (int b = 0; b < 8; ++b) codes[8 + b] = 0xFF;
+    } else {  // chunk 1: the lowest marked bit cleared
+      uint8_t* bitmap = codes.data() + record + 8;
+      int b = 0;
+      while (bitmap[b] == 0) ++b;
+      bitmap[b] = static_cast<uint8_t>(bitmap[b] & (bitmap[b] - 1));
+    }
+    std::vector<uint8_t> out(n * 4 + kGuard, kGuardByte);
+    const Status cpu =
+        decode(spec, codes.data(), bytes, n, DType::kFloat32, out.data(), kReference);
+    ASSERT_EQ(StatusCode::kCorruptData, cpu.code()) << cpu.to_string();
+
+    Stream stream;
+    DeviceBuffer dcodes(bytes), dout(n * 4);
+    ASSERT_TRUE(dcodes && dout);
+    ASSERT_CUDA(cudaMemcpy(dcodes.get(), codes.data(), bytes, cudaMemcpyHostToDevice));
+    const Status gpu =
+        decode_cuda(spec, dcodes.get(), bytes, n, DType::kFloat32, dout.get(), stream.get());
+    EXPECT_EQ(StatusCode::kCorruptData, gpu.code()) << gpu.to_string();
+    EXPECT_EQ(cpu.message(), gpu.message());
+    const Status acc = decode_accumulate_cuda(spec, dcodes.get(), bytes, n, DType::kBFloat16,
+                                              dout.get(), stream.get());
+    EXPECT_EQ(StatusCode::kCorruptData, acc.code()) << acc.to_string();
+    EXPECT_EQ(cpu.message(), acc.message());
+
+    // The stream and the device go on: the intact message decodes as on the CPU.
+    std::vector<uint8_t> good(bytes);
+    ASSERT_TRUE(
+        encode(spec, DType::kFloat32, x.data(), n, good.data(), bytes, {}, kReference).is_ok());
+    ASSERT_TRUE(
+        decode(spec, good.data(), bytes, n, DType::kFloat32, out.data(), kReference).is_ok());
+    ASSERT_CUDA(cudaMemcpy(dcodes.get(), good.data(), bytes, cudaMemcpyHostToDevice));
+    const Status ok =
+        decode_cuda(spec, dcodes.get(), bytes, n, DType::kFloat32, dout.get(), stream.get());
+    ASSERT_TRUE(ok.is_ok()) << ok.to_string();
+    ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
+    std::vector<uint8_t> gpu_out(n * 4);
+    ASSERT_CUDA(cudaMemcpy(gpu_out.data(), dout.get(), n * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(0, std::memcmp(out.data(), gpu_out.data(), n * 4));
+  }
+}
+
 }  // namespace
 }  // namespace lowcomm
