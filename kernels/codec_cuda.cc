@@ -1,6 +1,7 @@
 // Host entry points of the CUDA codec API (include/lowcomm/codec_cuda.h): the argument checks
 // shared with the CPU path (codec/job_check.h), then a launch plan (launch_policy.h)
-// and the kernel family that owns the job (codec_launch.h). Nothing here waits for the device:
+// and the kernel family that owns the job (codec_launch.h). Nothing here waits for the device
+// but a sparse decode (it reads back the kernel's verdict on the message's positions and scales):
 // launches and the column-statistics scratch (cudaMallocAsync) are all ordered on the caller's
 // stream.
 

@@ -2,7 +2,7 @@
 // Launchers of the codec kernel families, one per .cu file. The host wrappers (codec_cuda.cc)
 // validate the job and plan its launch (launch_policy.h); a launcher picks the kernel
 // instantiation for the job, enqueues it on `stream` and returns the launch's cudaError.
-// Jobs reaching a launcher have n > 0.
+// Jobs reaching a launcher have n > 0 (enqueue_sparse takes n == 0 too).
 
 #include <cuda_runtime_api.h>
 
@@ -32,8 +32,8 @@ cudaError_t launch_quant_decode(const CodecJob& job, const GridShape& grid, cuda
 cudaError_t launch_passthrough(const CodecJob& job, const GridShape& grid, cudaStream_t stream);
 
 // Every op of the sparse codecs topk/randk (sparse_codec.cu): the bytes of sparse_cpu.cc.
-// Decodes of malformed positions fail with kCorruptData (the stream is synchronised to read
-// the kernel's verdict).
+// Decodes of malformed positions or scale records fail with kCorruptData (the stream is
+// synchronised to read the kernel's verdict).
 Status enqueue_sparse(const CodecJob& job, cudaStream_t stream);
 
 }  // namespace lowcomm::cuda

@@ -19,15 +19,16 @@
 //      in at the bit positions put_bits uses, and copied out whole: every byte written, as the
 //      CPU's memset and ORs. The residual of an element is written by the thread that read it.
 // Decode, per chunk: the positions (randk: the same selection over the hashes; topk: offset j
-// read by thread j, or the bitmap, scanned like the selection) are checked as the CPU checks
-// them before anything of the chunk is written. A bad chunk writes nothing and lowers the
-// first-bad-chunk word (atomicMin); a topk decode synchronises the stream to read it and, for a
-// bad message, reads that chunk's positions back to state the CPU's own kCorruptData message.
-// Encodes and randk decodes do not wait for the device.
+// read by thread j, or the bitmap, scanned like the selection) and the scale record (both NaN,
+// or 0 <= lo <= hi finite) are checked as the CPU checks them before anything of the chunk is
+// written. A bad chunk writes nothing and lowers the first-bad-chunk word (atomicMin); a decode
+// synchronises the stream to read it and, for a bad message, reads that chunk's record back to
+// state the CPU's own kCorruptData message. Encodes do not wait for the device.
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,7 @@ struct SparseArgs {
   float* residual;                // error feedback's, fp32
   void* out;                      // decode output
   uint8_t* payload;               // the message (header, then one record per chunk)
-  unsigned long long* bad_chunk;  // topk decode: the lowest chunk whose positions are malformed
+  unsigned long long* bad_chunk;  // decode: the lowest chunk whose record is malformed
   uint64_t n;
   uint64_t chunks;
   uint64_t seed;          // randk encode: the position seed (the RoundingKey's)
@@ -262,6 +263,13 @@ LC_DEV uint32_t load_le32(const uint8_t* p) {
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
 }
 
+// A scale record an encoder writes: both NaN (a non-finite chunk), or 0 <= lo <= hi, finite
+// (sparse_cpu.cc's decode_chunk refuses any other).
+LC_HD bool scale_record_ok(float lo, float hi) {
+  const bool both_nan = qm::is_nan(lo) && qm::is_nan(hi);
+  return both_nan || (qm::is_finite(lo) && qm::is_finite(hi) && lo >= 0.0f && lo <= hi);
+}
+
 template <DType D>
 LC_DEV void store_element(void* base, uint64_t i, float v) {
   using E = Element<D>;
@@ -387,8 +395,9 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_kernel(SparseArgs a) {
     const uint64_t begin = c * a.chunk;
     __syncthreads();  // the previous chunk's bookkeeping is read
     const uint8_t* rec = a.payload + l.offset;
-    const sparse::ValueGrid grid =
-        sparse::value_grid(qm::bits_f32(load_le32(rec)), qm::bits_f32(load_le32(rec + 4)), a.bits);
+    const float lo = qm::bits_f32(load_le32(rec)), hi = qm::bits_f32(load_le32(rec + 4));
+    const bool scales_ok = scale_record_ok(lo, hi);  // the same for every thread
+    const sparse::ValueGrid grid = sparse::value_grid(lo, hi, a.bits);
     const uint8_t* idx = a.payload + l.index;
     const uint8_t* vals = a.payload + l.values;
     // Kept offset i, the slot-th: out = value, or out += value in the dtype's arithmetic.
@@ -410,6 +419,10 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_kernel(SparseArgs a) {
     };
 
     if constexpr (!kTopk) {
+      if (!scales_ok) {
+        if (threadIdx.x == 0) atomicMin(a.bad_chunk, static_cast<unsigned long long>(c));
+        continue;
+      }
       const uint32_t salt = sparse::randk_salt(seed, c);
       auto key_of = [&](uint32_t i) { return sparse::randk_key(salt, i); };
       const Threshold th = kth_largest(s, l.len, l.k, key_of);
@@ -432,7 +445,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_kernel(SparseArgs a) {
         if (b == bytes - 1 && tail != 0 && (byte >> tail) != 0) bad = true;
       }
       marked = block_reduce<Reduce::kSum>(marked, s);
-      if (__syncthreads_or(bad || marked != l.k)) {
+      if (__syncthreads_or(bad || marked != l.k || !scales_ok)) {
         if (threadIdx.x == 0) atomicMin(a.bad_chunk, static_cast<unsigned long long>(c));
         continue;
       }
@@ -452,7 +465,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_kernel(SparseArgs a) {
         if (j > 0 && p <= sparse::get_bits(idx, uint64_t{j - 1} * ob, static_cast<int>(ob)))
           bad = true;
       }
-      if (__syncthreads_or(bad)) {
+      if (__syncthreads_or(bad || !scales_ok)) {
         if (threadIdx.x == 0) atomicMin(a.bad_chunk, static_cast<unsigned long long>(c));
         continue;
       }
@@ -646,17 +659,35 @@ std::string bad_positions(const sparse::ChunkLayout& l, uint32_t chunk, const ui
   return "";
 }
 
-// The kCorruptData status of a topk message whose chunk c the kernel found malformed.
+// What is wrong with chunk c's record `rec` (lo, hi, then topk's positions; copied from the
+// device), in sparse_cpu.cc's words and order: positions first, then the scale record.
+std::string bad_record(const CodecSpec& spec, const sparse::ChunkLayout& l, const uint8_t* rec) {
+  if (spec.kind == CodecKind::kTopk) {
+    std::string what = bad_positions(l, spec.block, rec + (l.index - l.offset));
+    if (!what.empty()) return what;
+  }
+  float lo, hi;
+  std::memcpy(&lo, rec, 4);
+  std::memcpy(&hi, rec + 4, 4);
+  if (!scale_record_ok(lo, hi)) {
+    return "scale record (lo " + std::to_string(lo) + ", hi " + std::to_string(hi) +
+           ") is not 0 <= lo <= hi";
+  }
+  return "";
+}
+
+// The kCorruptData status of a message whose chunk c the kernel found malformed.
 Status corrupt_chunk(const CodecJob& job, uint64_t c, cudaStream_t stream) {
   const sparse::ChunkLayout l =
       sparse::chunk_layout(job.spec.kind, job.spec.keep, job.spec.block, job.spec.bits, job.n, c);
-  std::vector<uint8_t> idx(l.values - l.index);
-  LOWCOMM_CHECK_CUDA(cudaMemcpyAsync(idx.data(), job.payload + l.index, idx.size(),
+  std::vector<uint8_t> rec(l.values - l.offset);
+  LOWCOMM_CHECK_CUDA(cudaMemcpyAsync(rec.data(), job.payload + l.offset, rec.size(),
                                      cudaMemcpyDeviceToHost, stream));
   LOWCOMM_CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::string what = bad_positions(l, job.spec.block, idx.data());
-  if (what.empty()) what = "malformed positions";
-  return corrupt_data("topk message, chunk " + std::to_string(c) + ": " + what);
+  std::string what = bad_record(job.spec, l, rec.data());
+  if (what.empty()) what = "malformed record";
+  return corrupt_data(std::string(job.spec.kind == CodecKind::kTopk ? "topk" : "randk") +
+                      " message, chunk " + std::to_string(c) + ": " + what);
 }
 
 // One device word, stream-ordered: allocated, and freed after the work queued before the end
@@ -688,10 +719,7 @@ Status enqueue_sparse(const CodecJob& job, cudaStream_t stream) {
   if (job.n == 0) return Status::ok();
   SparseArgs a = make_args(job);
   if (is_encode(job.op)) return launched(launch_encode(job, a, stream), "sparse encode launch");
-  if (job.spec.kind != CodecKind::kTopk) {
-    return launched(launch_decode(job, a, stream), "sparse decode launch");  // nothing to check
-  }
-  // topk: the kernel's verdict on the positions, read back after a stream synchronisation.
+  // Decodes: the kernel's verdict on the records, read back after a stream synchronisation.
   DeviceWord bad;
   LOWCOMM_CHECK(bad.allocate(stream));
   LOWCOMM_CHECK_CUDA(cudaMemsetAsync(bad.get(), 0xFF, sizeof(unsigned long long), stream));

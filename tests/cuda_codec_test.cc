@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "codec/quant_math.h"
+#include "codec/sparse_format.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/codec_cuda.h"
 
@@ -691,9 +692,55 @@ std::vector<uint8_t> make_sparse_tensor(DType dtype, uint64_t n, uint64_t seed, 
   return buf;
 }
 
+// The CPU's encoding with random value codes (and, for randk, a random seed) under random
+// scale records of the kinds an encoder writes: both NaN (any payloads), lo == hi, lo = -0 or
+// 0 with hi up to FLT_MAX or a subnormal, ranges over many exponents. Positions are kept.
+void rescale_records(const CodecSpec& spec, uint64_t n, std::vector<uint8_t>& codes,
+                     uint64_t seed) {
+  Rng rng(seed);
+  if (spec.kind == CodecKind::kRandk) {
+    for (int b = 0; b < 8; ++b) codes[b] = static_cast<uint8_t>(rng());
+  }
+  const uint64_t chunks = (n + spec.block - 1) / spec.block;
+  for (uint64_t c = 0; c < chunks; ++c) {
+    const sparse::ChunkLayout l =
+        sparse::chunk_layout(spec.kind, spec.keep, spec.block, spec.bits, n, c);
+    float lo = 0.0f, hi = 0.0f;
+    switch (rng() % 6) {
+      case 0:
+        lo = qm::bits_f32(0x7FC00000u);
+        hi = qm::bits_f32(0xFFC00005u);
+        break;
+      case 1:
+        lo = hi = std::ldexp(1.37f, static_cast<int>(rng() % 250) - 125);
+        break;
+      case 2:
+        lo = -0.0f;
+        hi = 3.4e38f;
+        break;
+      case 3:
+        lo = 0.0f;
+        hi = qm::bits_f32(static_cast<uint32_t>(1 + rng() % 0x7FFFFFu));
+        break;
+      default: {
+        const float a =
+            std::ldexp(static_cast<float>(rng() % 1000), static_cast<int>(rng() % 60) - 30);
+        const float b =
+            std::ldexp(static_cast<float>(rng() % 1000), static_cast<int>(rng() % 60) - 30);
+        lo = std::min(a, b);
+        hi = std::max(a, b);
+        break;
+      }
+    }
+    std::memcpy(&codes[l.offset], &lo, 4);
+    std::memcpy(&codes[l.offset + 4], &hi, 4);
+    for (uint64_t b = l.values; b < l.end; ++b) codes[b] = static_cast<uint8_t>(rng());
+  }
+}
+
 // Encode, error feedback (β = 1 and 0.9), decode and decode_accumulate of one spec, dtype, size
-// and fill on both sides. Decodes take the CPU's encoding; randk's also random bytes (its
-// messages carry no positions, so any bytes decode: NaN, Inf and inverted lo/hi records).
+// and fill on both sides. Decodes take the CPU's encoding, and the same with random codes under
+// random valid scale records (rescale_records).
 void compare_sparse(const CodecSpec& spec, DType dtype, uint64_t n, SparseFill fill, uint64_t seed,
                     RoundingKey key, const Shifts& shift = {}) {
   SCOPED_TRACE("spec " + to_string(spec) + ", dtype " + dtype_name(dtype) + ", n " +
@@ -716,11 +763,11 @@ void compare_sparse(const CodecSpec& spec, DType dtype, uint64_t n, SparseFill f
   Buffers enc = in;
   ASSERT_TRUE(
       encode(spec, dtype, in.x.data(), n, enc.payload.data(), bytes, key, kReference).is_ok());
-  const int sources = spec.kind == CodecKind::kRandk ? 2 : 1;
-  for (int source = 0; source < sources; ++source) {
-    SCOPED_TRACE(source == 0 ? "payload: cpu encoding" : "payload: random bytes");
+  for (int source = 0; source < 2; ++source) {
+    SCOPED_TRACE(source == 0 ? "payload: cpu encoding" : "payload: random codes and scales");
     Buffers dec = in;
-    dec.payload = source == 0 ? enc.payload : random_bytes(bytes, seed + 4);
+    dec.payload = enc.payload;
+    if (source == 1) rescale_records(spec, n, dec.payload, seed + 4);
     compare_op(Op::kDecode, spec, dtype, n, key, Out::kSeparate, dec, shift);
     dec.out = make_tensor(dtype, n, seed + 5,
                           fill == SparseFill::kSpecial ? Fill::kSpecial : Fill::kNormal);
@@ -828,9 +875,10 @@ uint32_t get_bits(const std::vector<uint8_t>& buf, uint64_t bit, int nbits) {
   return v;
 }
 
-// Malformed topk positions: the GPU decodes fail with the CPU's kCorruptData and message, and
-// the stream stays usable.
-TEST(CudaCodec, SparseCorruptPositionsFailAsOnTheCpu) {
+// Malformed records (topk positions, scale records an encoder never writes): the GPU decodes
+// fail with the CPU's kCorruptData and message, naming the first bad chunk, and the stream
+// stays usable.
+TEST(CudaCodec, SparseCorruptRecordsFailAsOnTheCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   struct Bad {
     const char* spec;
@@ -839,10 +887,15 @@ TEST(CudaCodec, SparseCorruptPositionsFailAsOnTheCpu) {
   };
   // Offsets: chunk 0 of 4/64 starts at byte 8 (6-bit offsets); the last chunk of 70 elements has
   // 6. 64/4096: 12-bit offsets. Bitmaps: 40/64, the last chunk of 70 elements 6 bits long.
-  for (const Bad& bad : {Bad{"topk:4/64+q2", 70, "swap"}, Bad{"topk:4/64+q2", 70, "past tail"},
-                         Bad{"topk:4/64+q2", 192, "repeat"}, Bad{"topk:64/4096+q2", 8292, "past"},
-                         Bad{"topk:64/4096+q2", 8292, "swap"}, Bad{"topk:40/64+q2", 70, "bit past"},
-                         Bad{"topk:40/64+q2", 70, "extra"}, Bad{"topk:40/64+q2", 192, "missing"}}) {
+  for (const Bad& bad :
+       {Bad{"topk:4/64+q2", 70, "swap"}, Bad{"topk:4/64+q2", 70, "past tail"},
+        Bad{"topk:4/64+q2", 192, "repeat"}, Bad{"topk:64/4096+q2", 8292, "past"},
+        Bad{"topk:64/4096+q2", 8292, "swap"}, Bad{"topk:40/64+q2", 70, "bit past"},
+        Bad{"topk:40/64+q2", 70, "extra"}, Bad{"topk:40/64+q2", 192, "missing"},
+        Bad{"topk:4/64+q2", 192, "scales inverted"}, Bad{"topk:40/64+q2", 70, "scales negative"},
+        Bad{"randk:16/256+q3", 600, "scales nan"}, Bad{"randk:16/256+q3", 600, "scales inf"},
+        Bad{"topk:4/64+q2", 192, "repeat, scales inverted"},
+        Bad{"topk:4/64+q2", 192, "scales nan, repeat"}}) {
     SCOPED_TRACE(std::string(bad.spec) + ", n " + std::to_string(bad.n) + ": " + bad.what);
     const CodecSpec spec = *parse_codec_spec(bad.spec);
     const uint64_t n = bad.n, bytes = encoded_size(spec, n);
@@ -854,7 +907,28 @@ TEST(CudaCodec, SparseCorruptPositionsFailAsOnTheCpu) {
     const uint64_t last = (n - 1) / spec.block;
     const int ob = spec.block == 64 ? 6 : 12;
     const std::string what = bad.what;
-    if (what == "swap") {  // offsets 0 and 1 of chunk 0 exchanged: not increasing
+    // Chunk c's scale record.
+    auto set_scales = [&](uint64_t c, float lo, float hi) {
+      const uint64_t at =
+          sparse::chunk_layout(spec.kind, spec.keep, spec.block, spec.bits, n, c).offset;
+      std::memcpy(&codes[at], &lo, 4);
+      std::memcpy(&codes[at + 4], &hi, 4);
+    };
+    if (what == "scales inverted") {  // chunk 1: lo > hi
+      set_scales(1, 2.0f, 1.0f);
+    } else if (what == "scales negative") {  // the last chunk: lo < 0
+      set_scales(last, -1.0f, 1.0f);
+    } else if (what == "scales nan") {  // chunk 1: one NaN only
+      set_scales(1, NAN, 1.0f);
+    } else if (what == "scales inf") {  // the last chunk: an infinite hi
+      set_scales(last, 0.5f, INFINITY);
+    } else if (what == "repeat, scales inverted") {  // chunk 2 both: its positions are named
+      set_bits(codes, 8 * (2 * record + 8) + ob, get_bits(codes, 8 * (2 * record + 8), ob), ob);
+      set_scales(2, 2.0f, 1.0f);
+    } else if (what == "scales nan, repeat") {  // chunk 1's scales before chunk 2's positions
+      set_scales(1, 1.0f, NAN);
+      set_bits(codes, 8 * (2 * record + 8) + ob, get_bits(codes, 8 * (2 * record + 8), ob), ob);
+    } else if (what == "swap") {  // offsets 0 and 1 of chunk 0 exchanged: not increasing
       const uint32_t o0 = get_bits(codes, 64, ob), o1 = get_bits(codes, 64 + ob, ob);
       set_bits(codes, 64, o1, ob);
       set_bits(codes, 64 + ob, o0, ob);

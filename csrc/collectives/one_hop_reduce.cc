@@ -85,7 +85,12 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
 
   const bool fp32_sum =
       codec_dtype(a.dtype) && (a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage);
-  uint8_t* acc_bytes = run.scratch(a.n * dtype_size(acc_dtype(a.dtype)));
+  // A sparse message's sum in fp32 accumulates in the output itself: the input was read (encoded)
+  // before anything is written, and every send reads the encoded copy. Saves a pass over the
+  // tensor (the copy out of scratch), where the dense messages' decode is the larger cost.
+  const bool in_output = fp32_sum && a.dtype == DType::kFloat32 && wire.sparse();
+  uint8_t* acc_bytes =
+      in_output ? static_cast<uint8_t*>(a.recv) : run.scratch(a.n * dtype_size(acc_dtype(a.dtype)));
   auto* acc = reinterpret_cast<float*>(acc_bytes);
   float* widen = !fp32_sum && acc_dtype(a.dtype) != a.dtype
                      ? reinterpret_cast<float*>(run.scratch(a.n * sizeof(float)))
@@ -114,6 +119,7 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
     const auto div = static_cast<float>(P);
     for (uint64_t i = 0; i < a.n; ++i) acc[i] /= div;
   }
+  if (in_output) return Status::ok();
   return encode(passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32), DType::kFloat32, acc,
                 a.n, out, a.n * es, {}, cpu);
 }

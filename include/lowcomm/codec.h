@@ -69,7 +69,7 @@ struct CodecSpec {
   int bits = 32;                       // quantized: 1,2,3,4,8 (absmax) or 2,4,8 (minmax)
   DType wire_dtype = DType::kFloat32;  // passthrough only
   Grouping grouping = Grouping::kElement;
-  uint32_t block = 128;  // kBlock: power of two in [32, 4096]
+  uint32_t block = 128;  // kBlock: power of two in [32, 4096]; sparse: the chunk C, to 65536
   uint64_t cols = 0;     // kColumn: number of columns (n must be a multiple)
   Rounding rounding = Rounding::kNearest;
   uint32_t keep = 0;  // sparse: elements kept per chunk of `block` (1..block)

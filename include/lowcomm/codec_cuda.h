@@ -3,9 +3,10 @@
 //
 // Every pointer is a device pointer (or any memory the device can access: managed, or host
 // memory on systems where the GPU can read it). Each call checks its arguments on the host,
-// enqueues its kernels on `stream` and returns without waiting; results are ready when the
-// stream reaches that point. The bytes written equal those of the CPU functions in codec.h for
-// the same input, spec and RoundingKey.
+// enqueues its kernels on `stream` and returns without waiting (sparse decodes excepted: they
+// synchronise the stream to report a malformed message as kCorruptData, so they cannot be
+// captured in a CUDA graph); results are ready when the stream reaches that point. The bytes
+// written equal those of the CPU functions in codec.h for the same input, spec and RoundingKey.
 //
 // Buffers follow codec.h: x, out and m are arrays of `dtype` aligned to its size (the residual,
 // fp32, to 4 bytes); codes are 4-byte aligned (passthrough: wire-dtype aligned); buffers do not
@@ -41,7 +42,8 @@ LOWCOMM_API Status decode_cuda(const CodecSpec& spec, const void* codes, uint64_
 LOWCOMM_API Status decode_accumulate_cuda(const CodecSpec& spec, const void* codes,
                                           uint64_t codes_bytes, uint64_t n, DType dtype, void* out,
                                           cudaStream_t stream);
-// y = x + residual; codes = Q(y); residual = y - D(codes)  (residual: fp32, in place)
+// y = x + residual; codes = Q(y); residual = β·(y - D(codes))  (residual: fp32, in place;
+// β = spec.ef_decay, which the dense codecs' kernels take only at 1: kUnsupported otherwise)
 LOWCOMM_API Status encode_error_feedback_cuda(const CodecSpec& spec, DType dtype, const void* x,
                                               float* residual, uint64_t n, void* codes,
                                               uint64_t codes_bytes, RoundingKey key,
