@@ -83,9 +83,8 @@ struct ChunkLayout {
 LC_HD ChunkLayout chunk_layout(CodecKind kind, uint32_t keep, uint32_t chunk, int bits, uint64_t n,
                                uint64_t c) {
   ChunkLayout l;
-  const uint32_t full_k = keep;
   const uint64_t full_record =
-      kScaleBytes + index_bytes(kind, full_k, chunk, chunk) + value_bytes(full_k, bits);
+      kScaleBytes + index_bytes(kind, keep, chunk, chunk) + value_bytes(keep, bits);
   const uint64_t begin = c * chunk;
   l.len = static_cast<uint32_t>(n - begin < chunk ? n - begin : chunk);
   l.k = chunk_keep(keep, chunk, l.len);
