@@ -258,6 +258,18 @@ TEST(CodecSparse, RandomKPositionsFollowTheSeedNotTheData) {
   EXPECT_EQ(pa, pb);
   EXPECT_NE(pa, pc);
   EXPECT_EQ(pa.size(), sparse_layout(s, n).kept);
+  // randk_positions states the same offsets without encoding (any path, any thread count).
+  for (bool simd : {true, false}) {
+    for (int threads : {1, 3}) {
+      std::vector<uint64_t> pos(sparse_layout(s, n).kept, ~uint64_t{0});
+      ASSERT_TRUE(randk_positions(s, n, 42, pos.data(), {threads, simd}).is_ok());
+      EXPECT_EQ(pos, pa) << "simd " << simd << " threads " << threads;
+    }
+  }
+  std::vector<uint64_t> pos(64);
+  EXPECT_EQ(randk_positions(spec_of("topk:32/1024+q4"), n, 42, pos.data()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(randk_positions(s, n, 42, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CodecSparse, BytesDoNotDependOnPathOrThreads) {

@@ -3,7 +3,8 @@
 // the result from the codec functions, error feedback with decay included), bitwise identical on
 // every rank; the stats name density, index and value bytes; reduce_scatter and reduce refuse a
 // sparse codec the call names and leave a default one exact; ranks that disagree on K fail the
-// descriptor check.
+// descriptor check. Random-k's owner schedule over the shared positions is the dense owner
+// all-reduce of the kept elements (checked against that call itself), and auto tries both.
 
 #include "collectives/reduce_common.h"
 #include "collectives_test_util.h"
@@ -31,10 +32,11 @@ TEST(CollectivesSparse, GatherAllSumIsTheReferenceOnEveryRank) {
         o.error_feedback_key = text;
         o.seed = 5;
         o.step = step;
+        o.sparse_schedule = AllReduceOptions::SparseSchedule::kGatherAll;
         RANK_OK(
             (*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kAverage, o).wait());
         const OpStats st = (*c)->last_op_stats();
-        RANK_CHECK(st.schedule == "one-hop", "schedule " + st.schedule);
+        RANK_CHECK(st.schedule == "gather-all", "schedule " + st.schedule);
         const SparseLayout l = sparse_layout(spec, n);
         RANK_CHECK(st.payload_bytes_sent == (P - 1) * encoded_size(spec, n),
                    "payload " + std::to_string(st.payload_bytes_sent));
@@ -155,6 +157,160 @@ TEST(CollectivesSparse, RanksThatDisagreeOnKFailWithAMismatch) {
     return "ok";
   });
   expect_all_ok(res);
+}
+
+// Random-k's owner schedule: the kept elements (randk_positions), error feedback with decay over
+// the whole tensor, the owner all-reduce of the kept values with q<B>; checked against a
+// reference built from public calls: the positions, the residual rule, and the dense all-reduce
+// of the compacted vectors on the same communicator. Zero elsewhere, the same on every rank.
+TEST(CollectivesSparse, OwnerScheduleIsTheDenseOwnerReductionOfTheKeptElements) {
+  constexpr int P = 4;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, P, test_options());
+    RANK_OK(c.status());
+    const uint64_t n = 20 * 4096 + 777;  // a short last chunk
+    const CodecSpec spec = *parse_codec_spec("randk:64/4096+q2:decay=0.9");
+    const CodecSpec dense = *parse_codec_spec("q2");  // absmax, blocks of 128, nearest
+    const uint64_t kept = sparse_layout(spec, n).kept;
+    std::vector<float> r(n, 0.0f);  // this rank's residual, kept by the reference
+    std::string out = "ok ";
+    for (uint64_t step = 0; step < 3; ++step) {
+      std::vector<float> x(n), y(n);
+      for (uint64_t i = 0; i < n; ++i) x[i] = input_value(step, rank, i);
+      AllReduceOptions o;
+      o.codec = spec;
+      o.error_feedback_key = "g";
+      o.seed = 11;
+      o.step = step;
+      o.sparse_schedule = AllReduceOptions::SparseSchedule::kOwner;
+      RANK_OK(
+          (*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kAverage, o).wait());
+      const OpStats st = (*c)->last_op_stats();
+      RANK_CHECK(st.schedule == "owner", "schedule " + st.schedule);
+      RANK_CHECK(st.index_bytes_sent == 0, "positions sent");
+      RANK_CHECK(std::abs(st.density - double(kept) / double(n)) < 1e-12,
+                 "density " + std::to_string(st.density));
+      RANK_CHECK(st.value_bytes_sent == st.payload_bytes_sent, "value bytes");
+      // About 2 (P-1)/P of the kept values' q2 codes, against gather-all's (P-1) messages.
+      RANK_CHECK(st.payload_bytes_sent < (P - 1) * encoded_size(spec, n) * 2 / 3,
+                 "payload " + std::to_string(st.payload_bytes_sent));
+      RANK_CHECK(st.compression_ratio > 100, "ratio " + std::to_string(st.compression_ratio));
+
+      // The reference: positions, compaction with the residual rule, the dense all-reduce.
+      std::vector<uint64_t> pos(kept);
+      RANK_OK(randk_positions(spec, n, collectives::rounding_seed(11, step, 0, 2), pos.data()));
+      std::vector<float> v(kept), vr(kept), kres(kept, 0.0f);
+      for (uint64_t i = 0; i < n; ++i) r[i] = x[i] + r[i];
+      for (uint64_t k = 0; k < kept; ++k) v[k] = r[pos[k]];
+      for (uint64_t i = 0; i < n; ++i) r[i] *= 0.9f;
+      std::vector<uint8_t> codes(encoded_size(dense, kept));
+      // The kept elements' residual: β·(v - D(Q(v))), Q the codes v's contribution carries.
+      RANK_OK(encode_error_feedback(*parse_codec_spec("q2:decay=0.9"), DType::kFloat32, v.data(),
+                                    kres.data(), kept, codes.data(), codes.size()));
+      for (uint64_t k = 0; k < kept; ++k) r[pos[k]] = kres[k];
+      AllReduceOptions d;
+      d.codec = dense;
+      RANK_OK((*c)->all_reduce(v.data(), vr.data(), kept, DType::kFloat32, ReduceOp::kAverage, d)
+                  .wait());
+      std::vector<float> want(n, 0.0f);
+      for (uint64_t k = 0; k < kept; ++k) want[pos[k]] = vr[k];
+      RANK_CHECK(std::memcmp(want.data(), y.data(), n * 4) == 0,
+                 "step " + std::to_string(step) + ": not the reference");
+      std::vector<uint8_t> b(n * 4);
+      std::memcpy(b.data(), y.data(), b.size());
+      out += std::to_string(fnv64(b)) + " ";
+    }
+    return out;
+  });
+  expect_all_ok(res);
+  for (int r = 1; r < P; ++r) EXPECT_EQ(res[r].text, res[0].text) << "rank " << r;
+}
+
+// A non-finite element is sent, never kept back: its chunk's kept positions come out NaN, the
+// residual of the chunk restarts at zero, and chunks in other q2 blocks stay finite.
+TEST(CollectivesSparse, OwnerScheduleSendsANonFiniteChunkAsNaN) {
+  constexpr int P = 3;
+  expect_all_ok(run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, P, test_options());
+    RANK_OK(c.status());
+    const uint64_t n = 8 * 1024;
+    const CodecSpec spec = *parse_codec_spec("randk:128/1024+q4");  // a q4 block per chunk
+    AllReduceOptions o;
+    o.codec = spec;
+    o.error_feedback_key = "nan";
+    o.sparse_schedule = AllReduceOptions::SparseSchedule::kOwner;
+    std::vector<float> x(n), y(n);
+    for (uint64_t step = 0; step < 2; ++step) {
+      for (uint64_t i = 0; i < n; ++i) x[i] = input_value(step, rank, i);
+      // Step 0: rank 1 has an infinity in chunk 2, at a position nobody keeps or one they do.
+      if (step == 0 && rank == 1) x[2 * 1024 + 5] = INFINITY;
+      o.step = step;
+      RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, o).wait());
+      std::vector<uint64_t> pos(sparse_layout(spec, n).kept);
+      RANK_OK(randk_positions(spec, n, collectives::rounding_seed(0, step, 0, 2), pos.data()));
+      for (uint64_t k = 0; k < pos.size(); ++k) {
+        const bool bad = step == 0 && pos[k] / 1024 == 2;
+        RANK_CHECK(bad ? std::isnan(y[pos[k]]) : std::isfinite(y[pos[k]]),
+                   "step " + std::to_string(step) + " position " + std::to_string(pos[k]) + ": " +
+                       std::to_string(y[pos[k]]));
+      }
+    }
+    return "ok";
+  }));
+}
+
+// auto: with three ranks or more, both schedules are tried and every rank runs the same one for
+// each call (the slowest rank's times decide); explicit choices that cannot run are refused.
+TEST(CollectivesSparse, AutoTriesBothSchedulesEveryRankAlikeAndOwnerRefusesTopk) {
+  constexpr int P = 3;
+  auto res = run_ranks(P, [](int rank, const UniqueId& id) -> std::string {
+    auto c = Communicator::init(id, rank, P, test_options());
+    RANK_OK(c.status());
+    const uint64_t n = 64 * 1024;
+    std::vector<float> x(n), y(n);
+    AllReduceOptions o;
+    o.codec = *parse_codec_spec("randk:32/1024+q2");
+    std::string out = "ok ";
+    bool gathered = false, owned = false;
+    for (uint64_t step = 0; step < 8; ++step) {
+      for (uint64_t i = 0; i < n; ++i) x[i] = input_value(step, rank, i);
+      RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, o).wait());
+      const std::string s = (*c)->last_op_stats().schedule;
+      gathered = gathered || s == "gather-all";
+      owned = owned || s == "owner";
+      std::vector<uint8_t> b(n * 4);
+      std::memcpy(b.data(), y.data(), b.size());
+      out += s + ":" + std::to_string(fnv64(b)) + " ";
+    }
+    RANK_CHECK(gathered && owned, "auto did not try both: " + out);
+    AllReduceOptions bad;
+    bad.codec = *parse_codec_spec("topk:32/1024+q2");
+    bad.sparse_schedule = AllReduceOptions::SparseSchedule::kOwner;
+    Work w = (*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, bad);
+    RANK_CHECK(w.refused() && w.status().code() == StatusCode::kInvalidArgument &&
+                   w.status().message().find("sparse_schedule owner") != std::string::npos,
+               w.status().to_string());
+    bad.codec = *parse_codec_spec("randk:32/1024+q2");
+    w = (*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kMax, bad);
+    RANK_CHECK(w.refused(), "owner schedule took a MAX reduction");
+    // Still usable after the refusals.
+    RANK_OK((*c)->all_reduce(x.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum, o).wait());
+    return out;
+  });
+  expect_all_ok(res);
+  for (int r = 1; r < P; ++r) EXPECT_EQ(res[r].text, res[0].text) << "rank " << r;
+}
+
+TEST(CollectivesSparse, SparseScheduleSettingIsCheckedAtInit) {
+  expect_all_ok(run_ranks(1, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions opts = test_options();
+    opts.sparse_schedule = "sometimes";
+    auto c = Communicator::init(id, rank, 1, opts);
+    RANK_CHECK(!c.status().is_ok() &&
+                   c.status().message().find("gather-all or owner") != std::string::npos,
+               c.status().to_string());
+    return "ok";
+  }));
 }
 
 // The C API takes a sparse spec string and reports density, index and value bytes.

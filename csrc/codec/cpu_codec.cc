@@ -86,6 +86,15 @@ Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t code
   return run_checked(job, out, codes_bytes, opts);
 }
 
+Status randk_positions(const CodecSpec& spec, uint64_t n, uint64_t seed, uint64_t* out,
+                       CpuOptions opts) {
+  LOWCOMM_CHECK(validate_spec(spec));
+  if (spec.kind != CodecKind::kRandk)
+    return invalid_argument("randk_positions: " + to_string(spec) + " is not a randk spec");
+  if (n > 0 && out == nullptr) return invalid_argument("randk_positions: null output");
+  return cpu::randk_positions(spec, n, seed, out, opts);
+}
+
 Status encode_error_feedback(const CodecSpec& spec, DType dtype, const void* x, float* residual,
                              uint64_t n, void* codes, uint64_t codes_bytes, RoundingKey key,
                              CpuOptions opts) {

@@ -23,5 +23,8 @@ void avx2_minmax_range(const CodecJob& job, uint64_t begin, uint64_t end);
 // The sparse codecs (topk, randk), whole jobs (sparse_cpu.cc); decodes fail with kCorruptData
 // on positions a message cannot hold.
 Status sparse_run(const CodecJob& job, const CpuOptions& opts);
+// randk's kept offsets of n elements under `seed` (lowcomm::randk_positions).
+Status randk_positions(const CodecSpec& spec, uint64_t n, uint64_t seed, uint64_t* out,
+                       const CpuOptions& opts);
 
 }  // namespace lowcomm::cpu

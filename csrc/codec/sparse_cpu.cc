@@ -395,4 +395,46 @@ Status sparse_run(const CodecJob& job, const CpuOptions& opts) {
   return SparseRun(job, opts).run(opts);
 }
 
+Status randk_positions(const CodecSpec& spec, uint64_t n, uint64_t seed, uint64_t* out,
+                       const CpuOptions& opts) {
+  if (n == 0) return Status::ok();
+  const bool fast = opts.simd && avx2_supported();
+  const uint32_t chunk = spec.block;
+  const uint64_t chunks = (n + chunk - 1) / chunk;
+  const uint64_t per_task = std::max<uint64_t>(1, kTaskElements / chunk);
+  const uint64_t tasks = (chunks + per_task - 1) / per_task;
+  std::atomic<bool> wrong{false};
+  ThreadPool::global().parallel_for(tasks, opts.threads, [&](uint64_t t) {
+    Scratch& s = thread_scratch(chunk);
+    const uint64_t c1 = std::min(chunks, (t + 1) * per_task);
+    for (uint64_t c = t * per_task; c < c1; ++c) {
+      // The encoder's own steps (SparseRun::positions): keys from the salt, the k largest.
+      const sparse::ChunkLayout l =
+          sparse::chunk_layout(spec.kind, spec.keep, chunk, spec.bits, n, c);
+      const uint32_t salt = sparse::randk_salt(seed, c);
+      if (fast) {
+        sparse_avx2::randk_keys(salt, l.len, s.key.get());
+      } else {
+        for (uint32_t i = 0; i < l.len; ++i) s.key[i] = sparse::randk_key(salt, i);
+      }
+      uint32_t kept = 0;
+      if (fast) {
+        Threshold th = threshold_fast(s.key.get(), l.len, l.k, 0x7FFFFFFFu, s.cand.get());
+        kept = sparse_avx2::select(s.key.get(), l.len, th.t, th.ties, s.sel.get());
+      } else {
+        kept = select_scalar(s.key.get(), l.len,
+                             threshold_scalar(s.key.get(), l.len, l.k, s.cand.get()), s.sel.get());
+      }
+      if (kept != l.k) {
+        wrong = true;
+        return;
+      }
+      // Chunk c's kept elements start after every earlier chunk's (each full chunk keeps k).
+      uint64_t* dst = out + c * spec.keep;
+      for (uint32_t j = 0; j < kept; ++j) dst[j] = c * chunk + s.sel[j];
+    }
+  });
+  return wrong ? internal_error("randk positions") : Status::ok();
+}
+
 }  // namespace lowcomm::cpu

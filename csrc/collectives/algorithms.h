@@ -28,6 +28,10 @@ struct ReduceArgs {
   bool owner_ef = false;
   uint64_t seed = 0;
   uint64_t step = 0;
+  // The owner reduction's pipeline segment (elements); 0: the descriptor's. A schedule that
+  // reduces another vector than the call's (randk's kept elements) derives its own alike on
+  // every rank.
+  uint64_t segment_elems = 0;
 };
 
 // Pipeline segment length (elements) of a reduce whose owner chunks hold about `chunk_elems`:
@@ -47,6 +51,12 @@ Status reduce(OpRun& run, const ReduceArgs& a, int root);  // the result on root
 Status reduce_scatter(OpRun& run, const ReduceArgs& a);    // a.n = recv count * size
 // Every rank's contribution to every rank, reduced there (one_hop_reduce.cc).
 Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a);
+// Random-k's owner schedule over the positions every rank shares (shared_positions_reduce.cc):
+// the owner reduction of the kept elements with shared_positions_codec(randk). Takes what
+// can_share_positions allows (a randk fp32 sum or average).
+Status shared_positions_all_reduce(OpRun& run, const ReduceArgs& a);
+CodecSpec shared_positions_codec(const CodecSpec& randk);
+bool can_share_positions(const std::optional<CodecSpec>& codec, DType dtype, ReduceOp op);
 // Inside each site, across the sites slice by slice, inside each site again (two_level.cc);
 // fp32 sum or average, the plan two-level (SitePlan::two_level).
 Status two_level_all_reduce(OpRun& run, const ReduceArgs& a, const SitePlan& plan);

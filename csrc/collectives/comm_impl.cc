@@ -166,6 +166,17 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                             (options.shares.empty() ? "LOWCOMM_SHARES" : "shares option") +
                             " must be auto or equal, got '" + shares_text + "'");
 
+  const char* env_sparse = std::getenv("LOWCOMM_SPARSE_SCHEDULE");
+  opts.sparse_schedule = !options.sparse_schedule.empty() ? options.sparse_schedule
+                         : env_sparse && *env_sparse      ? env_sparse
+                                                          : "auto";
+  if (opts.sparse_schedule != "auto" && opts.sparse_schedule != "gather-all" &&
+      opts.sparse_schedule != "owner")
+    return invalid_argument(
+        std::string("init: ") +
+        (options.sparse_schedule.empty() ? "LOWCOMM_SPARSE_SCHEDULE" : "sparse_schedule option") +
+        " must be auto, gather-all or owner, got '" + opts.sparse_schedule + "'");
+
   const char* env_intra = std::getenv("LOWCOMM_INTRA_SITE");
   const std::string intra_text = !options.intra_site.empty() ? options.intra_site
                                  : env_intra                 ? env_intra
@@ -530,21 +541,25 @@ void CommImpl::run_one(Op& op) {
   // An all-reduce whose schedule is left to us: flat or two levels, from what each took
   // (schedule_picker.h), the same choice on every rank.
   const uint64_t op_bytes = op.desc.count * dtype_size(op.desc.dtype);
+  const bool sparse = op.desc.codec && op.desc.codec->sparse();
   if (op.desc.auto_schedule)
-    op.desc.algorithm = schedule_.pick(collectives::SchedulePicker::size_class(op_bytes));
+    op.desc.algorithm = schedule_.pick(collectives::SchedulePicker::size_class(op_bytes, sparse));
   // A flat or two-level all-reduce names its owner shares or its sites in the high half of the
   // tag, and carries this rank's report (op_report.h) in the low half: its rate (shares.h; the
   // large flat ones measure it) and the time of its previous such call.
   const bool reports = op.desc.carries_report();
   const bool flat = op.desc.algorithm == collectives::Algorithm::kDefault;
-  const bool rated = reports && flat && shares_auto_;
+  // A sparse all-reduce's traffic is too small to measure a link by.
+  const bool rated = reports && flat && shares_auto_ && !sparse;
   collectives::OpReport mine;
   if (reports) {
     mine.rate = shares_auto_ ? shares_.own_code() : 0;
     mine.time = collectives::encode_time(last_report_seconds_);
     const uint64_t site_hash = sites_.hash ^ (sites_.hash >> 32);
-    const uint64_t high =
-        flat ? (shares_auto_ ? shares_.plan().hash() : 0) : site_hash & 0xffffffffu;
+    const uint64_t high = flat ? (shares_auto_ ? shares_.plan().hash() : 0)
+                          : op.desc.algorithm == collectives::Algorithm::kTwoLevel
+                              ? site_hash & 0xffffffffu
+                              : 0;
     op.desc.tag = high << 32 | mine.pack();
   }
   const auto measure_from = transport::PaceClock::now();
@@ -577,9 +592,11 @@ void CommImpl::run_one(Op& op) {
     stats = collectives::summarize(op.desc, run.counters(), collectives::StatsClock::now() - start,
                                    links_);
     if (op.desc.kind == OpKind::kAllReduce)
-      stats.schedule = op.desc.algorithm == collectives::Algorithm::kTwoLevel ? "two-level"
-                       : op.desc.algorithm == collectives::Algorithm::kOneHop ? "one-hop"
-                                                                              : "flat";
+      stats.schedule =
+          sparse ? (op.desc.algorithm == collectives::Algorithm::kOneHop ? "gather-all" : "owner")
+          : op.desc.algorithm == collectives::Algorithm::kTwoLevel ? "two-level"
+          : op.desc.algorithm == collectives::Algorithm::kOneHop   ? "one-hop"
+                                                                   : "flat";
     if (rated) {
       for (uint32_t p : shares_.plan().parts)
         stats.shares.push_back(static_cast<double>(p) / collectives::kShareUnits);
@@ -616,7 +633,15 @@ void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescrip
     const collectives::Algorithm before = schedule_.pick_would(last_report_class_);
     schedule_.record(last_report_class_, last_report_algorithm_, slowest);
     const collectives::Algorithm after = schedule_.pick_would(last_report_class_);
-    if (before != after && sites_.two_level())
+    const int cls = last_report_class_;
+    if (before != after && collectives::SchedulePicker::sparse_class(cls))
+      LOWCOMM_LOG(kInfo,
+                  "rank %d: sparse all-reduces of about %llu bytes now run %s (owner %.4f s, "
+                  "gather-all %.4f s)",
+                  rank_, 1ull << (cls - collectives::SchedulePicker::size_class(1, true)),
+                  after == collectives::Algorithm::kOneHop ? "gather-all" : "owner",
+                  schedule_.times(cls).flat, schedule_.times(cls).two);
+    else if (before != after && sites_.two_level())
       LOWCOMM_LOG(
           kInfo,
           "rank %d: all-reduces of about %llu bytes now run %s (flat %.4f s, two levels %.4f s)",
@@ -624,7 +649,8 @@ void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescrip
           after == collectives::Algorithm::kTwoLevel ? "in two levels" : "flat",
           schedule_.times(last_report_class_).flat, schedule_.times(last_report_class_).two);
   }
-  last_report_class_ = collectives::SchedulePicker::size_class(desc.count * dtype_size(desc.dtype));
+  last_report_class_ = collectives::SchedulePicker::size_class(desc.count * dtype_size(desc.dtype),
+                                                               desc.codec && desc.codec->sparse());
   last_report_algorithm_ = desc.algorithm;
   last_report_seconds_ = seconds;
 }

@@ -167,7 +167,29 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   collectives::Algorithm alg =
       one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
   using Schedule = AllReduceOptions::Schedule;
-  if (options.schedule == Schedule::kTwoLevel) {
+  if (sparse) {
+    // Random-k: gather-all or the owner reduction over the shared positions (docs/sparse.md).
+    using Sparse = AllReduceOptions::SparseSchedule;
+    const bool can = collectives::can_share_positions(codec, dtype, op);
+    if (options.sparse_schedule == Sparse::kOwner && !can)
+      return refused(invalid_argument(
+          "all_reduce: sparse_schedule owner takes a randk codec on an fp32 sum or average (" +
+          to_string(*codec) + ", " + std::string(dtype_name(dtype)) + ", " + reduce_op_name(op) +
+          "); topk's positions differ by rank, so its messages are gathered"));
+    Sparse s = options.sparse_schedule;
+    if (s == Sparse::kAuto) {
+      const std::string& dflt = impl_->options().sparse_schedule;
+      s = dflt == "owner" ? Sparse::kOwner : dflt == "gather-all" ? Sparse::kGatherAll : s;
+    }
+    if (can && s == Sparse::kOwner) {
+      alg = collectives::Algorithm::kDefault;
+    } else if (can && s == Sparse::kAuto && size() >= 3) {
+      // Two ranks send the same bytes either way, and gather-all is one delay and one
+      // quantization fewer; from three, the faster of the two for this size (both tried first).
+      alg = collectives::Algorithm::kDefault;  // or gather-all: the communicator picks
+      d.auto_schedule = true;
+    }
+  } else if (options.schedule == Schedule::kTwoLevel) {
     const collectives::SitePlan& sites = impl_->sites();
     if (!collectives::can_two_level(sites, count, dtype, op, codec))
       return refused(invalid_argument(
@@ -190,6 +212,8 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
           case collectives::Algorithm::kTwoLevel:
             return collectives::two_level_all_reduce(run, args, impl->sites());
           default:
+            if (args.codec && args.codec->sparse())
+              return collectives::shared_positions_all_reduce(run, args);
             return collectives::all_reduce(run, args);
         }
       },

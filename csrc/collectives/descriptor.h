@@ -79,13 +79,16 @@ struct OpDescriptor {
 
   std::array<uint8_t, kDescriptorBytes> encode() const;
   // Local, never on the wire: the caller left the schedule to the communicator, which picks
-  // flat or two levels when the operation runs (schedule_picker.h).
+  // flat or two levels (a randk codec: owner or gather-all) when the operation runs
+  // (schedule_picker.h).
   bool auto_schedule = false;
 
-  // Whether the low half of the tag is the sender's report (a flat or two-level all-reduce).
+  // Whether the low half of the tag is the sender's report (a flat or two-level all-reduce, or
+  // a sparse one, whose schedule the picker may choose too).
   bool carries_report() const {
     return kind == OpKind::kAllReduce &&
-           (algorithm == Algorithm::kDefault || algorithm == Algorithm::kTwoLevel);
+           (algorithm == Algorithm::kDefault || algorithm == Algorithm::kTwoLevel ||
+            (codec && codec->sparse()));
   }
   uint32_t report() const { return carries_report() ? static_cast<uint32_t>(tag) : 0; }
   // This descriptor less what only the sender decides (the rate): what peers must agree on.

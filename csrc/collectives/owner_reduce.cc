@@ -97,7 +97,8 @@ Status prepare_owner_reduce(OwnerReduce& o, const std::vector<Range>& chunks) {
   o.es = dtype_size(a.dtype);
   o.wire = a.codec ? *a.codec : passthrough(codec_dtype(a.dtype) ? a.dtype : DType::kFloat32);
   o.plain = plain_codec(a.codec, a.dtype);
-  const uint64_t seg = o.run.desc().segment_elems;  // agreed through the descriptor check
+  // Agreed through the descriptor check, or derived from it alike on every rank.
+  const uint64_t seg = a.segment_elems ? a.segment_elems : o.run.desc().segment_elems;
   for (const Range& c : chunks) o.segs.push_back(split_segments(c, seg));
   o.mine = chunks[static_cast<size_t>(o.me)];
   o.in = static_cast<const uint8_t*>(a.send);

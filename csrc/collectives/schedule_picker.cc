@@ -4,20 +4,22 @@
 
 namespace lowcomm::collectives {
 
-int SchedulePicker::size_class(uint64_t bytes) {
-  return bytes == 0 ? 0 : static_cast<int>(std::bit_width(bytes)) - 1;
+int SchedulePicker::size_class(uint64_t bytes, bool sparse) {
+  return (bytes == 0 ? 0 : static_cast<int>(std::bit_width(bytes)) - 1) +
+         (sparse ? kSparseClasses : 0);
 }
 
 Algorithm SchedulePicker::pick(int size_class) {
   Times& t = classes_[size_class];
   ++t.picks;
-  // Two levels first (what the sizes suggest), then flat, until each has a time; the times
-  // arrive two calls late, so each is tried twice at most.
-  if (t.two == 0) return Algorithm::kTwoLevel;
+  // Two levels (sparse: gather-all) first, then flat (the owner reduction), until each has a
+  // time; the times arrive two calls late, so each is tried twice at most.
+  const Algorithm alt = other(size_class);
+  if (t.two == 0) return alt;
   if (t.flat == 0) return Algorithm::kDefault;
-  const Algorithm best = t.two <= t.flat ? Algorithm::kTwoLevel : Algorithm::kDefault;
-  const Algorithm other = best == Algorithm::kTwoLevel ? Algorithm::kDefault : Algorithm::kTwoLevel;
-  return t.picks % kReexplore == 0 ? other : best;
+  const Algorithm best = t.two <= t.flat ? alt : Algorithm::kDefault;
+  const Algorithm second = best == alt ? Algorithm::kDefault : alt;
+  return t.picks % kReexplore == 0 ? second : best;
 }
 
 SchedulePicker::Times SchedulePicker::times(int size_class) const {
@@ -27,14 +29,15 @@ SchedulePicker::Times SchedulePicker::times(int size_class) const {
 
 Algorithm SchedulePicker::pick_would(int size_class) const {
   const Times t = times(size_class);
-  if (t.two == 0 || t.flat == 0) return Algorithm::kTwoLevel;
-  return t.two <= t.flat ? Algorithm::kTwoLevel : Algorithm::kDefault;
+  const Algorithm alt = other(size_class);
+  if (t.two == 0 || t.flat == 0) return alt;
+  return t.two <= t.flat ? alt : Algorithm::kDefault;
 }
 
 void SchedulePicker::record(int size_class, Algorithm algorithm, double seconds) {
   if (!(seconds > 0)) return;
   Times& t = classes_[size_class];
-  (algorithm == Algorithm::kTwoLevel ? t.two : t.flat) = seconds;
+  (algorithm == other(size_class) ? t.two : t.flat) = seconds;
 }
 
 }  // namespace lowcomm::collectives

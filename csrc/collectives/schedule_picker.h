@@ -23,15 +23,19 @@ class SchedulePicker {
  public:
   static constexpr uint64_t kReexplore = 32;
 
-  // The size class of an all-reduce of `bytes`.
-  static int size_class(uint64_t bytes);
-  // The schedule for the next auto call of this class (kTwoLevel or kDefault).
+  // The size class of an all-reduce of `bytes`; a sparse codec's calls have classes of their
+  // own (their choice is between gather-all, kOneHop, and the owner reduction, kDefault).
+  static int size_class(uint64_t bytes, bool sparse = false);
+  static bool sparse_class(int size_class) { return size_class >= kSparseClasses; }
+  // The schedule for the next auto call of this class: kTwoLevel (a sparse class: kOneHop) or
+  // kDefault.
   Algorithm pick(int size_class);
   // The slowest rank's time of a call of this class that ran `algorithm`.
   void record(int size_class, Algorithm algorithm, double seconds);
 
   struct Times {
-    double flat = 0, two = 0;  // 0: not measured yet
+    double flat = 0;  // kDefault; 0: not measured yet
+    double two = 0;   // the other: kTwoLevel, or kOneHop in a sparse class
     uint64_t picks = 0;
   };
   Times times(int size_class) const;
@@ -39,6 +43,10 @@ class SchedulePicker {
   Algorithm pick_would(int size_class) const;
 
  private:
+  static constexpr int kSparseClasses = 64;  // added to a sparse call's class
+  static Algorithm other(int size_class) {
+    return sparse_class(size_class) ? Algorithm::kOneHop : Algorithm::kTwoLevel;
+  }
   std::map<int, Times> classes_;
 };
 

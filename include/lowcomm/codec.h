@@ -149,6 +149,13 @@ struct CpuOptions {
   bool simd = true;
 };
 
+// Random-k's positions: the offsets (ascending) that a randk spec keeps of n elements when its
+// encode is passed RoundingKey{seed}: sparse_layout(spec, n).kept of them into `out`, the same
+// elements the encoder keeps. Lets a caller run its own schedule over the kept elements (the
+// owner all-reduce on shared positions, docs/sparse.md). kInvalidArgument for other specs.
+LOWCOMM_API Status randk_positions(const CodecSpec& spec, uint64_t n, uint64_t seed, uint64_t* out,
+                                   CpuOptions opts = {});
+
 // All functions below: `n` elements of `dtype` at `x`/`out`; `codes` holds `codes_bytes` bytes,
 // at least encoded_size(spec, n), 4-byte aligned (passthrough: wire-dtype aligned). Tensors are
 // aligned to their element size. Buffers must not overlap unless stated.

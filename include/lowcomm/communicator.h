@@ -104,6 +104,13 @@ struct CommOptions {
   // links of an emulated WAN stay on TCP. Collective payloads travel over it; descriptors,
   // control and point-to-point messages stay on TCP.
   std::string intra_site;
+  // Random-k (randk codecs) all-reduces: "gather-all" (every rank's message to every rank,
+  // summed in rank order: one quantization, one one-way delay, (P-1)·m bytes sent), "owner"
+  // (the owner reduction over the positions every rank shares: two quantizations, two delays,
+  // 2(P-1)/P·m), or "auto" (with three ranks or more, whichever has run faster for calls of
+  // that size, both tried first; docs/sparse.md). "": LOWCOMM_SPARSE_SCHEDULE, else auto. Every
+  // rank must pass the same. Top-k always gathers (its positions differ by rank).
+  std::string sparse_schedule;
   // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
   // else 30 minutes.
   std::chrono::milliseconds timeout{0};
@@ -174,6 +181,10 @@ struct AllReduceOptions {
   // not an fp32 sum or average). Every rank must pass the same (the descriptor check enforces it).
   enum class Schedule : uint8_t { kAuto = 0, kFlat = 1, kTwoLevel = 2 };
   Schedule schedule = Schedule::kAuto;
+  // A randk codec's schedule (CommOptions::sparse_schedule): kAuto takes the communicator's;
+  // kOwner needs an fp32 sum or average (else kInvalidArgument); a topk codec refuses kOwner.
+  enum class SparseSchedule : uint8_t { kAuto = 0, kGatherAll = 1, kOwner = 2 };
+  SparseSchedule sparse_schedule = SparseSchedule::kAuto;
 };
 
 // How a reduction is compressed, decided in one place for every entry point (this API, the C
@@ -246,7 +257,8 @@ struct OpStats {
   std::vector<double> shares;
   double rate_estimate = 0.0;
   // An all-reduce: the schedule it ran, "flat", "two-level" or "one-hop" (AllReduceOptions::
-  // schedule kAuto leaves flat or two levels to the communicator: docs/sites.md); "" otherwise.
+  // schedule kAuto leaves flat or two levels to the communicator: docs/sites.md); for a sparse
+  // codec "gather-all" or "owner" (AllReduceOptions::sparse_schedule); "" otherwise.
   std::string schedule;
   // A sparse codec (topk, randk): the fraction of elements its messages kept, and of
   // payload_bytes_sent the bytes of positions (offsets or bitmaps; 0 for randk) and of value

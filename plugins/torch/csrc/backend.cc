@@ -138,9 +138,15 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(c10d::OpType type,
 c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const std::chrono::duration<float>& timeout, const std::string& codec, int64_t codec_threshold,
-    const std::string& error_feedback, int64_t direct_bytes, bool enable_reconfigure) {
+    const std::string& error_feedback, int64_t direct_bytes, bool enable_reconfigure,
+    const std::string& sparse_schedule) {
   BackendConfig config;
   config.direct_bytes = direct_bytes;
+  TORCH_CHECK_VALUE(sparse_schedule.empty() || sparse_schedule == "auto" ||
+                        sparse_schedule == "gather-all" || sparse_schedule == "owner",
+                    "lowcomm: sparse_schedule must be \"auto\", \"gather-all\" or \"owner\", got '",
+                    sparse_schedule, "'");
+  config.sparse_schedule = sparse_schedule;
   config.codec = codec;
   config.codec_threshold = codec_threshold;
   if (error_feedback == "address") {

@@ -34,6 +34,9 @@ struct BackendConfig {
   // All-reduces of at most this many bytes take one hop (CommOptions::direct_bytes); -1: the
   // core's default (LOWCOMM_DIRECT_BYTES, else never).
   int64_t direct_bytes = -1;
+  // A randk codec's all-reduce schedule (CommOptions::sparse_schedule); "": the core's default
+  // (LOWCOMM_SPARSE_SCHEDULE, else auto).
+  std::string sparse_schedule;
 };
 
 class LowcommBackend : public c10d::Backend {
@@ -47,13 +50,11 @@ class LowcommBackend : public c10d::Backend {
 
   // lowcomm.torch's creator (register_backend with the extended API): the group's store,
   // rank, size and timeout, and the codec settings of its options (or the environment).
-  static c10::intrusive_ptr<c10d::Backend> create(const c10::intrusive_ptr<c10d::Store>& store,
-                                                  int rank, int size,
-                                                  const std::chrono::duration<float>& timeout,
-                                                  const std::string& codec, int64_t codec_threshold,
-                                                  const std::string& error_feedback,
-                                                  int64_t direct_bytes,
-                                                  bool enable_reconfigure = false);
+  static c10::intrusive_ptr<c10d::Backend> create(
+      const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+      const std::chrono::duration<float>& timeout, const std::string& codec,
+      int64_t codec_threshold, const std::string& error_feedback, int64_t direct_bytes,
+      bool enable_reconfigure = false, const std::string& sparse_schedule = "");
 
   const std::string getBackendName() const override { return "lowcomm"; }
 
@@ -203,6 +204,7 @@ class LowcommBackend : public c10d::Backend {
     lowcomm::CommOptions o;
     o.timeout = timeout_;
     o.direct_bytes = config_.direct_bytes;
+    o.sparse_schedule = config_.sparse_schedule;
     return o;
   }
 

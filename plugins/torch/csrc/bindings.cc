@@ -79,6 +79,8 @@ PYBIND11_MODULE(_C, m) {
         d["link_efficiency"] = s.link_efficiency;
         d["shares"] = s.shares;  // owner shares by rank; empty: equal (docs/sites.md)
         d["rate_estimate"] = s.rate_estimate;
+        // An all-reduce's schedule: flat, two-level, one-hop; sparse: gather-all or owner.
+        d["schedule"] = s.schedule;
         return d;
       });
   lowcomm::torch_backend::bind_codecs(m);
@@ -86,7 +88,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &LowcommBackend::create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("codec"), py::arg("codec_threshold"),
         py::arg("error_feedback"), py::arg("direct_bytes"), py::arg("enable_reconfigure") = false,
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("sparse_schedule") = "", py::call_guard<py::gil_scoped_release>());
   m.def("close_all_at_exit", &LowcommBackend::close_all_at_exit,
         py::call_guard<py::gil_scoped_release>());
 }

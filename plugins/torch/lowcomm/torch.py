@@ -37,12 +37,17 @@ class Options:
     direct_bytes: all-reduces of at most this many bytes take one hop (each rank's tensor to
       every rank, reduced there): one one-way delay instead of two, for trainers that
       all-reduce small tensors one by one over a long link; uncompressed, the same bits.
+    sparse_schedule: a randk codec's all-reduce: "gather-all" (every message to every rank, one
+      quantization, one one-way delay), "owner" (the owner reduction over the positions every
+      rank shares: fewer bytes from three ranks on, two quantizations, two delays) or "auto"
+      (whichever ran faster for that size; docs/sparse.md).
     Unset fields come from LOWCOMM_CODEC, LOWCOMM_CODEC_THRESHOLD, LOWCOMM_ERROR_FEEDBACK
-    (0, 1 = address, address, order), LOWCOMM_DIRECT_BYTES (default 0: never).
+    (0, 1 = address, address, order), LOWCOMM_DIRECT_BYTES (default 0: never),
+    LOWCOMM_SPARSE_SCHEDULE (default auto).
     """
 
     def __init__(self, codec=None, codec_threshold=None, error_feedback=None,
-                 direct_bytes=None):
+                 direct_bytes=None, sparse_schedule=None):
         env = os.environ
         self.codec = codec if codec is not None else env.get("LOWCOMM_CODEC", "")
         self.codec_threshold = int(codec_threshold if codec_threshold is not None
@@ -51,6 +56,7 @@ class Options:
             "LOWCOMM_ERROR_FEEDBACK", "")
         self.error_feedback = _ef_mode(ef)
         self.direct_bytes = -1 if direct_bytes is None else int(direct_bytes)
+        self.sparse_schedule = "" if sparse_schedule is None else str(sparse_schedule)
 
 
 def _ef_mode(value):
@@ -73,7 +79,8 @@ def _create(dist_opts, backend_options):
     return _C.create_backend(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
                              dist_opts.timeout, opts.codec, opts.codec_threshold,
                              opts.error_feedback, opts.direct_bytes,
-                             bool(getattr(dist_opts, "enable_reconfigure", False)))
+                             bool(getattr(dist_opts, "enable_reconfigure", False)),
+                             opts.sparse_schedule)
 
 
 if BACKEND not in dist.Backend.backend_list:

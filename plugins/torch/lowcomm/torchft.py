@@ -29,17 +29,19 @@ class ProcessGroupLowcomm(ProcessGroupWrapper):
     """A reconfigurable lowcomm process group for torchft (see the module doc)."""
 
     def __init__(self, timeout=timedelta(seconds=60), *, codec=None, codec_threshold=None,
-                 error_feedback=None, direct_bytes=None):
+                 error_feedback=None, direct_bytes=None, sparse_schedule=None):
         super().__init__(timeout=timeout)
         # Unset fields from the environment, as lowcomm.torch.Options does.
-        self._opts = Options(codec, codec_threshold, error_feedback, direct_bytes)
+        self._opts = Options(codec, codec_threshold, error_feedback, direct_bytes,
+                             sparse_schedule)
 
     def _create_pg(self, store, rank, world_size):
         pg = BaseProcessGroup(store, rank, world_size)
         pg._set_default_backend(BaseProcessGroup.BackendType.CUSTOM)
         o = self._opts
         backend = _C.create_backend(store, rank, world_size, self._timeout, o.codec,
-                                    o.codec_threshold, o.error_feedback, o.direct_bytes)
+                                    o.codec_threshold, o.error_feedback, o.direct_bytes,
+                                    sparse_schedule=o.sparse_schedule)
         pg._register_backend(torch.device("cpu"), BaseProcessGroup.BackendType.CUSTOM, backend)
         # Dropped (or left at exit) without shutdown: close at once too (see shutdown()).
         weakref.finalize(pg, backend.abort)
