@@ -233,7 +233,14 @@ TEST(CollectivesShares, OneSlowRankOwnsLessEveryRankAgreesReplicasIdentical) {
       }
       if (k >= 3) {
         EXPECT_GE(slow_share, 0) << "rank " << r << " op " << k << ": still equal shares";
-        EXPECT_LT(slow_share, 0.05) << "rank " << r << " op " << k;
+        // Under TSan the fast ranks' links are CPU-bound (above): they read 1.5-2x the slow
+        // rank's rate instead of 4x, and the slow rank keeps up to ~0.1 of the tensor.
+#if defined(__SANITIZE_THREAD__)
+        constexpr double kMaxSlowShare = 0.15;
+#else
+        constexpr double kMaxSlowShare = 0.05;
+#endif
+        EXPECT_LT(slow_share, kMaxSlowShare) << "rank " << r << " op " << k;
       }
     }
   }

@@ -89,6 +89,7 @@ Status decode_accumulate(const CodecSpec& spec, const void* codes, uint64_t code
 Status randk_positions(const CodecSpec& spec, uint64_t n, uint64_t seed, uint64_t* out,
                        CpuOptions opts) {
   LOWCOMM_CHECK(validate_spec(spec));
+  LOWCOMM_CHECK(check_count(spec, n));
   if (spec.kind != CodecKind::kRandk)
     return invalid_argument("randk_positions: " + to_string(spec) + " is not a randk spec");
   if (n > 0 && out == nullptr) return invalid_argument("randk_positions: null output");

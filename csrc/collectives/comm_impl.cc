@@ -543,7 +543,8 @@ void CommImpl::run_one(Op& op) {
   const uint64_t op_bytes = op.desc.count * dtype_size(op.desc.dtype);
   const bool sparse = op.desc.codec && op.desc.codec->sparse();
   if (op.desc.auto_schedule)
-    op.desc.algorithm = schedule_.pick(collectives::SchedulePicker::size_class(op_bytes, sparse));
+    op.desc.algorithm = schedule_.pick(collectives::SchedulePicker::size_class(
+        op_bytes, sparse, sparse ? op.desc.codec->keep : 0));
   // A flat or two-level all-reduce names its owner shares or its sites in the high half of the
   // tag, and carries this rank's report (op_report.h) in the low half: its rate (shares.h; the
   // large flat ones measure it) and the time of its previous such call.
@@ -556,7 +557,9 @@ void CommImpl::run_one(Op& op) {
     mine.rate = shares_auto_ ? shares_.own_code() : 0;
     mine.time = collectives::encode_time(last_report_seconds_);
     const uint64_t site_hash = sites_.hash ^ (sites_.hash >> 32);
-    const uint64_t high = flat ? (shares_auto_ ? shares_.plan().hash() : 0)
+    // A sparse all-reduce keeps what the call put there (randk: its positions' seed).
+    const uint64_t high = sparse ? op.desc.tag >> 32
+                          : flat ? (shares_auto_ ? shares_.plan().hash() : 0)
                           : op.desc.algorithm == collectives::Algorithm::kTwoLevel
                               ? site_hash & 0xffffffffu
                               : 0;
@@ -629,7 +632,7 @@ void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescrip
     }
     slowest = std::max(slowest, t);
   }
-  if (last_report_seconds_ >= 0 && slowest > 0) {
+  if (last_report_seconds_ >= 0 && slowest > 0 && last_report_class_ >= 0) {
     const collectives::Algorithm before = schedule_.pick_would(last_report_class_);
     schedule_.record(last_report_class_, last_report_algorithm_, slowest);
     const collectives::Algorithm after = schedule_.pick_would(last_report_class_);
@@ -638,7 +641,7 @@ void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescrip
       LOWCOMM_LOG(kInfo,
                   "rank %d: sparse all-reduces of about %llu bytes now run %s (owner %.4f s, "
                   "gather-all %.4f s)",
-                  rank_, 1ull << (cls - collectives::SchedulePicker::size_class(1, true)),
+                  rank_, 1ull << collectives::SchedulePicker::bytes_class(cls),
                   after == collectives::Algorithm::kOneHop ? "gather-all" : "owner",
                   schedule_.times(cls).flat, schedule_.times(cls).two);
     else if (before != after && sites_.two_level())
@@ -649,8 +652,13 @@ void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescrip
           after == collectives::Algorithm::kTwoLevel ? "in two levels" : "flat",
           schedule_.times(last_report_class_).flat, schedule_.times(last_report_class_).two);
   }
-  last_report_class_ = collectives::SchedulePicker::size_class(desc.count * dtype_size(desc.dtype),
-                                                               desc.codec && desc.codec->sparse());
+  // A sparse call's time counts only where auto chose its schedule: a top-k call, or a randk
+  // call with the schedule named, says nothing of what auto's candidates take.
+  const bool sparse = desc.codec && desc.codec->sparse();
+  last_report_class_ = sparse && !desc.auto_schedule ? -1
+                                                     : collectives::SchedulePicker::size_class(
+                                                           desc.count * dtype_size(desc.dtype),
+                                                           sparse, sparse ? desc.codec->keep : 0);
   last_report_algorithm_ = desc.algorithm;
   last_report_seconds_ = seconds;
 }

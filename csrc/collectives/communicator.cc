@@ -4,6 +4,7 @@
 #include "lowcomm/communicator.h"
 #include "collectives/work_state.h"
 
+#include <cstring>
 #include <functional>
 
 #include "collectives/algorithms.h"
@@ -11,6 +12,7 @@
 #include "collectives/comm_impl.h"
 #include "collectives/partition.h"
 #include "collectives/tags.h"
+#include "core/fnv1a.h"
 
 namespace lowcomm {
 
@@ -169,6 +171,16 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   using Schedule = AllReduceOptions::Schedule;
   if (sparse) {
     // Random-k: gather-all or the owner reduction over the shared positions (docs/sparse.md).
+    // Its positions follow (seed, step): their hash rides in the high half of the tag (the
+    // low half is the sender's report), so ranks that would keep different positions fail the
+    // descriptor check instead of summing values of different elements.
+    if (codec->kind == CodecKind::kRandk) {
+      uint8_t key[17] = {};
+      std::memcpy(key, &options.seed, 8);
+      key[8] = options.step ? 1 : 0;
+      if (options.step) std::memcpy(key + 9, &*options.step, 8);
+      d.tag = static_cast<uint64_t>(fnv1a32(key, sizeof(key)) | 1u) << 32;
+    }
     using Sparse = AllReduceOptions::SparseSchedule;
     const bool can = collectives::can_share_positions(codec, dtype, op);
     if (options.sparse_schedule == Sparse::kOwner && !can)

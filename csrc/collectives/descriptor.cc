@@ -145,10 +145,11 @@ std::string OpDescriptor::to_string() const {
       std::snprintf(h, sizeof(h), "%016llx", static_cast<unsigned long long>(tag));
     s += std::string(", two-level, sites ") + h;
   }
-  if (carries_report() && algorithm == Algorithm::kDefault && (tag >> 32) != 0) {
+  const bool sparse = codec && codec->sparse();
+  if (carries_report() && (algorithm == Algorithm::kDefault || sparse) && (tag >> 32) != 0) {
     char h[16];
     std::snprintf(h, sizeof(h), "%08llx", static_cast<unsigned long long>(tag >> 32));
-    s += std::string(", shares ") + h;
+    s += std::string(sparse ? ", positions " : ", shares ") + h;
   }
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter)

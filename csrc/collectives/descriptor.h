@@ -70,7 +70,9 @@ struct OpDescriptor {
   // reduce-scatter: the hash of its site map; an all-reduce, flat or two-level: in the high 32
   // bits the hash of its owner shares (shares.h) or of its site map (folded to 32 bits), in
   // the low 32 the sender's report (op_report.h: its rate, its last call's time), the one
-  // field a rank's peers need not agree with (agreed() clears it); 0 otherwise
+  // field a rank's peers need not agree with (agreed() clears it); a sparse all-reduce: the
+  // report likewise, and for randk the hash of its positions' (seed, step) in the high half;
+  // 0 otherwise
   uint64_t tag = 0;
   Algorithm algorithm = Algorithm::kDefault;
   // The owner reduction: elements per pipeline segment (reduce_segment_elems: a multiple of

@@ -4,9 +4,9 @@
 
 namespace lowcomm::collectives {
 
-int SchedulePicker::size_class(uint64_t bytes, bool sparse) {
-  return (bytes == 0 ? 0 : static_cast<int>(std::bit_width(bytes)) - 1) +
-         (sparse ? kSparseClasses : 0);
+int SchedulePicker::size_class(uint64_t bytes, bool sparse, uint32_t keep) {
+  const int size = bytes == 0 ? 0 : static_cast<int>(std::bit_width(bytes)) - 1;
+  return sparse ? kSparseClasses * (1 + static_cast<int>(std::bit_width(keep))) + size : size;
 }
 
 Algorithm SchedulePicker::pick(int size_class) {

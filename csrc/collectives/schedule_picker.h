@@ -24,8 +24,11 @@ class SchedulePicker {
   static constexpr uint64_t kReexplore = 32;
 
   // The size class of an all-reduce of `bytes`; a sparse codec's calls have classes of their
-  // own (their choice is between gather-all, kOneHop, and the owner reduction, kDefault).
-  static int size_class(uint64_t bytes, bool sparse = false);
+  // own, by K's power of two too (their choice is between gather-all, kOneHop, and the owner
+  // reduction, kDefault).
+  static int size_class(uint64_t bytes, bool sparse = false, uint32_t keep = 0);
+  // The power of two of bytes a class stands for.
+  static int bytes_class(int size_class) { return size_class % kSparseClasses; }
   static bool sparse_class(int size_class) { return size_class >= kSparseClasses; }
   // The schedule for the next auto call of this class: kTwoLevel (a sparse class: kOneHop) or
   // kDefault.
@@ -43,7 +46,8 @@ class SchedulePicker {
   Algorithm pick_would(int size_class) const;
 
  private:
-  static constexpr int kSparseClasses = 64;  // added to a sparse call's class
+  // A sparse call's class: kSparseClasses · (1 + bit_width(K)) + its bytes' class.
+  static constexpr int kSparseClasses = 64;
   static Algorithm other(int size_class) {
     return sparse_class(size_class) ? Algorithm::kOneHop : Algorithm::kTwoLevel;
   }

@@ -28,6 +28,7 @@
 #include "collectives/arg_checks.h"
 #include "collectives/owner_reduce.h"
 #include "collectives/reduce_common.h"
+#include "core/thread_pool.h"
 
 namespace lowcomm::collectives {
 
@@ -75,29 +76,34 @@ Status shared_positions_all_reduce(OpRun& run, const ReduceArgs& a) {
       r = (*e)->sender.data();
     }
     const float decay = spec.ef_decay;
+    // Chunk by chunk over the codec pool (each chunk's y stays in cache between its passes).
     const uint64_t chunks = (n + C - 1) / C;
-    for (uint64_t c = 0; c < chunks; ++c) {
-      const uint64_t begin = c * C, len = std::min(C, n - begin);
-      const uint64_t k0 = c * spec.keep, k1 = std::min(kept, k0 + spec.keep);
-      bool finite = true;
-      if (r) {
-        for (uint64_t i = begin; i < begin + len; ++i) {
-          const float y = x[i] + r[i];
-          finite &= std::isfinite(y);
-          r[i] = y;
-        }
-      } else {
-        for (uint64_t i = begin; i < begin + len; ++i) finite &= std::isfinite(x[i]);
-      }
-      const float* y = r ? r : x;
-      for (uint64_t k = k0; k < k1; ++k) v[k] = finite ? y[pos[k]] : std::nanf("");
-      if (!r) continue;
-      if (!finite) {
-        std::memset(r + begin, 0, len * sizeof(float));
-      } else if (decay != 1.0f) {
-        for (uint64_t i = begin; i < begin + len; ++i) r[i] *= decay;
-      }
-    }
+    const uint64_t per_task = std::max<uint64_t>(1, (uint64_t{1} << 16) / C);
+    ThreadPool::global().parallel_for(
+        (chunks + per_task - 1) / per_task, cpu.threads, [&](uint64_t task) {
+          for (uint64_t c = task * per_task; c < std::min(chunks, (task + 1) * per_task); ++c) {
+            const uint64_t begin = c * C, len = std::min(C, n - begin);
+            const uint64_t k0 = c * spec.keep, k1 = std::min(kept, k0 + spec.keep);
+            bool finite = true;
+            if (r) {
+              for (uint64_t i = begin; i < begin + len; ++i) {
+                const float y = x[i] + r[i];
+                finite &= std::isfinite(y);
+                r[i] = y;
+              }
+            } else {
+              for (uint64_t i = begin; i < begin + len; ++i) finite &= std::isfinite(x[i]);
+            }
+            const float* y = r ? r : x;
+            for (uint64_t k = k0; k < k1; ++k) v[k] = finite ? y[pos[k]] : std::nanf("");
+            if (!r) continue;
+            if (!finite) {
+              std::memset(r + begin, 0, len * sizeof(float));
+            } else if (decay != 1.0f) {
+              for (uint64_t i = begin; i < begin + len; ++i) r[i] *= decay;
+            }
+          }
+        });
     if (r && kept > 0) {
       // The kept elements' residual, from the codes the contribution will carry.
       auto* res = reinterpret_cast<float*>(run.scratch(kept * sizeof(float)));
@@ -116,21 +122,33 @@ Status shared_positions_all_reduce(OpRun& run, const ReduceArgs& a) {
   b.codec = dense;
   b.error_feedback_key.clear();
   b.owner_ef = false;
-  // The descriptor's segment (whole chunks of C) in kept elements, on the q<B> blocks.
-  const uint64_t seg = std::max<uint64_t>(run.desc().segment_elems / C, 1) * spec.keep;
+  // The descriptor's segment (whole chunks of C) in kept elements, at least the owner
+  // reduction's least segment (kMinSegmentBytes of input: fewer, larger messages), on the q<B>
+  // blocks; from agreed values only, so every rank cuts alike.
+  const uint64_t seg = std::max(std::max<uint64_t>(run.desc().segment_elems / C, 1) * spec.keep,
+                                kMinSegmentBytes / sizeof(float));
   b.segment_elems = (seg + dense.block - 1) / dense.block * dense.block;
   OpCounters& counters = run.counters();
   const uint64_t payload0 = counters.payload_sent, plain0 = counters.uncompressed_sent;
+  // Equal owner chunks: shares follow link rates measured on large flat all-reduces, which
+  // this small one neither needs nor feeds.
+  const int P = run.size();
   LOWCOMM_CHECK(
-      owner_reduce(run, b, run.share_chunks(kept, granule(b.codec)), {Finish::kAllGather, -1}));
+      owner_reduce(run, b, owner_chunks(kept, P, granule(b.codec)), {Finish::kAllGather, -1}));
   // What the same schedule sends uncompressed is the whole tensor's owner reduction.
   if (kept > 0)
     counters.uncompressed_sent =
         plain0 + static_cast<uint64_t>(static_cast<double>(counters.uncompressed_sent - plain0) *
                                        static_cast<double>(n) / static_cast<double>(kept));
-  counters.value_sent += counters.payload_sent - payload0;
-  counters.kept_sent += kept;
-  counters.elements_sent += n;
+  if (P > 1) {
+    // Of the payload, the value codes (the rest are q<B>'s block scales).
+    const double values = static_cast<double>(dense.block) * dense.bits / 8.0;
+    const double frac = values / static_cast<double>(encoded_size(dense, dense.block));
+    counters.value_sent +=
+        static_cast<uint64_t>(static_cast<double>(counters.payload_sent - payload0) * frac);
+    counters.kept_sent += kept;
+    counters.elements_sent += n;
+  }
 
   std::memset(out, 0, n * sizeof(float));
   for (uint64_t k = 0; k < kept; ++k) out[pos[k]] = reduced[k];
