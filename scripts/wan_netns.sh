@@ -20,7 +20,7 @@
 #   --sites "A-B:RATE,...": the ranks A..B form one site: their veths join the site's bridge
 #   Ps{i} unshaped (the site's local network), and one veth pair joins Ps{i} to Pbr0 with tbf at
 #   RATE on both ends: Pu{i} egress is the site's uplink, Pd{i} egress its downlink, shared by
-#   all the site's ranks (queue: SITE_LIMIT_MS of the rate, default 50). Ranks in no site keep
+#   all the site's ranks (queue: SITE_LIMIT_MS of the rate, default 400). Ranks in no site keep
 #   their own --rate links.
 #
 # `up` reconciles: it creates what is missing, replaces the qdiscs, and removes namespaces of
@@ -137,13 +137,16 @@ shape_dev() {
 }
 
 # tbf at rate $2 (bits/s $3) on one root-namespace device: a site link. The queue holds
-# SITE_LIMIT_MS (default 50) of the rate: every rank of the site sends through it at once (4
-# ranks x 4 flows), and with the per-rank links' 10 ms the flows' losses held the link to 75%
-# of its rate (docs/sites.md).
+# SITE_LIMIT_MS (default 400) of the rate: every rank of the site sends through it at once (4
+# ranks x 4 flows). With the per-rank links' 10 ms the flows' losses held the link to 75% of
+# its rate; with 50 ms, 2 sites x 4 ranks at 1 Gbit/s and 100 Mbit/s, the fast site's ranks
+# retransmitted 500-3,700 segments per 4 all-reduces and two levels ran 25-45% slower than the
+# emulator, whose site link is a lossless FIFO, varying from run to run; at 400 ms about 30
+# and 4-6% (docs/sites.md). A smaller SITE_LIMIT_MS studies shallow buffers.
 shape_site_dev() {
   local dev=$1 rate=$2 bits=$3
   local limit
-  limit=$(awk -v r="$bits" -v ms="${SITE_LIMIT_MS:-50}" \
+  limit=$(awk -v r="$bits" -v ms="${SITE_LIMIT_MS:-400}" \
     'BEGIN { l = r / 8 * ms / 1000; if (l < 262144) l = 262144; printf "%.0f", l }')
   tc qdisc del dev "$dev" root >/dev/null 2>&1 || true
   tc qdisc add dev "$dev" root handle 10: tbf rate "$rate" burst "$(default_burst "$bits")" \

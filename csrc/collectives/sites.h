@@ -42,6 +42,12 @@ struct SitePlan {
   std::vector<int> column(int rank) const;
   // `rank`'s position in its site.
   int local_index(int rank) const;
+  // Some site holds several ranks (they share its WAN link).
+  bool shares_a_link() const {
+    for (const std::vector<int>& m : members)
+      if (m.size() > 1) return true;
+    return false;
+  }
   std::string to_string() const;  // "2 sites x 4 ranks: {0-3} {4-7}"
 };
 

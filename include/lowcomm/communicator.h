@@ -93,7 +93,8 @@ struct CommOptions {
   // on its downlink during large all-reduces (a slow rank owns less; docs/sites.md), "equal"
   // keeps them equal. "": LOWCOMM_SHARES, else auto when the ranks span more than one host or
   // an emulated WAN is set (LOWCOMM_WAN), equal otherwise (on one host the rates measure the
-  // CPU, not a link). Every rank must pass the same.
+  // CPU, not a link) and where a site holds several ranks (its link is shared, which per-rank
+  // rates cannot see). Every rank must pass the same.
   std::string shares;
   // The transport between ranks of one site (the same host, or a site of `sites`): "tcp"
   // (lowcomm's own streams, authenticated and optionally sealed), or "ucx" (UCX: shared memory

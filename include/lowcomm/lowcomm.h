@@ -159,7 +159,8 @@ LOWCOMM_API lowcommResult_t lowcommUniqueIdFromString(const char* text, lowcommU
 
 /* Options from the environment: LOWCOMM_STREAMS, LOWCOMM_SOCKET_BUFFER, LOWCOMM_WAN,
  * LOWCOMM_TIMEOUT_S, LOWCOMM_SOCKET_IFNAME, LOWCOMM_UNEXPECTED_LIMIT, LOWCOMM_CODEC
- * (all-reduce's codec when the call passes NULL; unset: uncompressed). */
+ * (all-reduce's codec when the call passes NULL; unset: uncompressed), LOWCOMM_SPARSE_SCHEDULE
+ * (a randk codec's all-reduce: gather-all, owner or auto, the default; docs/sparse.md). */
 LOWCOMM_API lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks,
                                                 lowcommUniqueId commId, int rank);
 /* Finishes queued operations, then closes (waiting for the peers to do the same). */
@@ -174,7 +175,8 @@ LOWCOMM_API lowcommResult_t lowcommCommGetAsyncError(lowcommComm_t comm,
 
 /* codec: a codec spec ("q4", "q2:sr", "minmax4", docs/codecs.md) or NULL for uncompressed.
  * Sparse codecs ("topk:64/4096+q2", "randk:0.02+q2") send every rank's message to every rank and
- * sum them in rank order (all-reduce only; reduce-scatter and reduce refuse them). */
+ * sum them in rank order, or for randk reduce the kept elements by owners
+ * (LOWCOMM_SPARSE_SCHEDULE); all-reduce only: reduce-scatter and reduce refuse them. */
 LOWCOMM_API lowcommResult_t lowcommAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                              lowcommDataType_t datatype, lowcommRedOp_t op,
                                              const char* codec, lowcommComm_t comm,
