@@ -166,7 +166,8 @@ struct AllReduceOptions {
   std::string error_feedback_key;
   bool owner_error_feedback = false;  // also on the owner's re-quantization (same key)
   // Stochastic rounding seeds derive from (seed, step, rank, element offset); step unset: the
-  // operation sequence number.
+  // operation sequence number. A randk codec's positions derive from (seed, step) alone, so
+  // every rank must pass the same seed and step (the descriptor check refuses ranks that differ).
   uint64_t seed = 0;
   std::optional<uint64_t> step;
   // Where send/recv live. kCuda: device pointers, work ordered on `cuda_stream` (a cudaStream_t):

@@ -483,9 +483,8 @@ TEST_F(NcclNetPlugin, TwoProcessesTenThousandRandomTransfersVerified) {
 TEST_F(NcclNetPlugin, TwoProcessesCompressedStreamVerified) {
   auto compress = [] { ::setenv("LOWCOMM_NCCL_COMPRESS", "lz4", 1); };
   const int n = std::min(500, transfers_each_way());
-  auto [a, b] =
-      run_two([n](Channel ch) { return stream_rank(ch, 0, n); },
-              [n](Channel ch) { return stream_rank(ch, 1, n); }, 600, compress, compress);
+  auto [a, b] = run_two([n](Channel ch) { return stream_rank(ch, 0, n); },
+                        [n](Channel ch) { return stream_rank(ch, 1, n); }, 600, compress, compress);
   EXPECT_EQ(a, 0);
   EXPECT_EQ(b, 0);
 }
