@@ -446,5 +446,33 @@ TEST(CollectivesCApi, ErrorFeedbackByKeyAndReset) {
   }));
 }
 
+// LOWCOMM_SEGMENT_BYTES replaces segment_bytes' default: a value below 4096 fails init; ranks
+// that set different values cut different segments and fail the descriptor check, naming it.
+TEST(CollectivesApi, SegmentBytesFromTheEnvironment) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    ::setenv("LOWCOMM_SEGMENT_BYTES", "1000", 1);
+    CommOptions o = test_options();
+    o.segment_bytes = CommOptions{}.segment_bytes;  // the default, which the variable replaces
+    auto bad = Communicator::init(id, rank, 2, o);
+    RANK_CHECK(!bad.status().is_ok() &&
+                   bad.status().message().find("LOWCOMM_SEGMENT_BYTES") != std::string::npos,
+               bad.status().to_string());
+    return "ok";
+  }));
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    ::setenv("LOWCOMM_SEGMENT_BYTES", rank == 0 ? "65536" : "1048576", 1);
+    CommOptions o = test_options();
+    o.segment_bytes = CommOptions{}.segment_bytes;
+    auto c = Communicator::init(id, rank, 2, o);
+    RANK_OK(c.status());
+    std::vector<float> x(1 << 20, 1.0f);
+    Status s =
+        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    RANK_CHECK(s.code() == StatusCode::kInvalidArgument &&
+                   s.to_string().find("mismatched operations") != std::string::npos,
+               s.to_string());
+    return "ok";
+  }));
+}
 }  // namespace
 }  // namespace lowcomm::testing

@@ -53,6 +53,17 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (options.segment_bytes < 4096)
     return invalid_argument("init: segment_bytes must be at least 4096");
   CommOptions opts = options;
+  // LOWCOMM_SEGMENT_BYTES: the pipeline segment's cap where the option keeps its default.
+  if (const char* env = std::getenv("LOWCOMM_SEGMENT_BYTES");
+      env && *env && options.segment_bytes == CommOptions{}.segment_bytes) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || v < 4096)
+      return invalid_argument(std::string("init: LOWCOMM_SEGMENT_BYTES must be a byte count of "
+                                          "at least 4096, got '") +
+                              env + "'");
+    opts.segment_bytes = static_cast<uint64_t>(v);
+  }
   if (opts.direct_bytes < 0) {
     opts.direct_bytes = 0;
     if (const char* env = std::getenv("LOWCOMM_DIRECT_BYTES"); env && *env) {

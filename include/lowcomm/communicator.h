@@ -128,7 +128,8 @@ struct CommOptions {
   // latency-bound: compressing them saves nothing). 0: every size.
   uint64_t codec_min_bytes = 0;
   // The reduce algorithms' largest pipelining unit (input bytes): segments are an eighth of an
-  // owner chunk, at least 64 KiB, at most this.
+  // owner chunk, at least 64 KiB, at most this. LOWCOMM_SEGMENT_BYTES replaces the default
+  // (ranks must agree: the descriptor check says so).
   uint64_t segment_bytes = 4u << 20;
   // All-reduces of at most this many input bytes take the one-hop algorithm: every rank sends
   // its (encoded) tensor to every other and reduces the P contributions itself, in rank order.
