@@ -474,5 +474,25 @@ TEST(CollectivesApi, SegmentBytesFromTheEnvironment) {
     return "ok";
   }));
 }
+
+// The other byte counts from the environment fail init with the variable's name where they are
+// not decimal counts (trailing text, negative, out of range), before any peer is contacted.
+TEST(CollectivesApi, ByteCountVariablesRejectWhatIsNotACount) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"LOWCOMM_DIRECT_BYTES", "12x"},
+      {"LOWCOMM_DIRECT_BYTES", "-1"},
+      {"LOWCOMM_INLINE_BYTES", "99999999999999999999"},
+      {"LOWCOMM_INLINE_BYTES", " "},
+  };
+  for (const auto& [name, value] : cases) {
+    expect_all_ok(run_ranks(1, [name, value](int rank, const UniqueId& id) -> std::string {
+      ::setenv(name, value, 1);
+      auto bad = Communicator::init(id, rank, 1, test_options());
+      RANK_CHECK(!bad.status().is_ok() && bad.status().message().find(name) != std::string::npos,
+                 std::string(name) + "=" + value + ": " + bad.status().to_string());
+      return "ok";
+    }));
+  }
+}
 }  // namespace
 }  // namespace lowcomm::testing

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,20 @@ constexpr size_t kControlTextMax = 256 - kControlTextOffset;
 constexpr auto kNoticeWait = std::chrono::milliseconds(500);
 constexpr auto kNoticeLinger = std::chrono::milliseconds(300);
 
+// A byte count from the environment variable `name` (a decimal integer of at least `min`), or
+// `fallback` where it is unset or empty.
+Result<int64_t> env_byte_count(const char* name, int64_t min, int64_t fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (end == env || *end != '\0' || errno == ERANGE || v < min)
+    return invalid_argument(std::string("init: ") + name + " must be a byte count of at least " +
+                            std::to_string(min) + ", got '" + env + "'");
+  return static_cast<int64_t>(v);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank, int nranks,
@@ -53,40 +68,22 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (options.segment_bytes < 4096)
     return invalid_argument("init: segment_bytes must be at least 4096");
   CommOptions opts = options;
-  // LOWCOMM_SEGMENT_BYTES: the pipeline segment's cap where the option keeps its default.
-  if (const char* env = std::getenv("LOWCOMM_SEGMENT_BYTES");
-      env && *env && options.segment_bytes == CommOptions{}.segment_bytes) {
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    if (*end != '\0' || v < 4096)
-      return invalid_argument(std::string("init: LOWCOMM_SEGMENT_BYTES must be a byte count of "
-                                          "at least 4096, got '") +
-                              env + "'");
-    opts.segment_bytes = static_cast<uint64_t>(v);
+  // Byte counts from the environment, where the options keep their defaults.
+  if (options.segment_bytes == CommOptions{}.segment_bytes) {
+    auto v =
+        env_byte_count("LOWCOMM_SEGMENT_BYTES", 4096, static_cast<int64_t>(opts.segment_bytes));
+    if (!v) return v.status();
+    opts.segment_bytes = static_cast<uint64_t>(v.value());
   }
   if (opts.direct_bytes < 0) {
-    opts.direct_bytes = 0;
-    if (const char* env = std::getenv("LOWCOMM_DIRECT_BYTES"); env && *env) {
-      char* end = nullptr;
-      const long long v = std::strtoll(env, &end, 10);
-      if (*end != '\0' || v < 0)
-        return invalid_argument(std::string("init: LOWCOMM_DIRECT_BYTES must be a byte count, "
-                                            "got '") +
-                                env + "'");
-      opts.direct_bytes = v;
-    }
+    auto v = env_byte_count("LOWCOMM_DIRECT_BYTES", 0, 0);
+    if (!v) return v.status();
+    opts.direct_bytes = v.value();
   }
   if (opts.inline_bytes < 0) {
-    opts.inline_bytes = 64 << 10;
-    if (const char* env = std::getenv("LOWCOMM_INLINE_BYTES"); env && *env) {
-      char* end = nullptr;
-      const long long v = std::strtoll(env, &end, 10);
-      if (*end != '\0' || v < 0)
-        return invalid_argument(std::string("init: LOWCOMM_INLINE_BYTES must be a byte count, "
-                                            "got '") +
-                                env + "'");
-      opts.inline_bytes = v;
-    }
+    auto v = env_byte_count("LOWCOMM_INLINE_BYTES", 0, 64 << 10);
+    if (!v) return v.status();
+    opts.inline_bytes = v.value();
   }
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(rank, secret);
@@ -290,7 +287,11 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
       return Status(rtt.status().code(),
                     "init rank " + std::to_string(rank) + ": " + rtt.status().message());
     c->sites_ = collectives::plan_from_rtt(*rtt, threshold);
-    if (shares_text.empty() && c->sites_.shares_a_link()) c->shares_auto_ = false;  // as above
+    if (shares_text.empty() && c->sites_.shares_a_link()) {
+      c->shares_auto_ = false;  // as above; nothing reads the rates then
+      for (int r = 0; r < nranks; ++r)
+        if (r != rank) c->peers_[r]->set_metered(false);
+    }
     if (log_enabled(LogLevel::kInfo)) {
       std::string row;
       for (double t : (*rtt)[static_cast<size_t>(rank)]) {
