@@ -17,11 +17,13 @@ cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 JOBS=$(nproc)
+# Each stage's heading says how long the run has taken so far (the CI budget is tracked by stage).
+stage() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 
-echo "== formatting (clang-format, .clang-format)"
+stage "formatting (clang-format, .clang-format)"
 scripts/format.sh
 
-echo "== release build and tests"
+stage "release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$JOBS"
 ctest --test-dir build --output-on-failure -j "$JOBS"
@@ -33,14 +35,14 @@ ctest --test-dir build -R '^cuda\.CudaDevice\.Present$' -V 2>&1 | grep -E 'no CU
 # their file:line stacks.
 SAN_FLAGS="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
 
-echo "== ASan + UBSan build and tests"
+stage "ASan + UBSan build and tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$SAN_FLAGS" -DLOWCOMM_CUDA=OFF \
   -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
-echo "== TSan build, transport, collectives, membership and NCCL plugin tests"
+stage "TSan build, transport, collectives, membership and NCCL plugin tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$SAN_FLAGS" -DLOWCOMM_CUDA=OFF \
   -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j "$JOBS" --target lowcomm_transport_test lowcomm_collectives_test \
@@ -53,28 +55,28 @@ TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 LOWCOMM_DRIVER_TRANSFERS=40
   UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
   ctest --test-dir build-tsan --output-on-failure -j "$JOBS" -R '^(transport|collectives|nccl_net|membership)\.'
 
-echo "== build without UCX: the UCX tests of the transport and collectives suites"
+stage "build without UCX: the UCX tests of the transport and collectives suites"
 cmake -S . -B build-noucx -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOWCOMM_UCX=OFF -DLOWCOMM_CUDA=OFF \
   -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_BUILD_NCCL_NET=OFF >/dev/null
 cmake --build build-noucx -j "$JOBS" --target lowcomm_transport_test lowcomm_collectives_test
 ctest --test-dir build-noucx --output-on-failure -j "$JOBS" -R 'Ucx'
 
-echo "== wire decoder fuzzing"
+stage "wire decoder fuzzing"
 scripts/fuzz.sh "${LOWCOMM_FUZZ_SECONDS:-60}"
 
-echo "== torch backend (plugins/torch)"
+stage "torch backend (plugins/torch)"
 # Linked against the Release build's liblowcomm.a (no second build of the core).
 LOWCOMM_CORE_BUILD="$PWD/build" .venv/bin/pip install -q --no-build-isolation ./plugins/torch
 # From outside the source tree, so the installed package is the one imported.
-(cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/plugins/torch/tests")
+(cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "$OLDPWD/plugins/torch/tests")
 
-echo "== training examples (examples/: shared pieces, --quick modes, the OpenDiLoCo-style script)"
-(cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/examples/tests")
+stage "training examples (examples/: shared pieces, --quick modes, the OpenDiLoCo-style script)"
+(cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "$OLDPWD/examples/tests")
 
 if [ -x .venv-torch-oldest/bin/python ]; then
-  echo "== torch backend on the oldest supported torch ($(.venv-torch-oldest/bin/python -c 'import torch; print(torch.__version__)'))"
+  stage "torch backend on the oldest supported torch ($(.venv-torch-oldest/bin/python -c 'import torch; print(torch.__version__)'))"
   LOWCOMM_CORE_BUILD="$PWD/build" .venv-torch-oldest/bin/pip install -q --no-build-isolation ./plugins/torch
-  (cd /tmp && "$OLDPWD/.venv-torch-oldest/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/plugins/torch/tests")
+  (cd /tmp && "$OLDPWD/.venv-torch-oldest/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "$OLDPWD/plugins/torch/tests")
 fi
 
-echo "== all tests passed"
+stage "all tests passed"
