@@ -80,7 +80,8 @@ def worker(rank, args, run, seed, port, queue):
     outer = DiLoCo(model, sync_every=args.H, codec=codec, error_feedback=ef,
                    error_feedback_decay=decay, overlap=args.overlap, fragments=args.fragments,
                    outer_lr=args.sparseloco_lr if rule == "sparseloco" else args.outer_lr,
-                   delay=args.delay, merge_alpha=args.merge_alpha, rule=rule)
+                   outer_momentum=args.outer_momentum, delay=args.delay,
+                   merge_alpha=args.merge_alpha, rule=rule)
 
     def evaluate():
         outer.load_global(probe)
@@ -156,6 +157,8 @@ def main():
                     help="Streaming DiLoCo's alpha: the share of the local parameters kept when "
                          "a delayed average is applied")
     ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="the outer Nesterov momentum (SparseLoCo runs: none)")
     ap.add_argument("--sparseloco-lr", type=float, default=1.0,
                     help="the outer learning rate of '+sl' runs (SparseLoCo: no momentum)")
     ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")

@@ -47,6 +47,15 @@ def main():
         for rounds in (6, 30):
             print(f"{c:23} | {rounds:6} | " + " | ".join(
                 f"{distance(m, c, rounds=rounds):.3g}" for m in ("none", "delayed", "eager")))
+    # A network has directions of every speed: those its H inner steps settle (c near 0) make
+    # the eager update grow where the outer momentum amplifies the stale part of its step.
+    print()
+    print("eager, 60 rounds: distance by outer (lr, momentum) and c (> 1: diverging)")
+    cs = (0.0, 0.1, 0.3, 0.5, 0.9)
+    print("lr, momentum | " + " | ".join(f"c = {c}" for c in cs))
+    for lr, momentum in ((0.7, 0.9), (0.35, 0.9), (0.7, 0.7), (0.7, 0.5), (0.7, 0.0)):
+        print(f"{lr}, {momentum:<8} | " + " | ".join(
+            f"{distance('eager', c, lr=lr, momentum=momentum, rounds=60):.2g}" for c in cs))
 
 
 if __name__ == "__main__":

@@ -81,9 +81,10 @@ def test_report_relabels_and_plots(tmp_path):
 def test_diloco_streaming_quick(tmp_path):
     out = tmp_path / "streaming"
     text = run([EXAMPLES / "diloco_train.py", "--quick", "--runs", "q4", "--fragments", "2",
-                "--delay", "2", "--out", out], tmp_path)
+                "--delay", "2", "--outer-momentum", "0.5", "--out", out], tmp_path)
     assert "2 fragments, delay 2, alpha 0.5" in text
     check_outputs(out, "diloco", ["q4"])
+    assert json.loads((out / "results.json").read_text())["args"]["outer_momentum"] == 0.5
 
 
 def test_opendiloco_style_script_with_only_the_backend_changed(tmp_path):
