@@ -52,10 +52,10 @@ def main():
     print()
     print("eager, 60 rounds: distance by outer (lr, momentum) and c (> 1: diverging)")
     cs = (0.0, 0.1, 0.3, 0.5, 0.9)
-    print("lr, momentum | " + " | ".join(f"c = {c}" for c in cs))
+    print(f"{'lr, momentum':12} | " + " | ".join(f"{f'c = {c}':8}" for c in cs))
     for lr, momentum in ((0.7, 0.9), (0.35, 0.9), (0.7, 0.7), (0.7, 0.5), (0.7, 0.0)):
-        print(f"{lr}, {momentum:<8} | " + " | ".join(
-            f"{distance('eager', c, lr=lr, momentum=momentum, rounds=60):.2g}" for c in cs))
+        print(f"{f'{lr}, {momentum}':12} | " + " | ".join(
+            f"{distance('eager', c, lr=lr, momentum=momentum, rounds=60):<8.2g}" for c in cs))
 
 
 if __name__ == "__main__":
