@@ -350,7 +350,7 @@ void PeerCore::do_read(Stream& s) {
       if (cut || ++ended_streams_ == streams_.size()) {
         Status closed(StatusCode::kRemoteError, stream_name(s) + ": connection closed by the peer");
         if (cut || held_.empty())
-          fail(std::move(closed));
+          fail(std::move(closed), /*keep_arrived=*/true);
         else
           remote_closed_ = std::move(closed);
       }
@@ -524,7 +524,7 @@ void PeerCore::release_held(uint64_t key) {
   std::shared_ptr<InMsg> m = std::move(it->second.msg);
   held_.erase(it);
   m->req->complete(Status::ok(), m->msg_len);
-  if (!remote_closed_.is_ok() && held_.empty()) fail(remote_closed_);
+  if (!remote_closed_.is_ok() && held_.empty()) fail(remote_closed_, /*keep_arrived=*/true);
 }
 
 void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
@@ -532,8 +532,12 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
   std::string what = "irecv tag " + std::to_string(tag) + " (" + (up_to ? "up to " : "") +
                      std::to_string(len) + " bytes) from " + name_;
   if (!failure_.is_ok()) {
-    req->complete(Status(failure_.code(), what + ": " + failure_.message()));
-    return;
+    // Failed: only a message that had arrived whole (kept by fail()) can still be received.
+    auto it = in_msgs_.find({tag, recv_post_seq_[tag]});
+    if (it == in_msgs_.end() || !arrived_unclaimed(*it->second)) {
+      req->complete(Status(failure_.code(), what + ": " + failure_.message()));
+      return;
+    }
   }
   uint64_t seq = recv_post_seq_[tag]++;
   MsgKey key{tag, seq};
@@ -582,7 +586,7 @@ void PeerCore::reject_length(InMsg& m, uint64_t tag, uint64_t msg_len) {
   m.discard = true;
 }
 
-void PeerCore::fail(Status why) {
+void PeerCore::fail(Status why, bool keep_arrived) {
   if (failure_.is_ok()) {
     failure_ = std::move(why);
     // This side's own abort or close is not news; a failure of the connection is.
@@ -615,15 +619,26 @@ void PeerCore::fail(Status why) {
     engine_.cancel_timer(link_timer_);
     link_timer_armed_ = false;
   }
-  for (auto& [key, m] : in_msgs_)
-    if (m->req) fail_req(*m->req, m->what);
-  in_msgs_.clear();
+  // After the peer's orderly close (keep_arrived), a message that arrived whole and that no
+  // irecv has claimed yet stays: the peer sent it before it closed, so an irecv posted later
+  // still receives it (a goodbye read after the connection's end). The rest fail or go, and
+  // any other failure (an abort here, a broken stream) drops everything.
+  unexpected_bytes_ = 0;
+  for (auto it = in_msgs_.begin(); it != in_msgs_.end();) {
+    InMsg& m = *it->second;
+    if (m.req) fail_req(*m.req, m.what);
+    if (keep_arrived && arrived_unclaimed(m)) {
+      unexpected_bytes_ += m.msg_len + kUnexpectedOverheadBytes;
+      ++it;
+    } else {
+      it = in_msgs_.erase(it);
+    }
+  }
   for (auto& [key, h] : held_) {
     engine_.cancel_timer(h.timer);
     fail_req(*h.msg->req, h.msg->what);
   }
   held_.clear();
-  unexpected_bytes_ = 0;
   for (auto& w : flush_waiters_) fail_req(*w, "flush to " + name_);
   flush_waiters_.clear();
 }

@@ -73,8 +73,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w);
   // Completes `req` once nothing sent so far waits in a send queue or the emulator (Peer::flush).
   void flush(std::shared_ptr<RequestState> req);
-  // Latches `why` (if nothing is latched yet) and fails everything; idempotent.
-  void fail(Status why);
+  // Latches `why` (if nothing is latched yet) and fails everything pending; idempotent.
+  // keep_arrived (the peer's orderly close): whole messages no irecv claimed yet stay receivable.
+  void fail(Status why, bool keep_arrived = false);
   // A later failure is an agreed close: logged at INFO.
   void expect_close() { closing_ = true; }
   // fail(aborted) and release the sockets and timers; after it the engine holds no reference.
@@ -100,6 +101,11 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     // then).
     PaceClock::time_point ready_at{};
   };
+  // Whole, intact, and not yet claimed by an irecv (buffered as unexpected).
+  static bool arrived_unclaimed(const InMsg& m) {
+    return !m.req && m.buffer && !m.discard && m.has_header && m.received == m.msg_len &&
+           m.corrupt.is_ok();
+  }
   struct Stream {
     int index = 0;
     UniqueFd fd;
