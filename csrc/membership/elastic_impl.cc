@@ -924,12 +924,8 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       LOWCOMM_LOG(kInfo, "elastic member %u: member %u leaves the group", me_, m.from);
       // A leaver that committed the collective this member still waits on had every member's
       // done: commit it here before the departure starts a view change (its done may trail the
-      // leave, which came on another connection). Also while a change is under way: every
-      // member sent its done, so every report shows the collective staged or committed and any
-      // new view commits it too; and the leaver's report is missing from that decision, which
-      // may never come (the last members of a finished run leave one after another, and the
-      // slowest one, alone, has no quorum: it failed a collective all had committed).
-      if (m.view == view_.id && m.seq == committed_ + 1 && staged_ == m.seq) {
+      // leave, which came on another connection).
+      if (m.view == view_.id && !changing_ && m.seq == committed_ + 1 && staged_ == m.seq) {
         commit_hashes_ = m.hashes;
         commit_locally(m.seq);
       }

@@ -13,7 +13,9 @@
 //
 // Thread safety: every method may be called from any thread. Operations are handed to the
 // engine thread in call order. Failures stick: after the first error every outstanding and
-// later request fails with a status naming the peer (rank and address) and the operation.
+// later request fails with a status naming the peer (rank and address) and the operation,
+// except that after the peer's close or reset a message that had arrived whole before it is
+// still received by a later irecv (docs/transport.md).
 // abort() fails everything and returns once no user buffer is referenced any more. The
 // destructor aborts, closes every socket, and does not return while the engine uses this peer.
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "core/log.h"
 #include "core/sys_check.h"
@@ -284,7 +285,8 @@ void PeerCore::do_write(Stream& s) {
     long n = LOWCOMM_SYS_RETRY(::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL));
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      fail(socket_error("sendmsg", stream_name(s), errno));
+      const int err = errno;
+      fail(socket_error("sendmsg", stream_name(s), err), err == ECONNRESET || err == EPIPE);
       return;
     }
     c.written += static_cast<uint64_t>(n);
@@ -358,7 +360,8 @@ void PeerCore::do_read(Stream& s) {
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      fail(socket_error("recv", stream_name(s), errno));
+      const int err = errno;
+      fail(socket_error("recv", stream_name(s), err), err == ECONNRESET || err == EPIPE);
       return;
     }
     moved += static_cast<uint64_t>(n);
@@ -619,15 +622,20 @@ void PeerCore::fail(Status why, bool keep_arrived) {
     engine_.cancel_timer(link_timer_);
     link_timer_armed_ = false;
   }
-  // After the peer's orderly close (keep_arrived), a message that arrived whole and that no
-  // irecv has claimed yet stays: the peer sent it before it closed, so an irecv posted later
+  // After the peer's close or reset (keep_arrived), a message that arrived whole and that no
+  // irecv has claimed yet stays: the peer sent it before it went, so an irecv posted later
   // still receives it (a goodbye read after the connection's end). The rest fail or go, and
-  // any other failure (an abort here, a broken stream) drops everything.
+  // any other failure (an abort here, a corrupt or unauthenticated stream) drops everything.
+  // A tag whose claimed receive fails here keeps nothing (the unclaimed messages come after
+  // it: an irecv must not succeed after an earlier one on its tag failed).
   unexpected_bytes_ = 0;
+  std::set<uint64_t> failed_tags;
+  for (const auto& [key, m] : in_msgs_)
+    if (m->req) failed_tags.insert(key.first);
   for (auto it = in_msgs_.begin(); it != in_msgs_.end();) {
     InMsg& m = *it->second;
     if (m.req) fail_req(*m.req, m.what);
-    if (keep_arrived && arrived_unclaimed(m)) {
+    if (keep_arrived && arrived_unclaimed(m) && !failed_tags.count(it->first.first)) {
       unexpected_bytes_ += m.msg_len + kUnexpectedOverheadBytes;
       ++it;
     } else {

@@ -28,9 +28,10 @@
 //
 // Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
 // latches in failure_; every
-// outstanding and later request fails with it, and the sockets are shut down so the remote side
-// fails too. A message whose length differs from its irecv's fails only that irecv: its bytes
-// are read and dropped, and the connection carries on.
+// outstanding and later request fails with it (except, after the peer's close or reset, an
+// irecv of a message that had arrived whole, unclaimed, on a tag with no failed receive), and
+// the sockets are shut down so the remote side fails too. A message whose length differs from its
+// irecv's fails only that irecv: its bytes are read and dropped, and the connection carries on.
 
 #include <atomic>
 #include <deque>
