@@ -19,8 +19,12 @@ namespace {
 
 // A reset or broken connection means the peer went away (killed, crashed, aborted): the same
 // remote error as an orderly EOF, whichever of the three this side happens to see first.
+bool peer_went_away(int err) {
+  return err == ECONNRESET || err == EPIPE;
+}
+
 Status socket_error(const char* call, const std::string& who, int err) {
-  if (err == ECONNRESET || err == EPIPE) {
+  if (peer_went_away(err)) {
     return Status(StatusCode::kRemoteError, who + ": connection reset by the peer (" + call + ")");
   }
   return sys_error(call, who, err);
@@ -286,7 +290,7 @@ void PeerCore::do_write(Stream& s) {
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       const int err = errno;
-      fail(socket_error("sendmsg", stream_name(s), err), err == ECONNRESET || err == EPIPE);
+      fail(socket_error("sendmsg", stream_name(s), err), peer_went_away(err));
       return;
     }
     c.written += static_cast<uint64_t>(n);
@@ -361,7 +365,7 @@ void PeerCore::do_read(Stream& s) {
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       const int err = errno;
-      fail(socket_error("recv", stream_name(s), err), err == ECONNRESET || err == EPIPE);
+      fail(socket_error("recv", stream_name(s), err), peer_went_away(err));
       return;
     }
     moved += static_cast<uint64_t>(n);

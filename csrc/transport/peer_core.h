@@ -75,7 +75,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // Completes `req` once nothing sent so far waits in a send queue or the emulator (Peer::flush).
   void flush(std::shared_ptr<RequestState> req);
   // Latches `why` (if nothing is latched yet) and fails everything pending; idempotent.
-  // keep_arrived (the peer's orderly close): whole messages no irecv claimed yet stay receivable.
+  // keep_arrived (the peer closed or reset): whole messages no irecv claimed yet stay receivable.
   void fail(Status why, bool keep_arrived = false);
   // A later failure is an agreed close: logged at INFO.
   void expect_close() { closing_ = true; }
