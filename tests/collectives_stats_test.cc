@@ -361,7 +361,9 @@ const std::pair<size_t, size_t> kStatsFields[] = {STATS_FIELD(kind),
                                                   STATS_FIELD(linkEfficiency),
                                                   STATS_FIELD(density),
                                                   STATS_FIELD(indexBytesSent),
-                                                  STATS_FIELD(valueBytesSent)};
+                                                  STATS_FIELD(valueBytesSent),
+                                                  STATS_FIELD(deviceToHostBytes),
+                                                  STATS_FIELD(hostToDeviceBytes)};
 #undef STATS_FIELD
 
 // What a caller built against the first fields only would declare (the struct as it might have

@@ -17,6 +17,8 @@ inline bool plain_codec(const std::optional<CodecSpec>& codec, DType dtype) {
   return !codec || (!codec->quantized() && codec->wire_dtype == dtype);
 }
 
+class DeviceOp;
+
 struct ReduceArgs {
   const void* send = nullptr;
   void* recv = nullptr;
@@ -32,6 +34,10 @@ struct ReduceArgs {
   // reduces another vector than the call's (randk's kept elements) derives its own alike on
   // every rank.
   uint64_t segment_elems = 0;
+  // Set: send and recv are device buffers of this CUDA call and the owner reduction takes its
+  // GPU-codec path (owner_reduce_device.cc): contributions encoded and results decoded on the
+  // device. Only the flat all-reduce and reduce-scatter with a dense lossy codec take it.
+  DeviceOp* device = nullptr;
 };
 
 // Pipeline segment length (elements) of a reduce whose owner chunks hold about `chunk_elems`:

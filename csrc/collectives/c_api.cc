@@ -116,6 +116,21 @@ lowcommResult_t finish(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* req
   return record(comm, w.wait());
 }
 
+// A call on CUDA buffers, NCCL's way: the work queued on `stream` after the call waits for the
+// result (a gate; the host is not blocked) and, without a request, the call returns at once (a
+// failure then shows in lowcommCommGetAsyncError and later calls, as NCCL's asynchronous errors).
+lowcommResult_t finish_on_stream(lowcommComm* comm, lowcomm::Work w, cudaStream_t stream,
+                                 lowcommRequest_t* request) {
+  if (w.refused()) return record(comm, w.status());
+  if (lowcomm::Status g = w.wait_on_stream(stream); !g) {
+    // No gate: hold the host instead, so the stream's later work still sees the result.
+    lowcomm::Status s = w.wait();
+    return record(comm, s.is_ok() ? g : s);
+  }
+  if (request) *request = new lowcommRequest{std::move(w), comm->errors};
+  return lowcommSuccess;
+}
+
 uint64_t to_ns(std::chrono::nanoseconds d) {
   return d.count() > 0 ? static_cast<uint64_t>(d.count()) : 0;
 }
@@ -148,7 +163,9 @@ constexpr size_t kOpStatsFieldEnds[] = {LOWCOMM_OP_STATS_END(kind),
                                         LOWCOMM_OP_STATS_END(linkEfficiency),
                                         LOWCOMM_OP_STATS_END(density),
                                         LOWCOMM_OP_STATS_END(indexBytesSent),
-                                        LOWCOMM_OP_STATS_END(valueBytesSent)};
+                                        LOWCOMM_OP_STATS_END(valueBytesSent),
+                                        LOWCOMM_OP_STATS_END(deviceToHostBytes),
+                                        LOWCOMM_OP_STATS_END(hostToDeviceBytes)};
 #undef LOWCOMM_OP_STATS_END
 static_assert(kOpStatsFieldEnds[sizeof(kOpStatsFieldEnds) / sizeof(size_t) - 1] ==
                   sizeof(lowcommOpStats),
@@ -193,6 +210,8 @@ void to_c_stats(const lowcomm::OpStats& s, lowcommOpStats* out) {
   all.density = s.density;
   all.indexBytesSent = s.index_bytes_sent;
   all.valueBytesSent = s.value_bytes_sent;
+  all.deviceToHostBytes = s.device_to_host_bytes;
+  all.hostToDeviceBytes = s.host_to_device_bytes;
   constexpr size_t kFirst = offsetof(lowcommOpStats, kind);
   size_t end = kFirst;
   for (size_t e : kOpStatsFieldEnds)
@@ -369,7 +388,8 @@ namespace {
 lowcommResult_t all_reduce_c(const void* sendbuff, void* recvbuff, size_t count,
                              lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
                              const char* errorFeedbackKey, int ownerErrorFeedback,
-                             lowcommComm_t comm, lowcommRequest_t* request) {
+                             lowcommComm_t comm, lowcommRequest_t* request,
+                             const cudaStream_t* stream = nullptr) {
   return guarded(sink_of(comm), [&] {
     LOWCOMM_C_CHECK_COMM(comm);
     auto dt = to_dtype(datatype);
@@ -380,7 +400,73 @@ lowcommResult_t all_reduce_c(const void* sendbuff, void* recvbuff, size_t count,
     if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
     o.error_feedback_key = errorFeedbackKey ? errorFeedbackKey : "";
     o.owner_error_feedback = ownerErrorFeedback != 0;
+    if (stream != nullptr) {
+      o.memory = lowcomm::MemoryKind::kCuda;
+      o.cuda_stream = *stream;
+      return finish_on_stream(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o),
+                              *stream, request);
+    }
     return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
+  });
+}
+
+// The calls that take CUDA buffers with a stream (stream set) or host buffers (null).
+lowcommResult_t finish_call(lowcommComm* comm, lowcomm::Work w, const cudaStream_t* stream,
+                            lowcommRequest_t* request) {
+  return stream ? finish_on_stream(comm, std::move(w), *stream, request)
+                : finish(comm, std::move(w), request);
+}
+
+lowcommResult_t reduce_scatter_c(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                 lowcommDataType_t datatype, lowcommRedOp_t op, const char* codec,
+                                 lowcommComm_t comm, lowcommRequest_t* request,
+                                 const cudaStream_t* stream) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    auto rop = to_op(op);
+    if (!rop) return record(comm, rop.status());
+    lowcomm::ReduceScatterOptions o;
+    if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
+    if (stream) {
+      o.memory = lowcomm::MemoryKind::kCuda;
+      o.cuda_stream = *stream;
+    }
+    return finish_call(comm,
+                       comm->comm->reduce_scatter(sendbuff, recvbuff, recvcount, *dt, *rop, o),
+                       stream, request);
+  });
+}
+
+lowcomm::BufferOptions where_of(const cudaStream_t* stream) {
+  if (!stream) return {};
+  return lowcomm::BufferOptions{lowcomm::MemoryKind::kCuda, *stream};
+}
+
+lowcommResult_t all_gather_c(const void* sendbuff, void* recvbuff, size_t sendcount,
+                             lowcommDataType_t datatype, lowcommComm_t comm,
+                             lowcommRequest_t* request, const cudaStream_t* stream) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish_call(comm,
+                       comm->comm->all_gather(sendbuff, recvbuff, sendcount, *dt, where_of(stream)),
+                       stream, request);
+  });
+}
+
+lowcommResult_t broadcast_c(const void* sendbuff, void* recvbuff, size_t count,
+                            lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                            lowcommRequest_t* request, const cudaStream_t* stream) {
+  return guarded(sink_of(comm), [&] {
+    LOWCOMM_C_CHECK_COMM(comm);
+    auto dt = to_dtype(datatype);
+    if (!dt) return record(comm, dt.status());
+    return finish_call(
+        comm, comm->comm->broadcast(sendbuff, recvbuff, count, *dt, root, where_of(stream)), stream,
+        request);
   });
 }
 
@@ -421,40 +507,21 @@ lowcommResult_t lowcommResetErrorFeedback(lowcommComm_t comm, const char* errorF
 lowcommResult_t lowcommAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                  lowcommDataType_t datatype, lowcommComm_t comm,
                                  lowcommRequest_t* request) {
-  return guarded(sink_of(comm), [&] {
-    LOWCOMM_C_CHECK_COMM(comm);
-    auto dt = to_dtype(datatype);
-    if (!dt) return record(comm, dt.status());
-    return finish(comm, comm->comm->all_gather(sendbuff, recvbuff, sendcount, *dt), request);
-  });
+  return all_gather_c(sendbuff, recvbuff, sendcount, datatype, comm, request, nullptr);
 }
 
 lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                      lowcommDataType_t datatype, lowcommRedOp_t op,
                                      const char* codec, lowcommComm_t comm,
                                      lowcommRequest_t* request) {
-  return guarded(sink_of(comm), [&] {
-    LOWCOMM_C_CHECK_COMM(comm);
-    auto dt = to_dtype(datatype);
-    if (!dt) return record(comm, dt.status());
-    auto rop = to_op(op);
-    if (!rop) return record(comm, rop.status());
-    lowcomm::ReduceScatterOptions o;
-    if (auto s = parse_codec_arg(codec, &o.codec); !s) return record(comm, s);
-    return finish(comm, comm->comm->reduce_scatter(sendbuff, recvbuff, recvcount, *dt, *rop, o),
-                  request);
-  });
+  return reduce_scatter_c(sendbuff, recvbuff, recvcount, datatype, op, codec, comm, request,
+                          nullptr);
 }
 
 lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                  lowcommDataType_t datatype, int root, lowcommComm_t comm,
                                  lowcommRequest_t* request) {
-  return guarded(sink_of(comm), [&] {
-    LOWCOMM_C_CHECK_COMM(comm);
-    auto dt = to_dtype(datatype);
-    if (!dt) return record(comm, dt.status());
-    return finish(comm, comm->comm->broadcast(sendbuff, recvbuff, count, *dt, root), request);
-  });
+  return broadcast_c(sendbuff, recvbuff, count, datatype, root, comm, request, nullptr);
 }
 
 lowcommResult_t lowcommReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -589,6 +656,36 @@ lowcommResult_t lowcommCommGetLastOpStats(lowcommComm_t comm, lowcommOpStats* st
     to_c_stats(comm->comm->last_op_stats(), stats);
     return lowcommSuccess;
   });
+}
+
+lowcommResult_t lowcommAllReduceOnStream(const void* sendbuff, void* recvbuff, size_t count,
+                                         lowcommDataType_t datatype, lowcommRedOp_t op,
+                                         const char* codec, const char* errorFeedbackKey,
+                                         lowcommComm_t comm, cudaStream_t stream,
+                                         lowcommRequest_t* request) {
+  return all_reduce_c(sendbuff, recvbuff, count, datatype, op, codec,
+                      errorFeedbackKey && *errorFeedbackKey ? errorFeedbackKey : nullptr, 0, comm,
+                      request, &stream);
+}
+
+lowcommResult_t lowcommReduceScatterOnStream(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                             lowcommDataType_t datatype, lowcommRedOp_t op,
+                                             const char* codec, lowcommComm_t comm,
+                                             cudaStream_t stream, lowcommRequest_t* request) {
+  return reduce_scatter_c(sendbuff, recvbuff, recvcount, datatype, op, codec, comm, request,
+                          &stream);
+}
+
+lowcommResult_t lowcommAllGatherOnStream(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                         lowcommDataType_t datatype, lowcommComm_t comm,
+                                         cudaStream_t stream, lowcommRequest_t* request) {
+  return all_gather_c(sendbuff, recvbuff, sendcount, datatype, comm, request, &stream);
+}
+
+lowcommResult_t lowcommBroadcastOnStream(const void* sendbuff, void* recvbuff, size_t count,
+                                         lowcommDataType_t datatype, int root, lowcommComm_t comm,
+                                         cudaStream_t stream, lowcommRequest_t* request) {
+  return broadcast_c(sendbuff, recvbuff, count, datatype, root, comm, request, &stream);
 }
 
 }  // extern "C"

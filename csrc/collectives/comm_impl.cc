@@ -1,4 +1,5 @@
 #include "collectives/comm_impl.h"
+#include "collectives/device_op.h"
 
 #include <pthread.h>
 
@@ -85,6 +86,9 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     if (!v) return v.status();
     opts.inline_bytes = v.value();
   }
+  // The pinned host memory CUDA-buffer calls may stage through (device_op.h): 4 GiB unless set.
+  auto pinned_limit = env_byte_count("LOWCOMM_PINNED_BYTES", 0, int64_t{4} << 30);
+  if (!pinned_limit) return pinned_limit.status();
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(rank, secret);
   if (!cfg) return cfg.status();
@@ -334,6 +338,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                     ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
                     : " (flat: two levels need equal sites of two or more ranks)");
   c->inline_bytes_ = static_cast<uint64_t>(opts.inline_bytes);
+  c->pinned_limit_ = static_cast<uint64_t>(*pinned_limit);
   c->gate_->comm = c.get();
   c->control_ = std::vector<Control>(nranks);
   c->p2p_sent_.assign(static_cast<size_t>(nranks), 0);
@@ -350,6 +355,16 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   });
   LOWCOMM_LOG(kInfo, "rank %d of %d: communicator ready", rank, nranks);
   return c;
+}
+
+Result<collectives::DeviceContext*> CommImpl::device_context() {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (device_) return device_.get();
+  device::Runtime* rt = device::runtime();
+  if (rt == nullptr)
+    return unsupported(std::string("CUDA buffers need a device runtime: ") + device::why_none());
+  device_ = std::make_unique<collectives::DeviceContext>(*rt, pinned_limit_);
+  return device_.get();
 }
 
 CommImpl::~CommImpl() {
@@ -420,6 +435,8 @@ Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   std::unique_lock<std::mutex> lock(mu_);
   desc.seq = next_seq_++;
   op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
+  op.work->set_gate_timeout(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_) +
+                            std::chrono::seconds(60));
   op.desc = desc;
   // A small collective may run on the thread that waits for it (run_queued): no hand-off to the
   // executor and back on the critical path. Only collectives: every rank calls them in the same

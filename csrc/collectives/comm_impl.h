@@ -54,7 +54,8 @@
 namespace lowcomm {
 namespace collectives {
 class OpRun;
-}
+class DeviceContext;
+}  // namespace collectives
 
 class CommImpl {
  public:
@@ -94,6 +95,9 @@ class CommImpl {
   bool over_ucx(int r) const { return ucx_ && over_ucx_[static_cast<size_t>(r)]; }
   transport::UcxSite& ucx() { return *ucx_; }
   collectives::ErrorFeedbackStore& ef() { return ef_; }
+  // The device side of CUDA-buffer calls (collectives/device_op.h), made at the first one;
+  // kUnsupported naming why when the process has no device runtime. Any thread.
+  Result<collectives::DeviceContext*> device_context();
   const collectives::SitePlan& sites() const { return sites_; }
   // The owner shares of flat all-reduces (shares.h): the plan the running operation's
   // descriptor names.
@@ -188,6 +192,9 @@ class CommImpl {
   std::vector<Control> control_;                         // by rank
   std::unique_ptr<transport::UcxSite> ucx_;              // null: every peer on TCP
   std::vector<char> over_ucx_;                           // by rank
+  std::mutex device_mu_;
+  std::unique_ptr<collectives::DeviceContext> device_;  // before ef_: its residuals use it
+  uint64_t pinned_limit_ = 0;                           // LOWCOMM_PINNED_BYTES
   collectives::ErrorFeedbackStore ef_;
   collectives::ScratchPool scratch_pool_;  // executor thread only
 

@@ -10,6 +10,7 @@
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
 #include "collectives/comm_impl.h"
+#include "collectives/device_op.h"
 #include "collectives/partition.h"
 #include "collectives/tags.h"
 #include "core/fnv1a.h"
@@ -91,12 +92,75 @@ Result<Compression> dense_only(Compression c, const std::optional<CodecSpec>& na
   return c;
 }
 
-Status host_only(const char* what, MemoryKind memory) {
-  if (memory == MemoryKind::kHost) return Status::ok();
-  // Refused before any descriptor is sent: the group is not broken by an unsupported call.
-  return unsupported(std::string(what) +
-                     " on CUDA buffers: this build has no GPU collective path yet (CUDA codec "
-                     "kernels exist; the stream-ordered collective is issue 4); pass host buffers");
+using ReduceBody = std::function<Status(OpRun&, const collectives::ReduceArgs&)>;
+
+// The device side of a CUDA-buffer call (collectives/device_op.h), made on the caller's thread:
+// refused (nothing sent, no sequence number taken) without a device runtime, for buffers not on
+// one device, or for staging beyond the pinned pool's limit.
+Result<std::shared_ptr<collectives::DeviceCall>> device_call(
+    CommImpl& impl, const char* what, std::initializer_list<const void*> buffers, void* stream,
+    uint64_t staged_bytes) {
+  auto ctx = impl.device_context();
+  if (!ctx)
+    return Status(ctx.status().code(), std::string(what) + " on CUDA buffers: " +
+                                           ctx.status().message() + "; pass host buffers");
+  return (*ctx)->begin_call(what, buffers, stream, staged_bytes);
+}
+
+// Whether a reduction of device buffers runs the owner reduction's GPU-codec path: a flat
+// all-reduce or reduce-scatter with a dense lossy codec the CUDA kernels take (error feedback
+// without decay). Everything else is staged.
+bool gpu_codec(const OpRun& run, const collectives::ReduceArgs& a) {
+  const auto& d = run.desc();
+  const bool kind = d.kind == OpKind::kAllReduce || d.kind == OpKind::kReduceScatter;
+  return kind && d.algorithm == collectives::Algorithm::kDefault && a.codec &&
+         a.codec->quantized() && !a.codec->sparse() &&
+         (a.error_feedback_key.empty() || a.codec->ef_decay == 1.0f);
+}
+
+// `body` run for a CUDA-buffer call: on the GPU-codec path where gpu_codec() allows, else on
+// pinned host copies of send (in_bytes) and recv (out_bytes).
+ReduceBody on_device(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> call, ReduceBody body,
+                     uint64_t in_bytes, uint64_t out_bytes) {
+  return [impl, call = std::move(call), body = std::move(body), in_bytes, out_bytes](
+             OpRun& run, const collectives::ReduceArgs& a) -> Status {
+    auto ctx = impl->device_context();
+    if (!ctx) return ctx.status();
+    collectives::DeviceOp d(**ctx, *call, run.counters());
+    const bool gpu = gpu_codec(run, a);
+    LOWCOMM_CHECK(d.begin(gpu ? "gpu-codec" : "staged"));
+    // Every request waited for inside: the pinned memory they read or write is d's.
+    if (gpu) {
+      collectives::ReduceArgs b = a;
+      b.device = &d;
+      LOWCOMM_CHECK(body(run, b));
+      return run.wait_all();
+    }
+    return collectives::run_staged(d, a.send, in_bytes, a.recv, out_bytes,
+                                   [&](const void* send, void* recv) {
+                                     collectives::ReduceArgs b = a;
+                                     b.send = send;
+                                     b.recv = recv;
+                                     LOWCOMM_CHECK(body(run, b));
+                                     return run.wait_all();
+                                   });
+  };
+}
+
+// A body of another collective run on pinned host copies for a CUDA-buffer call.
+CommImpl::Body staged(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> call,
+                      const void* send, uint64_t in_bytes, void* recv, uint64_t out_bytes,
+                      std::function<Status(OpRun&, const void*, void*)> body) {
+  return [=, call = std::move(call), body = std::move(body)](OpRun& run) -> Status {
+    auto ctx = impl->device_context();
+    if (!ctx) return ctx.status();
+    collectives::DeviceOp d(**ctx, *call, run.counters());
+    LOWCOMM_CHECK(d.begin("staged"));
+    return collectives::run_staged(d, send, in_bytes, recv, out_bytes, [&](const void* s, void* r) {
+      LOWCOMM_CHECK(body(run, s, r));
+      return run.wait_all();  // before the copy back
+    });
+  };
 }
 
 }  // namespace
@@ -142,7 +206,6 @@ int Communicator::size() const {
 
 Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                               ReduceOp op, const AllReduceOptions& options) {
-  if (Status s = host_only("all_reduce", options.memory); !s) return refused(s);
   const Compression c =
       decide_compression(policy_of(*impl_), options.codec, dtype, op, count * dtype_size(dtype),
                          options.error_feedback_key, options.owner_error_feedback);
@@ -215,26 +278,31 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
     d.auto_schedule = true;
   }
   CommImpl* impl = impl_.get();
-  return submit_reduce(
-      *impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
-      [impl](OpRun& run, const collectives::ReduceArgs& args) {
-        switch (run.desc().algorithm) {
-          case collectives::Algorithm::kOneHop:
-            return collectives::one_hop_all_reduce(run, args);
-          case collectives::Algorithm::kTwoLevel:
-            return collectives::two_level_all_reduce(run, args, impl->sites());
-          default:
-            if (args.codec && args.codec->sparse())
-              return collectives::shared_positions_all_reduce(run, args);
-            return collectives::all_reduce(run, args);
-        }
-      },
-      alg);
+  ReduceBody body = [impl](OpRun& run, const collectives::ReduceArgs& args) {
+    switch (run.desc().algorithm) {
+      case collectives::Algorithm::kOneHop:
+        return collectives::one_hop_all_reduce(run, args);
+      case collectives::Algorithm::kTwoLevel:
+        return collectives::two_level_all_reduce(run, args, impl->sites());
+      default:
+        if (args.codec && args.codec->sparse())
+          return collectives::shared_positions_all_reduce(run, args);
+        return collectives::all_reduce(run, args);
+    }
+  };
+  if (options.memory == MemoryKind::kCuda) {
+    const uint64_t bytes = count * dtype_size(dtype);
+    auto call = device_call(*impl_, "all_reduce", {send, recv}, options.cuda_stream,
+                            send == recv ? bytes : 2 * bytes);
+    if (!call) return refused(call.status());
+    body = on_device(impl, std::move(call).value(), std::move(body), bytes, bytes);
+  }
+  return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
+                       std::move(body), alg);
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
                                   ReduceOp op, const ReduceScatterOptions& options) {
-  if (Status s = host_only("reduce_scatter", options.memory); !s) return refused(s);
   const Result<Compression> decided =
       dense_only(decide_compression(policy_of(*impl_), options.codec, dtype, op,
                                     recv_count * static_cast<uint64_t>(size()) * dtype_size(dtype),
@@ -267,17 +335,25 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
   const bool two_level = collectives::use_two_level(
       impl_->sites(), recv_count * static_cast<uint64_t>(size()), dtype, op, codec);
   CommImpl* impl = impl_.get();
+  ReduceBody body = [impl](OpRun& run, const collectives::ReduceArgs& args) {
+    if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
+      return collectives::two_level_reduce_scatter(run, args, impl->sites());
+    return collectives::reduce_scatter(run, args);
+  };
+  if (options.memory == MemoryKind::kCuda) {
+    const uint64_t out = recv_count * dtype_size(dtype);
+    const uint64_t in = out * static_cast<uint64_t>(size());
+    auto call = device_call(*impl_, "reduce_scatter", {send, recv}, options.cuda_stream, in + out);
+    if (!call) return refused(call.status());
+    body = on_device(impl, std::move(call).value(), std::move(body), in, out);
+  }
   return submit_reduce(
-      *impl_, d, codec, recv_count, a, options.step,
-      [impl](OpRun& run, const collectives::ReduceArgs& args) {
-        if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
-          return collectives::two_level_reduce_scatter(run, args, impl->sites());
-        return collectives::reduce_scatter(run, args);
-      },
+      *impl_, d, codec, recv_count, a, options.step, std::move(body),
       two_level ? collectives::Algorithm::kTwoLevel : collectives::Algorithm::kDefault);
 }
 
-Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype) {
+Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count, DType dtype,
+                              const BufferOptions& where) {
   if (Status s = check_all_gather(send, recv, send_count, dtype, size()); !s) return refused(s);
   OpDescriptor d;
   d.kind = OpKind::kAllGather;
@@ -289,16 +365,24 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
     mark_two_level(d, *impl_);
   }
   CommImpl* impl = impl_.get();
-  return impl_->submit_collective(d, [=](OpRun& run) {
+  auto body = [=](OpRun& run, const void* in, void* out) {
     if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
-      return collectives::two_level_all_gather(run, send, recv, send_count, dtype, impl->sites());
-    return collectives::all_gather(run, send, recv, send_count, dtype);
-  });
+      return collectives::two_level_all_gather(run, in, out, send_count, dtype, impl->sites());
+    return collectives::all_gather(run, in, out, send_count, dtype);
+  };
+  if (where.memory == MemoryKind::kCuda) {
+    const uint64_t in = send_count * dtype_size(dtype);
+    const uint64_t out = in * static_cast<uint64_t>(size());
+    auto call = device_call(*impl_, "all_gather", {send, recv}, where.cuda_stream, in + out);
+    if (!call) return refused(call.status());
+    return impl_->submit_collective(
+        d, staged(impl, std::move(call).value(), send, in, recv, out, body));
+  }
+  return impl_->submit_collective(d, [=](OpRun& run) { return body(run, send, recv); });
 }
 
 Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                           int root, const AllReduceOptions& options) {
-  if (Status s = host_only("reduce", options.memory); !s) return refused(s);
   const Result<Compression> decided = dense_only(
       decide_compression(policy_of(*impl_), options.codec, dtype, op, count * dtype_size(dtype),
                          options.error_feedback_key, options.owner_error_feedback),
@@ -317,10 +401,20 @@ Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dt
   collectives::ReduceArgs a{
       send,         recv, count, dtype, op, {}, c.error_feedback_key, c.owner_error_feedback,
       options.seed, 0};
+  ReduceBody body = [root](OpRun& run, const collectives::ReduceArgs& args) {
+    return collectives::reduce(run, args, root);
+  };
+  if (options.memory == MemoryKind::kCuda) {
+    const uint64_t bytes = count * dtype_size(dtype);
+    void* out = rank() == root ? recv : nullptr;  // other ranks' recv is not used
+    auto call = device_call(*impl_, "reduce", {send, out}, options.cuda_stream,
+                            send == out ? bytes : 2 * bytes);
+    if (!call) return refused(call.status());
+    a.recv = out;
+    body = on_device(impl_.get(), std::move(call).value(), std::move(body), bytes, out ? bytes : 0);
+  }
   return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
-                       [root](OpRun& run, const collectives::ReduceArgs& args) {
-                         return collectives::reduce(run, args, root);
-                       });
+                       std::move(body));
 }
 
 Work Communicator::gather(const void* send, void* recv, uint64_t send_count, DType dtype,
@@ -376,7 +470,8 @@ Work Communicator::all_to_all(const void* send, std::vector<uint64_t> send_count
   return impl_->submit_collective(d, [a](OpRun& run) { return collectives::all_to_all(run, *a); });
 }
 
-Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root) {
+Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root,
+                             const BufferOptions& where) {
   if (Status s = check_broadcast(send, recv, count, dtype, root, rank(), size()); !s)
     return refused(s);
   OpDescriptor d;
@@ -388,11 +483,21 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
     mark_two_level(d, *impl_);
   }
   CommImpl* impl = impl_.get();
-  return impl_->submit_collective(d, [=](OpRun& run) {
+  auto body = [=](OpRun& run, const void* in, void* out) {
     if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
-      return collectives::two_level_broadcast(run, send, recv, count, dtype, root, impl->sites());
-    return collectives::broadcast(run, send, recv, count, dtype, root);
-  });
+      return collectives::two_level_broadcast(run, in, out, count, dtype, root, impl->sites());
+    return collectives::broadcast(run, in, out, count, dtype, root);
+  };
+  if (where.memory == MemoryKind::kCuda) {
+    const uint64_t bytes = count * dtype_size(dtype);
+    const void* in = rank() == root ? send : nullptr;  // other ranks ignore send
+    auto call = device_call(*impl_, "broadcast", {in, recv}, where.cuda_stream,
+                            in == recv ? bytes : 2 * bytes);
+    if (!call) return refused(call.status());
+    return impl_->submit_collective(
+        d, staged(impl, std::move(call).value(), in, in ? bytes : 0, recv, bytes, body));
+  }
+  return impl_->submit_collective(d, [=](OpRun& run) { return body(run, send, recv); });
 }
 
 Work Communicator::send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
@@ -453,6 +558,7 @@ Result<std::vector<uint8_t>> Communicator::save_error_feedback() {
   CommImpl* impl = impl_.get();
   Status s = impl_
                  ->submit_local([impl, &out] {
+                   LOWCOMM_CHECK(impl->ef().to_host());  // residuals kept on a device
                    out = impl->ef().save();
                    return Status::ok();
                  })

@@ -83,8 +83,24 @@ Result<ErrorFeedbackEntry*> ErrorFeedbackStore::entry(const std::string& key, ui
 Result<ErrorFeedbackEntry*> ErrorFeedbackStore::sender(const std::string& key, uint64_t n) {
   auto e = entry(key, n);
   if (!e) return e;
-  if ((*e)->sender.size() != n) (*e)->sender.assign(n, 0.0f);
+  ErrorFeedbackEntry& en = **e;
+  if (en.device) {
+    en.sender.resize(n);
+    LOWCOMM_CHECK(en.device->to_host(en.sender.data()));
+    en.device.reset();
+  }
+  if (en.sender.size() != n) en.sender.assign(n, 0.0f);
   return e;
+}
+
+Status ErrorFeedbackStore::to_host() {
+  for (auto& [key, e] : entries_) {
+    if (!e.device) continue;
+    e.sender.resize(e.n);
+    LOWCOMM_CHECK(e.device->to_host(e.sender.data()));
+    e.device.reset();
+  }
+  return Status::ok();
 }
 
 Result<float*> ErrorFeedbackStore::owner(const std::string& key, uint64_t n, uint64_t begin,

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,17 +27,37 @@
 
 namespace lowcomm::collectives {
 
+// A sender residual kept in device memory (an all-reduce of CUDA buffers encoded on the GPU,
+// collectives/device_op.h): n fp32 values there, freed with it.
+class DeviceResidual {
+ public:
+  virtual ~DeviceResidual() = default;
+  virtual float* data() = 0;
+  virtual Status to_host(float* dst) = 0;  // n values; waits for the copy
+};
+
 struct ErrorFeedbackEntry {
   uint64_t n = 0;
-  std::vector<float> sender;  // empty until first used
+  std::vector<float> sender;  // empty until first used, and while `device` holds it
   uint64_t owner_begin = 0;
   std::vector<float> owner;  // empty until first used
+  // The sender residual, when the last call under this key encoded on a device: one copy of
+  // it lives in one place. sender() brings it back to the host; device_residual() moves it.
+  std::unique_ptr<DeviceResidual> device;
 };
 
 class ErrorFeedbackStore {
  public:
-  // The entry for key, created with n elements of zero sender residual when new.
+  // The entry for key, created with n elements of zero sender residual when new; a residual
+  // kept on a device is copied back to the host first.
   Result<ErrorFeedbackEntry*> sender(const std::string& key, uint64_t n);
+  // The entry for key as it stands (created empty when new): the device path takes its
+  // residual from here (collectives/device_op.h, device_residual).
+  Result<ErrorFeedbackEntry*> entry_for_device(const std::string& key, uint64_t n) {
+    return entry(key, n);
+  }
+  // Brings every residual kept on a device back to the host (before save()).
+  Status to_host();
   // The owner residual for [begin, begin + count) of key's tensor (zeroed when new or moved).
   Result<float*> owner(const std::string& key, uint64_t n, uint64_t begin, uint64_t count);
 

@@ -77,6 +77,9 @@ OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::dur
   s.ucx_bytes_sent = c.ucx_sent;
   s.index_bytes_sent = c.index_sent;
   s.value_bytes_sent = c.value_sent;
+  s.device_to_host_bytes = c.device_to_host;
+  s.host_to_device_bytes = c.host_to_device;
+  s.device_path = c.device_path;
   s.density = c.elements_sent > 0
                   ? static_cast<double>(c.kept_sent) / static_cast<double>(c.elements_sent)
                   : 0.0;

@@ -33,6 +33,10 @@ struct OpCounters {
   StatsClock::duration encode{};
   StatsClock::duration decode{};
   StatsClock::duration wait{};
+  // CUDA buffers (device_op.h): bytes copied each way, and the path ("gpu-codec", "staged").
+  uint64_t device_to_host = 0;
+  uint64_t host_to_device = 0;
+  const char* device_path = "";
 };
 
 // A message of `len` bytes on the wire: the transport's 48-byte header per chunk of

@@ -56,6 +56,15 @@ StagedOwnerReduce::StagedOwnerReduce(OpRun& run, const ReduceArgs& args, std::ve
 
 Status StagedOwnerReduce::start() {
   LOWCOMM_CHECK(prepare_owner_reduce(o_, chunks_));
+  if (args_.device != nullptr) {
+    if (o_.plain || o_.finish.kind == Finish::kToRoot || !o_.group.empty())
+      return internal_error(
+          "owner reduction: the GPU-codec path takes a flat compressed "
+          "all-reduce or reduce-scatter only");
+    dev_ = std::make_unique<DeviceCodes>(o_, *args_.device);
+    o_.dev = dev_.get();
+    LOWCOMM_CHECK(dev_->encode_contributions());
+  }
   // Receives first, so arriving data lands in place instead of being buffered.
   contributions_ = post_contribution_receives(o_);
   results_.post_receives(o_);
@@ -67,7 +76,8 @@ Status StagedOwnerReduce::start() {
 Status StagedOwnerReduce::finish() {
   LOWCOMM_CHECK(reduce_own_chunk(o_, contributions_, results_));
   // Step 3: the rest of everyone else's results.
-  return results_.take(o_, /*block=*/true);
+  LOWCOMM_CHECK(results_.take(o_, /*block=*/true));
+  return dev_ ? dev_->finish() : Status::ok();
 }
 
 // Steps 1 and 2, and 3 (to every rank, or to the root): see the file comment.
@@ -109,9 +119,13 @@ Status prepare_owner_reduce(OwnerReduce& o, const std::vector<Range>& chunks) {
   o.gets_results = all_gather || (to_root && o.me == o.finish.root);
   o.sends_results = all_gather || (to_root && o.me != o.finish.root);
   if (!a.error_feedback_key.empty()) {
-    auto e = o.run.ef().sender(a.error_feedback_key, a.n);
-    if (!e) return e.status();
-    o.ef = *e;
+    // The sender residual: here, or on the device for the GPU-codec path (DeviceCodes takes
+    // it); the owner's is on the host either way (the sum it corrects is).
+    if (a.device == nullptr) {
+      auto e = o.run.ef().sender(a.error_feedback_key, a.n);
+      if (!e) return e.status();
+      o.ef = *e;
+    }
     if (a.owner_ef) {
       auto r = o.run.ef().owner(a.error_feedback_key, a.n, o.mine.begin, o.mine.count);
       if (!r) return r.status();

@@ -10,6 +10,7 @@
 // Internal to the collectives layer; the entry points are in algorithms.h.
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "collectives/partition.h"
 
 namespace lowcomm::collectives {
+
+class DeviceCodes;
 
 // Where the owners' results go after step 2.
 struct Finish {
@@ -50,6 +53,9 @@ struct OwnerReduce {
   float* owner_residual = nullptr;   // this chunk's owner residual (owner error feedback)
   uint64_t reduce_tag = 0;           // contributions
   uint64_t gather_tag = 0;           // results
+  // The GPU-codec path (a.device set; owner_reduce_device.cc): in and out are device buffers,
+  // never read or written here; contributions come encoded from the device, results go to it.
+  DeviceCodes* dev = nullptr;
 
   OwnerReduce(OpRun& r, const ReduceArgs& args, Finish f) : run(r), a(args), finish(f) {}
   // Bytes of `count` elements on the wire.
@@ -107,6 +113,38 @@ class Results {
 // results that are in while one is not), and hands each finished segment to results.send_own.
 Status reduce_own_chunk(const OwnerReduce& o, Contributions& c, Results& results);
 
+// The GPU-codec path of the owner reduction (owner_reduce_device.cc), for an all-reduce or
+// reduce-scatter of device buffers with a dense lossy codec. Before step 1 every contribution
+// segment is encoded on the device (with the sender residual in device memory) and the codes
+// copied to pinned memory in one piece; steps 1-2 run on the host as for host buffers, reading
+// those codes instead of encoding; step 3's result codes (received, or this owner's own) are
+// gathered into pinned slots in tensor order, copied to the device in one piece after the last
+// and decoded there into the output; a reduce-scatter's rounded slice is copied up as it is.
+// Only encoded bytes (and a reduce-scatter's output) cross PCIe; the bytes are the host path's.
+class DeviceCodes {
+ public:
+  DeviceCodes(const OwnerReduce& o, DeviceOp& d) : o_(o), d_(d) {}
+  // Encodes every contribution segment on the device; waits for the codes to be in pinned
+  // memory.
+  Status encode_contributions();
+  const uint8_t* contribution(int owner, size_t k) const;
+  // Where owner's result segment k goes (pinned); its codes are received or copied there.
+  uint8_t* result_slot(int owner, size_t k) const;
+  // A reduce-scatter's output slice on the host (pinned), copied to the device by finish().
+  uint8_t* scatter_out() const { return scatter_out_; }
+  // Copies the results (or the slice) to the device, decodes them there, waits.
+  Status finish();
+
+ private:
+  const OwnerReduce& o_;
+  DeviceOp& d_;
+  std::vector<std::vector<uint64_t>> offset_;  // [owner][segment]: bytes into the codes
+  uint64_t total_ = 0;                         // encoded bytes of the whole tensor
+  uint8_t* contributions_ = nullptr;           // pinned, total_
+  uint8_t* results_ = nullptr;                 // pinned, total_ (all-reduce)
+  uint8_t* scatter_out_ = nullptr;             // pinned, this owner's slice (reduce-scatter)
+};
+
 // The owner reduction in two halves, for a schedule that interleaves several of them
 // (two_level.cc pipelines its pieces): start() prepares, posts every receive, sends this rank's
 // contributions and checks the descriptors; finish() reduces this rank's chunk (sending its
@@ -126,6 +164,7 @@ class StagedOwnerReduce {
   ReduceArgs args_;  // before o_, which refers to it
   std::vector<Range> chunks_;
   OwnerReduce o_;
+  std::unique_ptr<DeviceCodes> dev_;  // the GPU-codec path (args.device)
   Contributions contributions_;
   Results results_;
 };

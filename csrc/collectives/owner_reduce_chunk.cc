@@ -72,7 +72,11 @@ Status accumulate_segment(const OwnerReduce& o, Contributions& c, Results& resul
 // Where segment s's rounded result goes: the output (the root's, for a reduce), or scratch on a
 // non-root owner of a reduce, whose output is not there.
 uint8_t* result_place(const OwnerReduce& o, Range s) {
-  if (o.finish.kind == Finish::kScatter) return o.out + (s.begin - o.mine.begin) * o.es;
+  if (o.finish.kind == Finish::kScatter) {
+    uint8_t* slice = o.dev != nullptr ? o.dev->scatter_out() : o.out;  // device: pinned, sent up
+    return slice + (s.begin - o.mine.begin) * o.es;
+  }
+  if (o.dev != nullptr) return nullptr;  // unused: the results are codes, decoded on the device
   if (o.gets_results) return o.out + s.begin * o.es;
   return o.run.scratch(s.count * o.es);
 }

@@ -40,7 +40,9 @@ Status send_contributions(const OwnerReduce& o, Contributions& c) {
       const Range s = o.segs[j][k];
       const uint8_t* src = o.in + s.begin * o.es;
       const uint8_t* codes = src;
-      if (!o.plain) {
+      if (o.dev != nullptr) {
+        codes = o.dev->contribution(j, k);  // encoded on the device before step 1
+      } else if (!o.plain) {
         uint8_t* b = o.run.scratch(o.bytes(s.count));
         RoundingKey key{send_seed, s.begin};
         ScopedTimer t(o.run.counters().encode);

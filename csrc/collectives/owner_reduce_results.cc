@@ -10,6 +10,10 @@
 // reduction and while it waits for a contribution, so the end of the operation is not one long
 // decode of everything (on a busy host that tail was ~10% of a q4 all-reduce).
 
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/device_op.h"
 #include "collectives/owner_reduce.h"
 
 namespace lowcomm::collectives {
@@ -20,8 +24,11 @@ void Results::post_receives(const OwnerReduce& o) {
   if (!o.gets_results) return;
   for (int j = 0; j < o.P; ++j) {
     if (j == o.me) continue;
-    for (const Range& s : o.segs[j]) {
-      uint8_t* b = o.plain ? o.out + s.begin * o.es : o.run.scratch(o.bytes(s.count));
+    for (size_t k = 0; k < o.segs[j].size(); ++k) {
+      const Range s = o.segs[j][k];
+      uint8_t* b = o.plain            ? o.out + s.begin * o.es
+                   : o.dev != nullptr ? o.dev->result_slot(j, k)
+                                      : o.run.scratch(o.bytes(s.count));
       codes_[j].push_back(b);
       requests_[j].push_back(o.run.irecv(o.peer(j), o.gather_tag, b, o.bytes(s.count)));
     }
@@ -41,7 +48,16 @@ Status Results::send_own(const OwnerReduce& o, Range s, const uint8_t* res, uint
   } else if (o.sends_results) {
     o.run.isend(o.peer(o.finish.root), o.gather_tag, res, o.bytes(s.count), s.count * o.es);
   }
-  // The owner decodes the very bytes it sent, like everyone else (a reduce: the root only).
+  // The owner decodes the very bytes it sent, like everyone else (a reduce: the root only); on
+  // the GPU-codec path the device decodes them with the others' after the last arrives.
+  if (o.dev != nullptr) {
+    const size_t k =
+        static_cast<size_t>(std::find_if(o.my_segs().begin(), o.my_segs().end(),
+                                         [&](const Range& r) { return r.begin == s.begin; }) -
+                            o.my_segs().begin());
+    std::memcpy(o.dev->result_slot(o.me, k), res, o.bytes(s.count));
+    return Status::ok();
+  }
   if (!o.plain && o.gets_results) {
     ScopedTimer t(o.run.counters().decode);
     LOWCOMM_CHECK(decode(o.wire, res, o.bytes(s.count), s.count, o.a.dtype, dst, o.cpu));
@@ -57,7 +73,7 @@ Status Results::take(const OwnerReduce& o, bool block) {
     LOWCOMM_CHECK(o.run.wait(requests_[j][k]));
     done_[i] = true;
     --left_;
-    if (o.plain) continue;  // received in place
+    if (o.plain || o.dev != nullptr) continue;  // received in place (or decoded on the device)
     const Range s = o.segs[j][k];
     ScopedTimer t(o.run.counters().decode);
     LOWCOMM_CHECK(decode(o.wire, codes_[j][k], o.bytes(s.count), s.count, o.a.dtype,

@@ -1,5 +1,7 @@
 #include "collectives/work_state.h"
 
+#include "device/runtime.h"
+
 namespace lowcomm {
 
 std::shared_ptr<WorkState> WorkState::refused(Status why) {
@@ -111,6 +113,19 @@ void Work::on_complete(std::function<void(const Status&)> fn) const {
   }
   state_->on_complete(std::move(fn));
 }
+Status Work::wait_on_stream(void* cuda_stream) const {
+  if (!state_) return invalid_argument("wait_on_stream: empty Work");
+  device::Runtime* rt = device::runtime();
+  if (rt == nullptr)
+    return unsupported(std::string("wait_on_stream: no device runtime: ") + device::why_none());
+  if (state_->done()) return Status::ok();  // device results already in place
+  auto g = rt->gate(cuda_stream, state_->gate_timeout());
+  if (!g) return g.status();
+  std::shared_ptr<device::Gate> gate(std::move(g).value());
+  state_->on_complete([gate](const Status&) { gate->release(); });
+  return Status::ok();
+}
+
 int Work::source() const {
   return state_ ? state_->source() : -1;
 }

@@ -156,7 +156,28 @@ struct CommOptions {
   int64_t inline_bytes = -1;
 };
 
+// Where an operation's buffers live. kCuda: device pointers of one CUDA device, the work
+// stream-ordered on a cudaStream_t (docs/collectives.md, "CUDA buffers"):
+//   - the operation reads its input after the work queued on that stream before the call
+//     (an event recorded on it at the call, waited for by the communicator's own stream);
+//   - when the Work completes, its results are in place on the device (the communicator's
+//     stream has been synchronised), so Work::wait() / lowcommWait on the host, or
+//     Work::wait_on_stream for a device-side wait that never blocks the host, order later work;
+//   - compressed dense all-reduce and reduce-scatter on the flat schedule encode on the GPU
+//     (error-feedback residuals in GPU memory), only the encoded bytes cross to pinned host
+//     memory, and the results are decoded on the GPU; every other operation stages its
+//     buffers through a pinned host pool that is reused across calls. OpStats counts both
+//     directions (device_to_host_bytes, host_to_device_bytes).
+// The bytes every rank ends with are those of the same call on host buffers: a group may mix
+// host and device ranks. A build without CUDA, or a process without a device, refuses kCuda
+// with kUnsupported before anything is sent.
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+
+// Where the buffers of an operation without other options live (all_gather, broadcast).
+struct BufferOptions {
+  MemoryKind memory = MemoryKind::kHost;
+  void* cuda_stream = nullptr;  // a cudaStream_t; null: the legacy default stream
+};
 
 struct AllReduceOptions {
   // Unset: CommOptions::codec. A passthrough spec whose wire dtype is the tensor's dtype is the
@@ -171,10 +192,8 @@ struct AllReduceOptions {
   // every rank must pass the same seed and step (the descriptor check refuses ranks that differ).
   uint64_t seed = 0;
   std::optional<uint64_t> step;
-  // Where send/recv live. kCuda: device pointers, work ordered on `cuda_stream` (a cudaStream_t):
-  // the chunks are encoded on the GPU into pinned staging so only compressed bytes cross PCIe,
-  // and the Work completes so that work queued on the stream afterwards sees the result. This
-  // build has no GPU path yet: kCuda fails at once with kUnsupported, nothing sent (issue 4).
+  // Where send/recv live (MemoryKind): kCuda takes device pointers, ordered on `cuda_stream`
+  // (a cudaStream_t; null: the legacy default stream).
   MemoryKind memory = MemoryKind::kHost;
   void* cuda_stream = nullptr;
   // Which schedule runs when the communicator has sites (CommOptions::sites). kAuto: where the
@@ -269,6 +288,14 @@ struct OpStats {
   double density = 0.0;
   uint64_t index_bytes_sent = 0;
   uint64_t value_bytes_sent = 0;
+  // CUDA buffers (MemoryKind::kCuda): bytes copied between the device and host memory for
+  // this operation, each way (encoded bytes only for a GPU-encoded all-reduce or
+  // reduce-scatter; the whole buffers for a staged operation). 0 for host buffers.
+  uint64_t device_to_host_bytes = 0;
+  uint64_t host_to_device_bytes = 0;
+  // "gpu-codec" (encoded and decoded on the GPU), "staged" (buffers through pinned host
+  // memory), "" for host buffers.
+  std::string device_path;
 };
 
 class WorkState;
@@ -304,6 +331,13 @@ class LOWCOMM_API Work {
   // status() see the result. For futures (torch's Work::getFuture); fn must be short, must not
   // throw, and must not wait for later operations of the same communicator.
   void on_complete(std::function<void(const Status&)> fn) const;
+  // Makes the work queued on `cuda_stream` (a cudaStream_t; null: the legacy default stream)
+  // after this call wait for the operation, without blocking the host: nothing to do when it is
+  // complete (its device results are in place), else a one-thread kernel on the stream that
+  // polls a pinned flag the completion sets (successful or not: a failed operation leaves its
+  // outputs untouched and says why in wait()/status()). The kernel gives up after the
+  // operation's deadline plus 60 s. kUnsupported in a build without CUDA or without a device.
+  Status wait_on_stream(void* cuda_stream) const;
 
  private:
   std::shared_ptr<WorkState> state_;
@@ -354,9 +388,11 @@ class LOWCOMM_API Communicator {
                   std::vector<uint64_t> send_offsets, void* recv, std::vector<uint64_t> recv_counts,
                   std::vector<uint64_t> recv_offsets, DType dtype);
   // recv holds send_count * size() elements, rank r's at r * send_count (in place allowed).
-  Work all_gather(const void* send, void* recv, uint64_t send_count, DType dtype);
+  Work all_gather(const void* send, void* recv, uint64_t send_count, DType dtype,
+                  const BufferOptions& where = {});
   // recv = root's send (root: send == recv allowed; other ranks ignore send).
-  Work broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root);
+  Work broadcast(const void* send, void* recv, uint64_t count, DType dtype, int root,
+                 const BufferOptions& where = {});
   // Tagged point-to-point; the k-th send to a peer on a tag meets that peer's k-th recv on it.
   // tag < 2^60. A send completes once its bytes are handed to the kernel.
   Work send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag = 0);

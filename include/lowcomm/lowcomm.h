@@ -129,12 +129,16 @@ typedef struct {
   double density;
   uint64_t indexBytesSent;
   uint64_t valueBytesSent;
+  /* CUDA buffers (the *OnStream calls), else 0: bytes copied device to host and host to device
+   * for this operation (encoded bytes only where the GPU encodes: docs/collectives.md). */
+  uint64_t deviceToHostBytes;
+  uint64_t hostToDeviceBytes;
 } lowcommOpStats;
 
 /* A lowcommOpStats ready to be filled: structSize set, every field zero. Every field is named
  * so that C and C++ compilers with -Wmissing-field-initializers accept it. */
 #define LOWCOMM_OP_STATS_INIT \
-  { sizeof(lowcommOpStats), {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0 }
+  { sizeof(lowcommOpStats), {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0 }
 /* The smallest structSize the library takes: structSize and the first field, kind. */
 #define LOWCOMM_OP_STATS_MIN_SIZE (offsetof(lowcommOpStats, codec))
 
@@ -208,6 +212,42 @@ LOWCOMM_API lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* rec
 LOWCOMM_API lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                              lowcommDataType_t datatype, int root,
                                              lowcommComm_t comm, lowcommRequest_t* request);
+/* lowcomm: the same operations on CUDA device buffers, shaped like NCCL's: the stream is the
+ * last argument before the request (a cudaStream_t; NULL: the legacy default stream). The
+ * operation reads its input after the work queued on `stream` before the call, and the work
+ * queued on `stream` after the call waits for its result (a one-thread kernel that polls a
+ * pinned flag; the host is not blocked, as with NCCL). request may be NULL; otherwise
+ * lowcommWait / lowcommTest / lowcommWaitStats on it as for host buffers (on success the
+ * results are in place). Every rank ends with the same bits as with host buffers, so a group may
+ * mix host and device ranks. Compressed dense all-reduce and reduce-scatter encode and decode on
+ * the GPU (only encoded bytes cross PCIe); the rest stage through pinned host memory
+ * (lowcommOpStats' deviceToHostBytes / hostToDeviceBytes say which). A build without CUDA, or a
+ * process without a device: lowcommUnsupported, nothing sent, the communicator usable; a host
+ * pointer passed as a device buffer: lowcommInvalidArgument. Without a request, a failure of
+ * the operation after the call shows in lowcommCommGetAsyncError (as NCCL's asynchronous
+ * errors); the outputs are then untouched. errorFeedbackKey: NULL or "" for none. */
+typedef struct CUstream_st* cudaStream_t;
+LOWCOMM_API lowcommResult_t lowcommAllReduceOnStream(const void* sendbuff, void* recvbuff,
+                                                     size_t count, lowcommDataType_t datatype,
+                                                     lowcommRedOp_t op, const char* codec,
+                                                     const char* errorFeedbackKey,
+                                                     lowcommComm_t comm, cudaStream_t stream,
+                                                     lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommReduceScatterOnStream(const void* sendbuff, void* recvbuff,
+                                                         size_t recvcount,
+                                                         lowcommDataType_t datatype,
+                                                         lowcommRedOp_t op, const char* codec,
+                                                         lowcommComm_t comm, cudaStream_t stream,
+                                                         lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommAllGatherOnStream(const void* sendbuff, void* recvbuff,
+                                                     size_t sendcount, lowcommDataType_t datatype,
+                                                     lowcommComm_t comm, cudaStream_t stream,
+                                                     lowcommRequest_t* request);
+LOWCOMM_API lowcommResult_t lowcommBroadcastOnStream(const void* sendbuff, void* recvbuff,
+                                                     size_t count, lowcommDataType_t datatype,
+                                                     int root, lowcommComm_t comm,
+                                                     cudaStream_t stream,
+                                                     lowcommRequest_t* request);
 /* As ncclReduce: the result on root only (other ranks' recvbuff unused, may be NULL); codec as
  * lowcommAllReduce's. */
 LOWCOMM_API lowcommResult_t lowcommReduce(const void* sendbuff, void* recvbuff, size_t count,

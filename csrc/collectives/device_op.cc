@@ -1,0 +1,186 @@
+#include "collectives/device_op.h"
+
+#include <algorithm>
+#include <string>
+
+namespace lowcomm::collectives {
+namespace {
+
+// A sender residual in device memory, freed on the communicator's stream of its device.
+class DeviceResidualBuffer final : public DeviceResidual {
+ public:
+  DeviceResidualBuffer(DeviceContext& ctx, int device, device::Stream s, float* p, uint64_t n)
+      : ctx_(ctx), device_(device), stream_(s), p_(p), n_(n) {}
+  ~DeviceResidualBuffer() override {
+    (void)ctx_.rt().set_device(device_);
+    ctx_.rt().free_device(p_, stream_);
+  }
+  float* data() override { return p_; }
+  Status to_host(float* dst) override {
+    LOWCOMM_CHECK(ctx_.rt().set_device(device_));
+    LOWCOMM_CHECK(ctx_.rt().copy(dst, p_, n_ * sizeof(float), stream_));
+    return ctx_.rt().synchronize(stream_);
+  }
+
+ private:
+  DeviceContext& ctx_;
+  int device_;
+  device::Stream stream_;
+  float* p_;
+  uint64_t n_;
+};
+
+}  // namespace
+
+DeviceCall::~DeviceCall() {
+  if (rt != nullptr && ready != nullptr) rt->destroy_event(ready);
+}
+
+DeviceContext::~DeviceContext() {
+  for (auto& [dev, s] : streams_) {
+    (void)rt_.set_device(dev);
+    (void)rt_.synchronize(s);
+    rt_.destroy_stream(s);
+  }
+}
+
+Result<device::Stream> DeviceContext::stream(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = streams_.find(device); it != streams_.end()) return it->second;
+  auto s = rt_.create_stream();
+  if (!s) return s.status();
+  streams_[device] = *s;
+  return *s;
+}
+
+Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
+    const char* what, std::initializer_list<const void*> buffers, void* user_stream,
+    uint64_t staged_bytes) {
+  int dev = -1;
+  for (const void* p : buffers) {
+    if (p == nullptr) continue;
+    auto d = rt_.device_of(p);
+    if (!d)
+      return invalid_argument(std::string(what) + ": MemoryKind::kCuda takes device buffers; " +
+                              d.status().message());
+    if (dev >= 0 && *d != dev)
+      return invalid_argument(std::string(what) + ": buffers on devices " + std::to_string(dev) +
+                              " and " + std::to_string(*d) + "; one call takes one device");
+    dev = *d;
+  }
+  auto call = std::make_shared<DeviceCall>();
+  call->rt = &rt_;
+  call->user = user_stream;
+  if (dev < 0) return call;  // no buffer (a count of 0): nothing to order or copy
+  if (staged_bytes > pinned_.limit())
+    return invalid_argument(std::string(what) + ": staging " + std::to_string(staged_bytes) +
+                            " bytes of CUDA buffers through pinned host memory passes the pool's "
+                            "limit of " +
+                            std::to_string(pinned_.limit()) + " bytes (LOWCOMM_PINNED_BYTES)");
+  call->device = dev;
+  LOWCOMM_CHECK(rt_.set_device(dev));
+  auto e = rt_.create_event();
+  if (!e) return e.status();
+  call->ready = *e;
+  LOWCOMM_CHECK(rt_.record(call->ready, user_stream));
+  return call;
+}
+
+DeviceOp::~DeviceOp() {
+  if (begun_) (void)ctx_.rt().synchronize(stream_);
+  for (void* p : scratch_) ctx_.rt().free_device(p, stream_);
+  pinned_.clear();
+}
+
+Status DeviceOp::begin(const char* path) {
+  counters_.device_path = path;
+  if (call_.device < 0) return Status::ok();  // no buffer: nothing to order
+  LOWCOMM_CHECK(ctx_.rt().set_device(call_.device));
+  auto s = ctx_.stream(call_.device);
+  if (!s) return s.status();
+  stream_ = *s;
+  begun_ = true;
+  return ctx_.rt().wait(stream_, call_.ready);
+}
+
+Result<uint8_t*> DeviceOp::pinned(uint64_t bytes) {
+  auto b = ctx_.pinned().acquire(bytes);
+  if (!b) return b.status();
+  uint8_t* p = b->data();
+  pinned_.push_back(std::move(b).value());
+  return p;
+}
+
+Result<void*> DeviceOp::device_scratch(uint64_t bytes) {
+  auto p = ctx_.rt().alloc_device(bytes == 0 ? 1 : bytes, stream_);
+  if (!p) return p.status();
+  scratch_.push_back(*p);
+  return *p;
+}
+
+Status DeviceOp::to_host(void* host, const void* dev, uint64_t bytes) {
+  counters_.device_to_host += bytes;
+  return ctx_.rt().copy(host, dev, bytes, stream_);
+}
+
+Status DeviceOp::to_device(void* dev, const void* host, uint64_t bytes) {
+  counters_.host_to_device += bytes;
+  return ctx_.rt().copy(dev, host, bytes, stream_);
+}
+
+Status DeviceOp::sync() {
+  return ctx_.rt().synchronize(stream_);
+}
+
+Status run_staged(DeviceOp& d, const void* send, uint64_t send_bytes, void* recv,
+                  uint64_t recv_bytes, const std::function<Status(const void*, void*)>& body) {
+  const bool in_place = send != nullptr && send == recv;
+  uint8_t* hs = nullptr;
+  uint8_t* hr = nullptr;
+  if (in_place) {
+    auto b = d.pinned(std::max(send_bytes, recv_bytes));
+    if (!b) return b.status();
+    hs = hr = *b;
+  } else {
+    if (send != nullptr) {
+      auto b = d.pinned(send_bytes);
+      if (!b) return b.status();
+      hs = *b;
+    }
+    if (recv != nullptr) {
+      auto b = d.pinned(recv_bytes);
+      if (!b) return b.status();
+      hr = *b;
+    }
+  }
+  if (send != nullptr) {
+    LOWCOMM_CHECK(d.to_host(hs, send, send_bytes));
+    LOWCOMM_CHECK(d.sync());
+  }
+  LOWCOMM_CHECK(body(send != nullptr ? hs : nullptr, recv != nullptr ? hr : nullptr));
+  if (recv != nullptr) {
+    LOWCOMM_CHECK(d.to_device(recv, hr, recv_bytes));
+    LOWCOMM_CHECK(d.sync());
+  }
+  return Status::ok();
+}
+
+Result<float*> device_residual(DeviceOp& d, ErrorFeedbackEntry& e) {
+  if (e.device) return e.device->data();
+  auto mem = d.rt().alloc_device(e.n * sizeof(float), d.stream());
+  if (!mem) return mem.status();
+  auto* r = static_cast<float*>(*mem);
+  e.device = std::make_unique<DeviceResidualBuffer>(d.context(), d.device(), d.stream(), r, e.n);
+  if (e.sender.size() == e.n) {
+    // Kept on the host until now (an earlier staged call): moved, counted as a copy.
+    LOWCOMM_CHECK(d.to_device(r, e.sender.data(), e.n * sizeof(float)));
+    LOWCOMM_CHECK(d.sync());
+    e.sender.clear();
+    e.sender.shrink_to_fit();
+  } else {
+    LOWCOMM_CHECK(d.rt().zero(r, e.n * sizeof(float), d.stream()));  // new: zero, as on the host
+  }
+  return r;
+}
+
+}  // namespace lowcomm::collectives

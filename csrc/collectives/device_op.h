@@ -1,0 +1,115 @@
+#pragma once
+// Collectives on device buffers (MemoryKind::kCuda; docs/collectives.md, "CUDA buffers").
+//
+//   DeviceContext  per communicator: the runtime, the pinned staging pool and one stream of the
+//                  communicator's own per device (non-blocking, so a gate on the legacy default
+//                  stream cannot hold it).
+//   DeviceCall     one call, made on the caller's thread: the device its buffers are on, the
+//                  caller's stream, and an event recorded on that stream at the call, so the
+//                  operation reads its input after the work the caller queued before it.
+//   DeviceOp       the same call on the executor: its stream waits for that event; pinned and
+//                  device scratch for the run; copies counted into OpStats; the stream
+//                  synchronised before the operation completes (and before its memory is given
+//                  back, whatever happened), so a completed Work means results in place.
+//
+// Two ways to run: run_staged() copies the inputs to pinned host memory, runs the host
+// algorithm there and copies the outputs back on success (Gloo's pattern; outputs untouched on
+// failure); the owner reduction's GPU-codec path (owner_reduce_device.cc) encodes and decodes on
+// the device and moves only encoded bytes.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "collectives/ef_store.h"
+#include "collectives/op_stats.h"
+#include "device/pinned_pool.h"
+#include "device/runtime.h"
+
+namespace lowcomm::collectives {
+
+struct DeviceCall {
+  device::Runtime* rt = nullptr;
+  int device = -1;
+  device::Stream user = nullptr;
+  device::Event ready = nullptr;
+  DeviceCall() = default;
+  DeviceCall(const DeviceCall&) = delete;
+  DeviceCall& operator=(const DeviceCall&) = delete;
+  ~DeviceCall();
+};
+
+class DeviceContext {
+ public:
+  DeviceContext(device::Runtime& rt, uint64_t pinned_limit) : rt_(rt), pinned_(rt, pinned_limit) {}
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+  ~DeviceContext();
+
+  device::Runtime& rt() { return rt_; }
+  device::PinnedPool& pinned() { return pinned_; }
+  // The communicator's stream on `device`, created on first use (the device must be current).
+  Result<device::Stream> stream(int device);
+
+  // At the call, on the caller's thread: `what` names the call in errors; `buffers` are the
+  // call's device pointers (null entries skipped; all must be on one device); `staged_bytes`
+  // the most pinned memory the call may stage (refused beyond the pool's limit).
+  Result<std::shared_ptr<DeviceCall>> begin_call(const char* what,
+                                                 std::initializer_list<const void*> buffers,
+                                                 void* user_stream, uint64_t staged_bytes);
+
+ private:
+  device::Runtime& rt_;
+  device::PinnedPool pinned_;
+  std::mutex mu_;
+  std::map<int, device::Stream> streams_;
+};
+
+class DeviceOp {
+ public:
+  DeviceOp(DeviceContext& ctx, const DeviceCall& call, OpCounters& counters)
+      : ctx_(ctx), call_(call), counters_(counters) {}
+  DeviceOp(const DeviceOp&) = delete;
+  DeviceOp& operator=(const DeviceOp&) = delete;
+  // Waits for the stream (errors ignored: a failure was already reported), then gives back
+  // the run's pinned and device memory.
+  ~DeviceOp();
+
+  // Makes the call's device current and orders this run's stream after the call's event.
+  Status begin(const char* path);
+  device::Runtime& rt() { return ctx_.rt(); }
+  device::Stream stream() const { return stream_; }
+  int device() const { return call_.device; }
+  DeviceContext& context() { return ctx_; }
+
+  Result<uint8_t*> pinned(uint64_t bytes);       // until the run ends
+  Result<void*> device_scratch(uint64_t bytes);  // until the run ends (stream-ordered)
+  // Enqueued copies, counted as device-to-host / host-to-device bytes.
+  Status to_host(void* host, const void* dev, uint64_t bytes);
+  Status to_device(void* dev, const void* host, uint64_t bytes);
+  Status sync();
+  OpCounters& counters() { return counters_; }
+
+ private:
+  DeviceContext& ctx_;
+  const DeviceCall& call_;
+  OpCounters& counters_;
+  device::Stream stream_ = nullptr;
+  bool begun_ = false;
+  std::vector<device::PinnedBlock> pinned_;
+  std::vector<void*> scratch_;
+};
+
+// Runs `body` on pinned host copies of the call's buffers: `send` (send_bytes) copied in
+// first; `recv` (recv_bytes; may be null with 0) copied back after a successful body, never
+// after a failed one. send == recv shares one host buffer.
+Status run_staged(DeviceOp& d, const void* send, uint64_t send_bytes, void* recv,
+                  uint64_t recv_bytes, const std::function<Status(const void*, void*)>& body);
+
+// The sender residual of `entry` (n fp32) in device memory on d's device, moved there from the
+// host when it was kept on the host (or zero when new).
+Result<float*> device_residual(DeviceOp& d, ErrorFeedbackEntry& entry);
+
+}  // namespace lowcomm::collectives

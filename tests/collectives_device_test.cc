@@ -1,0 +1,408 @@
+// Collectives on device buffers (MemoryKind::kCuda, collectives/device_op.h) driven through the
+// host emulation of a device (emulated_device.h): bit-identical results against host buffers
+// for the GPU-codec path and the staged one, in groups mixing host and device ranks; the bytes
+// each way; stream ordering (an input written by work queued before the call, a result read by
+// work queued after wait_on_stream); error-feedback residuals kept on the device and brought
+// back; refusals; the pinned staging pool. The same tests on a real GPU: tests/cuda_*.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "collectives_test_util.h"
+#include "device/pinned_pool.h"
+#include "emulated_device.h"
+#include "lowcomm/lowcomm.h"
+
+namespace lowcomm::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A device copy of a host tensor on `dev`, and back.
+struct DeviceTensor {
+  EmulatedDevice& dev;
+  uint64_t bytes;
+  void* p;
+  DeviceTensor(EmulatedDevice& d, uint64_t b) : dev(d), bytes(b), p(d.device_alloc(b)) {
+    std::vector<uint8_t> z(b, 0);
+    dev.upload(p, z.data(), b);
+  }
+  DeviceTensor(EmulatedDevice& d, const Tensor& t) : DeviceTensor(d, t.bytes.size()) {
+    dev.upload(p, t.bytes.data(), bytes);
+  }
+  ~DeviceTensor() { dev.device_free(p); }
+  std::vector<uint8_t> read() const {
+    std::vector<uint8_t> out(bytes);
+    dev.download(out.data(), p, bytes);
+    return out;
+  }
+};
+
+std::shared_ptr<EmulatedDevice> install_device() {
+  auto d = std::make_shared<EmulatedDevice>();
+  device::set_runtime_for_testing(d);
+  return d;
+}
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof(b), "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// ---- the pinned staging pool ----
+
+TEST(PinnedPool, ReusesBlocksAndKeepsItsLimit) {
+  EmulatedDevice dev;
+  device::PinnedPool pool(dev, 4 << 20);
+  uint8_t* first = nullptr;
+  {
+    auto b = pool.acquire(1000000);
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    first = b->data();
+    EXPECT_EQ(b->capacity(), 1u << 20);
+    EXPECT_EQ(pool.in_use(), 1u << 20);
+  }
+  EXPECT_EQ(pool.in_use(), 0u);
+  {
+    auto b = pool.acquire(700000);  // the same class: the same block again
+    ASSERT_TRUE(b.is_ok());
+    EXPECT_EQ(b->data(), first);
+    auto c = pool.acquire(1 << 20);  // a second block of the class while the first is lent
+    ASSERT_TRUE(c.is_ok());
+    EXPECT_NE(c->data(), first);
+    EXPECT_EQ(pool.allocations(), 2u);
+    // 2 MiB lent, 4 MiB limit: a 4 MiB block does not fit.
+    auto d = pool.acquire(3 << 20);
+    ASSERT_FALSE(d.is_ok());
+    EXPECT_NE(d.status().message().find("LOWCOMM_PINNED_BYTES"), std::string::npos)
+        << d.status().to_string();
+  }
+  // Idle blocks of another class are freed to make room within the limit.
+  auto e = pool.acquire(4 << 20);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  EXPECT_EQ(pool.allocated(), 4u << 20);
+  EXPECT_EQ(pool.acquire(1).status().code(), StatusCode::kSystem);  // everything lent
+}
+
+TEST(PinnedPool, SizeClasses) {
+  EXPECT_EQ(device::pinned_class(1), device::PinnedPool::kMinBlock);
+  EXPECT_EQ(device::pinned_class(64 << 10), 64u << 10);
+  EXPECT_EQ(device::pinned_class((64 << 10) + 1), 128u << 10);
+  EXPECT_EQ(device::pinned_class(uint64_t{3} << 30), uint64_t{4} << 30);
+}
+
+// ---- refusals ----
+
+TEST(CollectivesDevice, RefusedWithoutRuntimeOrForHostPointers) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    device::set_runtime_for_testing(nullptr);
+    auto comm = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(comm.status());
+    std::vector<float> x(1000, 1.0f);
+    AllReduceOptions o;
+    o.memory = MemoryKind::kCuda;
+    Work w = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o);
+    RANK_CHECK(w.refused() && w.status().code() == StatusCode::kUnsupported,
+               w.status().to_string());
+    // With a runtime, a host pointer passed as device memory is refused too.
+    auto dev = install_device();
+    w = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o);
+    RANK_CHECK(w.refused() && w.status().code() == StatusCode::kInvalidArgument,
+               w.status().to_string());
+    RANK_CHECK(w.status().message().find("device") != std::string::npos, w.status().to_string());
+    // Nothing was sent: the group is still usable.
+    RANK_OK(
+        (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+    RANK_CHECK(x[0] == 2.0f, std::to_string(x[0]));
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+// ---- bit-identical results, mixed groups ----
+
+struct MixedCase {
+  std::string codec;  // "" exact
+  DType dtype;
+  bool error_feedback;
+};
+
+// Rank r holds its tensor on the device when `on_device[r]`. Returns the hash of every result
+// (and of the saved error-feedback state) so runs can be compared.
+std::string mixed_rank(int rank, const UniqueId& id, int P, const MixedCase& c,
+                       const std::vector<bool>& on_device) {
+  auto dev = install_device();
+  auto comm = Communicator::init(id, rank, P, test_options());
+  RANK_OK(comm.status());
+  const bool device = on_device[static_cast<size_t>(rank)];
+  const uint64_t n = 3 * 40000 + 77;
+  std::string out = "ok";
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = make_input(c.dtype, n, 11 + static_cast<uint64_t>(step), rank);
+    Tensor y(c.dtype, n);
+    AllReduceOptions o;
+    if (!c.codec.empty()) o.codec = *parse_codec_spec(c.codec);
+    if (c.error_feedback) o.error_feedback_key = "g";
+    // all-reduce
+    if (device) {
+      DeviceTensor dx(*dev, x), dy(*dev, y.bytes.size());
+      o.memory = MemoryKind::kCuda;
+      Work w = (*comm)->all_reduce(dx.p, dy.p, n, c.dtype, ReduceOp::kAverage, o);
+      RANK_OK(w.wait());
+      y.bytes = dy.read();
+      OpStats s = *w.stats();
+      if (!c.codec.empty()) {
+        const uint64_t enc = encoded_size(*o.codec, n);
+        RANK_CHECK(s.device_path == "gpu-codec", s.device_path);
+        RANK_CHECK(s.device_to_host_bytes == enc && s.host_to_device_bytes == enc,
+                   std::to_string(s.device_to_host_bytes) + " / " +
+                       std::to_string(s.host_to_device_bytes) + " vs " + std::to_string(enc));
+      } else {
+        RANK_CHECK(s.device_path == "staged", s.device_path);
+        RANK_CHECK(
+            s.device_to_host_bytes == x.bytes.size() && s.host_to_device_bytes == x.bytes.size(),
+            std::to_string(s.device_to_host_bytes));
+      }
+    } else {
+      RANK_OK((*comm)->all_reduce(x.data(), y.data(), n, c.dtype, ReduceOp::kAverage, o).wait());
+      RANK_CHECK((*comm)->last_op_stats().device_to_host_bytes == 0, "host bytes counted");
+    }
+    out += " ar" + hex(fnv64(y.bytes));
+    // reduce-scatter (no error feedback: its own key would be another tensor)
+    AllReduceOptions rs;
+    rs.codec = o.codec;
+    const uint64_t rc = n / static_cast<uint64_t>(P);
+    Tensor z(c.dtype, rc);
+    if (device) {
+      DeviceTensor dx(*dev, x), dz(*dev, z.bytes.size());
+      rs.memory = MemoryKind::kCuda;
+      Work w = (*comm)->reduce_scatter(dx.p, dz.p, rc, c.dtype, ReduceOp::kSum, rs);
+      RANK_OK(w.wait());
+      z.bytes = dz.read();
+      OpStats s = *w.stats();
+      if (!c.codec.empty()) {
+        RANK_CHECK(s.device_path == "gpu-codec", s.device_path);
+        RANK_CHECK(s.host_to_device_bytes == z.bytes.size(),
+                   std::to_string(s.host_to_device_bytes));
+        // The contributions' codes: each owner chunk encoded on its own (the chunks of a
+        // reduce-scatter are not cut on scale groups, so a little more than the whole tensor's).
+        uint64_t enc = 0;
+        for (int j = 0; j < P; ++j) enc += encoded_size(*rs.codec, rc);
+        RANK_CHECK(s.device_to_host_bytes >= enc && s.device_to_host_bytes < enc + 64 * 16,
+                   std::to_string(s.device_to_host_bytes) + " vs " + std::to_string(enc));
+        RANK_CHECK(s.device_to_host_bytes < x.bytes.size() / 3, "uncompressed bytes crossed");
+      }
+    } else {
+      RANK_OK((*comm)->reduce_scatter(x.data(), z.data(), rc, c.dtype, ReduceOp::kSum, rs).wait());
+    }
+    out += " rs" + hex(fnv64(z.bytes));
+  }
+  auto saved = (*comm)->save_error_feedback();
+  RANK_OK(saved.status());
+  out += " ef" + hex(fnv64(*saved));
+  // all-gather and broadcast (staged)
+  Tensor g = make_input(c.dtype, 5000, 3, rank);
+  Tensor ga(c.dtype, 5000 * static_cast<uint64_t>(P));
+  Tensor b = make_input(c.dtype, 7001, 4, rank);
+  if (device) {
+    DeviceTensor dg(*dev, g), dga(*dev, ga.bytes.size()), db(*dev, b);
+    BufferOptions where{MemoryKind::kCuda, nullptr};
+    Work w = (*comm)->all_gather(dg.p, dga.p, 5000, c.dtype, where);
+    RANK_OK(w.wait());
+    RANK_CHECK(w.stats()->device_to_host_bytes == g.bytes.size() &&
+                   w.stats()->host_to_device_bytes == ga.bytes.size(),
+               "all_gather bytes");
+    RANK_OK((*comm)->broadcast(db.p, db.p, 7001, c.dtype, 1, where).wait());
+    ga.bytes = dga.read();
+    b.bytes = db.read();
+  } else {
+    RANK_OK((*comm)->all_gather(g.data(), ga.data(), 5000, c.dtype).wait());
+    RANK_OK((*comm)->broadcast(b.data(), b.data(), 7001, c.dtype, 1).wait());
+  }
+  out += " ag" + hex(fnv64(ga.bytes)) + " bc" + hex(fnv64(b.bytes));
+  return out;
+}
+
+class CollectivesDeviceMixed : public ::testing::TestWithParam<MixedCase> {};
+
+TEST_P(CollectivesDeviceMixed, SameBitsAsHostBuffers) {
+  const MixedCase c = GetParam();
+  const int P = 3;
+  auto run = [&](std::vector<bool> on_device) {
+    auto res = run_ranks(
+        P, [&](int rank, const UniqueId& id) { return mixed_rank(rank, id, P, c, on_device); });
+    expect_all_ok(res);
+    std::vector<std::string> out;
+    for (auto& r : res) out.push_back(r.text);
+    return out;
+  };
+  auto host = run({false, false, false});
+  auto mixed = run({true, false, true});
+  auto all = run({true, true, true});
+  for (int r = 0; r < P; ++r) {
+    EXPECT_EQ(mixed[r], host[r]) << "rank " << r;
+    EXPECT_EQ(all[r], host[r]) << "rank " << r;
+  }
+  // Every rank ends an all-reduce with the same bits (the ar hashes agree across ranks).
+  auto ar = [](const std::string& t) { return t.substr(t.find(" ar"), 19); };
+  EXPECT_EQ(ar(host[0]), ar(host[1]));
+  EXPECT_EQ(ar(host[0]), ar(host[2]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, CollectivesDeviceMixed,
+                         ::testing::Values(MixedCase{"", DType::kFloat32, false},
+                                           MixedCase{"q4", DType::kFloat32, true},
+                                           MixedCase{"q2:sr", DType::kBFloat16, true},
+                                           MixedCase{"minmax4", DType::kFloat16, false},
+                                           MixedCase{"q8", DType::kFloat32, false}),
+                         [](const ::testing::TestParamInfo<MixedCase>& i) {
+                           std::string name = i.param.codec.empty() ? "exact" : i.param.codec;
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name + "_" + std::string(dtype_name(i.param.dtype)) +
+                                  (i.param.error_feedback ? "_ef" : "");
+                         });
+
+// ---- stream ordering ----
+
+// The input is written by a slow "kernel" queued on the caller's stream just before the call;
+// the result is read by one queued after wait_on_stream, which returns while the operation is
+// still waiting for a late peer. Both paths (GPU codec, staged).
+TEST(CollectivesDevice, OrderedOnTheCallersStream) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto dev = install_device();
+    auto comm = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(comm.status());
+    auto stream = dev->create_stream();
+    RANK_OK(stream.status());
+    const uint64_t n = 50000;
+    for (const char* codec : {"q8", ""}) {
+      DeviceTensor x(*dev, n * 4), y(*dev, n * 4);
+      std::vector<float> seen(n, -1.0f);
+      if (rank == 1) std::this_thread::sleep_for(400ms);  // rank 0's wait must not block
+      // Written only once the stream gets there, 200 ms after the call returns.
+      dev->launch(*stream, [&] {
+        std::this_thread::sleep_for(200ms);
+        std::vector<float> v(n, 1.5f);
+        std::memcpy(x.p, v.data(), n * 4);
+      });
+      AllReduceOptions o;
+      if (*codec) o.codec = *parse_codec_spec(codec);
+      o.memory = MemoryKind::kCuda;
+      o.cuda_stream = *stream;
+      Work w = (*comm)->all_reduce(x.p, y.p, n, DType::kFloat32, ReduceOp::kSum, o);
+      RANK_CHECK(!w.refused(), w.status().to_string());
+      RANK_OK(w.wait_on_stream(*stream));
+      if (rank == 0) RANK_CHECK(!w.test(), "wait_on_stream waited for the operation");
+      dev->launch(*stream, [&] { std::memcpy(seen.data(), y.p, n * 4); });
+      RANK_OK(dev->synchronize(*stream));
+      RANK_CHECK(w.test(), "the stream went on before the operation completed");
+      RANK_OK(w.status());
+      for (uint64_t i = 0; i < n; ++i)
+        // 0 if the input was read before the kernel wrote it, -1 if read before the result was
+        // in place; 3 (q8: within its two quantizations) otherwise.
+        RANK_CHECK(
+            std::fabs(seen[i] - 3.0f) <= (*codec ? 0.1f : 0.0f),
+            std::string(codec) + " element " + std::to_string(i) + ": " + std::to_string(seen[i]));
+      // A completed operation: nothing to wait for.
+      RANK_OK(w.wait_on_stream(*stream));
+    }
+    RANK_CHECK(dev->gates_released_by_timeout() == 0, "a gate timed out");
+    dev->destroy_stream(*stream);
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+// A failed operation leaves the device outputs untouched and releases the caller's stream.
+TEST(CollectivesDevice, FailureLeavesOutputsUntouched) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto dev = install_device();
+    CommOptions opts = test_options();
+    opts.timeout = std::chrono::milliseconds(1500);
+    auto comm = Communicator::init(id, rank, 2, opts);
+    RANK_OK(comm.status());
+    if (rank == 1) {
+      std::this_thread::sleep_for(3s);  // never calls: rank 0's operation times out
+      return "ok";
+    }
+    const uint64_t n = 20000;
+    for (const char* codec : {"q4", ""}) {
+      DeviceTensor x(*dev, n * 4), y(*dev, n * 4);
+      std::vector<float> seven(n, 7.0f);
+      dev->upload(y.p, seven.data(), n * 4);
+      AllReduceOptions o;
+      if (*codec) o.codec = *parse_codec_spec(codec);
+      o.memory = MemoryKind::kCuda;
+      Work w = (*comm)->all_reduce(x.p, y.p, n, DType::kFloat32, ReduceOp::kSum, o);
+      RANK_OK(w.wait_on_stream(nullptr));
+      RANK_CHECK(!w.wait().is_ok(), "completed without its peer");
+      RANK_OK(dev->synchronize(nullptr));  // the gate was released
+      auto after = y.read();
+      RANK_CHECK(std::memcmp(after.data(), seven.data(), n * 4) == 0,
+                 std::string(codec) + ": output written by a failed operation");
+      if (!*codec) break;  // the communicator has failed: later calls fail at once
+    }
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+// The C API's *OnStream calls, NCCL's way: the stream gated, no request needed; a process
+// without a device runtime is refused with lowcommUnsupported and the communicator stays usable.
+TEST(CollectivesDevice, CApiOnStream) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    lowcommUniqueId cid;
+    RANK_CHECK(lowcommUniqueIdFromString(id.to_string().c_str(), &cid) == lowcommSuccess, "id");
+    lowcommComm_t comm = nullptr;
+    RANK_CHECK(lowcommCommInitRank(&comm, 2, cid, rank) == lowcommSuccess,
+               lowcommGetLastError(nullptr));
+    const uint64_t n = 30000;
+    std::vector<float> host(n, 1.0f);
+    device::set_runtime_for_testing(nullptr);
+    RANK_CHECK(
+        lowcommAllReduceOnStream(host.data(), host.data(), n, lowcommFloat32, lowcommSum, "q4",
+                                 nullptr, comm, nullptr, nullptr) == lowcommUnsupported,
+        lowcommGetLastError(comm));
+    auto dev = install_device();
+    DeviceTensor x(*dev, n * 4), y(*dev, n * 4), g(*dev, 2 * n * 4);
+    dev->upload(x.p, host.data(), n * 4);
+    auto stream = dev->create_stream();
+    RANK_OK(stream.status());
+    auto* s = static_cast<cudaStream_t>(*stream);
+    RANK_CHECK(lowcommAllReduceOnStream(x.p, y.p, n, lowcommFloat32, lowcommSum, "q8", "g", comm, s,
+                                        nullptr) == lowcommSuccess,
+               lowcommGetLastError(comm));
+    RANK_CHECK(
+        lowcommAllGatherOnStream(y.p, g.p, n, lowcommFloat32, comm, s, nullptr) == lowcommSuccess,
+        lowcommGetLastError(comm));
+    lowcommRequest_t req = nullptr;
+    RANK_CHECK(
+        lowcommBroadcastOnStream(x.p, x.p, n, lowcommFloat32, 1, comm, s, &req) == lowcommSuccess,
+        lowcommGetLastError(comm));
+    std::vector<float> seen(2 * n, -1.0f);
+    dev->launch(*stream, [&] { std::memcpy(seen.data(), g.p, 2 * n * 4); });
+    RANK_OK(dev->synchronize(*stream));  // the gates held the stream until each completed
+    lowcommOpStats st = LOWCOMM_OP_STATS_INIT;
+    RANK_CHECK(lowcommWaitStats(req, &st) == lowcommSuccess, lowcommGetLastError(comm));
+    RANK_CHECK(st.deviceToHostBytes == (rank == 1 ? n * 4 : 0) && st.hostToDeviceBytes == n * 4,
+               std::to_string(st.deviceToHostBytes) + " " + std::to_string(st.hostToDeviceBytes));
+    for (uint64_t i = 0; i < 2 * n; ++i)
+      RANK_CHECK(std::fabs(seen[i] - 2.0f) < 0.1f, std::to_string(seen[i]));  // q8, twice
+    lowcommResult_t async = lowcommInternalError;
+    RANK_CHECK(lowcommCommGetAsyncError(comm, &async) == lowcommSuccess && async == lowcommSuccess,
+               "async error");
+    RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
+    dev->destroy_stream(*stream);
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+}  // namespace
+}  // namespace lowcomm::testing
