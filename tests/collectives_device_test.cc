@@ -14,8 +14,11 @@
 
 #include "collectives_test_util.h"
 #include "device/pinned_pool.h"
+#ifndef LOWCOMM_TEST_CUDA_DEVICE
 #include "emulated_device.h"
+#endif
 #include "lowcomm/lowcomm.h"
+#include "test_device.h"
 
 namespace lowcomm::testing {
 namespace {
@@ -24,14 +27,14 @@ using namespace std::chrono_literals;
 
 // A device copy of a host tensor on `dev`, and back.
 struct DeviceTensor {
-  EmulatedDevice& dev;
+  TestDevice& dev;
   uint64_t bytes;
   void* p;
-  DeviceTensor(EmulatedDevice& d, uint64_t b) : dev(d), bytes(b), p(d.device_alloc(b)) {
+  DeviceTensor(TestDevice& d, uint64_t b) : dev(d), bytes(b), p(d.device_alloc(b)) {
     std::vector<uint8_t> z(b, 0);
     dev.upload(p, z.data(), b);
   }
-  DeviceTensor(EmulatedDevice& d, const Tensor& t) : DeviceTensor(d, t.bytes.size()) {
+  DeviceTensor(TestDevice& d, const Tensor& t) : DeviceTensor(d, t.bytes.size()) {
     dev.upload(p, t.bytes.data(), bytes);
   }
   ~DeviceTensor() { dev.device_free(p); }
@@ -42,11 +45,27 @@ struct DeviceTensor {
   }
 };
 
-std::shared_ptr<EmulatedDevice> install_device() {
-  auto d = std::make_shared<EmulatedDevice>();
-  device::set_runtime_for_testing(d);
-  return d;
+// Whether this binary has its device: always for the emulation; for CUDA, asked in a child
+// process, so this one never initialises CUDA before it forks the ranks.
+bool device_present(std::string* why) {
+  if (emulated_device()) return true;
+  auto res = run_ranks(1, [](int, const UniqueId&) -> std::string {
+    std::string w;
+    return install_device(&w) ? "ok" : "no CUDA device (" + w + ")";
+  });
+  *why = res[0].text;
+  return res[0].ok();
 }
+
+// Skips a test where the binary has no device (LOWCOMM_REQUIRE_CUDA=1: fails it instead).
+#define REQUIRE_DEVICE()                                                  \
+  do {                                                                    \
+    std::string why_;                                                     \
+    if (!device_present(&why_)) {                                         \
+      if (std::getenv("LOWCOMM_REQUIRE_CUDA") != nullptr) FAIL() << why_; \
+      GTEST_SKIP() << why_;                                               \
+    }                                                                     \
+  } while (0)
 
 std::string hex(uint64_t v) {
   char b[24];
@@ -54,6 +73,7 @@ std::string hex(uint64_t v) {
   return b;
 }
 
+#ifndef LOWCOMM_TEST_CUDA_DEVICE
 // ---- the pinned staging pool ----
 
 TEST(PinnedPool, ReusesBlocksAndKeepsItsLimit) {
@@ -96,19 +116,25 @@ TEST(PinnedPool, SizeClasses) {
   EXPECT_EQ(device::pinned_class(uint64_t{3} << 30), uint64_t{4} << 30);
 }
 
+#endif  // LOWCOMM_TEST_CUDA_DEVICE
+
 // ---- refusals ----
 
 TEST(CollectivesDevice, RefusedWithoutRuntimeOrForHostPointers) {
+  REQUIRE_DEVICE();
   auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
-    device::set_runtime_for_testing(nullptr);
     auto comm = Communicator::init(id, rank, 2, test_options());
     RANK_OK(comm.status());
     std::vector<float> x(1000, 1.0f);
     AllReduceOptions o;
     o.memory = MemoryKind::kCuda;
-    Work w = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o);
-    RANK_CHECK(w.refused() && w.status().code() == StatusCode::kUnsupported,
-               w.status().to_string());
+    Work w;
+    if (emulated_device()) {  // the real runtime cannot be taken away
+      device::set_runtime_for_testing(nullptr);
+      w = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o);
+      RANK_CHECK(w.refused() && w.status().code() == StatusCode::kUnsupported,
+                 w.status().to_string());
+    }
     // With a runtime, a host pointer passed as device memory is refused too.
     auto dev = install_device();
     w = (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, o);
@@ -231,6 +257,7 @@ std::string mixed_rank(int rank, const UniqueId& id, int P, const MixedCase& c,
 class CollectivesDeviceMixed : public ::testing::TestWithParam<MixedCase> {};
 
 TEST_P(CollectivesDeviceMixed, SameBitsAsHostBuffers) {
+  REQUIRE_DEVICE();
   const MixedCase c = GetParam();
   const int P = 3;
   auto run = [&](std::vector<bool> on_device) {
@@ -274,11 +301,12 @@ INSTANTIATE_TEST_SUITE_P(Codecs, CollectivesDeviceMixed,
 // the result is read by one queued after wait_on_stream, which returns while the operation is
 // still waiting for a late peer. Both paths (GPU codec, staged).
 TEST(CollectivesDevice, OrderedOnTheCallersStream) {
+  REQUIRE_DEVICE();
   auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
     auto dev = install_device();
     auto comm = Communicator::init(id, rank, 2, test_options());
     RANK_OK(comm.status());
-    auto stream = dev->create_stream();
+    auto stream = dev->runtime().create_stream();
     RANK_OK(stream.status());
     const uint64_t n = 50000;
     for (const char* codec : {"q8", ""}) {
@@ -300,7 +328,7 @@ TEST(CollectivesDevice, OrderedOnTheCallersStream) {
       RANK_OK(w.wait_on_stream(*stream));
       if (rank == 0) RANK_CHECK(!w.test(), "wait_on_stream waited for the operation");
       dev->launch(*stream, [&] { std::memcpy(seen.data(), y.p, n * 4); });
-      RANK_OK(dev->synchronize(*stream));
+      RANK_OK(dev->runtime().synchronize(*stream));
       RANK_CHECK(w.test(), "the stream went on before the operation completed");
       RANK_OK(w.status());
       for (uint64_t i = 0; i < n; ++i)
@@ -313,7 +341,7 @@ TEST(CollectivesDevice, OrderedOnTheCallersStream) {
       RANK_OK(w.wait_on_stream(*stream));
     }
     RANK_CHECK(dev->gates_released_by_timeout() == 0, "a gate timed out");
-    dev->destroy_stream(*stream);
+    dev->runtime().destroy_stream(*stream);
     return "ok";
   });
   expect_all_ok(res);
@@ -321,6 +349,7 @@ TEST(CollectivesDevice, OrderedOnTheCallersStream) {
 
 // A failed operation leaves the device outputs untouched and releases the caller's stream.
 TEST(CollectivesDevice, FailureLeavesOutputsUntouched) {
+  REQUIRE_DEVICE();
   auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
     auto dev = install_device();
     CommOptions opts = test_options();
@@ -342,7 +371,7 @@ TEST(CollectivesDevice, FailureLeavesOutputsUntouched) {
       Work w = (*comm)->all_reduce(x.p, y.p, n, DType::kFloat32, ReduceOp::kSum, o);
       RANK_OK(w.wait_on_stream(nullptr));
       RANK_CHECK(!w.wait().is_ok(), "completed without its peer");
-      RANK_OK(dev->synchronize(nullptr));  // the gate was released
+      RANK_OK(dev->runtime().synchronize(nullptr));  // the gate was released
       auto after = y.read();
       RANK_CHECK(std::memcmp(after.data(), seven.data(), n * 4) == 0,
                  std::string(codec) + ": output written by a failed operation");
@@ -356,6 +385,7 @@ TEST(CollectivesDevice, FailureLeavesOutputsUntouched) {
 // The C API's *OnStream calls, NCCL's way: the stream gated, no request needed; a process
 // without a device runtime is refused with lowcommUnsupported and the communicator stays usable.
 TEST(CollectivesDevice, CApiOnStream) {
+  REQUIRE_DEVICE();
   auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
     lowcommUniqueId cid;
     RANK_CHECK(lowcommUniqueIdFromString(id.to_string().c_str(), &cid) == lowcommSuccess, "id");
@@ -364,15 +394,17 @@ TEST(CollectivesDevice, CApiOnStream) {
                lowcommGetLastError(nullptr));
     const uint64_t n = 30000;
     std::vector<float> host(n, 1.0f);
-    device::set_runtime_for_testing(nullptr);
-    RANK_CHECK(
-        lowcommAllReduceOnStream(host.data(), host.data(), n, lowcommFloat32, lowcommSum, "q4",
-                                 nullptr, comm, nullptr, nullptr) == lowcommUnsupported,
-        lowcommGetLastError(comm));
+    if (emulated_device()) {  // the real runtime cannot be taken away
+      device::set_runtime_for_testing(nullptr);
+      RANK_CHECK(
+          lowcommAllReduceOnStream(host.data(), host.data(), n, lowcommFloat32, lowcommSum, "q4",
+                                   nullptr, comm, nullptr, nullptr) == lowcommUnsupported,
+          lowcommGetLastError(comm));
+    }
     auto dev = install_device();
     DeviceTensor x(*dev, n * 4), y(*dev, n * 4), g(*dev, 2 * n * 4);
     dev->upload(x.p, host.data(), n * 4);
-    auto stream = dev->create_stream();
+    auto stream = dev->runtime().create_stream();
     RANK_OK(stream.status());
     auto* s = static_cast<cudaStream_t>(*stream);
     RANK_CHECK(lowcommAllReduceOnStream(x.p, y.p, n, lowcommFloat32, lowcommSum, "q8", "g", comm, s,
@@ -387,7 +419,7 @@ TEST(CollectivesDevice, CApiOnStream) {
         lowcommGetLastError(comm));
     std::vector<float> seen(2 * n, -1.0f);
     dev->launch(*stream, [&] { std::memcpy(seen.data(), g.p, 2 * n * 4); });
-    RANK_OK(dev->synchronize(*stream));  // the gates held the stream until each completed
+    RANK_OK(dev->runtime().synchronize(*stream));  // the gates held the stream until each completed
     lowcommOpStats st = LOWCOMM_OP_STATS_INIT;
     RANK_CHECK(lowcommWaitStats(req, &st) == lowcommSuccess, lowcommGetLastError(comm));
     RANK_CHECK(st.deviceToHostBytes == (rank == 1 ? n * 4 : 0) && st.hostToDeviceBytes == n * 4,
@@ -398,7 +430,7 @@ TEST(CollectivesDevice, CApiOnStream) {
     RANK_CHECK(lowcommCommGetAsyncError(comm, &async) == lowcommSuccess && async == lowcommSuccess,
                "async error");
     RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
-    dev->destroy_stream(*stream);
+    dev->runtime().destroy_stream(*stream);
     return "ok";
   });
   expect_all_ok(res);

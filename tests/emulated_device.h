@@ -24,10 +24,11 @@
 #include <thread>
 
 #include "device/runtime.h"
+#include "test_device.h"
 
 namespace lowcomm::testing {
 
-class EmulatedDevice final : public device::Runtime {
+class EmulatedDevice final : public device::Runtime, public TestDevice {
  public:
   EmulatedDevice();
   ~EmulatedDevice() override;
@@ -58,15 +59,15 @@ class EmulatedDevice final : public device::Runtime {
   Result<std::unique_ptr<device::Gate>> gate(device::Stream s,
                                              std::chrono::milliseconds timeout) override;
 
-  // Test helpers, as a program's cudaMalloc / cudaMemcpy / kernel launch.
-  void* device_alloc(uint64_t bytes);  // synchronous
-  void device_free(void* p);           // synchronous
-  void launch(device::Stream s, std::function<void()> kernel);
-  // Blocking copies between host and device memory (the legacy stream, then synchronised).
-  void upload(void* dev, const void* host, uint64_t bytes);
-  void download(void* host, const void* dev, uint64_t bytes);
+  // TestDevice
+  device::Runtime& runtime() override { return *this; }
+  void* device_alloc(uint64_t bytes) override;
+  void device_free(void* p) override;
+  void launch(device::Stream s, std::function<void()> kernel) override;
+  void upload(void* dev, const void* host, uint64_t bytes) override;
+  void download(void* host, const void* dev, uint64_t bytes) override;
+  uint64_t gates_released_by_timeout() const override { return gate_timeouts_.load(); }
   uint64_t pinned_allocations() const { return pinned_allocs_.load(); }
-  uint64_t gates_released_by_timeout() const { return gate_timeouts_.load(); }
 
  private:
   struct StreamImpl;
