@@ -1,23 +1,33 @@
-// CUDA codec throughput at 256 MiB of tensor: each op x {fp32, bf16} x {q2, q4, q8} (encodes
-// also with stochastic rounding), against a device-to-device copy of 256 MiB, the ceiling a
-// memory-bound kernel can reach. Each iteration is timed with CUDA events around the call on a
-// private stream (manual time); the codec calls never synchronise, so the events bracket
-// exactly the kernels.
+// CUDA codec throughput at 256 MiB of tensor, against a device-to-device copy of 256 MiB (the
+// ceiling a memory-bound kernel can reach) measured in the same process:
+//   dense absmax q2/q4/q8 (blocks of 128): encode, encode_ef (error feedback), encode_delta
+//     (AQ-SGD), each round-to-nearest and stochastic; decode, decode_accumulate, decode_delta;
+//   sparse topk:64/4096+qB and randk:64/4096+qB (B = 2, 4, 8): encode and encode_ef;
+// each over fp32 and bf16. Each iteration is timed with CUDA events around the call on a
+// private stream (manual time); the codec calls never synchronise (sparse decodes excepted, and
+// none is timed here), so the events bracket exactly the kernels.
 //
-// Counters (all per second of kernel time):
-//   tensor_GB/s  bytes of the tensor (n x dtype size) encoded or decoded;
+// Each case times 100 calls after a warm-up; Time is their mean, and the counters use their
+// median (median_ms):
+//   tensor_GB/s  bytes of the tensor (n x dtype size) encoded or decoded, per second;
 //   rw_GB/s      bytes the op must read plus write in DRAM (inputs, codes and scales, state,
-//                outputs: see traffic_bytes);
+//                outputs: see traffic_bytes), each counted once, per second;
+//   rw_bytes     that byte count for one call;
 //   vs_copy      rw_GB/s over the read + write rate of a 256 MiB device-to-device copy
-//                (2 x 256 MiB per copy), measured once per process.
-// Names: cuda/<op>/<dtype>/q<bits>[/rn|/sr]/256MiB, and cuda/d2d_copy/256MiB.
+//                (2 x 256 MiB per copy; the median of 20), measured once per process.
+// Names: cuda/<op>/<dtype>/<codec>/<rn|sr>/256MiB (decodes: rn), codec as the CPU cases write it
+// ('/' in a sparse spec reads 'of': topk:64of4096+q2), and cuda/d2d_copy/256MiB.
+// scripts/gpu_check.sh runs them all and turns the JSON into kernels.json (docs/gpu.md).
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lowcomm/codec.h"
@@ -27,6 +37,9 @@ namespace lowcomm {
 namespace {
 
 constexpr uint64_t kTensorBytes = uint64_t{256} << 20;
+// Timed calls per case, after one warm-up call: a fixed count, so that each case sets up its
+// 256 MiB buffers once (Google Benchmark re-runs a case to size a min_time).
+constexpr int kIterations = 100;
 
 class DeviceBuffer {
  public:
@@ -109,31 +122,67 @@ std::vector<uint8_t> host_tensor(DType dtype, uint64_t n, uint64_t seed, float m
   return buf;
 }
 
+// host_tensor, generated once per (dtype, n, seed, magnitude) for the whole process: generating
+// 256 MiB costs more than a case's timed iterations.
+const std::vector<uint8_t>& cached_tensor(DType dtype, uint64_t n, uint64_t seed, float magnitude) {
+  static std::map<std::tuple<DType, uint64_t, uint64_t, float>, std::vector<uint8_t>> cache;
+  const auto key = std::make_tuple(dtype, n, seed, magnitude);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, host_tensor(dtype, n, seed, magnitude)).first;
+  return it->second;
+}
+
 bool upload(void* dst, const std::vector<uint8_t>& src) {
   return cudaMemcpy(dst, src.data(), src.size(), cudaMemcpyHostToDevice) == cudaSuccess;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
 // ---- the copy baseline ----
 
-// Read + write bytes per second of a 256 MiB device-to-device copy (mean of 20 after a warm-up),
-// measured once per process so that every case compares with the same number; 0 on failure.
+// Read + write bytes per second of a 256 MiB device-to-device copy (the median of 20 timed
+// copies after a warm-up), measured once per process so that every case compares with the same
+// number; 0 on failure.
 double copy_rw_bytes_per_s() {
   static const double rate = [] {
     DeviceBuffer src(kTensorBytes), dst(kTensorBytes);
     Timer timer;
-    if (!src || !dst || !timer.ok()) return 0.0;
-    constexpr int kCopies = 20;
+    if (!src || !dst || !timer.ok() ||
+        !upload(src.get(), cached_tensor(DType::kFloat32, kTensorBytes / 4, 1, 1.0f))) {
+      return 0.0;
+    }
     (void)cudaMemcpyAsync(dst.get(), src.get(), kTensorBytes, cudaMemcpyDeviceToDevice,
                           timer.stream());
-    timer.start();
-    for (int k = 0; k < kCopies; ++k) {
+    std::vector<double> times;
+    for (int k = 0; k < 20; ++k) {
+      timer.start();
       (void)cudaMemcpyAsync(dst.get(), src.get(), kTensorBytes, cudaMemcpyDeviceToDevice,
                             timer.stream());
+      const double t = timer.stop();
+      if (t <= 0) return 0.0;
+      times.push_back(t);
     }
-    const double t = timer.stop();
-    return t > 0 ? 2.0 * static_cast<double>(kTensorBytes) * kCopies / t : 0.0;
+    return 2.0 * static_cast<double>(kTensorBytes) / median(times);
   }();
   return rate;
+}
+
+// The counters of a case from its iteration times (seconds): rates at the median time.
+void set_counters(benchmark::State& state, const std::vector<double>& times, uint64_t rw_bytes) {
+  const double t = median(times);
+  if (t <= 0) return;
+  const double rw = static_cast<double>(rw_bytes) / t;
+  state.counters["median_ms"] = t * 1e3;
+  state.counters["tensor_GB/s"] = static_cast<double>(kTensorBytes) / t * 1e-9;
+  state.counters["rw_GB/s"] = rw * 1e-9;
+  state.counters["rw_bytes"] = static_cast<double>(rw_bytes);
+  const double reference = copy_rw_bytes_per_s();
+  if (reference > 0) state.counters["vs_copy"] = rw / reference;
 }
 
 void BM_d2d_copy(benchmark::State& state) {
@@ -143,12 +192,12 @@ void BM_d2d_copy(benchmark::State& state) {
   }
   DeviceBuffer src(kTensorBytes), dst(kTensorBytes);
   Timer timer;
-  if (!src || !dst || !timer.ok()) {
-    state.SkipWithError("cudaMalloc or stream creation failed");
+  if (!src || !dst || !timer.ok() ||
+      !upload(src.get(), cached_tensor(DType::kFloat32, kTensorBytes / 4, 1, 1.0f))) {
+    state.SkipWithError("cudaMalloc, stream creation or upload failed");
     return;
   }
-  (void)cudaMemsetAsync(src.get(), 1, kTensorBytes, timer.stream());
-  double total = 0.0;
+  std::vector<double> times;
   for (auto _ : state) {
     timer.start();
     (void)cudaMemcpyAsync(dst.get(), src.get(), kTensorBytes, cudaMemcpyDeviceToDevice,
@@ -159,14 +208,9 @@ void BM_d2d_copy(benchmark::State& state) {
       return;
     }
     state.SetIterationTime(t);
-    total += t;
+    times.push_back(t);
   }
-  const double iters = static_cast<double>(state.iterations());
-  const double rw = 2.0 * static_cast<double>(kTensorBytes) * iters / total;
-  state.counters["tensor_GB/s"] = static_cast<double>(kTensorBytes) * iters / total * 1e-9;
-  state.counters["rw_GB/s"] = rw * 1e-9;
-  const double reference = copy_rw_bytes_per_s();
-  if (reference > 0) state.counters["vs_copy"] = rw / reference;
+  set_counters(state, times, 2 * kTensorBytes);
 }
 
 // ---- codec ops ----
@@ -229,10 +273,10 @@ void BM_codec(benchmark::State& state, Op op, DType dtype, CodecSpec spec) {
     state.SkipWithError("cudaMalloc or stream creation failed");
     return;
   }
-  const std::vector<uint8_t> host_x = host_tensor(dtype, n, 1, 1.0f);
-  bool ok = upload(x.get(), host_x) && upload(out.get(), host_tensor(dtype, n, 2, 1.0f)) &&
-            (op == Op::kFeedback ? upload(st.get(), host_tensor(DType::kFloat32, n, 3, 1e-3f))
-                                 : upload(st.get(), host_tensor(dtype, n, 3, 1.0f)));
+  bool ok = upload(x.get(), cached_tensor(dtype, n, 1, 1.0f)) &&
+            upload(out.get(), cached_tensor(dtype, n, 2, 1.0f)) &&
+            (op == Op::kFeedback ? upload(st.get(), cached_tensor(DType::kFloat32, n, 3, 1e-3f))
+                                 : upload(st.get(), cached_tensor(dtype, n, 3, 1.0f)));
   // Decodes read real codes.
   ok = ok && encode_cuda(spec, dtype, x.get(), n, codes.get(), bytes, {}, timer.stream()).is_ok() &&
        cudaStreamSynchronize(timer.stream()) == cudaSuccess;
@@ -265,7 +309,7 @@ void BM_codec(benchmark::State& state, Op op, DType dtype, CodecSpec spec) {
     state.SkipWithError(("warm-up failed: " + warm.to_string()).c_str());
     return;
   }
-  double total = 0.0;
+  std::vector<double> times;
   uint64_t iter = 1;
   for (auto _ : state) {
     timer.start();
@@ -276,19 +320,27 @@ void BM_codec(benchmark::State& state, Op op, DType dtype, CodecSpec spec) {
       return;
     }
     state.SetIterationTime(t);
-    total += t;
+    times.push_back(t);
   }
-  const double iters = static_cast<double>(state.iterations());
-  const double rw = static_cast<double>(traffic_bytes(op, spec, dtype, n)) * iters / total;
-  state.counters["tensor_GB/s"] = static_cast<double>(kTensorBytes) * iters / total * 1e-9;
-  state.counters["rw_GB/s"] = rw * 1e-9;
-  const double reference = copy_rw_bytes_per_s();
-  if (reference > 0) state.counters["vs_copy"] = rw / reference;
+  set_counters(state, times, traffic_bytes(op, spec, dtype, n));
+}
+
+// Registers cuda/<op>/<dtype>/<label>/<rn|sr>/256MiB for a parsed spec.
+void register_case(Op op, DType dtype, const CodecSpec& spec, const std::string& label) {
+  const std::string name = std::string("cuda/") + op_name(op) + "/" + dtype_name(dtype) + "/" +
+                           label + (spec.rounding == Rounding::kStochastic ? "/sr" : "/rn") +
+                           "/256MiB";
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [=](benchmark::State& s) { BM_codec(s, op, dtype, spec); })
+      ->UseManualTime()
+      ->Iterations(kIterations)
+      ->Unit(benchmark::kMillisecond);
 }
 
 int register_benchmarks() {
   benchmark::RegisterBenchmark("cuda/d2d_copy/256MiB", BM_d2d_copy)
       ->UseManualTime()
+      ->Iterations(kIterations)
       ->Unit(benchmark::kMillisecond);
   for (Op op :
        {Op::kEncode, Op::kFeedback, Op::kDelta, Op::kDecode, Op::kAccumulate, Op::kDecodeDelta}) {
@@ -302,14 +354,19 @@ int register_benchmarks() {
           spec.grouping = Grouping::kBlock;
           spec.block = kDefaultBlock;
           spec.rounding = r;
-          std::string name = std::string("cuda/") + op_name(op) + "/" + dtype_name(dtype) + "/q" +
-                             std::to_string(bits) +
-                             (is_encode_op(op) ? (r == Rounding::kNearest ? "/rn" : "/sr") : "") +
-                             "/256MiB";
-          benchmark::RegisterBenchmark(name.c_str(),
-                                       [=](benchmark::State& s) { BM_codec(s, op, dtype, spec); })
-              ->UseManualTime()
-              ->Unit(benchmark::kMillisecond);
+          register_case(op, dtype, spec, "q" + std::to_string(bits));
+        }
+      }
+    }
+  }
+  // The sparse codecs' selection (SparseLoCo's encodes): 64 of every 4096 elements.
+  for (const char* kind : {"topk", "randk"}) {
+    for (Op op : {Op::kEncode, Op::kFeedback}) {
+      for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+        for (int bits : {2, 4, 8}) {
+          const std::string b = "+q" + std::to_string(bits);
+          auto spec = parse_codec_spec(std::string(kind) + ":64/4096" + b);
+          if (spec.is_ok()) register_case(op, dtype, *spec, std::string(kind) + ":64of4096" + b);
         }
       }
     }
