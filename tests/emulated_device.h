@@ -36,6 +36,7 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   const char* name() const override { return "emulated"; }
   Result<int> device_of(const void* p) override;
   Status set_device(int device) override;
+  Result<int> current_device() override { return 0; }
   Result<void*> alloc_pinned(uint64_t bytes) override;
   void free_pinned(void* p) override;
   Result<void*> alloc_device(uint64_t bytes, device::Stream s) override;

@@ -12,12 +12,13 @@ class DeviceResidualBuffer final : public DeviceResidual {
   DeviceResidualBuffer(DeviceContext& ctx, int device, device::Stream s, float* p, uint64_t n)
       : ctx_(ctx), device_(device), stream_(s), p_(p), n_(n) {}
   ~DeviceResidualBuffer() override {
-    (void)ctx_.rt().set_device(device_);
+    device::DeviceGuard guard(ctx_.rt(), device_);
     ctx_.rt().free_device(p_, stream_);
   }
   float* data() override { return p_; }
   Status to_host(float* dst) override {
-    LOWCOMM_CHECK(ctx_.rt().set_device(device_));
+    device::DeviceGuard guard(ctx_.rt(), device_);
+    LOWCOMM_CHECK(guard.status());
     LOWCOMM_CHECK(ctx_.rt().copy(dst, p_, n_ * sizeof(float), stream_));
     return ctx_.rt().synchronize(stream_);
   }
@@ -38,7 +39,7 @@ DeviceCall::~DeviceCall() {
 
 DeviceContext::~DeviceContext() {
   for (auto& [dev, s] : streams_) {
-    (void)rt_.set_device(dev);
+    device::DeviceGuard guard(rt_, dev);
     (void)rt_.synchronize(s);
     rt_.destroy_stream(s);
   }
@@ -78,7 +79,8 @@ Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
                             "limit of " +
                             std::to_string(pinned_.limit()) + " bytes (LOWCOMM_PINNED_BYTES)");
   call->device = dev;
-  LOWCOMM_CHECK(rt_.set_device(dev));
+  device::DeviceGuard guard(rt_, dev);  // the caller's current device is left as it was
+  LOWCOMM_CHECK(guard.status());
   auto e = rt_.create_event();
   if (!e) return e.status();
   call->ready = *e;
@@ -95,7 +97,9 @@ DeviceOp::~DeviceOp() {
 Status DeviceOp::begin(const char* path) {
   counters_.device_path = path;
   if (call_.device < 0) return Status::ok();  // no buffer: nothing to order
-  LOWCOMM_CHECK(ctx_.rt().set_device(call_.device));
+  // Restored when the run ends (a collective may run inline on the caller's thread).
+  guard_.emplace(ctx_.rt(), call_.device);
+  LOWCOMM_CHECK(guard_->status());
   auto s = ctx_.stream(call_.device);
   if (!s) return s.status();
   stream_ = *s;

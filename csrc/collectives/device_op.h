@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "collectives/ef_store.h"
@@ -100,6 +101,7 @@ class DeviceOp {
   bool begun_ = false;
   std::vector<device::PinnedBlock> pinned_;
   std::vector<void*> scratch_;
+  std::optional<device::DeviceGuard> guard_;  // restores the thread's device after ~DeviceOp
 };
 
 // Runs `body` on pinned host copies of the call's buffers: `send` (send_bytes) copied in

@@ -65,6 +65,11 @@ class CudaRuntime final : public Runtime {
     LOWCOMM_CHECK_CUDA(cudaSetDevice(device));
     return Status::ok();
   }
+  Result<int> current_device() override {
+    int d = 0;
+    LOWCOMM_CHECK_CUDA(cudaGetDevice(&d));
+    return d;
+  }
 
   Result<void*> alloc_pinned(uint64_t bytes) override {
     void* p = nullptr;

@@ -38,8 +38,9 @@ class Runtime {
   // The device `p` lies on; kInvalidArgument when it is not device memory (host, pinned or
   // unknown pointers).
   virtual Result<int> device_of(const void* p) = 0;
-  // Makes `device` current on the calling thread.
+  // Makes `device` current on the calling thread / the calling thread's current device.
   virtual Status set_device(int device) = 0;
+  virtual Result<int> current_device() = 0;
 
   // Page-locked host memory (copies to and from it are asynchronous). Freed only when nothing
   // may still read it (freeing it synchronises the device in CUDA).
@@ -78,6 +79,28 @@ class Runtime {
   // Holds the work queued on `s` after the call until the gate is released, without blocking
   // the host; after `timeout` the stream goes on regardless.
   virtual Result<std::unique_ptr<Gate>> gate(Stream s, std::chrono::milliseconds timeout) = 0;
+};
+
+// Makes a device current for a scope and restores the thread's previous one after, so a call
+// on the caller's thread (or a collective run inline on it) leaves its current device alone.
+class DeviceGuard {
+ public:
+  DeviceGuard(Runtime& rt, int device) : rt_(rt) {
+    auto cur = rt.current_device();
+    if (cur) previous_ = *cur;
+    status_ = previous_ == device ? Status::ok() : rt.set_device(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)rt_.set_device(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  Runtime& rt_;
+  int previous_ = -1;
+  Status status_;
 };
 
 // The process's runtime: the CUDA runtime when this build has CUDA and the process sees a

@@ -22,9 +22,6 @@ std::set<LowcommBackend*>& live_backends() {         // guarded by g_live_mu
   static auto* s = new std::set<LowcommBackend*>();  // never destroyed: used at exit
   return *s;
 }
-// monitoredBarrier's messages: above every tag torch can pass (an int), below the core's 2^60.
-constexpr uint64_t kMonitorArriveTag = 1ull << 40;
-constexpr uint64_t kMonitorReleaseTag = kMonitorArriveTag + 1;
 
 }  // namespace
 
@@ -119,18 +116,22 @@ c10::intrusive_ptr<c10d::Backend> LowcommBackend::shrink(
   return c10::make_intrusive<LowcommBackend>(store, new_rank, new_size, timeout_, config_);
 }
 
-c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(c10d::OpType type,
+c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(DeviceScope& dev, c10d::OpType type,
                                                       std::vector<at::Tensor> outputs,
                                                       std::vector<lowcomm::Work> works,
                                                       std::function<void()> finish,
                                                       std::optional<std::vector<at::Tensor>> inputs,
-                                                      const char* title) {
+                                                      const char* title, bool gated) {
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
       type != c10d::OpType::RECVANYSOURCE)
     ++seq_;
   if (!inputs) inputs = outputs;  // in-place operations: the same tensors
+  // CUDA: the copies back are issued now, behind the gate; the Work keeps `finish` (and the
+  // buffers it holds) until the operation completes, without running it.
+  std::shared_ptr<DeviceDone> device = dev.issue(works, finish, gated);
   auto w = c10::make_intrusive<LowcommWork>(type, rank_, std::move(outputs), std::move(finish),
                                             *inputs, title);
+  if (device) w->set_device(std::move(device));
   w->start(std::move(works));
   return w;
 }
@@ -170,15 +171,17 @@ c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                          const c10d::BroadcastOptions& opts) {
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "broadcast", tensors);
   std::vector<lowcomm::Work> works;
   auto staged = std::make_shared<std::vector<Staged>>();
   for (auto& t : tensors) {
-    staged->emplace_back(t);
+    staged->emplace_back(t, dev);
     const at::Tensor& b = staged->back().buf;
     works.push_back(comm()->broadcast(b.data_ptr(), b.data_ptr(), elems(b),
-                                      to_dtype(b.scalar_type()), static_cast<int>(opts.rootRank)));
+                                      to_dtype(b.scalar_type()), static_cast<int>(opts.rootRank),
+                                      dev.where()));
   }
-  return launch(c10d::OpType::BROADCAST, tensors, std::move(works), [staged] {
+  return launch(dev, c10d::OpType::BROADCAST, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
   });
 }
@@ -187,16 +190,18 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
                                                          const c10d::AllreduceOptions& opts) {
   if (tensors.size() == 1 && tensors[0].is_sparse()) return allreduce_sparse(tensors[0], opts);
   const lowcomm::ReduceOp op = to_op(opts.reduceOp);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_reduce", tensors);
   std::vector<lowcomm::Work> works;
   auto staged = std::make_shared<std::vector<Staged>>();
   for (auto& t : tensors) {
-    staged->emplace_back(t);
+    staged->emplace_back(t, dev);
     const at::Tensor& b = staged->back().buf;
+    lowcomm::AllReduceOptions ar = group_allreduce_options(b, op);
+    dev.apply(ar);
     works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
-                                       to_dtype(b.scalar_type()), op,
-                                       group_allreduce_options(b, op)));
+                                       to_dtype(b.scalar_type()), op, ar));
   }
-  return launch(c10d::OpType::ALLREDUCE, tensors, std::move(works), [staged] {
+  return launch(dev, c10d::OpType::ALLREDUCE, tensors, std::move(works), [staged] {
     for (auto& s : *staged) s.write_back();
   });
 }
@@ -207,8 +212,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
   // first (one small all-gather), then indices and values padded to the largest count; the
   // call returns once they are here (a completed Work).
   TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "lowcomm: sparse all_reduce supports SUM only");
-  check_host(tensor);
-  at::Tensor c = tensor.coalesce();
+  // CUDA, as Gloo: through the host (the copies block; the result is in place on return).
+  DeviceScope dev(streams_, DeviceScope::Path::kStaged, "all_reduce (sparse)", {tensor});
+  at::Tensor c = (dev.cuda() ? tensor.cpu() : tensor).coalesce();
   const int64_t sparse_dim = c.sparse_dim();
   at::Tensor idx = c._indices().contiguous();
   at::Tensor val = c._values().contiguous();
@@ -244,22 +250,27 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
     val_parts.push_back(val_all[r].narrow(0, 0, counts[static_cast<size_t>(r)]));
   }
   at::Tensor sum = at::sparse_coo_tensor(at::cat(idx_parts, 1), at::cat(val_parts, 0),
-                                         tensor.sizes(), tensor.options())
+                                         tensor.sizes(), c.options())
                        .coalesce();
   tensor.copy_(sum);
-  return launch(c10d::OpType::ALLREDUCE, {tensor}, {});
+  return launch(dev, c10d::OpType::ALLREDUCE, {tensor}, {}, {}, std::nullopt, nullptr,
+                /*gated=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::ReduceOptions& opts) {
   TORCH_CHECK(tensors.size() == 1, "lowcomm: reduce takes one tensor");
-  auto staged = std::make_shared<Staged>(tensors[0]);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "reduce", tensors);
+  auto staged = std::make_shared<Staged>(tensors[0], dev);
   const at::Tensor& b = staged->buf;
   const int root = static_cast<int>(opts.rootRank);
-  std::vector<lowcomm::Work> works{comm()->reduce(
-      b.data_ptr(), b.data_ptr(), elems(b), to_dtype(b.scalar_type()), to_op(opts.reduceOp), root)};
+  lowcomm::AllReduceOptions ar;
+  dev.apply(ar);
+  std::vector<lowcomm::Work> works{comm()->reduce(b.data_ptr(), b.data_ptr(), elems(b),
+                                                  to_dtype(b.scalar_type()), to_op(opts.reduceOp),
+                                                  root, ar)};
   const bool is_root = root == rank_;
-  return launch(c10d::OpType::REDUCE, tensors, std::move(works), [staged, is_root] {
+  return launch(dev, c10d::OpType::REDUCE, tensors, std::move(works), [staged, is_root] {
     if (is_root) staged->write_back();
   });
 }
@@ -270,19 +281,21 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "lowcomm: allgather takes one tensor");
   TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "lowcomm: allgather needs ", size_,
               " output tensors");
-  auto in = std::make_shared<Staged>(inputs[0]);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_gather",
+                  all_of({&inputs, &outputs[0]}));
+  auto in = std::make_shared<Staged>(inputs[0], dev);
   for (const auto& o : outputs[0]) {
-    check_host(o);
     TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == inputs[0].scalar_type(),
                 "lowcomm: allgather output tensors must match the input's size and dtype");
   }
-  auto flat = std::make_shared<at::Tensor>(flat_of(outputs[0], in->buf, false));
-  std::vector<lowcomm::Work> works{comm()->all_gather(
-      in->buf.data_ptr(), flat->data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
+  auto flat = std::make_shared<at::Tensor>(flat_of(outputs[0], dev, in->buf.scalar_type(), false));
+  std::vector<lowcomm::Work> works{
+      comm()->all_gather(in->buf.data_ptr(), flat->data_ptr(), elems(in->buf),
+                         to_dtype(in->buf.scalar_type()), dev.where())};
   auto outs = outputs[0];
   return launch(
-      c10d::OpType::ALLGATHER, outs, std::move(works), [flat, outs, in] { unflatten(*flat, outs); },
-      inputs);
+      dev, c10d::OpType::ALLGATHER, outs, std::move(works),
+      [flat, outs, in] { unflatten(*flat, outs); }, inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
@@ -292,8 +305,10 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
   TORCH_CHECK(!inputs.empty(), "lowcomm: allgather_coalesced needs at least one input");
   TORCH_CHECK(static_cast<int>(output_lists.size()) == size_, "lowcomm: allgather_coalesced needs ",
               size_, " output lists");
+  std::vector<at::Tensor> every = inputs;
+  for (const auto& list : output_lists) every.insert(every.end(), list.begin(), list.end());
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_gather_coalesced", every);
   for (const auto& in : inputs) {
-    check_host(in);
     TORCH_CHECK(in.scalar_type() == inputs[0].scalar_type(),
                 "lowcomm: allgather_coalesced inputs must share one dtype");
   }
@@ -301,22 +316,21 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
     TORCH_CHECK(list.size() == inputs.size(),
                 "lowcomm: allgather_coalesced output lists must have one tensor per input");
     for (size_t i = 0; i < list.size(); ++i) {
-      check_host(list[i]);
       TORCH_CHECK(
           list[i].numel() == inputs[i].numel() && list[i].scalar_type() == inputs[i].scalar_type(),
           "lowcomm: allgather_coalesced output ", i, " must match input ", i, "'s size and dtype");
     }
   }
-  auto send = std::make_shared<at::Tensor>(flat_of(inputs, inputs[0], true));
+  auto send = std::make_shared<at::Tensor>(flat_of(inputs, dev, inputs[0].scalar_type(), true));
   const int64_t per_rank = send->numel();
-  auto flat = std::make_shared<at::Tensor>(at::empty({per_rank * size_}, send->options()));
+  auto flat = std::make_shared<at::Tensor>(dev.empty(per_rank * size_, send->scalar_type()));
   std::vector<lowcomm::Work> works{comm()->all_gather(send->data_ptr(), flat->data_ptr(),
                                                       static_cast<uint64_t>(per_rank),
-                                                      to_dtype(send->scalar_type()))};
+                                                      to_dtype(send->scalar_type()), dev.where())};
   std::vector<at::Tensor> outs;
   for (const auto& list : output_lists) outs.insert(outs.end(), list.begin(), list.end());
   return launch(
-      c10d::OpType::ALLGATHER_COALESCED, outs, std::move(works),
+      dev, c10d::OpType::ALLGATHER_COALESCED, outs, std::move(works),
       [send, flat, outs] { unflatten(*flat, outs); }, inputs);
 }
 
@@ -324,13 +338,15 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
   TORCH_CHECK(output.numel() == input.numel() * size_,
               "lowcomm: all_gather_into_tensor output must hold size() inputs");
-  auto in = std::make_shared<Staged>(input);
-  auto out = std::make_shared<Staged>(output);
-  std::vector<lowcomm::Work> works{comm()->all_gather(
-      in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_gather_into_tensor", {input, output});
+  auto in = std::make_shared<Staged>(input, dev);
+  auto out = std::make_shared<Staged>(output, dev);
+  std::vector<lowcomm::Work> works{
+      comm()->all_gather(in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf),
+                         to_dtype(in->buf.scalar_type()), dev.where())};
   return launch(
-      c10d::OpType::_ALLGATHER_BASE, {output}, std::move(works), [in, out] { out->write_back(); },
-      std::vector<at::Tensor>{input});
+      dev, c10d::OpType::_ALLGATHER_BASE, {output}, std::move(works),
+      [in, out] { out->write_back(); }, std::vector<at::Tensor>{input});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -338,21 +354,22 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at
                                                       const c10d::GatherOptions& opts) {
   TORCH_CHECK(inputs.size() == 1, "lowcomm: gather takes one tensor");
   const int root = static_cast<int>(opts.rootRank);
-  auto in = std::make_shared<Staged>(inputs[0]);
   std::vector<at::Tensor> outs = rank_ == root ? outputs.at(0) : std::vector<at::Tensor>{};
   TORCH_CHECK(rank_ != root || static_cast<int>(outs.size()) == size_, "lowcomm: gather needs ",
               size_, " output tensors on the root");
-  auto flat =
-      std::make_shared<at::Tensor>(rank_ == root ? flat_of(outs, in->buf, false) : at::Tensor());
+  DeviceScope dev(streams_, DeviceScope::Path::kStaged, "gather", all_of({&inputs, &outs}));
+  auto in = std::make_shared<Staged>(inputs[0], dev);
+  auto flat = std::make_shared<at::Tensor>(
+      rank_ == root ? flat_of(outs, dev, in->buf.scalar_type(), false) : at::Tensor());
   std::vector<lowcomm::Work> works{
       comm()->gather(in->buf.data_ptr(), rank_ == root ? flat->data_ptr() : nullptr, elems(in->buf),
                      to_dtype(in->buf.scalar_type()), root)};
   return launch(
-      c10d::OpType::GATHER, outs, std::move(works),
+      dev, c10d::OpType::GATHER, outs, std::move(works),
       [flat, outs, in] {
         if (flat->defined()) unflatten(*flat, outs);
       },
-      inputs);
+      inputs, nullptr, rank_ == root);
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -360,18 +377,18 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& 
                                                        const c10d::ScatterOptions& opts) {
   TORCH_CHECK(outputs.size() == 1, "lowcomm: scatter takes one output tensor");
   const int root = static_cast<int>(opts.rootRank);
-  auto out = std::make_shared<Staged>(outputs[0]);
+  TORCH_CHECK(rank_ != root || static_cast<int>(inputs.at(0).size()) == size_,
+              "lowcomm: scatter needs ", size_, " input tensors on the root");
+  std::vector<at::Tensor> ins = rank_ == root ? inputs.at(0) : std::vector<at::Tensor>{};
+  DeviceScope dev(streams_, DeviceScope::Path::kStaged, "scatter", all_of({&outputs, &ins}));
+  auto out = std::make_shared<Staged>(outputs[0], dev, /*input=*/false);
   at::Tensor flat;
-  if (rank_ == root) {
-    TORCH_CHECK(static_cast<int>(inputs.at(0).size()) == size_, "lowcomm: scatter needs ", size_,
-                " input tensors on the root");
-    flat = flat_of(inputs[0], out->buf, true);
-  }
+  if (rank_ == root) flat = flat_of(ins, dev, out->buf.scalar_type(), true);
   auto keep = std::make_shared<at::Tensor>(flat);
   std::vector<lowcomm::Work> works{comm()->scatter(rank_ == root ? keep->data_ptr() : nullptr,
                                                    out->buf.data_ptr(), elems(out->buf),
                                                    to_dtype(out->buf.scalar_type()), root)};
-  return launch(c10d::OpType::SCATTER, outputs, std::move(works),
+  return launch(dev, c10d::OpType::SCATTER, outputs, std::move(works),
                 [out, keep] { out->write_back(); });
 }
 
@@ -382,35 +399,43 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter(
               "lowcomm: reduce_scatter takes one tensor");
   TORCH_CHECK(static_cast<int>(inputs[0].size()) == size_, "lowcomm: reduce_scatter needs ", size_,
               " input tensors");
-  auto out = std::make_shared<Staged>(outputs[0]);
-  auto flat = std::make_shared<at::Tensor>(flat_of(inputs[0], out->buf, true));
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "reduce_scatter",
+                  all_of({&outputs, &inputs[0]}));
+  auto out = std::make_shared<Staged>(outputs[0], dev);
+  auto flat = std::make_shared<at::Tensor>(flat_of(inputs[0], dev, out->buf.scalar_type(), true));
+  lowcomm::ReduceScatterOptions rs;
+  dev.apply(rs);
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(flat->data_ptr(), out->buf.data_ptr(), elems(out->buf),
-                             to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
+                             to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp), rs)};
   return launch(
-      c10d::OpType::REDUCE_SCATTER, outputs, std::move(works), [out, flat] { out->write_back(); },
-      inputs.at(0));
+      dev, c10d::OpType::REDUCE_SCATTER, outputs, std::move(works),
+      [out, flat] { out->write_back(); }, inputs.at(0));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK(input.numel() == output.numel() * size_,
               "lowcomm: reduce_scatter_tensor input must hold size() outputs");
-  auto in = std::make_shared<Staged>(input);
-  auto out = std::make_shared<Staged>(output);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "reduce_scatter_tensor", {input, output});
+  auto in = std::make_shared<Staged>(input, dev);
+  auto out = std::make_shared<Staged>(output, dev);
+  lowcomm::ReduceScatterOptions rs;
+  dev.apply(rs);
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
-                             to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp))};
+                             to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp), rs)};
   return launch(
-      c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(works),
+      dev, c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(works),
       [in, out] { out->write_back(); }, std::vector<at::Tensor>{input});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
     std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
-  auto in = std::make_shared<Staged>(input);
-  auto out = std::make_shared<Staged>(output);
+  DeviceScope dev(streams_, DeviceScope::Path::kStaged, "all_to_all_single", {input, output});
+  auto in = std::make_shared<Staged>(input, dev);
+  auto out = std::make_shared<Staged>(output, dev, /*input=*/false);
   const auto P = static_cast<size_t>(size_);
   // Splits are rows of dim 0; empty: equal rows per rank.
   auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
@@ -436,8 +461,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
   std::vector<lowcomm::Work> works{comm()->all_to_all(
       in->buf.data_ptr(), sc, so, out->buf.data_ptr(), rc, ro, to_dtype(in->buf.scalar_type()))};
   return launch(
-      c10d::OpType::ALLTOALL_BASE, {output}, std::move(works), [in, out] { out->write_back(); },
-      std::vector<at::Tensor>{input});
+      dev, c10d::OpType::ALLTOALL_BASE, {output}, std::move(works),
+      [in, out] { out->write_back(); }, std::vector<at::Tensor>{input});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -448,11 +473,10 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>&
   const auto P = static_cast<size_t>(size_);
   TORCH_CHECK(inputs.size() == P && outputs.size() == P, "lowcomm: alltoall needs ", P,
               " input and ", P, " output tensors");
+  DeviceScope dev(streams_, DeviceScope::Path::kStaged, "all_to_all", all_of({&inputs, &outputs}));
   std::vector<uint64_t> sc(P), so(P), rc(P), ro(P);
   uint64_t s_at = 0, r_at = 0;
   for (size_t j = 0; j < P; ++j) {
-    check_host(inputs[j]);
-    check_host(outputs[j]);
     TORCH_CHECK(inputs[j].scalar_type() == inputs[0].scalar_type() &&
                     outputs[j].scalar_type() == inputs[0].scalar_type(),
                 "lowcomm: alltoall tensors must share one dtype");
@@ -463,126 +487,15 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>&
     ro[j] = r_at;
     r_at += rc[j];
   }
-  auto send = std::make_shared<at::Tensor>(flat_of(inputs, inputs[0], true));
-  auto recv = std::make_shared<at::Tensor>(flat_of(outputs, inputs[0], false));
+  const at::ScalarType dtype = inputs[0].scalar_type();
+  auto send = std::make_shared<at::Tensor>(flat_of(inputs, dev, dtype, true));
+  auto recv = std::make_shared<at::Tensor>(flat_of(outputs, dev, dtype, false));
   std::vector<lowcomm::Work> works{comm()->all_to_all(send->data_ptr(), sc, so, recv->data_ptr(),
                                                       rc, ro, to_dtype(inputs[0].scalar_type()))};
   auto outs = outputs;
   return launch(
-      c10d::OpType::ALLTOALL, outs, std::move(works),
+      dev, c10d::OpType::ALLTOALL, outs, std::move(works),
       [send, recv, outs] { unflatten(*recv, outs); }, inputs);
-}
-
-c10::intrusive_ptr<c10d::Work> LowcommBackend::send(std::vector<at::Tensor>& tensors, int dst,
-                                                    int tag) {
-  TORCH_CHECK(tensors.size() == 1, "lowcomm: send takes one tensor");
-  auto in = std::make_shared<Staged>(tensors[0]);
-  std::vector<lowcomm::Work> works{comm()->send(in->buf.data_ptr(), elems(in->buf),
-                                                to_dtype(in->buf.scalar_type()), dst,
-                                                static_cast<uint64_t>(tag))};
-  return launch(c10d::OpType::SEND, tensors, std::move(works), [in] {});
-}
-
-c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& tensors, int src,
-                                                    int tag) {
-  TORCH_CHECK(tensors.size() == 1, "lowcomm: recv takes one tensor");
-  auto out = std::make_shared<Staged>(tensors[0]);
-  std::vector<lowcomm::Work> works{comm()->recv(out->buf.data_ptr(), elems(out->buf),
-                                                to_dtype(out->buf.scalar_type()), src,
-                                                static_cast<uint64_t>(tag))};
-  auto w = c10::make_intrusive<LowcommWork>(
-      c10d::OpType::RECV, rank_, tensors, [out] { out->write_back(); }, tensors);
-  w->set_source_rank(src);
-  w->start(std::move(works));
-  return w;
-}
-
-c10::intrusive_ptr<c10d::Work> LowcommBackend::recvAnysource(std::vector<at::Tensor>& tensors,
-                                                             int tag) {
-  TORCH_CHECK(tensors.size() == 1, "lowcomm: recv takes one tensor");
-  auto out = std::make_shared<Staged>(tensors[0]);
-  std::vector<lowcomm::Work> works{comm()->recv_any(out->buf.data_ptr(), elems(out->buf),
-                                                    to_dtype(out->buf.scalar_type()),
-                                                    static_cast<uint64_t>(tag))};
-  return launch(c10d::OpType::RECVANYSOURCE, tensors, std::move(works),
-                [out] { out->write_back(); });
-}
-
-void LowcommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  using Clock = std::chrono::steady_clock;
-  const auto timeout = opts.timeout;
-  const auto deadline = Clock::now() + timeout;
-  auto left = [&] {
-    return std::max(std::chrono::milliseconds(0),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-  };
-  lowcomm::Communicator* c = comm();
-  uint8_t token = 1;
-  if (rank_ != 0) {
-    Status s = c->send(&token, 1, DType::kUInt8, 0, kMonitorArriveTag).wait_for(left());
-    if (s.is_ok()) s = c->recv(&token, 1, DType::kUInt8, 0, kMonitorReleaseTag).wait_for(left());
-    if (!s.is_ok()) {
-      c->abort();  // a send or receive may still hold `token`
-      C10_THROW_ERROR(DistBackendError,
-                      "lowcomm: Rank " + std::to_string(rank_) +
-                          " successfully reached monitoredBarrier, but received errors while "
-                          "waiting for send/recv from rank 0 (" +
-                          s.to_string() + "). Please check rank 0 logs for faulty rank.");
-    }
-    return;
-  }
-  // Rank 0: one any-source receive per other rank, so a missing rank does not hold up the
-  // accounting of the others.
-  std::vector<uint8_t> got(static_cast<size_t>(size_), 0);
-  std::vector<lowcomm::Work> arrivals;
-  for (int r = 1; r < size_; ++r)
-    arrivals.push_back(
-        c->recv_any(&got[static_cast<size_t>(r)], 1, DType::kUInt8, kMonitorArriveTag));
-  std::vector<bool> came(static_cast<size_t>(size_), false);
-  came[0] = true;
-  for (auto& w : arrivals) {
-    if (!waitAllRanks && left().count() <= 0 && !w.test()) {
-      // As Gloo: the time ran out before this rank's turn (a zero timeout, or slow arrivals)
-      c->abort();  // receives still hold `got`
-      C10_THROW_ERROR(DistBackendError,
-                      "lowcomm: [Rank 0]: Rank 0 timed out in monitoredBarrier after " +
-                          std::to_string(timeout.count()) + " ms");
-    }
-    Status s = w.wait_for(left());
-    if (s.is_ok()) {
-      came[static_cast<size_t>(w.source())] = true;
-      continue;
-    }
-    c->abort();  // receives still hold `got`
-    std::vector<int> missing;
-    for (int r = 1; r < size_; ++r)
-      if (!came[static_cast<size_t>(r)]) missing.push_back(r);
-    if (s.code() != StatusCode::kTimeout || missing.empty())
-      C10_THROW_ERROR(DistBackendError,
-                      "lowcomm: [Rank 0]: monitoredBarrier failed: " + s.to_string());
-    if (!waitAllRanks) missing.resize(1);  // Gloo names the first
-    std::string list;
-    for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    C10_THROW_ERROR(DistBackendError, std::string("lowcomm: [Rank 0]: ") +
-                                          (missing.size() == 1 ? "Rank " : "Ranks ") + list +
-                                          " failed to pass monitoredBarrier in " +
-                                          std::to_string(timeout.count()) + " ms");
-  }
-  std::vector<lowcomm::Work> releases;
-  for (int r = 1; r < size_; ++r)
-    releases.push_back(c->send(&token, 1, DType::kUInt8, r, kMonitorReleaseTag));
-  for (auto& w : releases) {
-    Status s = w.wait_for(left());
-    if (!s.is_ok()) {
-      c->abort();
-      C10_THROW_ERROR(DistBackendError,
-                      "lowcomm: [Rank 0]: monitoredBarrier release failed: " + s.to_string());
-    }
-  }
-}
-
-c10::intrusive_ptr<c10d::Work> LowcommBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
-  return launch(c10d::OpType::BARRIER, {}, {comm()->barrier()});
 }
 
 }  // namespace lowcomm::torch_backend

@@ -3,8 +3,9 @@
 // torch hands the backend: rank 0 creates the communicator id (address and secret) and sets it
 // under the group's prefix; the others read it. Every op maps onto one lowcomm collective over
 // host tensors (no copy for contiguous ones; non-contiguous inputs are staged, outputs copied
-// back at completion). Exact by default; float sum/avg all-reduces at or above
-// codec_threshold bytes are compressed with `codec` when one is set.
+// back at completion) or CUDA tensors of one device (device.h: the library's device path, or
+// staged through pinned host memory; NCCL's stream semantics). Exact by default; float sum/avg
+// all-reduces at or above codec_threshold bytes are compressed with `codec` when one is set.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "call_order_keys.h"
+#include "device.h"
 #include "lowcomm/communicator.h"
 #include "tensor_util.h"
 
@@ -216,12 +218,15 @@ class LowcommBackend : public c10d::Backend {
                                                   const c10d::AllreduceOptions& opts);
   // A Work over `works` (completes when they all have; `finish` then runs); counts collectives.
   // `inputs`: the tensors the profiler records (unset: `outputs`, for in-place operations);
-  // `title`: the profiler's event name (unset: the one `type` has).
-  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs,
+  // `title`: the profiler's event name (unset: the one `type` has). A CUDA operation (`dev`)
+  // issues `finish` (its copies back) now on the side stream, after a gate on `works` unless
+  // `gated` is false (nothing of the operation on the device after the host part: a send).
+  c10::intrusive_ptr<c10d::Work> launch(DeviceScope& dev, c10d::OpType type,
+                                        std::vector<at::Tensor> outputs,
                                         std::vector<lowcomm::Work> works,
                                         std::function<void()> finish = {},
                                         std::optional<std::vector<at::Tensor>> inputs = {},
-                                        const char* title = nullptr);
+                                        const char* title = nullptr, bool gated = true);
   // The group's options for an all-reduce of the contiguous `b`: its codec and error-feedback
   // key when the group compresses such a call (a codec is set, a float dtype, SUM or AVG, at
   // least codec_threshold bytes), else exact.
@@ -241,6 +246,7 @@ class LowcommBackend : public c10d::Backend {
   BackendConfig config_;
   std::optional<lowcomm::CodecSpec> codec_;  // config_.codec, parsed
   CallOrderKeys order_keys_;
+  SideStreams streams_;  // CUDA operations' side stream per device (device.h)
 };
 
 }  // namespace lowcomm::torch_backend

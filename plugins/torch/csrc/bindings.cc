@@ -81,6 +81,14 @@ PYBIND11_MODULE(_C, m) {
         d["rate_estimate"] = s.rate_estimate;
         // An all-reduce's schedule: flat, two-level, one-hop; sparse: gather-all or owner.
         d["schedule"] = s.schedule;
+        // CUDA tensors on the library's device path (docs/torch.md, "CUDA tensors"): bytes
+        // copied each way between the device and host memory, and "gpu-codec" (encoded and
+        // decoded on the GPU) or "staged" (through pinned host memory); 0 and "" for host
+        // buffers, and for operations the plugin stages itself (gather, scatter, all-to-all,
+        // send/recv: the library sees host buffers).
+        d["device_to_host_bytes"] = s.device_to_host_bytes;
+        d["host_to_device_bytes"] = s.host_to_device_bytes;
+        d["device_path"] = s.device_path;
         return d;
       });
   lowcomm::torch_backend::bind_codecs(m);
@@ -91,4 +99,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("sparse_schedule") = "", py::call_guard<py::gil_scoped_release>());
   m.def("close_all_at_exit", &LowcommBackend::close_all_at_exit,
         py::call_guard<py::gil_scoped_release>());
+  // Whether this extension was built to take CUDA tensors (setup.py: LOWCOMM_WITH_CUDA).
+#ifdef LOWCOMM_WITH_CUDA
+  m.attr("WITH_CUDA") = true;
+#else
+  m.attr("WITH_CUDA") = false;
+#endif
 }

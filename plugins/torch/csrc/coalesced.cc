@@ -40,8 +40,6 @@ void check_pairs(const char* what, const std::vector<at::Tensor>& outputs,
               " needs one output per input, got ", outputs.size(), " outputs and ", inputs.size(),
               " inputs");
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_host(inputs[i]);
-    check_host(outputs[i]);
     TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type(), "lowcomm: ", what, " output ",
                 i, " is ", outputs[i].scalar_type(), " but input ", i, " is ",
                 inputs[i].scalar_type());
@@ -79,18 +77,21 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& /*opts*/) {
   check_pairs("all_gather_into_tensor_coalesced", outputs, inputs);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_gather_into_tensor_coalesced",
+                  all_of({&inputs, &outputs}));
   for (size_t i = 0; i < inputs.size(); ++i)
     TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * size_,
                 "lowcomm: all_gather_into_tensor_coalesced output ", i, " must hold ", size_,
                 " times input ", i, "'s ", inputs[i].numel(), " elements, has ",
                 outputs[i].numel());
   if (inputs.size() == 1) {
-    auto in = std::make_shared<Staged>(inputs[0]);
-    auto out = std::make_shared<Staged>(outputs[0]);
-    std::vector<lowcomm::Work> works{comm()->all_gather(
-        in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf), to_dtype(in->buf.scalar_type()))};
+    auto in = std::make_shared<Staged>(inputs[0], dev);
+    auto out = std::make_shared<Staged>(outputs[0], dev);
+    std::vector<lowcomm::Work> works{
+        comm()->all_gather(in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf),
+                           to_dtype(in->buf.scalar_type()), dev.where())};
     return launch(
-        c10d::OpType::COALESCED, outputs, std::move(works), [in, out] { out->write_back(); },
+        dev, c10d::OpType::COALESCED, outputs, std::move(works), [in, out] { out->write_back(); },
         inputs, kAllGatherTitle);
   }
   const size_t n = inputs.size();
@@ -100,20 +101,21 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_into_tensor_coalesced(
     nbytes[i] = static_cast<int64_t>(inputs[i].nbytes());
     per_rank += nbytes[i];
   }
-  auto send = std::make_shared<at::Tensor>(at::empty({per_rank}, at::kByte));
+  auto send = std::make_shared<at::Tensor>(dev.empty(per_rank, at::kByte));
   int64_t pos = 0;
   for (size_t i = 0; i < n; ++i) {
     send->narrow(0, pos, nbytes[i]).copy_(bytes_of(inputs[i].contiguous()));
     pos += nbytes[i];
   }
-  auto recv = std::make_shared<at::Tensor>(at::empty({per_rank * size_}, at::kByte));
+  auto recv = std::make_shared<at::Tensor>(dev.empty(per_rank * size_, at::kByte));
   auto outs = std::make_shared<std::vector<Staged>>();
-  for (const auto& o : outputs) outs->emplace_back(o);
-  std::vector<lowcomm::Work> works{comm()->all_gather(
-      send->data_ptr(), recv->data_ptr(), static_cast<uint64_t>(per_rank), DType::kUInt8)};
+  for (const auto& o : outputs) outs->emplace_back(o, dev);
+  std::vector<lowcomm::Work> works{comm()->all_gather(send->data_ptr(), recv->data_ptr(),
+                                                      static_cast<uint64_t>(per_rank),
+                                                      DType::kUInt8, dev.where())};
   const int ranks = size_;
   return launch(
-      c10d::OpType::COALESCED, outputs, std::move(works),
+      dev, c10d::OpType::COALESCED, outputs, std::move(works),
       [send, recv, outs, nbytes, per_rank, ranks] {
         for (int r = 0; r < ranks; ++r) {
           int64_t from = r * per_rank;
@@ -139,14 +141,18 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter_tensor_coalesced(
                 " times output ", i, "'s ", outputs[i].numel(), " elements, has ",
                 inputs[i].numel());
   const lowcomm::ReduceOp op = to_op(opts.reduceOp);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "reduce_scatter_tensor_coalesced",
+                  all_of({&inputs, &outputs}));
+  lowcomm::ReduceScatterOptions rs;
+  dev.apply(rs);
   if (inputs.size() == 1) {
-    auto in = std::make_shared<Staged>(inputs[0]);
-    auto out = std::make_shared<Staged>(outputs[0]);
-    std::vector<lowcomm::Work> works{comm()->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(),
-                                                            elems(out->buf),
-                                                            to_dtype(out->buf.scalar_type()), op)};
+    auto in = std::make_shared<Staged>(inputs[0], dev);
+    auto out = std::make_shared<Staged>(outputs[0], dev);
+    std::vector<lowcomm::Work> works{
+        comm()->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
+                               to_dtype(out->buf.scalar_type()), op, rs)};
     return launch(
-        c10d::OpType::COALESCED, outputs, std::move(works), [in, out] { out->write_back(); },
+        dev, c10d::OpType::COALESCED, outputs, std::move(works), [in, out] { out->write_back(); },
         inputs, kReduceScatterTitle);
   }
   struct Block {
@@ -172,18 +178,18 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter_tensor_coalesced(
     }
     works.push_back(comm()->reduce_scatter(b.send.data_ptr(), b.recv.data_ptr(),
                                            static_cast<uint64_t>(per_rank),
-                                           to_dtype(b.send.scalar_type()), op));
+                                           to_dtype(b.send.scalar_type()), op, rs));
     blocks->push_back(std::move(b));
   }
   auto outs = outputs;
   return launch(
-      c10d::OpType::COALESCED, outputs, std::move(works),
+      dev, c10d::OpType::COALESCED, outputs, std::move(works),
       [blocks, outs] {
         for (const auto& b : *blocks) {
           int64_t pos = 0;
           for (size_t i : b.members) {
             const int64_t k = outs[i].numel();
-            outs[i].copy_(b.recv.narrow(0, pos, k).view(outs[i].sizes()));
+            outs[i].copy_(b.recv.narrow(0, pos, k).view(outs[i].sizes()), /*non_blocking=*/true);
             pos += k;
           }
         }
@@ -194,24 +200,24 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK(!tensors.empty(), "lowcomm: allreduce_coalesced needs at least one tensor");
-  for (const auto& t : tensors) {
+  for (const auto& t : tensors)
     TORCH_CHECK(!t.is_sparse(), "lowcomm: allreduce_coalesced takes dense tensors");
-    check_host(t);
-  }
   const lowcomm::ReduceOp op = to_op(opts.reduceOp);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_reduce_coalesced", tensors);
   std::vector<lowcomm::Work> works;
   // Compressed ones in place (each its own key); exact ones per dtype, end to end.
   auto staged = std::make_shared<std::vector<Staged>>();
   std::vector<size_t> exact;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    Staged s(tensors[i]);
-    if (!group_compresses(s.buf, op)) {
+    if (!group_compresses(tensors[i], op)) {
       exact.push_back(i);
       continue;
     }
+    Staged s(tensors[i], dev);
+    lowcomm::AllReduceOptions ar = group_allreduce_options(s.buf, op);
+    dev.apply(ar);
     works.push_back(comm()->all_reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf),
-                                       to_dtype(s.buf.scalar_type()), op,
-                                       group_allreduce_options(s.buf, op)));
+                                       to_dtype(s.buf.scalar_type()), op, ar));
     staged->push_back(std::move(s));
   }
   struct Block {
@@ -223,22 +229,25 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_coalesced(
     Block b;
     for (size_t i : members) b.members.push_back(tensors[i]);
     if (b.members.size() == 1) {
-      staged->emplace_back(b.members[0]);
+      staged->emplace_back(b.members[0], dev);
       b.flat = staged->back().buf;
       b.members.clear();  // written back through `staged`
     } else {
-      b.flat = flat_of(b.members, b.members[0], true);
+      b.flat = flat_of(b.members, dev, b.members[0].scalar_type(), true);
     }
+    lowcomm::AllReduceOptions exact_ar;
+    dev.apply(exact_ar);
     works.push_back(comm()->all_reduce(b.flat.data_ptr(), b.flat.data_ptr(), elems(b.flat),
-                                       to_dtype(b.flat.scalar_type()), op));
+                                       to_dtype(b.flat.scalar_type()), op, exact_ar));
     blocks->push_back(std::move(b));
   }
-  return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors, std::move(works), [staged, blocks] {
-    for (const auto& s : *staged) s.write_back();
-    for (const auto& b : *blocks) {
-      if (!b.members.empty()) unflatten(b.flat, b.members);
-    }
-  });
+  return launch(dev, c10d::OpType::ALLREDUCE_COALESCED, tensors, std::move(works),
+                [staged, blocks] {
+                  for (const auto& s : *staged) s.write_back();
+                  for (const auto& b : *blocks) {
+                    if (!b.members.empty()) unflatten(b.flat, b.members);
+                  }
+                });
 }
 
 }  // namespace lowcomm::torch_backend

@@ -8,6 +8,13 @@
 
 #include "lowcomm/codec.h"
 
+#ifdef LOWCOMM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "lowcomm/codec_cuda.h"
+#endif
+
 namespace py = pybind11;
 
 namespace lowcomm::torch_backend {
@@ -19,11 +26,20 @@ lowcomm::CodecSpec spec_of(const std::string& text) {
   return *spec;
 }
 
-// The codecs take fp32, bf16 and fp16 host tensors, contiguous (the caller's to make them so:
-// a silent copy would hide that an in-place cache was not updated).
+// The codecs take fp32, bf16 and fp16 tensors, contiguous (the caller's to make them so: a
+// silent copy would hide that an in-place cache was not updated), on the CPU or (a build with
+// CUDA) a CUDA device: there the CUDA kernels run on the device's current stream, asynchronously,
+// and write the same bytes as the CPU functions.
 lowcomm::DType value_dtype(const at::Tensor& t, const char* what) {
+#ifdef LOWCOMM_WITH_CUDA
+  TORCH_CHECK_VALUE(t.device().is_cpu() || t.device().is_cuda(), "lowcomm: ", what,
+                    " must be a CPU or CUDA tensor, got ", t.device());
+#else
   TORCH_CHECK_VALUE(t.device().is_cpu(), "lowcomm: ", what, " must be a CPU tensor, got ",
-                    t.device());
+                    t.device(),
+                    " (this build of lowcomm's torch extension has no CUDA: it was built without "
+                    "CUDA, or with LOWCOMM_TORCH_CUDA=0)");
+#endif
   TORCH_CHECK_VALUE(t.is_contiguous(), "lowcomm: ", what, " must be contiguous");
   switch (t.scalar_type()) {
     case at::kFloat:
@@ -48,10 +64,16 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
                     b.scalar_type(), " x ", b.numel());
 }
 
+// Every tensor of one call on one device: `first`'s.
+void check_device(const at::Tensor& first, const at::Tensor& t, const char* what) {
+  TORCH_CHECK_VALUE(t.device() == first.device(), "lowcomm: ", what, " is on ", t.device(),
+                    " but the values are on ", first.device(),
+                    ": a codec call takes tensors of one device (copy them with .to())");
+}
+
 void check_codes(const at::Tensor& codes, const lowcomm::CodecSpec& spec, uint64_t n) {
-  TORCH_CHECK_VALUE(
-      codes.device().is_cpu() && codes.is_contiguous() && codes.scalar_type() == at::kByte,
-      "lowcomm: codes must be a contiguous CPU uint8 tensor");
+  TORCH_CHECK_VALUE(codes.is_contiguous() && codes.scalar_type() == at::kByte,
+                    "lowcomm: codes must be a contiguous uint8 tensor");
   const uint64_t need = lowcomm::encoded_size(spec, n);
   TORCH_CHECK_VALUE(static_cast<uint64_t>(codes.numel()) == need, "lowcomm: ", need,
                     " code bytes expected for ", n, " elements of ", lowcomm::to_string(spec),
@@ -62,9 +84,23 @@ void ok(const lowcomm::Status& s) {
   TORCH_CHECK_VALUE(s.is_ok(), "lowcomm: ", s.to_string());
 }
 
-at::Tensor new_codes(const lowcomm::CodecSpec& spec, uint64_t n) {
+at::Tensor new_codes(const lowcomm::CodecSpec& spec, uint64_t n, const at::Tensor& like) {
   ok(lowcomm::check_count(spec, n));
-  return at::empty({static_cast<int64_t>(lowcomm::encoded_size(spec, n))}, at::kByte);
+  return at::empty({static_cast<int64_t>(lowcomm::encoded_size(spec, n))},
+                   at::TensorOptions().dtype(at::kByte).device(like.device()));
+}
+
+// Runs `host` for CPU tensors, else `device` with the CUDA device guarded and its current stream.
+template <typename Host, typename Device>
+lowcomm::Status on_device_of(const at::Tensor& t, Host host, Device device) {
+#ifdef LOWCOMM_WITH_CUDA
+  if (t.device().is_cuda()) {
+    c10::cuda::CUDAGuard guard(t.device());
+    return device(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+  }
+#endif
+  (void)device;
+  return host();
 }
 
 }  // namespace
@@ -83,10 +119,23 @@ void bind_codecs(py::module_& m) {
       [](const std::string& codec, const at::Tensor& x, uint64_t seed, uint64_t offset) {
         lowcomm::CodecSpec spec = spec_of(codec);
         const lowcomm::DType dt = value_dtype(x, "x");
-        at::Tensor codes = new_codes(spec, count(x));
+        at::Tensor codes = new_codes(spec, count(x), x);
         py::gil_scoped_release nogil;
-        ok(lowcomm::encode(spec, dt, x.data_ptr(), count(x), codes.data_ptr(),
-                           static_cast<uint64_t>(codes.numel()), {seed, offset}));
+        const uint64_t bytes = static_cast<uint64_t>(codes.numel());
+        ok(on_device_of(
+            x,
+            [&] {
+              return lowcomm::encode(spec, dt, x.data_ptr(), count(x), codes.data_ptr(), bytes,
+                                     {seed, offset});
+            },
+            [&](auto stream) {
+#ifdef LOWCOMM_WITH_CUDA
+              return lowcomm::encode_cuda(spec, dt, x.data_ptr(), count(x), codes.data_ptr(), bytes,
+                                          {seed, offset}, stream);
+#else
+              return lowcomm::Status();
+#endif
+            }));
         return codes;
       },
       py::arg("codec"), py::arg("x"), py::arg("seed") = 0, py::arg("offset") = 0,
@@ -96,10 +145,23 @@ void bind_codecs(py::module_& m) {
       [](const std::string& codec, const at::Tensor& codes, at::Tensor& out) {
         lowcomm::CodecSpec spec = spec_of(codec);
         const lowcomm::DType dt = value_dtype(out, "out");
+        check_device(out, codes, "codes");
         check_codes(codes, spec, count(out));
         py::gil_scoped_release nogil;
-        ok(lowcomm::decode(spec, codes.data_ptr(), static_cast<uint64_t>(codes.numel()), count(out),
-                           dt, out.data_ptr()));
+        const uint64_t bytes = static_cast<uint64_t>(codes.numel());
+        ok(on_device_of(
+            out,
+            [&] {
+              return lowcomm::decode(spec, codes.data_ptr(), bytes, count(out), dt, out.data_ptr());
+            },
+            [&](auto stream) {
+#ifdef LOWCOMM_WITH_CUDA
+              return lowcomm::decode_cuda(spec, codes.data_ptr(), bytes, count(out), dt,
+                                          out.data_ptr(), stream);
+#else
+              return lowcomm::Status();
+#endif
+            }));
       },
       py::arg("codec"), py::arg("codes"), py::arg("out"), "out = D(codes).");
   m.def(
@@ -109,11 +171,25 @@ void bind_codecs(py::module_& m) {
         lowcomm::CodecSpec spec = spec_of(codec);
         const lowcomm::DType dt = value_dtype(a, "a");
         value_dtype(m, "m");
+        check_device(a, m, "the cache m");
         check_same(a, m, "the cache m");
-        at::Tensor codes = new_codes(spec, count(a));
+        at::Tensor codes = new_codes(spec, count(a), a);
         py::gil_scoped_release nogil;
-        ok(lowcomm::encode_delta(spec, dt, a.data_ptr(), m.data_ptr(), count(a), codes.data_ptr(),
-                                 static_cast<uint64_t>(codes.numel()), {seed, offset}));
+        const uint64_t bytes = static_cast<uint64_t>(codes.numel());
+        ok(on_device_of(
+            a,
+            [&] {
+              return lowcomm::encode_delta(spec, dt, a.data_ptr(), m.data_ptr(), count(a),
+                                           codes.data_ptr(), bytes, {seed, offset});
+            },
+            [&](auto stream) {
+#ifdef LOWCOMM_WITH_CUDA
+              return lowcomm::encode_delta_cuda(spec, dt, a.data_ptr(), m.data_ptr(), count(a),
+                                                codes.data_ptr(), bytes, {seed, offset}, stream);
+#else
+              return lowcomm::Status();
+#endif
+            }));
         return codes;
       },
       py::arg("codec"), py::arg("a"), py::arg("m"), py::arg("seed") = 0, py::arg("offset") = 0,
@@ -124,18 +200,33 @@ void bind_codecs(py::module_& m) {
          std::optional<at::Tensor> out) {
         lowcomm::CodecSpec spec = spec_of(codec);
         const lowcomm::DType dt = value_dtype(m, "m");
+        check_device(m, codes, "codes");
         check_codes(codes, spec, count(m));
         void* out_ptr = nullptr;
         if (out) {
           value_dtype(*out, "out");
+          check_device(m, *out, "out");
           check_same(m, *out, "out");
           TORCH_CHECK_VALUE(!out->is_same(m) && out->data_ptr() != m.data_ptr(),
                             "lowcomm: out must not alias the cache m");
           out_ptr = out->data_ptr();
         }
         py::gil_scoped_release nogil;
-        ok(lowcomm::decode_delta(spec, codes.data_ptr(), static_cast<uint64_t>(codes.numel()),
-                                 count(m), dt, m.data_ptr(), out_ptr));
+        const uint64_t bytes = static_cast<uint64_t>(codes.numel());
+        ok(on_device_of(
+            m,
+            [&] {
+              return lowcomm::decode_delta(spec, codes.data_ptr(), bytes, count(m), dt,
+                                           m.data_ptr(), out_ptr);
+            },
+            [&](auto stream) {
+#ifdef LOWCOMM_WITH_CUDA
+              return lowcomm::decode_delta_cuda(spec, codes.data_ptr(), bytes, count(m), dt,
+                                                m.data_ptr(), out_ptr, stream);
+#else
+              return lowcomm::Status();
+#endif
+            }));
       },
       py::arg("codec"), py::arg("codes"), py::arg("m"), py::arg("out") = py::none(),
       "AQ-SGD receiver: m += D(codes) in place; out = m (a non-finite scale group resets m "

@@ -44,9 +44,11 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
                                                               const std::string& error_feedback_key,
                                                               c10d::ReduceOp op, int64_t step,
                                                               bool owner_ef) {
-  auto staged = std::make_shared<Staged>(tensor);
+  DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_reduce", {tensor});
+  auto staged = std::make_shared<Staged>(tensor, dev);
   const at::Tensor& b = staged->buf;
   lowcomm::AllReduceOptions ar;
+  dev.apply(ar);
   if (!codec.empty()) {
     auto spec = lowcomm::parse_codec_spec(codec);
     TORCH_CHECK(spec.is_ok(), "lowcomm: codec '", codec, "': ", spec.status().to_string());
@@ -57,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_with(at::Tensor& tensor
   if (step >= 0) ar.step = static_cast<uint64_t>(step);
   std::vector<lowcomm::Work> works{comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
                                                       to_dtype(b.scalar_type()), to_op(op), ar)};
-  return launch(c10d::OpType::ALLREDUCE, {tensor}, std::move(works),
+  return launch(dev, c10d::OpType::ALLREDUCE, {tensor}, std::move(works),
                 [staged] { staged->write_back(); });
 }
 

@@ -58,14 +58,11 @@ lowcomm::ReduceOp to_op(const c10d::ReduceOp& op) {
   }
 }
 
-void check_host(const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu(), "lowcomm: this build takes CPU tensors, got ", t.device());
-}
-
-at::Tensor flat_of(const std::vector<at::Tensor>& parts, const at::Tensor& like, bool fill) {
+at::Tensor flat_of(const std::vector<at::Tensor>& parts, const DeviceScope& dev,
+                   at::ScalarType dtype, bool fill) {
   int64_t n = 0;
   for (const auto& p : parts) n += p.numel();
-  at::Tensor flat = at::empty({n}, like.options());
+  at::Tensor flat = dev.empty(n, dtype);
   if (fill) {
     int64_t off = 0;
     for (const auto& p : parts) {
@@ -79,9 +76,15 @@ at::Tensor flat_of(const std::vector<at::Tensor>& parts, const at::Tensor& like,
 void unflatten(const at::Tensor& flat, const std::vector<at::Tensor>& parts) {
   int64_t off = 0;
   for (const auto& p : parts) {
-    p.copy_(flat.narrow(0, off, p.numel()).view(p.sizes()));
+    p.copy_(flat.narrow(0, off, p.numel()).view(p.sizes()), /*non_blocking=*/true);
     off += p.numel();
   }
+}
+
+std::vector<at::Tensor> all_of(std::initializer_list<const std::vector<at::Tensor>*> lists) {
+  std::vector<at::Tensor> out;
+  for (const auto* l : lists) out.insert(out.end(), l->begin(), l->end());
+  return out;
 }
 
 at::Tensor bytes_of(const at::Tensor& contiguous) {

@@ -55,8 +55,9 @@ LowcommWork::LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> ou
 c10::intrusive_ptr<c10::ivalue::Future> LowcommWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mu_);
   if (!future_) {
-    future_ =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    future_ = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()),
+        device_ ? std::vector<c10::Device>{device_->device()} : std::vector<c10::Device>{});
     if (finished_) complete_future(future_);
   }
   return future_;
@@ -65,6 +66,8 @@ c10::intrusive_ptr<c10::ivalue::Future> LowcommWork::getFuture() {
 void LowcommWork::complete_future(const c10::intrusive_ptr<c10::ivalue::Future>& f) const {
   if (error_) {
     f->setError(error_);
+  } else if (device_) {
+    device_->mark_completed(*f, c10::IValue(outputs_));
   } else {
     f->markCompleted(c10::IValue(outputs_));
   }
@@ -100,7 +103,7 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
   std::exception_ptr e;
   if (err.is_ok()) {
     try {
-      if (finish_) finish_();
+      if (finish_ && !device_) finish_();  // a CUDA operation issued its copies back with it
     } catch (...) {
       e = std::current_exception();
     }
@@ -112,6 +115,7 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
             ? "lowcomm: Timed out at the group's timeout: " + err.message()
             : "lowcomm: " + err.to_string()));
   }
+  finish_ = nullptr;  // frees the operation's buffers
   // The future first, then wait(): as Gloo's works do. A caller that returns from wait() and
   // then asks for the future must find it complete; torchft chains callbacks on it right after
   // wait() and breaks when they run later, on this thread.
@@ -134,8 +138,11 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
 }
 
 bool LowcommWork::isCompleted() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) return false;
+  }
+  return !device_ || device_->query();
 }
 
 bool LowcommWork::isSuccess() const {
@@ -148,7 +155,7 @@ std::exception_ptr LowcommWork::exception() const {
   return exception_;
 }
 
-bool LowcommWork::wait(std::chrono::milliseconds timeout) {
+void LowcommWork::wait_completed(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
     cv_.wait(lock, [&] { return completed_; });
@@ -156,7 +163,28 @@ bool LowcommWork::wait(std::chrono::milliseconds timeout) {
     TORCH_CHECK(false, "lowcomm: operation timed out after ", timeout.count(), " ms");
   }
   if (exception_) std::rethrow_exception(exception_);
+}
+
+bool LowcommWork::wait(std::chrono::milliseconds timeout) {
+  if (!device_) {
+    wait_completed(timeout);
+    return true;
+  }
+  // NCCL's: the host blocks only for an explicit timeout.
+  if (timeout != kNoTimeout) {
+    wait_completed(timeout);
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_ && exception_) std::rethrow_exception(exception_);
+  }
+  device_->block_current_stream();
   return true;
+}
+
+void LowcommWork::synchronize() {
+  if (!device_) return;  // CPU: nothing to order (c10d::Work's)
+  wait_completed(kNoTimeout);
+  device_->synchronize();
 }
 
 }  // namespace lowcomm::torch_backend

@@ -4,6 +4,12 @@
 // future at the same moment, from the communicator's executor thread, so DDP communication
 // hooks chain on it without a waiting thread. A failure becomes a C10 error naming the
 // operation, raised by wait() and set on the future.
+//
+// A CUDA operation (set_device, device.h) has NCCL's semantics instead: its copies back were
+// issued with it on the backend's side stream, so completion runs no `finish`; wait() makes the
+// caller's current stream wait for the results and returns without blocking the host (raising
+// at once if the operation has already failed); synchronize() blocks the host; the future is
+// made for the device and completed with events ordered after the results.
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -13,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "device.h"
 #include "lowcomm/communicator.h"
 
 namespace lowcomm::torch_backend {
@@ -26,6 +33,8 @@ class LowcommWork : public c10d::Work {
               std::function<void()> finish = {},
               const std::optional<std::vector<at::Tensor>>& inputs = std::nullopt,
               const char* title = nullptr);
+  // A CUDA operation: what wait(), synchronize() and the future order on. Before start().
+  void set_device(std::shared_ptr<DeviceDone> device) { device_ = std::move(device); }
   // Call once, after the constructor, with the operation's works (may be empty: complete now).
   void start(std::vector<lowcomm::Work> works);
 
@@ -33,6 +42,7 @@ class LowcommWork : public c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override;
   std::vector<at::Tensor> result() override { return outputs_; }
   // Made on the first call (most works are only waited on; a future costs an allocation and a
   // completion on the executor's thread), completed when the work is, or at once if it was.
@@ -43,9 +53,12 @@ class LowcommWork : public c10d::Work {
 
  private:
   void on_one_done(const lowcomm::Status& s);
+  // Until the operation completes (any timeout: kNoTimeout waits without one); rethrows its error.
+  void wait_completed(std::chrono::milliseconds timeout);
 
   std::vector<at::Tensor> outputs_;
-  std::function<void()> finish_;
+  std::function<void()> finish_;  // dropped once run (the buffers it holds are freed then)
+  std::shared_ptr<DeviceDone> device_;
   void complete_future(const c10::intrusive_ptr<c10::ivalue::Future>& f) const;
   std::mutex future_mu_;  // guards future_, finished_, error_
   c10::intrusive_ptr<c10::ivalue::Future> future_;

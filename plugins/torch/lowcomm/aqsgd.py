@@ -16,8 +16,13 @@ appearance is sent at full precision (first="fp32") or 8-bit (first="q8"), which
 Gradients go back directly quantized (backward="q8" by default; fewer than 8 bits is
 refused: 4-bit backward gradients hurt convergence badly).
 
-The quantizer is lowcomm's CPU codec ("q{bits}:block=..", absmax, round to nearest), the same
-bytes as the CUDA kernels. mode="direct" sends Q_b(x) (the baseline AQ-SGD improves on) and
+The quantizer is lowcomm's codec ("q{bits}:block=..", absmax, round to nearest): on the CPU, or
+on the GPU for a link on a CUDA device (`device=`), with the same bytes either way, so one end
+on the GPU and the other on the CPU stay in step. A CUDA link keeps a RAM cache on its device
+and encodes and decodes there; only the codes cross to the host, where the messages travel
+(the tensors handed to torch.distributed are CPU tensors, so any backend that honours tags
+carries them). A file-backed cache stays in host memory, its rows copied to and from the
+device as they are used. mode="direct" sends Q_b(x) (the baseline AQ-SGD improves on) and
 mode="fp32" the activation itself, for comparisons on the same link.
 
 Cache cost: numel(sample_shape) × element size per sample at each end (fp32 activations of
@@ -52,11 +57,14 @@ class ActivationCache:
     link assign the same rows."""
 
     def __init__(self, sample_shape, dtype=torch.float32, capacity=None, path=None,
-                 max_samples=None):
+                 max_samples=None, device="cpu"):
         self.sample_shape = tuple(int(s) for s in sample_shape)
         self.numel = math.prod(self.sample_shape)
         self.dtype = dtype
         self.path = path
+        # Where rows are read to and written from; the rows themselves live there too, except
+        # in a memory-mapped file (host memory).
+        self.device = torch.device(device)
         # The most samples it holds: a file's capacity, or a memory budget (None: unbounded).
         self.limit = capacity if path is not None else max_samples
         self.slots = {}  # sample id -> row
@@ -69,7 +77,14 @@ class ActivationCache:
         else:
             rows = capacity or 64
             self.data = torch.zeros(rows if self.limit is None else min(rows, self.limit),
-                                    self.numel, dtype=dtype)
+                                    self.numel, dtype=dtype, device=self.device)
+
+    def read(self, rows):
+        """The cached rows, on the cache's device."""
+        return self.data[rows].to(self.device)
+
+    def write(self, rows, values):
+        self.data[rows] = values.to(self.data.device)
 
     @property
     def bytes_per_sample(self):
@@ -109,7 +124,7 @@ class ActivationCache:
                                    f"samples; {need} needed")
             rows = max(need, 2 * self.data.shape[0])
             grown = torch.zeros(rows if self.limit is None else min(rows, self.limit),
-                                self.numel, dtype=self.dtype)
+                                self.numel, dtype=self.dtype, device=self.data.device)
             grown[:self.data.shape[0]] = self.data
             self.data = grown
         rows = []
@@ -129,7 +144,8 @@ class ActivationCache:
         h = hashlib.blake2b(digest_size=16)
         h.update(torch.tensor(self.ids(), dtype=torch.int64).numpy().tobytes())
         if data and self.slots:
-            h.update(self.data[:len(self.slots)].contiguous().view(torch.uint8).numpy().tobytes())
+            h.update(self.data[:len(self.slots)].cpu().contiguous().view(torch.uint8).numpy()
+                     .tobytes())
         return h.hexdigest()
 
     def state_dict(self, with_data=True):
@@ -182,6 +198,9 @@ class Link:
       (file or budget) keeps the samples it has; new samples beyond it travel at full
       precision (or `first`) at every appearance, uncached, with a warning; both ends decide
       alike and the header says which, so ends given different sizes fail clearly.
+    device: where the cache lives and the codecs run ("cuda:0": the CUDA kernels, the same
+      bytes as the CPU's); received activations and gradients are returned there, and sent ones
+      are moved there first. Default: the CPU.
     Sends return at once (the tensors are copied or encoded first); flush() waits for them.
     """
 
@@ -190,7 +209,7 @@ class Link:
     def __init__(self, peer, sample_shape, *, group=None, mode="aqsgd", bits=2, block=128,
                  scales="block", first="fp32", backward="q8", cache_dtype=torch.float32,
                  capacity=None, cache_path=None, tag=100, allow_low_bit_backward=False,
-                 rotate=False, cache_budget_bytes=None):
+                 rotate=False, cache_budget_bytes=None, device=None):
         if mode not in ("aqsgd", "direct", "fp32"):
             raise ValueError(f"lowcomm.aqsgd: mode must be aqsgd, direct or fp32, got {mode!r}")
         if bits not in (1, 2, 3, 4, 8):
@@ -205,6 +224,7 @@ class Link:
                              "=True takes q4, q3 or q2)")
         self.peer = int(peer)
         self.group = group
+        self.device = torch.device("cpu" if device is None else device)
         self.mode = mode
         if scales not in ("block", "channel"):
             raise ValueError(f"lowcomm.aqsgd: scales must be 'block' or 'channel', got "
@@ -221,7 +241,7 @@ class Link:
                                  f"{scales!r}, block={block}")
             signs = torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(
                 0x4C43524F54 + int(tag))).to(torch.float32).mul_(2).sub_(1)
-            self.rotation = (int(block), signs)
+            self.rotation = (int(block), signs.to(self.device))
         self.codec = (f"q{bits}:col={int(sample_shape[-1])}" if scales == "channel"
                       else f"q{bits}:block={block}")
         self.first_codec = None if first == "fp32" else f"q8:block={block}"
@@ -234,7 +254,8 @@ class Link:
                              f"{cache_budget_bytes}")
         self.cache = ActivationCache(
             self.sample_shape, cache_dtype, capacity, cache_path,
-            max_samples=None if cache_budget_bytes is None else cache_budget_bytes // per_sample)
+            max_samples=None if cache_budget_bytes is None else cache_budget_bytes // per_sample,
+            device=self.device)
         self.uncached_sends = 0  # samples sent at full precision because the cache was full
         self.tag = int(tag)
         self.in_flight = []  # sends not yet known complete: (requests, buffers they read)
@@ -298,14 +319,14 @@ class Link:
             raise ValueError("lowcomm.aqsgd: a rotating link needs finite activations")
         if self.mode == "aqsgd":
             if old_pos:
-                m = self.cache.data[old_rows]
+                m = self.cache.read(old_rows)
                 if self.rotation is None:
                     parts.append(_C.encode_delta(self.codec, x[old_pos].contiguous(), m))
                 else:  # Q(R(x − m)); m += R⁻¹(D(codes)), as the receiver computes it
                     codes = _C.encode(self.codec, self._rotate(x[old_pos] - m))
                     parts.append(codes)
                     m += self._unrotate(self._decoded(codes, m.shape)).to(m.dtype)
-                self.cache.data[old_rows] = m
+                self.cache.write(old_rows, m)
             if new_pos:
                 fresh = x[new_pos].contiguous()
                 if self.first_codec is None:
@@ -316,7 +337,7 @@ class Link:
                     _C.decode(self.first_codec, codes, fresh)
                 kept = self._kept(len(new_pos))
                 rows = self.cache.add([ids[i] for i in new_pos[:kept]])  # may grow the cache
-                self.cache.data[rows] = fresh[:kept]
+                self.cache.write(rows, fresh[:kept])
             self.cache.updates += 1
         elif self.mode == "direct":
             parts.append(_C.encode(self.codec, x if self.rotation is None else self._rotate(x)))
@@ -331,23 +352,23 @@ class Link:
             [], [], list(range(len(ids))))
         self._header(_FWD, ids, self._new_field(len(new_pos)))
         n = self.cache.numel
-        out = torch.empty(len(ids), n, dtype=self.cache.dtype)
+        out = torch.empty(len(ids), n, dtype=self.cache.dtype, device=self.device)
         if self.mode == "aqsgd":
             sizes = [_C.encoded_size(self.codec, len(old_pos) * n) if old_pos else 0,
                      self._first_size(len(new_pos) * n) if new_pos else 0]
             payload = self._payload(sum(sizes))
             if old_pos:
-                m = self.cache.data[old_rows]
+                m = self.cache.read(old_rows)
                 if self.rotation is None:
                     dec = torch.empty_like(m)
                     _C.decode_delta(self.codec, payload[:sizes[0]], m, dec)
                 else:
                     m += self._unrotate(self._decoded(payload[:sizes[0]], m.shape)).to(m.dtype)
                     dec = m
-                self.cache.data[old_rows] = m
+                self.cache.write(old_rows, m)
                 out[old_pos] = dec
             if new_pos:
-                fresh = torch.empty(len(new_pos), n, dtype=self.cache.dtype)
+                fresh = torch.empty(len(new_pos), n, dtype=self.cache.dtype, device=self.device)
                 codes = payload[sizes[0]:]
                 if self.first_codec is None:
                     fresh.view(torch.uint8).reshape(-1).copy_(codes)
@@ -355,7 +376,7 @@ class Link:
                     _C.decode(self.first_codec, codes, fresh)
                 kept = self._kept(len(new_pos))
                 rows = self.cache.add([ids[i] for i in new_pos[:kept]])  # may grow the cache
-                self.cache.data[rows] = fresh[:kept]
+                self.cache.write(rows, fresh[:kept])
                 out[new_pos] = fresh
             self.cache.updates += 1
         elif self.mode == "direct":
@@ -388,7 +409,7 @@ class Link:
     def _recv_grad(self, sample_ids):
         ids = _ids(sample_ids)
         self._header(_BWD, ids, 0)
-        out = torch.empty(len(ids), self.cache.numel, dtype=self.cache.dtype)
+        out = torch.empty(len(ids), self.cache.numel, dtype=self.cache.dtype, device=self.device)
         if self.backward is None:
             out.view(torch.uint8).reshape(-1).copy_(self._payload(out.numel() *
                                                                   out.element_size()))
@@ -456,7 +477,7 @@ class Link:
     # -- the randomized Hadamard rotation ---------------------------------------------------
 
     def _decoded(self, codes, shape):
-        out = torch.empty(shape, dtype=torch.float32)  # rotated back in fp32, cast once
+        out = torch.empty(shape, dtype=torch.float32, device=self.device)  # fp32, cast once
         _C.decode(self.codec, codes, out)
         return out
 
@@ -474,9 +495,7 @@ class Link:
         if tuple(x.shape) != (count, *self.sample_shape):
             raise ValueError(f"lowcomm.aqsgd: expected a tensor of shape "
                              f"{(count, *self.sample_shape)}, got {tuple(x.shape)}")
-        if x.device.type != "cpu":
-            x = x.cpu()
-        return x.to(self.cache.dtype).reshape(count, self.cache.numel).contiguous()
+        return x.to(self.device, self.cache.dtype).reshape(count, self.cache.numel).contiguous()
 
     def _first_size(self, n):
         if self.first_codec is None:
@@ -486,6 +505,7 @@ class Link:
     def _post(self, direction, ids, n_new, parts):
         head = torch.tensor([_MAGIC, direction, len(ids), n_new] + ids, dtype=torch.int64)
         payload = parts[0] if len(parts) == 1 else torch.cat(parts)
+        payload = payload.cpu()  # the codes (or values) cross to the host; the wire is there
         reqs = [dist.isend(head, self.peer, group=self.group, tag=self.tag + 2 * (direction - 1)),
                 dist.isend(payload, self.peer, group=self.group,
                            tag=self.tag + 2 * (direction - 1) + 1)]
@@ -530,7 +550,7 @@ class Link:
         dist.recv(buf, self.peer, group=self.group, tag=self._payload_tag)
         self.wait_s += time.perf_counter() - t0
         self.bytes_received += nbytes
-        return buf
+        return buf.to(self.device)
 
 
 def _hadamard(v, run):

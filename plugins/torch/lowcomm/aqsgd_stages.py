@@ -17,7 +17,8 @@ sends the gradient back in its backward. Give PipelineStage the token's shape up
 (input_args / output_args, `token_like()`), or wrap the metadata-inference pass in
 `fence(stage)`: that pass must not touch the link (it would desynchronise the caches).
 The link needs a group of its own whose backend honours tags (lowcomm or Gloo; NCCL ignores
-tags).
+tags). On CUDA stages, give the Link the stages' device (`device=`): the caches and codecs then
+run there, and gradients come back on the activation's device.
 """
 import contextlib
 
@@ -25,9 +26,10 @@ import torch
 from torch import nn
 
 
-def token_like():
-    """The tensor PipelineStage moves between the two stages: one float needing a gradient."""
-    return torch.zeros(1, requires_grad=True)
+def token_like(device=None):
+    """The tensor PipelineStage moves between the two stages: one float needing a gradient (on
+    `device`, the stages' device; default the CPU)."""
+    return torch.zeros(1, requires_grad=True, device=device)
 
 
 class _Quiet:
@@ -38,6 +40,7 @@ class _Send(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ids, link, quiet):
         ctx.live, ctx.link, ctx.ids, ctx.shape = not quiet.probe, link, ids.tolist(), x.shape
+        ctx.device = x.device
         if ctx.live:
             link.send(x.detach(), ctx.ids)
         return x.new_zeros(1)
@@ -45,23 +48,25 @@ class _Send(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _token_grad):
         if not ctx.live:
-            return torch.zeros(ctx.shape), None, None, None
-        return ctx.link.recv_grad(ctx.ids).reshape(ctx.shape), None, None, None
+            return torch.zeros(ctx.shape, device=ctx.device), None, None, None
+        grad = ctx.link.recv_grad(ctx.ids).reshape(ctx.shape).to(ctx.device)
+        return grad, None, None, None
 
 
 class _Recv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, token, ids, link, quiet):
         ctx.live, ctx.link, ctx.ids = not quiet.probe, link, ids.tolist()
+        ctx.token_device = token.device
         if not ctx.live:
-            return torch.zeros(len(ctx.ids), *link.sample_shape)
+            return torch.zeros(len(ctx.ids), *link.sample_shape, device=link.device)
         return link.recv(ctx.ids)
 
     @staticmethod
     def backward(ctx, grad):
         if ctx.live:
             ctx.link.send_grad(grad.contiguous(), ctx.ids)
-        return torch.zeros(1), None, None, None
+        return torch.zeros(1, device=ctx.token_device), None, None, None
 
 
 class SendActivations(nn.Module):

@@ -47,6 +47,12 @@ The inner model may be DDP/FSDP on a site's own group (NCCL, Gloo): give DiLoCo 
 whose parameters this rank holds, and a group of the ranks holding the same ones on the other
 sites.
 
+A CUDA model keeps its outer state on its device: θ_g, θ_start, the outer optimizer's momentum,
+pending averages and DiLoCo's own residuals live where each fragment's parameters do, and the
+averages take the backend's CUDA path (compressed ones encoded on the GPU); every rank ends with
+the same bits as with a CPU model, as far as the bits depend on lowcomm (torch's own outer
+optimizer may round differently on the GPU).
+
 group may be a lowcomm.elastic.ElasticGroup: workers may then die, freeze and join. A round that
 loses a worker completes with the survivors (the library retries it in the new view; nobody's
 inner steps are thrown away), and the global parameters, the outer momentum and the round count
@@ -217,8 +223,12 @@ class DiLoCo:
         self.offsets = [(f + 1) * self.sync_every // fragments for f in range(fragments)]
         self.global_params = []  # per fragment: fp32 flat θ_g
         self.starts = []         # per fragment: fp32 flat θ_start of the current round
-        for frag in self.fragments:
-            flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in frag])
+        # The outer state lives where the fragment's parameters do (CPU or one CUDA device;
+        # its first parameter's device): the averages are then the library's device path, and
+        # a CUDA model's global parameters never leave the GPU.
+        self.devices = [frag[0].device for frag in self.fragments]
+        for frag, dev in zip(self.fragments, self.devices):
+            flat = torch.cat([p.detach().reshape(-1).to(dev, torch.float32) for p in frag])
             self.global_params.append(flat)
             self.starts.append(flat.clone())
         self.rounds = [0] * fragments          # outer steps taken per fragment
@@ -489,7 +499,7 @@ class DiLoCo:
         g.grad = None
 
     def _flat(self, f):
-        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32)
+        return torch.cat([p.detach().reshape(-1).to(self.devices[f], torch.float32)
                           for p in self.fragments[f]])
 
     def _load(self, f, flat):

@@ -14,7 +14,16 @@ joiner may also be given `seeds` (members' `member_address()`) and the id direct
 store's host is not needed once the group runs. `lowcomm.diloco.DiLoCo(model, group=g)` runs
 DiLoCo on an elastic group: a round that loses a worker completes with the survivors, and a
 joiner fetches the global parameters and the outer optimizer's state (DiLoCo.catch_up).
+
+CUDA tensors: the elastic communicator takes host memory, so a CUDA tensor is staged here
+through pinned host memory: copied to the host before the collective (the host waits for the
+device's current stream) and back after it (on the current stream). Registered CUDA state has
+a pinned host mirror that the group reads and a joiner's fetch writes: it is refreshed from the
+device before every collective and copied back after it, so the device tensor stays what the
+group holds. These copies are the whole tensors (no GPU encoding on this path).
 """
+import contextlib
+
 import torch
 
 from lowcomm import _C
@@ -35,6 +44,7 @@ class ElasticGroup:
         self._prefix = prefix
         self.fresh = joined  # a joiner before its first collective: it holds no state yet
         self._state = {}     # name -> tensor (kept alive here: the core holds raw pointers)
+        self._mirrors = []   # (CUDA state tensor, its pinned host mirror the core holds)
         if store is not None:
             n = store.add(f"{prefix}/naddr", 1)
             store.set(f"{prefix}/addr/{n}", impl.member_address())
@@ -73,31 +83,66 @@ class ElasticGroup:
         return cls(impl, group_id, store, prefix, joined=True)
 
     def all_reduce(self, tensor, *, average=True, codec="", error_feedback_key=""):
-        """In place, blocking (fp32, contiguous, CPU). A fresh joiner's first call contributes
-        nothing and fetches the registered state before it returns."""
-        self._impl.all_reduce(tensor, average, codec or "", error_feedback_key or "")
+        """In place, blocking (fp32, contiguous; CPU, or CUDA staged through the host). A fresh
+        joiner's first call contributes nothing and fetches the registered state before it
+        returns."""
+        with self._staged(tensor) as host:
+            self._impl.all_reduce(host, average, codec or "", error_feedback_key or "")
         self.fresh = False
 
     def broadcast(self, tensor, root):
         """In place, blocking: every member's tensor becomes member `root`'s (a member id, as
         in view()). On ElasticAborted the tensor is untouched; a broadcast whose root left the
         group is not retried."""
-        self._impl.broadcast(tensor, int(root))
+        with self._staged(tensor) as host:
+            self._impl.broadcast(host, int(root))
         self.fresh = False
 
     def all_gather(self, tensor):
         """Blocking. Returns (gathered, (view id, member ids)): gathered[i] is the tensor of the
         i-th member of the view the call committed in (a retry after a failure runs in a smaller
-        view)."""
-        out, view = self._impl.all_gather(tensor)
+        view); on the tensor's device."""
+        with self._staged(tensor, back=False) as host:
+            out, view = self._impl.all_gather(host)
         self.fresh = False
-        return out, (view[0], list(view[1]))
+        return out.to(tensor.device), (view[0], list(view[1]))
 
     def register_state(self, name, tensor):
         """A tensor every replica holds alike and changes only between collectives (checked by
-        hash at every commit; fetched by joiners). Contiguous CPU; kept alive by the group."""
+        hash at every commit; fetched by joiners). Contiguous; CPU, or CUDA with a pinned host
+        mirror (module doc); kept alive by the group."""
         self._state[name] = tensor
-        self._impl.register_state(name, tensor)
+        if tensor.device.type == "cpu":
+            self._impl.register_state(name, tensor)
+            return
+        if not tensor.is_contiguous():
+            raise ValueError("lowcomm: registered state must be contiguous")
+        mirror = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        mirror.copy_(tensor)
+        self._mirrors.append((tensor, mirror))
+        self._impl.register_state(name, mirror)
+
+    @contextlib.contextmanager
+    def _staged(self, tensor, back=True):
+        """The tensor as the core takes it (host memory) for one collective, and the registered
+        CUDA state's mirrors refreshed before it and copied back after it (also when it fails:
+        a joiner's fetch may have written them)."""
+        for dev, mirror in self._mirrors:
+            mirror.copy_(dev)
+        try:
+            if tensor.device.type == "cpu":
+                yield tensor
+                return
+            if not tensor.is_contiguous():
+                raise ValueError("lowcomm: the tensor must be contiguous")
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor)
+            yield host
+            if back:
+                tensor.copy_(host)
+        finally:
+            for dev, mirror in self._mirrors:
+                dev.copy_(mirror)
 
     def rank(self):
         return self._impl.rank()

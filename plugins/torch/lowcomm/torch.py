@@ -6,6 +6,7 @@
 Rendezvous goes through the store torch hands the backend (torchrun, env://, tcp://, file://).
 Exact by default; `pg_options=lowcomm.torch.Options(codec="q4")` (or LOWCOMM_CODEC) compresses
 floating-point sum/avg all-reduces of at least `codec_threshold` bytes (default 1 MiB).
+CPU and CUDA tensors (the latter with NCCL's stream semantics: docs/torch.md, "CUDA tensors").
 """
 from __future__ import annotations
 
@@ -84,14 +85,28 @@ def _create(dist_opts, backend_options):
 
 
 if BACKEND not in dist.Backend.backend_list:
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    # One backend object serves both devices (torch creates it once, with the store prefix of
+    # the first device, "cpu/"): CUDA tensors go through the library's device path or are
+    # staged through pinned host memory (docs/torch.md, "CUDA tensors"). An extension built
+    # without CUDA (WITH_CUDA False) refuses them with a clear error instead of torch's "no
+    # backend for cuda".
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
     # Groups never destroyed are closed (aborted) before the interpreter finalizes: a
     # communicator thread must not release Python objects after that (backend.h).
     atexit.register(_C.close_all_at_exit)
 
 
+WITH_CUDA = bool(_C.WITH_CUDA)
+"""Whether this build of the extension takes CUDA tensors (setup.py: a torch with CUDA and a
+CUDA toolkit, LOWCOMM_TORCH_CUDA not 0)."""
+
+
 def last_op_stats(group=None):
-    """Statistics of the group's last completed operation (bytes on the wire, ratio, times)."""
+    """Statistics of the group's last completed operation (bytes on the wire, ratio, times).
+    For CUDA tensors on the library's device path: device_to_host_bytes, host_to_device_bytes
+    (what crossed PCIe each way) and device_path ("gpu-codec": encoded and decoded on the GPU;
+    "staged": through pinned host memory); 0 and "" for CPU tensors and for the operations the
+    plugin stages itself (gather, scatter, all-to-all, send/recv)."""
     return _backend(group).last_op_stats()
 
 

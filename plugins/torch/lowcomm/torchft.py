@@ -9,8 +9,8 @@ collectives on lowcomm (its TCP transport, its codecs) instead of Gloo.
 
 torchft rebuilds the process group whenever its quorum changes (ProcessGroupWrapper.configure:
 the old one is aborted, a new one is made over a fresh store prefix); this class only says how
-one is made: torch's ProcessGroup with the lowcomm c10d backend for CPU tensors. A codec here
-applies to the float sum/average all-reduces of at least codec_threshold bytes, as with
+one is made: torch's ProcessGroup with the lowcomm c10d backend for CPU and CUDA tensors. A
+codec here applies to the float sum/average all-reduces of at least codec_threshold bytes, as with
 init_process_group's lowcomm.torch.Options; torchft's Manager sends averages as sums and
 divides after, which lowcomm compresses alike. Needs torchft (PyPI `torchft`, tested with 0.2.0).
 """
@@ -42,7 +42,11 @@ class ProcessGroupLowcomm(ProcessGroupWrapper):
         backend = _C.create_backend(store, rank, world_size, self._timeout, o.codec,
                                     o.codec_threshold, o.error_feedback, o.direct_bytes,
                                     sparse_schedule=o.sparse_schedule)
-        pg._register_backend(torch.device("cpu"), BaseProcessGroup.BackendType.CUSTOM, backend)
+        # One backend for both devices, as lowcomm.torch registers it (docs/torch.md, "CUDA
+        # tensors").
+        for device in ("cpu", "cuda"):
+            pg._register_backend(torch.device(device), BaseProcessGroup.BackendType.CUSTOM,
+                                 backend)
         # Dropped (or left at exit) without shutdown: close at once too (see shutdown()).
         weakref.finalize(pg, backend.abort)
         return pg
