@@ -14,6 +14,9 @@
 // Rank 0 prints one table per codec, one row per size, and writes --csv; the launcher then runs
 // the baselines (--baseline) and the plot (--plot).
 
+#ifdef LOWCOMM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -83,6 +86,7 @@ struct Options {
   int timeout_s = 1800;
   bool back_to_back = false;  // no barrier before each timed call (one before the first)
   bool check = false;  // exit non-zero if a row's relative error exceeds the codec's sanity bound
+  bool cuda = false;   // --device cuda: the buffers live on the GPU (MemoryKind::kCuda)
 };
 
 [[noreturn]] void die(const std::string& msg) {
@@ -124,6 +128,8 @@ void usage() {
       "  -e, --maxbytes SIZE      largest size (default: the -b size)\n"
       "  -f, --stepfactor F       multiply the size by F each step (default 2)\n"
       "  -c, --collective NAME    allreduce | allgather | reducescatter | broadcast\n"
+      "      --device host|cuda   where the buffers live (cuda: device buffers, the collectives'\n"
+      "                           CUDA path, docs/collectives.md; default host)\n"
       "      --codec LIST         comma list of codec specs, one table each (default none;\n"
       "                           all-reduce only: e.g. none,q8,q4,q2,q4:block=64:sr)\n"
       "      --ef                 error feedback on the senders' quantization (all-reduce)\n"
@@ -189,7 +195,11 @@ Options parse_args(int argc, char** argv) {
       o.collective = *c;
     } else if (a == "--codec")
       o.codecs = split(need(i), ',');
-    else if (a == "--ef")
+    else if (a == "--device") {
+      const std::string d = need(i);
+      if (d != "cuda" && d != "host") die("--device takes host or cuda");
+      o.cuda = d == "cuda";
+    } else if (a == "--ef")
       o.ef = true;
     else if (a == "-n" || a == "--ranks")
       o.ranks = std::stoi(need(i));
@@ -248,6 +258,8 @@ Options parse_args(int argc, char** argv) {
   if (o.factor < 2 && o.max_bytes > o.min_bytes) die("-f must be at least 2");
   if (o.iters < 1 || o.warmup < 0) die("-i must be >= 1 and -w >= 0");
   if (o.codecs.empty()) die("--codec needs at least one spec");
+  if (o.cuda && std::find(o.schedules.begin(), o.schedules.end(), "ring") != o.schedules.end())
+    die("--device cuda: the ring schedule takes host buffers");
   for (const auto& c : o.codecs) {
     auto spec = parse_codec_spec(c);
     if (!spec) die("--codec " + c + ": " + spec.status().message());
@@ -497,6 +509,42 @@ Status ring_all_reduce(Communicator& c, const float* send, float* recv, uint64_t
   return Status::ok();
 }
 
+// --device cuda's buffers: device copies of a size's send and recv (none for --device host).
+struct DeviceBuffers {
+  void* send = nullptr;
+  void* recv = nullptr;
+  DeviceBuffers(bool cuda, const std::vector<float>& s, const std::vector<float>& r) {
+    if (!cuda) return;
+#ifdef LOWCOMM_HAVE_CUDA
+    if (cudaMalloc(&send, std::max<size_t>(1, s.size() * 4)) != cudaSuccess ||
+        cudaMalloc(&recv, std::max<size_t>(1, r.size() * 4)) != cudaSuccess ||
+        cudaMemcpy(send, s.data(), s.size() * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+      die("--device cuda: cudaMalloc/cudaMemcpy failed (is there a GPU?)");
+#else
+    (void)s;
+    (void)r;
+    die("--device cuda: this build has no CUDA");
+#endif
+  }
+  void copy_back(std::vector<float>& r) const {
+#ifdef LOWCOMM_HAVE_CUDA
+    if (recv != nullptr &&
+        cudaMemcpy(r.data(), recv, r.size() * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+      die("--device cuda: copying the result back failed");
+#else
+    (void)r;
+#endif
+  }
+  ~DeviceBuffers() {
+#ifdef LOWCOMM_HAVE_CUDA
+    if (send != nullptr) cudaFree(send);
+    if (recv != nullptr) cudaFree(recv);
+#endif
+  }
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+};
+
 int run_rank(const Options& o, int rank, int P) {
   std::optional<NetnsInfo> ns;
   std::string bind = "127.0.0.1", listen = "127.0.0.1";
@@ -673,8 +721,15 @@ int run_rank(const Options& o, int rank, int P) {
         } else {
           gen.fill(rank, 0, sh.send_elems, send.data());
         }
+        // --device cuda: the same buffers on the GPU (copied there once; recv copied back
+        // after the timed calls for the error check).
+        DeviceBuffers dev(o.cuda, send, recv);
+        void* send_p = o.cuda ? dev.send : send.data();
+        void* recv_p = o.cuda ? dev.recv : recv.data();
+        const BufferOptions where{o.cuda ? MemoryKind::kCuda : MemoryKind::kHost, nullptr};
         AllReduceOptions ar;
         ar.codec = spec;
+        ar.memory = where.memory;
         ar.schedule = schedule == "flat"        ? AllReduceOptions::Schedule::kFlat
                       : schedule == "two-level" ? AllReduceOptions::Schedule::kTwoLevel
                                                 : AllReduceOptions::Schedule::kAuto;
@@ -683,15 +738,18 @@ int run_rank(const Options& o, int rank, int P) {
         auto launch = [&]() -> Work {
           switch (o.collective) {
             case Collective::kAllReduce:
-              return comm->all_reduce(send.data(), recv.data(), sh.send_elems, DType::kFloat32,
+              return comm->all_reduce(send_p, recv_p, sh.send_elems, DType::kFloat32,
                                       ReduceOp::kSum, ar);
             case Collective::kAllGather:
-              return comm->all_gather(send.data(), recv.data(), sh.send_elems, DType::kFloat32);
-            case Collective::kReduceScatter:
-              return comm->reduce_scatter(send.data(), recv.data(), sh.recv_elems, DType::kFloat32,
-                                          ReduceOp::kSum);
+              return comm->all_gather(send_p, recv_p, sh.send_elems, DType::kFloat32, where);
+            case Collective::kReduceScatter: {
+              AllReduceOptions rs;
+              rs.memory = where.memory;
+              return comm->reduce_scatter(send_p, recv_p, sh.recv_elems, DType::kFloat32,
+                                          ReduceOp::kSum, rs);
+            }
             case Collective::kBroadcast:
-              return comm->broadcast(send.data(), recv.data(), sh.send_elems, DType::kFloat32, 0);
+              return comm->broadcast(send_p, recv_p, sh.send_elems, DType::kFloat32, 0, where);
           }
           return {};
         };
@@ -719,6 +777,7 @@ int run_rank(const Options& o, int rank, int P) {
           mine[static_cast<size_t>(it)] = std::chrono::duration<double>(Clock::now() - t0).count();
         }
         mine.back() = cpu_seconds() - cpu0;
+        dev.copy_back(recv);
         // Gather every rank's times and CPU seconds (doubles, carried bit for bit as fp32 pairs).
         const uint64_t per = mine.size() * 2;
         std::vector<float> all(per * static_cast<uint64_t>(P));

@@ -21,6 +21,8 @@
 #   torch     pip install --no-deps --no-build-isolation ./plugins/torch against the carried
 #             liblowcomm.a, then pytest on plugins/torch/tests/test_cuda*.py (or -k cuda)
 #   kernels   lowcomm-codec-bench's cuda/ cases at 256 MiB against a D2D copy (alone on the GPU)
+#   devpath   lowcomm-bench: a q4 all-reduce of 64 MiB over the emulated 1 Gbit/s, 50 ms link from
+#             host buffers and from CUDA buffers (two ranks), into kernels.log
 #   nccl      scripts/nccl_gpu.sh: the NCCL net plugin against NCCL's socket transport
 # cuda, memcheck and torch run side by side; kernels and nccl each alone after them.
 # Output, at most 8 files in $OUT/gpu-check (or results/gpu-check-<time>/ without OUT):
@@ -50,9 +52,10 @@ TARBALL=${GPU_CHECK_TARBALL:-build-gpu/gpu-carry.tar.gz} # what travels (carry)
 CARRY=${GPU_CHECK_CARRY:-build-gpu/carry}                # where it is unpacked
 CARRY_LIMIT_MIB=${GPU_CHECK_CARRY_LIMIT_MIB:-48}         # the tree travels too: 64 MiB in all
 BUDGET_S=${GPU_CHECK_BUDGET_S:-470}
-CAP_PARALLEL_S=${GPU_CHECK_CAP_PARALLEL_S:-200} # cuda, memcheck and torch, side by side
+CAP_PARALLEL_S=${GPU_CHECK_CAP_PARALLEL_S:-190} # cuda, memcheck and torch, side by side
 CAP_KERNELS_S=${GPU_CHECK_CAP_KERNELS_S:-110}
-CAP_NCCL_S=${GPU_CHECK_CAP_NCCL_S:-140}
+CAP_NCCL_S=${GPU_CHECK_CAP_NCCL_S:-130}
+CAP_DEVPATH_S=${GPU_CHECK_CAP_DEVPATH_S:-40}
 CUDA_SHARDS=${GPU_CHECK_CUDA_SHARDS:-4}
 MEMCHECK_SHARDS=${GPU_CHECK_MEMCHECK_SHARDS:-6}
 # CPU threads of each test process's reference codec: the shards share the cores.
@@ -63,7 +66,7 @@ NCCL_WAN_SIZES=${GPU_CHECK_NCCL_WAN_SIZES:-16M,64M}
 NCCL_ITERS=${GPU_CHECK_NCCL_ITERS:-3}
 # Targets built at --prepare beyond the test binaries labelled cuda, which are found in the
 # CMake files (gtest_discover_tests(<target> ... LABELS cuda)).
-BASE_TARGETS=(lowcomm-codec-bench lowcomm_static nccl_net_lowcomm nccl_net_allreduce)
+BASE_TARGETS=(lowcomm-codec-bench lowcomm-bench lowcomm_static nccl_net_lowcomm nccl_net_allreduce)
 read -r -a EXTRA_TARGETS <<<"${GPU_CHECK_TARGETS:-}"
 
 log() { echo "gpu_check: $*" >&2; }
@@ -159,7 +162,7 @@ prepare() {
   local ntests
   ntests=$(write_cuda_test_list "$build" "$stage/cuda_tests.txt") || return 1
   while IFS=$'\t' read -r t _; do cp "$build/$t" "$stage/bin/"; done <"$stage/cuda_tests.txt"
-  for t in lowcomm-codec-bench nccl_net_allreduce; do
+  for t in lowcomm-codec-bench lowcomm-bench nccl_net_allreduce; do
     if [ -x "$build/bin/$t" ]; then cp "$build/bin/$t" "$stage/bin/"; else log "not built: bin/$t"; fi
   done
   cp "$build/lib/libnccl-net-lowcomm.so" "$stage/lib/" || return 1
@@ -551,6 +554,32 @@ stage_kernels() {
   esac
 }
 
+# ---- devpath: the collectives' CUDA path against host buffers on the same emulated link ----
+stage_devpath() {
+  local log=$RESULTS/kernels.log t0=$SECONDS rc=0 d
+  if [ -n "$GPU_SKIP" ]; then stage_result devpath skip "$GPU_SKIP" 0 && return; fi
+  if [ $HAVE_BUILD = 0 ] || [ ! -x "$CARRY/bin/lowcomm-bench" ]; then
+    stage_result devpath fail "$BUILD_MISSING" 0 && return
+  fi
+  for d in host cuda; do
+    echo "## lowcomm-bench --device $d" >>"$log"
+    LD_LIBRARY_PATH="$CARRY/lib" capped "$(cap $((CAP_DEVPATH_S / 2)))" "$WORK/devpath.$d" \
+      "$CARRY/bin/lowcomm-bench" -n 2 -b 64M -e 64M --codec none,q4 --ef \
+      --wan bw=1gbit,rtt=50ms -w 1 -i 3 --device "$d" || rc=$?
+    cat "$WORK/devpath.$d" >>"$log"
+  done
+  [ "$MODE" = dry ] && stage_result devpath pass "dry run" 0 && return
+  # The q4 row's time (column 3) from each run: cuda / host.
+  local th tc
+  th=$(awk '/^# codec q4/{f=1} f && $1 ~ /^[0-9]+$/ {print $3; exit}' "$WORK/devpath.host")
+  tc=$(awk '/^# codec q4/{f=1} f && $1 ~ /^[0-9]+$/ {print $3; exit}' "$WORK/devpath.cuda")
+  if [ "$rc" != 0 ] || [ -z "$th" ] || [ -z "$tc" ]; then
+    stage_result devpath fail "status $rc (kernels.log)" $((SECONDS - t0))
+    return
+  fi
+  stage_result devpath pass "q4 64 MiB at 1 Gbit/s: host ${th} s, cuda ${tc} s, ratio $(awk -v a="$tc" -v b="$th" 'BEGIN{printf "%.3f", a/b}') (target <= 1.05)" $((SECONDS - t0))
+}
+
 # ---- nccl: scripts/nccl_gpu.sh, the plugin against NCCL's socket transport ----
 stage_nccl() {
   local log=$RESULTS/nccl.log t0=$SECONDS rc
@@ -624,6 +653,7 @@ stage_torch &
 p3=$!
 wait $p1 $p2 $p3
 stage_kernels
+stage_devpath
 stage_nccl
 
 # ---- summary.md ----
@@ -636,7 +666,7 @@ stage_nccl
   echo
   echo "| stage | result | seconds | detail |"
   echo "|---|---|---:|---|"
-  for s in facts cuda memcheck torch kernels nccl; do
+  for s in facts cuda memcheck torch kernels devpath nccl; do
     if [ -f "$WORK/status.$s" ]; then
       IFS=$'\t' read -r name result secs detail <"$WORK/status.$s"
       [ "$MODE" = dry ] && [ "$s" != facts ] && [ "$result" = pass ] && result="dry run" detail="commands in the log"
