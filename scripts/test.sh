@@ -9,9 +9,11 @@
 #   3b. A build without UCX (LOWCOMM_UCX=OFF): the transport and collectives suites' UCX tests
 #      (the communicator keeps TCP and says so).
 #   4. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
-#   5. The torch backend: built with pip into .venv (torch from scripts/deps.sh) and its pytest
-#      suite, real processes against Gloo; then the same on the oldest supported torch
-#      (.venv-torch-oldest, 2.11). The training examples' tests (examples/tests) on .venv.
+#   5. The torch backend: built with pip into .venv (torch from scripts/deps.sh; a CUDA extension
+#      where that torch has CUDA) and its pytest suite, real processes against Gloo (the CUDA
+#      tests reported skipped by name without a GPU); then the same on the oldest supported torch
+#      (.venv-torch-oldest, 2.11), built without CUDA. The training examples' tests
+#      (examples/tests) on .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,8 +76,11 @@ stage "training examples (examples/: shared pieces, --quick modes, the OpenDiLoC
 (cd /tmp && "$OLDPWD/.venv/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "$OLDPWD/examples/tests")
 
 if [ -x .venv-torch-oldest/bin/python ]; then
-  stage "torch backend on the oldest supported torch ($(.venv-torch-oldest/bin/python -c 'import torch; print(torch.__version__)'))"
-  LOWCOMM_CORE_BUILD="$PWD/build" .venv-torch-oldest/bin/pip install -q --no-build-isolation ./plugins/torch
+  # Built without CUDA here (LOWCOMM_TORCH_CUDA=0: a CppExtension, as against a CPU-only torch),
+  # so CI covers both variants of the extension: with CUDA on the newest torch above, without
+  # it on the oldest (the GPU check builds the CUDA variant against that torch).
+  stage "torch backend on the oldest supported torch ($(.venv-torch-oldest/bin/python -c 'import torch; print(torch.__version__)')), extension without CUDA"
+  LOWCOMM_TORCH_CUDA=0 LOWCOMM_CORE_BUILD="$PWD/build" .venv-torch-oldest/bin/pip install -q --no-build-isolation ./plugins/torch
   (cd /tmp && "$OLDPWD/.venv-torch-oldest/bin/python" -m pytest -q -p no:cacheprovider --durations=10 "$OLDPWD/plugins/torch/tests")
 fi
 
