@@ -174,6 +174,10 @@ std::string mixed_rank(int rank, const UniqueId& id, int P, const MixedCase& c,
     AllReduceOptions o;
     if (!c.codec.empty()) o.codec = *parse_codec_spec(c.codec);
     if (c.error_feedback) o.error_feedback_key = "g";
+    // Random-k: the owner schedule over its shared positions, named (auto follows measured
+    // times, so two runs may differ); topk always gathers.
+    if (o.codec && o.codec->kind == CodecKind::kRandk)
+      o.sparse_schedule = AllReduceOptions::SparseSchedule::kOwner;
     // all-reduce
     if (device) {
       DeviceTensor dx(*dev, x), dy(*dev, y.bytes.size());
@@ -182,7 +186,19 @@ std::string mixed_rank(int rank, const UniqueId& id, int P, const MixedCase& c,
       RANK_OK(w.wait());
       y.bytes = dy.read();
       OpStats s = *w.stats();
-      if (!c.codec.empty()) {
+      if (!c.codec.empty() && o.codec->kind == CodecKind::kRandk) {
+        // The owner schedule over shared positions: staged.
+        RANK_CHECK(s.device_path == "staged", s.device_path);
+        RANK_CHECK(s.device_to_host_bytes == x.bytes.size(),
+                   std::to_string(s.device_to_host_bytes));
+      } else if (!c.codec.empty() && o.codec->sparse()) {
+        // Gather-all (one hop): encoded on the device, the sum formed on the host.
+        const uint64_t enc = encoded_size(*o.codec, n);
+        RANK_CHECK(s.device_path == "gpu-encode", s.device_path);
+        RANK_CHECK(s.device_to_host_bytes == enc && s.host_to_device_bytes == y.bytes.size(),
+                   std::to_string(s.device_to_host_bytes) + " / " +
+                       std::to_string(s.host_to_device_bytes) + " vs " + std::to_string(enc));
+      } else if (!c.codec.empty()) {
         const uint64_t enc = encoded_size(*o.codec, n);
         RANK_CHECK(s.device_path == "gpu-codec", s.device_path);
         RANK_CHECK(s.device_to_host_bytes == enc && s.host_to_device_bytes == enc,
@@ -199,6 +215,7 @@ std::string mixed_rank(int rank, const UniqueId& id, int P, const MixedCase& c,
       RANK_CHECK((*comm)->last_op_stats().device_to_host_bytes == 0, "host bytes counted");
     }
     out += " ar" + hex(fnv64(y.bytes));
+    if (o.codec && o.codec->sparse()) continue;  // reduce-scatter takes dense codecs only
     // reduce-scatter (no error feedback: its own key would be another tensor)
     AllReduceOptions rs;
     rs.codec = o.codec;
@@ -281,19 +298,21 @@ TEST_P(CollectivesDeviceMixed, SameBitsAsHostBuffers) {
   EXPECT_EQ(ar(host[0]), ar(host[2]));
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, CollectivesDeviceMixed,
-                         ::testing::Values(MixedCase{"", DType::kFloat32, false},
-                                           MixedCase{"q4", DType::kFloat32, true},
-                                           MixedCase{"q2:sr", DType::kBFloat16, true},
-                                           MixedCase{"minmax4", DType::kFloat16, false},
-                                           MixedCase{"q8", DType::kFloat32, false}),
-                         [](const ::testing::TestParamInfo<MixedCase>& i) {
-                           std::string name = i.param.codec.empty() ? "exact" : i.param.codec;
-                           for (char& ch : name)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return name + "_" + std::string(dtype_name(i.param.dtype)) +
-                                  (i.param.error_feedback ? "_ef" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, CollectivesDeviceMixed,
+    ::testing::Values(MixedCase{"", DType::kFloat32, false}, MixedCase{"q4", DType::kFloat32, true},
+                      MixedCase{"q2:sr", DType::kBFloat16, true},
+                      MixedCase{"minmax4", DType::kFloat16, false},
+                      MixedCase{"q8", DType::kFloat32, false},
+                      MixedCase{"topk:32/4096+q2:decay=0.9", DType::kFloat32, true},
+                      MixedCase{"randk:64/4096+q4", DType::kFloat32, true}),
+    [](const ::testing::TestParamInfo<MixedCase>& i) {
+      std::string name = i.param.codec.empty() ? "exact" : i.param.codec;
+      for (char& ch : name)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return name + "_" + std::string(dtype_name(i.param.dtype)) +
+             (i.param.error_feedback ? "_ef" : "");
+    });
 
 // ---- stream ordering ----
 

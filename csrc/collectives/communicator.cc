@@ -118,8 +118,18 @@ bool gpu_codec(const OpRun& run, const collectives::ReduceArgs& a) {
          (a.error_feedback_key.empty() || a.codec->ef_decay == 1.0f);
 }
 
-// `body` run for a CUDA-buffer call: on the GPU-codec path where gpu_codec() allows, else on
-// pinned host copies of send (in_bytes) and recv (out_bytes).
+// Whether a one-hop all-reduce of device buffers encodes on the GPU (dense lossy codecs as
+// gpu_codec(); sparse ones with or without decay): the input side only, the output staged.
+bool gpu_encode(const OpRun& run, const collectives::ReduceArgs& a) {
+  const auto& d = run.desc();
+  return d.kind == OpKind::kAllReduce && d.algorithm == collectives::Algorithm::kOneHop &&
+         a.codec && (a.codec->quantized() || a.codec->sparse()) &&
+         (a.error_feedback_key.empty() || a.codec->sparse() || a.codec->ef_decay == 1.0f);
+}
+
+// `body` run for a CUDA-buffer call: on the GPU-codec path where gpu_codec() allows, the
+// GPU-encode path where gpu_encode() does, else on pinned host copies of send (in_bytes) and
+// recv (out_bytes).
 ReduceBody on_device(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> call, ReduceBody body,
                      uint64_t in_bytes, uint64_t out_bytes) {
   return [impl, call = std::move(call), body = std::move(body), in_bytes, out_bytes](
@@ -128,7 +138,19 @@ ReduceBody on_device(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> ca
     if (!ctx) return ctx.status();
     collectives::DeviceOp d(**ctx, *call, run.counters());
     const bool gpu = gpu_codec(run, a);
-    LOWCOMM_CHECK(d.begin(gpu ? "gpu-codec" : "staged"));
+    const bool encode_only = !gpu && gpu_encode(run, a);
+    LOWCOMM_CHECK(d.begin(gpu ? "gpu-codec" : encode_only ? "gpu-encode" : "staged"));
+    if (encode_only) {
+      auto out = d.pinned(out_bytes);
+      if (!out) return out.status();
+      collectives::ReduceArgs b = a;
+      b.device = &d;
+      b.recv = *out;
+      LOWCOMM_CHECK(body(run, b));
+      LOWCOMM_CHECK(run.wait_all());
+      LOWCOMM_CHECK(d.to_device(a.recv, *out, out_bytes));
+      return d.sync();
+    }
     // Every request waited for inside: the pinned memory they read or write is d's.
     if (gpu) {
       collectives::ReduceArgs b = a;

@@ -187,4 +187,23 @@ Result<float*> device_residual(DeviceOp& d, ErrorFeedbackEntry& e) {
   return r;
 }
 
+Status encode_on_device(DeviceOp& d, ErrorFeedbackStore& ef, const std::string& ef_key,
+                        const CodecSpec& wire, DType dtype, const void* x, uint64_t n,
+                        uint8_t* codes, uint64_t bytes, RoundingKey key) {
+  auto dev = d.device_scratch(bytes);
+  if (!dev) return dev.status();
+  if (!ef_key.empty()) {
+    auto e = ef.entry_for_device(ef_key, n);
+    if (!e) return e.status();
+    auto r = device_residual(d, **e);
+    if (!r) return r.status();
+    LOWCOMM_CHECK(
+        d.rt().encode_error_feedback(wire, dtype, x, *r, n, *dev, bytes, key, d.stream()));
+  } else {
+    LOWCOMM_CHECK(d.rt().encode(wire, dtype, x, n, *dev, bytes, key, d.stream()));
+  }
+  LOWCOMM_CHECK(d.to_host(codes, *dev, bytes));
+  return d.sync();
+}
+
 }  // namespace lowcomm::collectives

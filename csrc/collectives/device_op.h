@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "collectives/ef_store.h"
@@ -113,5 +114,12 @@ Status run_staged(DeviceOp& d, const void* send, uint64_t send_bytes, void* recv
 // The sender residual of `entry` (n fp32) in device memory on d's device, moved there from the
 // host when it was kept on the host (or zero when new).
 Result<float*> device_residual(DeviceOp& d, ErrorFeedbackEntry& entry);
+
+// Encodes the device tensor x (n elements) on the device into `codes` (host memory, `bytes`),
+// with error feedback under `ef_key` (the residual in device memory) when it is not empty;
+// waits for the codes. The bytes are those of lowcomm::encode / encode_error_feedback.
+Status encode_on_device(DeviceOp& d, ErrorFeedbackStore& ef, const std::string& ef_key,
+                        const CodecSpec& wire, DType dtype, const void* x, uint64_t n,
+                        uint8_t* codes, uint64_t bytes, RoundingKey key);
 
 }  // namespace lowcomm::collectives

@@ -18,6 +18,10 @@
 // aggregation). Random-k draws its positions from a seed every rank derives alike from
 // (seed, step), so the P messages keep the same positions.
 //
+// CUDA buffers (ReduceArgs::device): the tensor is encoded on the device and only its codes
+// cross to the host; the sum is formed here and the caller copies the output up (so a compressed
+// one-hop all-reduce moves encoded bytes down and the dtype's bytes up).
+//
 // As in the owner reduction, the descriptors are posted with the payload and checked before any
 // received byte is read; contributions land in scratch; the input is copied before it is sent
 // when it is also the output (a send may still be reading it when the result is written).
@@ -26,6 +30,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
+#include "collectives/device_op.h"
 #include "collectives/reduce_common.h"
 #include "collectives/reduce_kernels.h"
 #include "collectives/tags.h"
@@ -61,7 +66,12 @@ Status one_hop_all_reduce(OpRun& run, const ReduceArgs& a) {
     const bool shared = wire.kind == CodecKind::kRandk;
     RoundingKey key{rounding_seed(a.seed, a.step, shared ? 0 : me, shared ? 2 : 1), 0};
     ScopedTimer t(run.counters().encode);
-    if (!a.error_feedback_key.empty()) {
+    if (a.device != nullptr) {
+      // CUDA buffers (device_op.h): encoded on the device, only the codes copied here; the
+      // output (a.recv) is pinned host memory the caller copies up.
+      LOWCOMM_CHECK(encode_on_device(*a.device, run.ef(), a.error_feedback_key, wire, a.dtype,
+                                     a.send, a.n, own, bytes, key));
+    } else if (!a.error_feedback_key.empty()) {
       auto e = run.ef().sender(a.error_feedback_key, a.n);
       if (!e) return e.status();
       LOWCOMM_CHECK(encode_error_feedback(wire, a.dtype, a.send, (*e)->sender.data(), a.n, own,
