@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 #include "collectives_test_util.h"
@@ -102,11 +103,25 @@ TEST(PinnedPool, ReusesBlocksAndKeepsItsLimit) {
     EXPECT_NE(d.status().message().find("LOWCOMM_PINNED_BYTES"), std::string::npos)
         << d.status().to_string();
   }
-  // Idle blocks of another class are freed to make room within the limit.
+  // Idle blocks are never freed (freeing page-locked memory synchronises the device): 2 MiB
+  // idle and a 4 MiB limit leave no room for a 4 MiB block.
+  EXPECT_EQ(pool.in_use(), 0u);
+  EXPECT_EQ(pool.allocated(), 2u << 20);
   auto e = pool.acquire(4 << 20);
-  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-  EXPECT_EQ(pool.allocated(), 4u << 20);
-  EXPECT_EQ(pool.acquire(1).status().code(), StatusCode::kSystem);  // everything lent
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kSystem);
+  // reserve() grows the pool ahead with the blocks a call will hold at once, and leaves them
+  // free: the next acquires take them without allocating.
+  device::PinnedPool fresh(dev, 8 << 20);
+  ASSERT_TRUE(fresh.reserve({3 << 20, 100000, 100000}).is_ok());
+  EXPECT_EQ(fresh.allocations(), 3u);
+  EXPECT_EQ(fresh.in_use(), 0u);
+  {
+    auto a = fresh.acquire(3 << 20), b = fresh.acquire(100000), c = fresh.acquire(70000);
+    ASSERT_TRUE(a.is_ok() && b.is_ok() && c.is_ok());
+    EXPECT_EQ(fresh.allocations(), 3u);
+  }
+  EXPECT_EQ(device::pinned_bytes({3 << 20, 100000, 0}), (4u << 20) + (128u << 10));
 }
 
 TEST(PinnedPool, SizeClasses) {
@@ -199,9 +214,11 @@ std::string mixed_rank(int rank, const UniqueId& id, int P, const MixedCase& c,
                    std::to_string(s.device_to_host_bytes) + " / " +
                        std::to_string(s.host_to_device_bytes) + " vs " + std::to_string(enc));
       } else if (!c.codec.empty()) {
+        // The codes, each segment's padded to 16 bytes (< 1% here), down and up.
         const uint64_t enc = encoded_size(*o.codec, n);
         RANK_CHECK(s.device_path == "gpu-codec", s.device_path);
-        RANK_CHECK(s.device_to_host_bytes == enc && s.host_to_device_bytes == enc,
+        RANK_CHECK(s.device_to_host_bytes >= enc && s.device_to_host_bytes <= enc + enc / 100 &&
+                       s.host_to_device_bytes == s.device_to_host_bytes,
                    std::to_string(s.device_to_host_bytes) + " / " +
                        std::to_string(s.host_to_device_bytes) + " vs " + std::to_string(enc));
       } else {
@@ -236,7 +253,7 @@ std::string mixed_rank(int rank, const UniqueId& id, int P, const MixedCase& c,
         // reduce-scatter are not cut on scale groups, so a little more than the whole tensor's).
         uint64_t enc = 0;
         for (int j = 0; j < P; ++j) enc += encoded_size(*rs.codec, rc);
-        RANK_CHECK(s.device_to_host_bytes >= enc && s.device_to_host_bytes < enc + 64 * 16,
+        RANK_CHECK(s.device_to_host_bytes >= enc && s.device_to_host_bytes <= enc + enc / 100,
                    std::to_string(s.device_to_host_bytes) + " vs " + std::to_string(enc));
         RANK_CHECK(s.device_to_host_bytes < x.bytes.size() / 3, "uncompressed bytes crossed");
       }
@@ -453,6 +470,72 @@ TEST(CollectivesDevice, CApiOnStream) {
     return "ok";
   });
   expect_all_ok(res);
+}
+
+// Reduce-scatter chunks are not cut on scale groups: with q2 and 1,000 fp32 per rank a chunk's
+// codes end 2 bytes past a 4-byte boundary, and the next must still start aligned for the
+// kernels. And reduce to a root, staged. Both against host buffers on the other rank.
+TEST(CollectivesDevice, CodesOfAnyLengthAndReduce) {
+  REQUIRE_DEVICE();
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto dev = install_device();
+    auto comm = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(comm.status());
+    std::string out = "ok";
+    for (const char* codec : {"q2", "q3", "q1"}) {
+      for (bool on_device : {false, true}) {
+        const uint64_t rc = 1000;
+        Tensor x = make_input(DType::kFloat32, 2 * rc, 7, rank);
+        Tensor z(DType::kFloat32, rc);
+        AllReduceOptions o;
+        o.codec = *parse_codec_spec(codec);
+        // Rank 0 alternates host and device; rank 1 stays on the host: same bits either way.
+        if (on_device && rank == 0) {
+          DeviceTensor dx(*dev, x), dz(*dev, z.bytes.size());
+          o.memory = MemoryKind::kCuda;
+          RANK_OK(
+              (*comm)->reduce_scatter(dx.p, dz.p, rc, DType::kFloat32, ReduceOp::kSum, o).wait());
+          z.bytes = dz.read();
+        } else {
+          RANK_OK((*comm)
+                      ->reduce_scatter(x.data(), z.data(), rc, DType::kFloat32, ReduceOp::kSum, o)
+                      .wait());
+        }
+        out += " " + hex(fnv64(z.bytes));
+      }
+    }
+    Tensor x = make_input(DType::kFloat32, 4099, 8, rank);
+    Tensor r(DType::kFloat32, 4099);
+    AllReduceOptions o;
+    o.codec = *parse_codec_spec("q4");
+    if (rank == 0) {
+      DeviceTensor dx(*dev, x), dr(*dev, r.bytes.size());
+      o.memory = MemoryKind::kCuda;
+      Work w = (*comm)->reduce(dx.p, dr.p, 4099, DType::kFloat32, ReduceOp::kSum, 0, o);
+      RANK_OK(w.wait());
+      RANK_CHECK(w.stats()->device_path == "staged", w.stats()->device_path);
+      r.bytes = dr.read();
+      Tensor h(DType::kFloat32, 4099);
+      AllReduceOptions ho;
+      ho.codec = o.codec;
+      RANK_OK(
+          (*comm)->reduce(x.data(), h.data(), 4099, DType::kFloat32, ReduceOp::kSum, 0, ho).wait());
+      RANK_CHECK(r.bytes == h.bytes, "reduce: device and host results differ");
+    } else {
+      RANK_OK(
+          (*comm)->reduce(x.data(), nullptr, 4099, DType::kFloat32, ReduceOp::kSum, 0, o).wait());
+      RANK_OK(
+          (*comm)->reduce(x.data(), nullptr, 4099, DType::kFloat32, ReduceOp::kSum, 0, o).wait());
+    }
+    return out;
+  });
+  expect_all_ok(res);
+  // Each rank's slices: the device run equals the host run, codec by codec.
+  for (const auto& r : res) {
+    std::istringstream in(r.text.substr(2));
+    std::string host, device;
+    while (in >> host >> device) EXPECT_EQ(host, device) << r.text;
+  }
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   void free_device(void* p, device::Stream s) override;
   Result<device::Stream> create_stream() override;
   void destroy_stream(device::Stream s) override;
+  Result<bool> capturing(device::Stream) override { return false; }
   Result<device::Event> create_event() override;
   void destroy_event(device::Event e) override;
   Status record(device::Event e, device::Stream s) override;

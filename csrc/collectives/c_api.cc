@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collectives/c_conversions.h"
+#include "core/log.h"
 #include "lowcomm/communicator.h"
 #include "lowcomm/version.h"
 
@@ -123,9 +124,12 @@ lowcommResult_t finish_on_stream(lowcommComm* comm, lowcomm::Work w, cudaStream_
                                  lowcommRequest_t* request) {
   if (w.refused()) return record(comm, w.status());
   if (lowcomm::Status g = w.wait_on_stream(stream); !g) {
-    // No gate: hold the host instead, so the stream's later work still sees the result.
+    // No gate: hold the host instead, so the stream's later work still sees the result (the
+    // operation's own result is what the call returns).
+    LOWCOMM_LOG(kWarn, "no stream gate (%s): waiting on the host instead", g.to_string().c_str());
     lowcomm::Status s = w.wait();
-    return record(comm, s.is_ok() ? g : s);
+    if (s.is_ok() && request) *request = new lowcommRequest{std::move(w), comm->errors};
+    return record(comm, s);
   }
   if (request) *request = new lowcommRequest{std::move(w), comm->errors};
   return lowcommSuccess;

@@ -99,12 +99,26 @@ using ReduceBody = std::function<Status(OpRun&, const collectives::ReduceArgs&)>
 // one device, or for staging beyond the pinned pool's limit.
 Result<std::shared_ptr<collectives::DeviceCall>> device_call(
     CommImpl& impl, const char* what, std::initializer_list<const void*> buffers, void* stream,
-    uint64_t staged_bytes) {
+    const std::vector<uint64_t>& blocks) {
   auto ctx = impl.device_context();
   if (!ctx)
     return Status(ctx.status().code(), std::string(what) + " on CUDA buffers: " +
                                            ctx.status().message() + "; pass host buffers");
-  return (*ctx)->begin_call(what, buffers, stream, staged_bytes);
+  return (*ctx)->begin_call(what, buffers, stream, blocks);
+}
+
+// The pinned blocks a staged run takes at once: the input and the output (one when in place).
+std::vector<uint64_t> staged_blocks(const void* send, uint64_t in, const void* recv, uint64_t out) {
+  if (send != nullptr && send == recv) return {std::max(in, out)};
+  return {send ? in : 0, recv ? out : 0};
+}
+
+// The pinned blocks a GPU-encoded reduction of n elements takes at once: the contributions'
+// codes and the results' (each segment's padded to 16 bytes: at most one segment per 8,192
+// elements plus one per owner chunk), and the output of a one-hop or reduce-scatter run.
+std::vector<uint64_t> codec_blocks(const CodecSpec& wire, uint64_t n, int P, uint64_t out) {
+  const uint64_t codes = encoded_size(wire, n) + 16 * (n / 8192 + static_cast<uint64_t>(P) + 1);
+  return {codes, codes, out};
 }
 
 // Whether a reduction of device buffers runs the owner reduction's GPU-codec path: a flat
@@ -151,7 +165,9 @@ ReduceBody on_device(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> ca
       LOWCOMM_CHECK(d.to_device(a.recv, *out, out_bytes));
       return d.sync();
     }
-    // Every request waited for inside: the pinned memory they read or write is d's.
+    // Every request waited for inside: the pinned memory they read or write is d's. (A failed
+    // body returns before its requests are waited for and gives d's blocks back; that is safe
+    // only because a failure latches the communicator, so no later operation takes them.)
     if (gpu) {
       collectives::ReduceArgs b = a;
       b.device = &d;
@@ -314,9 +330,19 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   };
   if (options.memory == MemoryKind::kCuda) {
     const uint64_t bytes = count * dtype_size(dtype);
+    // A lossy codec runs GPU-encoded unless the schedule is two levels (staged), which only
+    // communicators with sites take: reserve for the path the call will most likely take.
+    const bool lossy = codec && (codec->quantized() || codec->sparse());
+    const bool staged_likely = !lossy || alg == collectives::Algorithm::kTwoLevel ||
+                               (codec->kind == CodecKind::kRandk && !one_hop);
     auto call = device_call(*impl_, "all_reduce", {send, recv}, options.cuda_stream,
-                            send == recv ? bytes : 2 * bytes);
+                            staged_likely ? staged_blocks(send, bytes, recv, bytes)
+                                          : codec_blocks(*codec, count, size(), bytes));
     if (!call) return refused(call.status());
+    if (lossy) {
+      auto ctx = impl_->device_context();
+      if (Status p = (*ctx)->preload(**call, *codec, dtype); !p) return refused(p);
+    }
     body = on_device(impl, std::move(call).value(), std::move(body), bytes, bytes);
   }
   return submit_reduce(*impl_, d, codec, count / static_cast<uint64_t>(size()), a, options.step,
@@ -365,8 +391,15 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
   if (options.memory == MemoryKind::kCuda) {
     const uint64_t out = recv_count * dtype_size(dtype);
     const uint64_t in = out * static_cast<uint64_t>(size());
-    auto call = device_call(*impl_, "reduce_scatter", {send, recv}, options.cuda_stream, in + out);
+    const bool lossy = codec && codec->quantized() && !two_level;
+    auto call = device_call(*impl_, "reduce_scatter", {send, recv}, options.cuda_stream,
+                            lossy ? codec_blocks(*codec, recv_count * size(), size(), out)
+                                  : staged_blocks(send, in, recv, out));
     if (!call) return refused(call.status());
+    if (lossy) {
+      auto ctx = impl_->device_context();
+      if (Status p = (*ctx)->preload(**call, *codec, dtype); !p) return refused(p);
+    }
     body = on_device(impl, std::move(call).value(), std::move(body), in, out);
   }
   return submit_reduce(
@@ -395,7 +428,8 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
   if (where.memory == MemoryKind::kCuda) {
     const uint64_t in = send_count * dtype_size(dtype);
     const uint64_t out = in * static_cast<uint64_t>(size());
-    auto call = device_call(*impl_, "all_gather", {send, recv}, where.cuda_stream, in + out);
+    auto call = device_call(*impl_, "all_gather", {send, recv}, where.cuda_stream,
+                            staged_blocks(send, in, recv, out));
     if (!call) return refused(call.status());
     return impl_->submit_collective(
         d, staged(impl, std::move(call).value(), send, in, recv, out, body));
@@ -430,7 +464,7 @@ Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dt
     const uint64_t bytes = count * dtype_size(dtype);
     void* out = rank() == root ? recv : nullptr;  // other ranks' recv is not used
     auto call = device_call(*impl_, "reduce", {send, out}, options.cuda_stream,
-                            send == out ? bytes : 2 * bytes);
+                            staged_blocks(send, bytes, out, out ? bytes : 0));
     if (!call) return refused(call.status());
     a.recv = out;
     body = on_device(impl_.get(), std::move(call).value(), std::move(body), bytes, out ? bytes : 0);
@@ -514,7 +548,7 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
     const uint64_t bytes = count * dtype_size(dtype);
     const void* in = rank() == root ? send : nullptr;  // other ranks ignore send
     auto call = device_call(*impl_, "broadcast", {in, recv}, where.cuda_stream,
-                            in == recv ? bytes : 2 * bytes);
+                            staged_blocks(in, bytes, recv, bytes));
     if (!call) return refused(call.status());
     return impl_->submit_collective(
         d, staged(impl, std::move(call).value(), in, in ? bytes : 0, recv, bytes, body));
@@ -580,8 +614,11 @@ Result<std::vector<uint8_t>> Communicator::save_error_feedback() {
   CommImpl* impl = impl_.get();
   Status s = impl_
                  ->submit_local([impl, &out] {
-                   LOWCOMM_CHECK(impl->ef().to_host());  // residuals kept on a device
+                   // Residuals kept on a device are copied, not moved: the next GPU call
+                   // finds them where they are.
+                   LOWCOMM_CHECK(impl->ef().copy_device_residuals());
                    out = impl->ef().save();
+                   impl->ef().drop_host_copies();
                    return Status::ok();
                  })
                  .wait();

@@ -1,6 +1,7 @@
 #include "collectives/device_op.h"
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 namespace lowcomm::collectives {
@@ -12,13 +13,14 @@ class DeviceResidualBuffer final : public DeviceResidual {
   DeviceResidualBuffer(DeviceContext& ctx, int device, device::Stream s, float* p, uint64_t n)
       : ctx_(ctx), device_(device), stream_(s), p_(p), n_(n) {}
   ~DeviceResidualBuffer() override {
-    device::DeviceGuard guard(ctx_.rt(), device_);
+    // Freed on the executor (or with the communicator): the stream's device, set, not restored.
+    (void)ctx_.rt().set_device(device_);
     ctx_.rt().free_device(p_, stream_);
   }
   float* data() override { return p_; }
+  int device() const override { return device_; }
   Status to_host(float* dst) override {
-    device::DeviceGuard guard(ctx_.rt(), device_);
-    LOWCOMM_CHECK(guard.status());
+    LOWCOMM_CHECK(ctx_.rt().set_device(device_));  // on the executor: not restored
     LOWCOMM_CHECK(ctx_.rt().copy(dst, p_, n_ * sizeof(float), stream_));
     return ctx_.rt().synchronize(stream_);
   }
@@ -56,7 +58,7 @@ Result<device::Stream> DeviceContext::stream(int device) {
 
 Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
     const char* what, std::initializer_list<const void*> buffers, void* user_stream,
-    uint64_t staged_bytes) {
+    const std::vector<uint64_t>& blocks) {
   int dev = -1;
   for (const void* p : buffers) {
     if (p == nullptr) continue;
@@ -73,11 +75,18 @@ Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
   call->rt = &rt_;
   call->user = user_stream;
   if (dev < 0) return call;  // no buffer (a count of 0): nothing to order or copy
-  if (staged_bytes > pinned_.limit())
-    return invalid_argument(std::string(what) + ": staging " + std::to_string(staged_bytes) +
-                            " bytes of CUDA buffers through pinned host memory passes the pool's "
-                            "limit of " +
+  const uint64_t pinned = device::pinned_bytes(blocks);
+  if (pinned > pinned_.limit())
+    return invalid_argument(std::string(what) + ": " + std::to_string(pinned) +
+                            " bytes of pinned host memory needed for these CUDA buffers pass the "
+                            "pool's limit of " +
                             std::to_string(pinned_.limit()) + " bytes (LOWCOMM_PINNED_BYTES)");
+  auto capturing = rt_.capturing(user_stream);
+  if (!capturing) return capturing.status();
+  if (*capturing)
+    return invalid_argument(std::string(what) +
+                            ": the stream is being captured into a CUDA graph; lowcomm's "
+                            "collectives run on the host and cannot be captured");
   call->device = dev;
   device::DeviceGuard guard(rt_, dev);  // the caller's current device is left as it was
   LOWCOMM_CHECK(guard.status());
@@ -85,7 +94,53 @@ Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
   if (!e) return e.status();
   call->ready = *e;
   LOWCOMM_CHECK(rt_.record(call->ready, user_stream));
+  // The communicator's stream, and the pinned blocks, made now rather than on the executor.
+  auto s = stream(dev);
+  if (!s) return s.status();
+  (void)pinned_.reserve(blocks);  // best effort: blocks a running operation holds come back
   return call;
+}
+
+Status DeviceContext::preload(const DeviceCall& call, const CodecSpec& wire, DType dtype) {
+  if (call.device < 0 || !(wire.quantized() || wire.sparse())) return Status::ok();
+  static std::mutex mu;
+  static std::set<std::string>* done = new std::set<std::string>;
+  const std::string key =
+      std::to_string(call.device) + "/" + to_string(wire) + "/" + std::string(dtype_name(dtype));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done->count(key)) return Status::ok();
+  device::DeviceGuard guard(rt_, call.device);
+  LOWCOMM_CHECK(guard.status());
+  auto s = rt_.create_stream();
+  if (!s) return s.status();
+  struct Cleanup {
+    device::Runtime& rt;
+    device::Stream s;
+    std::vector<void*> mem;
+    ~Cleanup() {
+      (void)rt.synchronize(s);
+      for (void* p : mem) rt.free_device(p, s);
+      (void)rt.synchronize(s);
+      rt.destroy_stream(s);
+    }
+  } c{rt_, *s, {}};
+  // Two scale groups (sparse: chunks; per-column scales: rows).
+  const uint64_t n = 2 * uint64_t{wire.grouping == Grouping::kColumn ? wire.cols : wire.block};
+  const uint64_t bytes = encoded_size(wire, n);
+  for (uint64_t b : {n * dtype_size(dtype), bytes, n * sizeof(float), n * dtype_size(dtype)}) {
+    auto p = rt_.alloc_device(b, *s);
+    if (!p) return p.status();
+    c.mem.push_back(*p);
+    LOWCOMM_CHECK(rt_.zero(*p, b, *s));
+  }
+  LOWCOMM_CHECK(rt_.encode(wire, dtype, c.mem[0], n, c.mem[1], bytes, {}, *s));
+  if (wire.sparse() || wire.ef_decay == 1.0f)  // the dense kernels take no decay
+    LOWCOMM_CHECK(rt_.encode_error_feedback(wire, dtype, c.mem[0], static_cast<float*>(c.mem[2]), n,
+                                            c.mem[1], bytes, {}, *s));
+  LOWCOMM_CHECK(rt_.decode(wire, c.mem[1], bytes, n, dtype, c.mem[3], *s));
+  LOWCOMM_CHECK(rt_.synchronize(*s));
+  done->insert(key);
+  return Status::ok();
 }
 
 DeviceOp::~DeviceOp() {
@@ -97,9 +152,10 @@ DeviceOp::~DeviceOp() {
 Status DeviceOp::begin(const char* path) {
   counters_.device_path = path;
   if (call_.device < 0) return Status::ok();  // no buffer: nothing to order
-  // Restored when the run ends (a collective may run inline on the caller's thread).
-  guard_.emplace(ctx_.rt(), call_.device);
-  LOWCOMM_CHECK(guard_->status());
+  // Not restored after: restoring the executor's initial device 0 would create a context on
+  // GPU 0 in every rank. (A collective run inline leaves the waiting thread on the buffers'
+  // device, which is the caller's own in any program that made them there.)
+  LOWCOMM_CHECK(ctx_.rt().set_device(call_.device));
   auto s = ctx_.stream(call_.device);
   if (!s) return s.status();
   stream_ = *s;
@@ -170,7 +226,13 @@ Status run_staged(DeviceOp& d, const void* send, uint64_t send_bytes, void* recv
 }
 
 Result<float*> device_residual(DeviceOp& d, ErrorFeedbackEntry& e) {
-  if (e.device) return e.device->data();
+  if (e.device && e.device->device() == d.device()) return e.device->data();
+  if (e.device) {  // kept on another device: through the host to this one
+    e.sender.resize(e.n);
+    LOWCOMM_CHECK(e.device->to_host(e.sender.data()));
+    e.device.reset();
+    LOWCOMM_CHECK(d.rt().set_device(d.device()));
+  }
   auto mem = d.rt().alloc_device(e.n * sizeof(float), d.stream());
   if (!mem) return mem.status();
   auto* r = static_cast<float*>(*mem);

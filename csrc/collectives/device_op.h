@@ -56,11 +56,20 @@ class DeviceContext {
   Result<device::Stream> stream(int device);
 
   // At the call, on the caller's thread: `what` names the call in errors; `buffers` are the
-  // call's device pointers (null entries skipped; all must be on one device); `staged_bytes`
-  // the most pinned memory the call may stage (refused beyond the pool's limit).
+  // call's device pointers (null entries skipped; all must be on one device); `blocks` the
+  // pinned blocks its run will take at once (refused when their size classes pass the pool's
+  // limit; reserved in the pool now, so the executor allocates no page-locked memory while the
+  // operation's gate may be pending). A stream being captured into a CUDA graph is refused.
   Result<std::shared_ptr<DeviceCall>> begin_call(const char* what,
                                                  std::initializer_list<const void*> buffers,
-                                                 void* user_stream, uint64_t staged_bytes);
+                                                 void* user_stream,
+                                                 const std::vector<uint64_t>& blocks);
+  // Runs the codec kernels a call with `wire` on `dtype` buffers of `call`'s device will launch
+  // (encode, with error feedback, decode), once per process for each: under CUDA's lazy module
+  // loading a kernel loads at its first launch, which may wait for the whole device to be idle,
+  // so a first launch on the executor while this call's stream gate spins would wait for the
+  // gate, which waits for the executor. Called on the caller's thread, before any gate exists.
+  Status preload(const DeviceCall& call, const CodecSpec& wire, DType dtype);
 
  private:
   device::Runtime& rt_;
@@ -102,7 +111,6 @@ class DeviceOp {
   bool begun_ = false;
   std::vector<device::PinnedBlock> pinned_;
   std::vector<void*> scratch_;
-  std::optional<device::DeviceGuard> guard_;  // restores the thread's device after ~DeviceOp
 };
 
 // Runs `body` on pinned host copies of the call's buffers: `send` (send_bytes) copied in

@@ -93,14 +93,21 @@ Result<ErrorFeedbackEntry*> ErrorFeedbackStore::sender(const std::string& key, u
   return e;
 }
 
-Status ErrorFeedbackStore::to_host() {
+Status ErrorFeedbackStore::copy_device_residuals() {
   for (auto& [key, e] : entries_) {
     if (!e.device) continue;
     e.sender.resize(e.n);
     LOWCOMM_CHECK(e.device->to_host(e.sender.data()));
-    e.device.reset();
   }
   return Status::ok();
+}
+
+void ErrorFeedbackStore::drop_host_copies() {
+  for (auto& [key, e] : entries_) {
+    if (!e.device) continue;
+    e.sender.clear();
+    e.sender.shrink_to_fit();
+  }
 }
 
 Result<float*> ErrorFeedbackStore::owner(const std::string& key, uint64_t n, uint64_t begin,

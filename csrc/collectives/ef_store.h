@@ -33,12 +33,14 @@ class DeviceResidual {
  public:
   virtual ~DeviceResidual() = default;
   virtual float* data() = 0;
+  virtual int device() const = 0;
   virtual Status to_host(float* dst) = 0;  // n values; waits for the copy
 };
 
 struct ErrorFeedbackEntry {
   uint64_t n = 0;
-  std::vector<float> sender;  // empty until first used, and while `device` holds it
+  std::vector<float> sender;  // empty until first used, and while `device` holds it (but for
+                              // save()'s copy)
   uint64_t owner_begin = 0;
   std::vector<float> owner;  // empty until first used
   // The sender residual, when the last call under this key encoded on a device: one copy of
@@ -56,8 +58,10 @@ class ErrorFeedbackStore {
   Result<ErrorFeedbackEntry*> entry_for_device(const std::string& key, uint64_t n) {
     return entry(key, n);
   }
-  // Brings every residual kept on a device back to the host (before save()).
-  Status to_host();
+  // For save(): copies every residual kept on a device into the host's `sender` (the device's
+  // stays the one in use), and drops those copies after.
+  Status copy_device_residuals();
+  void drop_host_copies();
   // The owner residual for [begin, begin + count) of key's tensor (zeroed when new or moved).
   Result<float*> owner(const std::string& key, uint64_t n, uint64_t begin, uint64_t count);
 

@@ -120,7 +120,8 @@ Status reduce_own_chunk(const OwnerReduce& o, Contributions& c, Results& results
 // those codes instead of encoding; step 3's result codes (received, or this owner's own) are
 // gathered into pinned slots in tensor order, copied to the device in one piece after the last
 // and decoded there into the output; a reduce-scatter's rounded slice is copied up as it is.
-// Only encoded bytes (and a reduce-scatter's output) cross PCIe; the bytes are the host path's.
+// Only encoded bytes (each segment's padded to 16 bytes, for the kernels' alignment, and a
+// reduce-scatter's output) cross PCIe; the bytes on the wire are the host path's.
 class DeviceCodes {
  public:
   DeviceCodes(const OwnerReduce& o, DeviceOp& d) : o_(o), d_(d) {}
@@ -139,10 +140,10 @@ class DeviceCodes {
   const OwnerReduce& o_;
   DeviceOp& d_;
   std::vector<std::vector<uint64_t>> offset_;  // [owner][segment]: bytes into the codes
-  uint64_t total_ = 0;                         // encoded bytes of the whole tensor
-  uint8_t* contributions_ = nullptr;           // pinned, total_
-  uint8_t* results_ = nullptr;                 // pinned, total_ (all-reduce)
-  uint8_t* scatter_out_ = nullptr;             // pinned, this owner's slice (reduce-scatter)
+  uint64_t total_ = 0;                // the codes of every segment, each padded to 16 bytes
+  uint8_t* contributions_ = nullptr;  // pinned, total_
+  uint8_t* results_ = nullptr;        // pinned, total_ (all-reduce)
+  uint8_t* scatter_out_ = nullptr;    // pinned, this owner's slice (reduce-scatter)
 };
 
 // The owner reduction in two halves, for a schedule that interleaves several of them

@@ -16,11 +16,13 @@ namespace lowcomm::collectives {
 
 Status DeviceCodes::encode_contributions() {
   const ReduceArgs& a = o_.a;
+  // Each segment's codes start 16-byte aligned (the kernels take 4-byte aligned codes; a
+  // reduce-scatter's chunks are not cut on scale groups, so a segment's codes may end anywhere).
   offset_.resize(o_.segs.size());
   for (size_t j = 0; j < o_.segs.size(); ++j) {
     for (const Range& s : o_.segs[j]) {
       offset_[j].push_back(total_);
-      total_ += o_.bytes(s.count);
+      total_ += (o_.bytes(s.count) + 15) / 16 * 16;
     }
   }
   ScopedTimer t(o_.run.counters().encode);

@@ -47,14 +47,8 @@ Result<PinnedBlock> PinnedPool::acquire(uint64_t bytes) {
     in_use_ += cap;
     return PinnedBlock(this, b, cap);
   }
-  // Room within the limit: first by freeing idle blocks of other sizes.
-  for (auto it = free_.begin(); allocated_ + cap > limit_ && it != free_.end(); ++it) {
-    while (!it->second.empty() && allocated_ + cap > limit_) {
-      rt_.free_pinned(it->second.back());
-      it->second.pop_back();
-      allocated_ -= it->first;
-    }
-  }
+  // Never by freeing idle blocks: freeing page-locked memory synchronises the device, which a
+  // stream gate of the running operation may hold until this thread finishes it.
   if (allocated_ + cap > limit_)
     return Status(StatusCode::kSystem, "pinned staging pool: " + std::to_string(bytes) +
                                            " bytes needed (a " + std::to_string(cap) +
@@ -67,6 +61,22 @@ Result<PinnedBlock> PinnedPool::acquire(uint64_t bytes) {
   in_use_ += cap;
   ++allocations_;
   return PinnedBlock(this, static_cast<uint8_t*>(*p), cap);
+}
+
+Status PinnedPool::reserve(const std::vector<uint64_t>& sizes) {
+  std::vector<PinnedBlock> held;
+  for (uint64_t b : sizes) {
+    auto blk = acquire(b);
+    if (!blk) return blk.status();
+    held.push_back(std::move(blk).value());
+  }
+  return Status::ok();  // given back: the free lists now hold these classes
+}
+
+uint64_t pinned_bytes(const std::vector<uint64_t>& sizes) {
+  uint64_t total = 0;
+  for (uint64_t b : sizes) total += b == 0 ? 0 : pinned_class(b);
+  return total;
 }
 
 void PinnedPool::give_back(uint8_t* data, uint64_t capacity) {

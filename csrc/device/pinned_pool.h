@@ -4,10 +4,12 @@
 // cudaFreeHost synchronises the whole device).
 //
 // Blocks come in power-of-two size classes from 64 KiB; a released block goes back to its
-// class's free list and is handed out again, never freed before the pool is destroyed. The
-// pool's total (blocks in use and free) is bounded by `limit`: a request that would pass it
-// first frees the free blocks of other classes, then fails with kSystem naming the
-// limit (LOWCOMM_PINNED_BYTES) instead of growing. Thread-safe.
+// class's free list and is handed out again, never freed before the pool is destroyed (freeing
+// page-locked memory synchronises the device, which a stream gate may be holding). The pool's
+// total (blocks in use and free) is bounded by `limit`: a request that would pass it fails with
+// kSystem naming the limit (LOWCOMM_PINNED_BYTES) instead of growing. reserve() grows the pool
+// ahead, on the caller's thread at the call, so the executor finds its blocks already there and
+// allocates no page-locked memory while the operation's own gate may be pending. Thread-safe.
 
 #include <cstdint>
 #include <map>
@@ -53,6 +55,9 @@ class PinnedPool {
 
   // A block of at least `bytes` (0 gives an empty block).
   Result<PinnedBlock> acquire(uint64_t bytes);
+  // Makes sure blocks for `sizes`, all at once, are in the pool (allocating what is missing),
+  // and leaves them free.
+  Status reserve(const std::vector<uint64_t>& sizes);
 
   uint64_t limit() const { return limit_; }
   uint64_t allocated() const;  // bytes held from the runtime, in use or free
@@ -74,5 +79,7 @@ class PinnedPool {
 
 // The size class of `bytes`: the next power of two, at least kMinBlock.
 uint64_t pinned_class(uint64_t bytes);
+// The pool bytes blocks of `sizes` take (their classes, summed).
+uint64_t pinned_bytes(const std::vector<uint64_t>& sizes);
 
 }  // namespace lowcomm::device

@@ -55,6 +55,8 @@ class Runtime {
   // (a gate there must not hold it).
   virtual Result<Stream> create_stream() = 0;
   virtual void destroy_stream(Stream s) = 0;
+  // Whether work queued on `s` is being captured into a CUDA graph.
+  virtual Result<bool> capturing(Stream s) = 0;
   virtual Result<Event> create_event() = 0;
   virtual void destroy_event(Event e) = 0;
   virtual Status record(Event e, Stream s) = 0;

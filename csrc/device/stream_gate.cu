@@ -27,6 +27,11 @@ __global__ void gate_kernel(const volatile uint32_t* flag, uint64_t timeout_ns) 
 
 }  // namespace
 
+cudaError_t load_gate() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, gate_kernel);
+}
+
 cudaError_t launch_gate(const uint32_t* flag, uint64_t timeout_ns, cudaStream_t stream) {
   gate_kernel<<<1, 1, 0, stream>>>(flag, timeout_ns);
   return cudaGetLastError();

@@ -335,8 +335,11 @@ class LOWCOMM_API Work {
   // after this call wait for the operation, without blocking the host: nothing to do when it is
   // complete (its device results are in place), else a one-thread kernel on the stream that
   // polls a pinned flag the completion sets (successful or not: a failed operation leaves its
-  // outputs untouched and says why in wait()/status()). The kernel gives up after the
-  // operation's deadline plus 60 s. kUnsupported in a build without CUDA or without a device.
+  // outputs untouched and says why in wait()/status()). The stream's device must be current
+  // (as for any launch). The kernel gives up once it has waited the communicator's timeout plus
+  // 60 s, counted from when the stream reaches it: an operation queued behind many others could
+  // outlast that, and the stream would then go on before it completes. kUnsupported in a build
+  // without CUDA or without a device (a refused call is complete: nothing to wait for).
   Status wait_on_stream(void* cuda_stream) const;
 
  private:

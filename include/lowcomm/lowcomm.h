@@ -226,7 +226,9 @@ LOWCOMM_API lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuf
  * pointer passed as a device buffer: lowcommInvalidArgument. Without a request, a failure of
  * the operation after the call shows in lowcommCommGetAsyncError (as NCCL's asynchronous
  * errors); the outputs are then untouched. errorFeedbackKey: NULL or "" for none. */
+#ifndef __DRIVER_TYPES_H__ /* CUDA's own declaration (driver_types.h), when not included */
 typedef struct CUstream_st* cudaStream_t;
+#endif
 LOWCOMM_API lowcommResult_t lowcommAllReduceOnStream(const void* sendbuff, void* recvbuff,
                                                      size_t count, lowcommDataType_t datatype,
                                                      lowcommRedOp_t op, const char* codec,
