@@ -241,4 +241,18 @@ inline int count_threads(const std::string& name = "lc-nccl-net") {
   return n;
 }
 
+// count_threads(name) once it has dropped to `want`, or after 2 s. pthread_join returns when
+// the kernel clears the thread's tid, which happens during its exit, before the task is reaped
+// and leaves /proc/self/task: a joined thread can still be listed for a moment (seen under load
+// in CI). A thread that was not joined keeps running and is still counted after the wait.
+inline int count_threads_settled(int want, const std::string& name = "lc-nccl-net") {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  int n = count_threads(name);
+  while (n > want && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    n = count_threads(name);
+  }
+  return n;
+}
+
 }  // namespace lowcomm::nccl_net::testing
