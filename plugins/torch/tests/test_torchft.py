@@ -46,36 +46,27 @@ def on_lowcomm(monkeypatch):
     return made
 
 
-def _run(case_cls, name, attempts=3):
-    """Runs torchft's test case; a failed attempt is run again, up to `attempts` in all.
+def _run(case_cls, name):
+    """Runs torchft's test case once; a failure or error fails the test with its traceback.
 
-    The flake the reruns were for is understood and fixed: a replica's manager hit
+    These cases once failed in about 4 of 10 runs and were rerun: a replica's manager hit
     `assert managed_fut._callback` in torchft's callback chain (manager.py,
     _ManagedWork._set_future_callback) because lowcomm's work woke wait() before completing
     its future, so the chain torchft builds right after wait() ran later, on lowcomm's thread,
-    after torchft had moved on (test_backend.py checks the order now). The reruns stay as a
-    guard; every failed attempt is printed."""
+    after torchft had moved on. Works complete their future first now, as Gloo's do
+    (test_backend.py checks the order), and a failure here is a failure."""
     # torchft's replicas are threads of this process: a hang would stall the whole suite, so
     # past 400 s every thread's stack is printed and the process exits.
     faulthandler.dump_traceback_later(400, exit=True)
     try:
-        _attempts(case_cls, name, attempts)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-
-
-def _attempts(case_cls, name, attempts):
-    failures = []
-    for _ in range(attempts):
         result = unittest.TestResult()
         case_cls(name).run(result)
-        problems = [f"{t}: {tb}" for t, tb in result.errors + result.failures]
-        if result.testsRun == 1 and not problems and not result.skipped:
-            for i, f in enumerate(failures):
-                print(f"{name}: attempt {i + 1} failed (passed on a rerun):\n{f}")
-            return
-        failures.append("\n".join(problems) or str(result.skipped))
-    raise AssertionError("\n\n".join(failures))
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    problems = [f"{t}: {tb}" for t, tb in result.errors + result.failures]
+    assert not problems, "\n\n".join(problems)
+    assert not result.skipped, result.skipped
+    assert result.testsRun == 1, result.testsRun
 
 
 @pytest.mark.parametrize("name", ["test_local_sgd_recovery_0", "test_diloco_recovery_0",
