@@ -151,6 +151,40 @@ TEST(TransportUcx, LengthMismatchFailsTheReceiveAndSticks) {
       << rs2.message();
 }
 
+// What a flip on the way does, made without a hook: a rendezvous message's digest is computed
+// when the send is issued and its bytes are read only once the receive is posted, so a byte
+// changed in between reaches the receiver beside the digest of the bytes before. Checked, the
+// receive fails naming the sender; unchecked (the instantiation with false), the changed bytes
+// arrive as sent, which is what the check exists to catch.
+TEST_P(TransportUcxChecked, BytesChangedAfterTheirDigestFailTheReceiveNamingTheSender) {
+  SKIP_WITHOUT_UCX();
+  const bool checked = GetParam();
+  Pair p = connected_pair(checked);
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> out = pattern(8 << 20, 5), in(out.size());
+  uint8_t mark = 1, got = 0;
+  Request s = p.a->isend(1, 5, out.data(), out.size());
+  // Issued in call order: once this later message has arrived, the large one's digest exists.
+  Request s2 = p.a->isend(1, 6, &mark, 1);
+  ASSERT_TRUE(p.b->irecv(0, 6, &got, 1).wait(Deadline::after_seconds(30)).is_ok());
+  ASSERT_TRUE(s2.wait(Deadline::after_seconds(30)).is_ok());
+  out[123457] ^= 0x10;
+  Request r = p.b->irecv(0, 5, in.data(), in.size());
+  Status rs = r.wait(Deadline::after_seconds(30));
+  if (checked) {
+    EXPECT_EQ(rs.code(), StatusCode::kCorruptData) << rs.to_string();
+    EXPECT_NE(rs.message().find("UCX rank 1 to rank 0"), std::string::npos) << rs.message();
+    EXPECT_NE(rs.message().find("does not match its XXH3-128"), std::string::npos) << rs.message();
+    // Sticky: the site is down, later requests fail at once with the same reason.
+    Request again = p.b->irecv(0, 7, &got, 1);
+    EXPECT_EQ(again.wait(Deadline::after_seconds(5)).code(), StatusCode::kCorruptData);
+  } else {
+    ASSERT_TRUE(rs.is_ok()) << rs.to_string();
+    EXPECT_TRUE(in == out);
+  }
+  (void)s.wait(Deadline::after_seconds(30));
+}
+
 TEST(TransportUcx, AbortFailsOutstandingAndLaterRequestsAndReleasesBuffers) {
   SKIP_WITHOUT_UCX();
   Pair p = connected_pair();

@@ -2,6 +2,15 @@
 // on the progress thread: operations arrive through queue_, completions come back through UCP's
 // callbacks inside ucp_worker_progress, and finished operations are freed at the end of each
 // turn of the loop (a callback may finish one while another callback's caller still holds it).
+//
+// The first failure tears the whole site down (teardown()): unmatched receives are cancelled,
+// every endpoint is closed by force (UCX then completes its other requests with an error), and
+// once no request is left in UCX the worker is destroyed; only then do the failed requests
+// complete. After ucp_worker_destroy no UCX code runs for this site and its connections are
+// closed, so nothing can still read or write a buffer whose request has completed (a request
+// that failed earlier, from a callback's error or a digest that did not match, is held until
+// then). A request UCX never completes (10 s) no longer hands its buffer back while UCX holds
+// it: the worker is destroyed under it first.
 
 #include "transport/ucx_site.h"
 
@@ -32,7 +41,8 @@ constexpr uint64_t kDigestBit = uint64_t{1} << 63;
 constexpr int kRankShift = 24;
 constexpr size_t kDigestBytes = 16;
 constexpr int kProgressBurst = 64;  // worker progress calls between looks at the queue
-constexpr auto kAbortWait = std::chrono::seconds(5);
+// How long a teardown waits for UCX to complete the requests of closed endpoints.
+constexpr auto kTeardownWait = std::chrono::seconds(10);
 
 Status ucx_error(const std::string& what, ucs_status_t s) {
   return Status(StatusCode::kSystem, what + ": " + ucs_status_string(s));
@@ -70,17 +80,16 @@ struct UcxSite::Impl {
     std::array<Half, 2> half;
     int pending = 0;
     uint64_t received = 0;
-    uint64_t ticket = 0;     // kAbort
-    bool abandoned = false;  // abort gave up waiting for it (see let_go())
-    Status error;            // the first half's failure
-    std::string address;     // kConnect
-    bool checked = true;     // kConnect
-    Status abort_why;        // kAbort
+    uint64_t ticket = 0;  // kAbort
+    Status error;         // the first half's failure, or the message's own (length, digest)
+    std::string address;  // kConnect
+    bool checked = true;  // kConnect
+    Status abort_why;     // kAbort
   };
   struct Partner {
-    ucp_ep_h ep = nullptr;
-    bool checked = true;  // messages carry their digest
-    Status failed;        // sticky
+    ucp_ep_h ep = nullptr;  // destroyed with the worker
+    bool checked = true;    // messages carry their digest
+    // In flight, and failed ones (pending 0) waiting for teardown() to complete them.
     std::map<Op*, std::unique_ptr<Op>> ops;
   };
 
@@ -101,13 +110,14 @@ struct UcxSite::Impl {
 
   // Progress thread only.
   std::map<int, Partner> partners;
-  Status aborted;         // set by kAbort: every partner failed, every later operation fails
-  uint64_t aborting = 0;  // the highest abort ticket issued and not yet done; 0: none
-  std::chrono::steady_clock::time_point abort_since;
+  // The first failure (an abort, a partner's, a message's): every outstanding and later
+  // operation fails with it. Set inside UCP's callbacks too; teardown() follows on the loop.
+  Status aborted;
   bool arm_failed = false;                    // ucp_worker_arm failed once: poll on a short timeout
   std::vector<std::unique_ptr<Op>> finished;  // freed at the end of the turn
-  std::vector<void*> closing;                 // ucp_ep_close_nbx requests in flight
-  std::vector<int> to_settle;                 // failed partners to cancel and close
+  bool closing_started = false;               // teardown() cancelled and closed
+  std::chrono::steady_clock::time_point teardown_since;
+  std::vector<void*> closing;  // ucp_ep_close_nbx requests in flight
 
   ~Impl() {
     if (worker) ucp_worker_destroy(worker);
@@ -163,31 +173,26 @@ struct UcxSite::Impl {
         stopping = stop;
       }
       for (auto& op : batch) issue(std::move(op));
-      settle();
       // Bounded, so that queued operations (an abort among them) are not starved by traffic.
       int progressed = 0;
-      while (progressed < kProgressBurst && ucp_worker_progress(worker) != 0) ++progressed;
-      const bool settled = settle();
-      reap_closing();
+      while (worker && progressed < kProgressBurst && ucp_worker_progress(worker) != 0)
+        ++progressed;
+      if (!aborted.is_ok()) teardown();
       finished.clear();
-      if (aborting != 0 && (idle() || let_go())) {
-        std::lock_guard<std::mutex> lock(mu);
-        abort_done = std::max(abort_done, aborting);
-        aborting = 0;
-        cv.notify_all();
-      }
-      if (stopping && (idle() || let_go())) return;
-      if (progressed > 0 || settled) continue;
+      if (stopping && !worker) return;
+      if (progressed > 0 || (worker && !aborted.is_ok())) continue;  // tearing down
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!queue.empty() || stop != stopping) continue;
       }
-      const ucs_status_t armed = ucp_worker_arm(worker);
-      if (armed == UCS_ERR_BUSY) continue;
-      if (armed != UCS_OK && !arm_failed) {
-        arm_failed = true;
-        LOWCOMM_LOG(kWarn, "UCX rank %d: ucp_worker_arm: %s (polling every millisecond instead)",
-                    rank, ucs_status_string(armed));
+      if (worker) {
+        const ucs_status_t armed = ucp_worker_arm(worker);
+        if (armed == UCS_ERR_BUSY) continue;
+        if (armed != UCS_OK && !arm_failed) {
+          arm_failed = true;
+          LOWCOMM_LOG(kWarn, "UCX rank %d: ucp_worker_arm: %s (polling every millisecond instead)",
+                      rank, ucs_status_string(armed));
+        }
       }
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -195,7 +200,7 @@ struct UcxSite::Impl {
       }
       // Sleep until the worker or a caller has news; a bound, so a lost wake-up costs little.
       const int n = ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()),
-                                 aborting != 0 || !closing.empty() || arm_failed ? 1 : 200);
+                                 arm_failed && worker ? 1 : 200);
       for (int i = 0; i < n; ++i)
         if (events[static_cast<size_t>(i)].data.fd == wake_fd) {
           uint64_t count;
@@ -204,35 +209,75 @@ struct UcxSite::Impl {
     }
   }
 
-  bool idle() const {
-    if (!closing.empty() || !to_settle.empty()) return false;
+  // After the first failure, outside UCP's callbacks, on each turn until done: first cancels
+  // the receives UCX has not matched and closes every endpoint by force (which completes their
+  // other requests once UCX has discarded its transport endpoints, a few progress calls later);
+  // once no operation is in UCX (or after kTeardownWait, with a warning), destroys the worker,
+  // and with it every endpoint, connection and transport: UCX references no buffer after
+  // this. Only then are the failed operations completed, with their own error or the site's.
+  // The abort tickets posted so far are then done.
+  void teardown() {
+    if (!worker) return mark_aborts_done();
+    if (!closing_started) {
+      closing_started = true;
+      teardown_since = std::chrono::steady_clock::now();
+      std::vector<void*> cancel;
+      for (auto& [r, p] : partners)
+        for (auto& [op, owned] : p.ops)
+          if (op->kind == Op::kRecv)
+            for (Half& h : op->half)
+              if (h.request) cancel.push_back(h.request);
+      for (void* req : cancel) ucp_request_cancel(worker, req);
+      for (auto& [r, p] : partners) {
+        if (!p.ep) continue;
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t closing_req = ucp_ep_close_nbx(p.ep, &param);
+        if (closing_req != nullptr && !UCS_PTR_IS_ERR(closing_req)) closing.push_back(closing_req);
+        p.ep = nullptr;
+      }
+    }
+    for (size_t i = 0; i < closing.size();) {
+      if (ucp_request_check_status(closing[i]) == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(closing[i]);
+      closing[i] = closing.back();
+      closing.pop_back();
+    }
+    int in_ucx = 0;
     for (const auto& [r, p] : partners)
-      for (const auto& [op, owned] : p.ops)
-        if (!op->abandoned) return false;
-    return true;
+      for (const auto& [op, owned] : p.ops) in_ucx += op->pending > 0 ? 1 : 0;
+    if ((in_ucx > 0 || !closing.empty()) &&
+        std::chrono::steady_clock::now() - teardown_since < kTeardownWait)
+      return;
+    if (in_ucx > 0)
+      LOWCOMM_LOG(kWarn,
+                  "UCX rank %d: %d operation(s) still in UCX %.0f s after the failure: the worker "
+                  "is destroyed under them",
+                  rank, in_ucx, std::chrono::duration<double>(kTeardownWait).count());
+    for (void* req : closing) ucp_request_free(req);
+    closing.clear();
+    ucp_worker_destroy(worker);
+    worker = nullptr;
+    for (auto& [r, p] : partners) {
+      for (auto& [op, owned] : p.ops) {
+        op->state->complete(op->error.is_ok() ? aborted : op->error);
+        finished.push_back(std::move(owned));
+      }
+      p.ops.clear();
+    }
+    mark_aborts_done();
   }
 
-  // An abort (or the destructor) that has waited kAbortWait for operations UCX will not finish:
-  // a receive already matched to a message whose sender died mid-way is neither cancellable
-  // (ucp_request_cancel takes only unmatched receives) nor purged by closing the endpoint. Their
-  // requests fail now, loudly, so nobody hangs; they stay registered (UCX still holds their
-  // Halves), and their buffers may still be written if the rest of that message ever arrives.
-  bool let_go() {
-    if (std::chrono::steady_clock::now() - abort_since < kAbortWait) return false;
-    int n = 0;
-    for (auto& [r, p] : partners)
-      for (auto& [op, owned] : p.ops)
-        if (!op->abandoned) {
-          op->abandoned = true;
-          op->state->complete(aborted);
-          ++n;
-        }
-    if (n > 0)
-      LOWCOMM_LOG(kWarn,
-                  "UCX rank %d: %d operation(s) still in UCX %.0f s after the abort: failed "
-                  "without waiting for them (their buffers may still be written)",
-                  rank, n, std::chrono::duration<double>(kAbortWait).count());
-    return closing.empty() && to_settle.empty();
+  void mark_aborts_done() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (abort_done < abort_asked) {
+      abort_done = abort_asked;
+      cv.notify_all();
+    }
   }
 
   void issue(std::unique_ptr<Op> op) {
@@ -240,12 +285,9 @@ struct UcxSite::Impl {
       case Op::kConnect:
         return connect_now(std::move(op));
       case Op::kAbort:
-        if (aborted.is_ok()) aborted = op->abort_why;
-        if (aborting == 0) abort_since = std::chrono::steady_clock::now();
-        aborting = std::max(aborting, op->ticket);
-        for (auto& [r, p] : partners) fail_partner(r, aborted);
+        fail_site(op->abort_why, -1);
         op->state->complete(Status());
-        return;
+        return;  // the loop tears down before it progresses again, then marks the ticket done
       case Op::kSend:
       case Op::kRecv:
         break;
@@ -261,10 +303,6 @@ struct UcxSite::Impl {
       return;
     }
     Partner& p = it->second;
-    if (!p.failed.is_ok()) {
-      raw->state->complete(p.failed);
-      return;
-    }
     p.ops.emplace(raw, std::move(op));
     for (int i = 0; i < 2; ++i) {
       raw->half[static_cast<size_t>(i)].op = raw;
@@ -337,14 +375,16 @@ struct UcxSite::Impl {
         op->error =
             invalid_argument(who(op->rank) + ": message on tag " + std::to_string(op->tag) +
                              " longer than the " + std::to_string(op->len) + "-byte receive");
-      } else if (status == UCS_ERR_CANCELED && !partner(op->rank).failed.is_ok()) {
-        op->error = partner(op->rank).failed;
+      } else if (status == UCS_ERR_CANCELED && !aborted.is_ok()) {
+        op->error = aborted;
       } else {
         op->error = ucx_error(who(op->rank) + ": " + dir + " of " + std::to_string(op->len) +
                                   " bytes on tag " + std::to_string(op->tag),
                               status);
       }
     }
+    // The site fails now, not when the other half is done (it may never be).
+    if (!op->error.is_ok()) fail_site(op->error, op->rank);
     if (h.index == 0 && op->kind == Op::kRecv) op->received = length;
     if (--op->pending > 0) return;
     finish(op);
@@ -352,8 +392,10 @@ struct UcxSite::Impl {
 
   Partner& partner(int r) { return partners.at(r); }
 
+  // Both halves done. A success completes now (UCX is done with the buffer); a failure is
+  // recorded, fails the site, and completes in teardown(), once UCX cannot touch the buffer.
   void finish(Op* op) {
-    Status s = op->error;
+    Status& s = op->error;
     if (s.is_ok() && op->kind == Op::kRecv) {
       if (op->received != op->len) {
         s = invalid_argument(who(op->rank) + ": a " + std::to_string(op->received) +
@@ -365,69 +407,29 @@ struct UcxSite::Impl {
                          " does not match its XXH3-128 (corrupted on the way)");
       }
     }
+    if (!s.is_ok()) {
+      fail_site(s, op->rank);
+      return;
+    }
     Partner& p = partner(op->rank);
     auto node = p.ops.extract(op);
-    op->state->complete(s, s.is_ok() && op->kind == Op::kRecv ? op->received : 0);
+    op->state->complete(s, op->kind == Op::kRecv ? op->received : 0);
     finished.push_back(std::move(node.mapped()));
-    if (!s.is_ok()) fail_partner(op->rank, s);
   }
 
-  // Failures stick (as a Peer's): every outstanding request of the partner fails, receives are
-  // cancelled, the endpoint is closed by force (which completes its sends with an error). The
-  // cancelling and closing wait for settle(), outside UCP's callbacks.
-  void fail_partner(int r, const Status& why) {
-    Partner& p = partner(r);
-    if (p.failed.is_ok()) {
-      p.failed = why;
-      // A partner that leaves while nothing waits on it (its communicator closing) is news only
-      // at INFO.
-      if (why.code() != StatusCode::kAborted) {
-        if (p.ops.empty()) {
-          LOWCOMM_LOG(kInfo, "%s", why.to_string().c_str());
-        } else {
-          LOWCOMM_LOG(kWarn, "%s", why.to_string().c_str());
-        }
-      }
-    }
-    to_settle.push_back(r);
-  }
-
-  // Whether it did anything.
-  bool settle() {
-    const bool any = !to_settle.empty();
-    while (!to_settle.empty()) {
-      Partner& p = partner(to_settle.back());
-      to_settle.pop_back();
-      std::vector<void*> cancel;
-      for (auto& [op, owned] : p.ops)
-        if (op->kind == Op::kRecv)
-          for (Half& h : op->half)
-            if (h.request) cancel.push_back(h.request);
-      for (void* req : cancel) ucp_request_cancel(worker, req);
-      close_endpoint(p);
-    }
-    return any;
-  }
-
-  void close_endpoint(Partner& p) {
-    if (!p.ep) return;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(p.ep, &param);
-    p.ep = nullptr;
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
-  }
-
-  void reap_closing() {
-    for (size_t i = 0; i < closing.size();) {
-      if (ucp_request_check_status(closing[i]) == UCS_INPROGRESS) {
-        ++i;
-        continue;
-      }
-      ucp_request_free(closing[i]);
-      closing[i] = closing.back();
-      closing.pop_back();
+  // Failures stick to the whole site (the communicator aborts every peer on any failure
+  // anyway): the first one is kept and logged once, naming the partner; teardown() follows.
+  // `r`: the partner it came from, -1 for an abort.
+  void fail_site(const Status& why, int r) {
+    if (!aborted.is_ok()) return;
+    aborted = why;
+    // An abort (the communicator closing or failing) was logged by whoever asked for it; a
+    // partner that leaves while nothing waits on it is news only at INFO.
+    if (why.code() == StatusCode::kAborted) return;
+    if (r >= 0 && !partner(r).ops.empty()) {
+      LOWCOMM_LOG(kWarn, "%s", why.to_string().c_str());
+    } else {
+      LOWCOMM_LOG(kInfo, "%s", why.to_string().c_str());
     }
   }
 
@@ -435,10 +437,10 @@ struct UcxSite::Impl {
     auto* ctx = static_cast<std::pair<Impl*, int>*>(arg);
     Impl* self = ctx->first;
     const int r = ctx->second;
-    if (self->partner(r).failed.is_ok())
-      self->fail_partner(r, ucx_error(self->who(r) + ": the endpoint failed (the peer is gone "
-                                                     "or unreachable)",
-                                      status));
+    self->fail_site(ucx_error(self->who(r) + ": the endpoint failed (the peer is gone or "
+                                             "unreachable)",
+                              status),
+                    r);
   }
 
   void connect_now(std::unique_ptr<Op> op) {

@@ -3,8 +3,9 @@
 // communicator (ucp_init, ucp_worker_create), an endpoint per partner created from the address
 // blob the partner sent over lowcomm's own authenticated TCP connection, and tagged messages
 // with the same contract as Peer's (peer.h): the k-th isend to a rank on a tag meets that rank's
-// k-th irecv on it, lengths must match exactly, failures stick. UCX picks the path: shared
-// memory (and cross-memory attach for large messages) on one host, TCP or RDMA between hosts.
+// k-th irecv on it, lengths must match exactly, failures stick. UCX picks the path: TCP or RDMA
+// between hosts; on one host, since endpoints ask for peer failure reporting, which UCX 1.13's
+// shared-memory transports lack, its TCP transport over loopback.
 //
 //   auto site = UcxSite::create(rank);              // unavailable: built without UCX
 //   send site->address() to each partner, receive theirs; site->connect(r, theirs);
@@ -13,12 +14,14 @@
 //
 // Integrity, per partner (connect's `checked`): every message is followed by its XXH3-128 (a
 // 16-byte message on the same tag with bit 63 set); the receiver hashes what arrived and fails
-// the request on a mismatch, as the TCP transport checks every chunk. The communicator checks
-// partners on other hosts (their bytes cross a wire: UCX's TCP has only TCP's 16-bit checksum)
-// and not those on its own host (shared memory and cross-memory attach cross no wire, and the
-// two extra passes over the data would cost a quarter of the time). UCX authenticates nothing:
-// whoever can reach a worker's address can connect to it, so the communicator uses UCX only when
-// asked (a site is a trusted network) and never with sealed streams (LOWCOMM_ENCRYPT).
+// the request with kCorruptData naming the partner on a mismatch, as the TCP transport checks
+// every chunk. The communicator checks partners on other hosts (their bytes cross a wire: UCX's
+// TCP has only TCP's 16-bit checksum, RDMA only the link's CRC) and not those on its own host:
+// there UCX's bytes cross no wire (on this UCX, with peer failure reporting asked for, it still
+// picks its TCP transport over loopback, which no NIC touches), and the two extra passes over
+// the data would cost a quarter of the time. UCX authenticates nothing: whoever can reach a
+// worker's address can connect to it, so the communicator uses UCX only when asked (a site is a
+// trusted network) and never with sealed streams (LOWCOMM_ENCRYPT).
 //
 // Tags on the wire: (source rank << 24) | tag, received with a full mask, so a message matches
 // only a receive for its sender and tag.
@@ -26,11 +29,11 @@
 // Threads: one progress thread ("lc-ucx-r<rank>") owns the worker; isend/irecv hand their
 // operations to it in call order (a queue and an eventfd) and may be called from any thread. It
 // sleeps in epoll on the worker's event fd and the eventfd when there is nothing to progress.
-// abort() fails every outstanding and later request and returns once no user buffer is
-// referenced (endpoints closed by force, receives cancelled), or after 5 s with a warning for
-// operations UCX will not finish (a receive already matched to a message whose sender died
-// mid-way: UCX can neither cancel nor purge it). A partner's failure reported by
-// UCX (its error handler) fails that partner's requests. The destructor aborts.
+// The first failure (abort(), a partner's reported by UCX's error handler, a length or digest
+// that does not match) fails the whole site: every outstanding and later request fails, the
+// worker is destroyed (every endpoint and connection with it) before any failed request
+// completes, so a request's buffer is free once the request has completed, whatever UCX was
+// doing with it. abort() returns once that is done; the destructor aborts.
 
 #include <cstdint>
 #include <memory>
@@ -57,14 +60,15 @@ class UcxSite {
   // This worker's address, to send to the partners.
   const std::string& address() const;
   // An endpoint to `rank` from the address it sent, before any isend/irecv with it; `checked`:
-  // messages carry their digest (both sides must say the same).
+  // messages carry their digest (both sides must say the same). Fails once the site has failed.
   Status connect(int rank, const std::string& address, bool checked);
 
   Request isend(int rank, uint64_t tag, const void* data, uint64_t len);
   Request irecv(int rank, uint64_t tag, void* data, uint64_t len);
 
-  // Fails everything outstanding and later with `why` (kAborted when empty); returns once no
-  // user buffer is referenced. Idempotent.
+  // Fails everything outstanding and later with `why` (kAborted when empty; a site that already
+  // failed keeps its first failure) and returns once the worker is destroyed: no user buffer is
+  // referenced. Idempotent.
   void abort(const Status& why = Status());
 
  private:
