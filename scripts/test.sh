@@ -27,7 +27,7 @@ stage "formatting (clang-format, .clang-format)"
 scripts/format.sh
 
 stage "release build and tests"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOWCOMM_UCX=ON >/dev/null
 cmake --build build -j "$JOBS"
 ctest --test-dir build --output-on-failure -j "$JOBS"
 # Why the cuda.* tests ran or were skipped, in the log (a GPU-less machine skips them).
@@ -40,14 +40,14 @@ SAN_FLAGS="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
 
 stage "ASan + UBSan build and tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$SAN_FLAGS" -DLOWCOMM_CUDA=OFF \
-  -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=address,undefined >/dev/null
+  -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=address,undefined -DLOWCOMM_UCX=ON >/dev/null
 cmake --build build-asan -j "$JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
 stage "TSan build, transport, collectives, membership and NCCL plugin tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$SAN_FLAGS" -DLOWCOMM_CUDA=OFF \
-  -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=thread >/dev/null
+  -DLOWCOMM_BUILD_BENCH=OFF -DLOWCOMM_SANITIZE=thread -DLOWCOMM_UCX=ON >/dev/null
 cmake --build build-tsan -j "$JOBS" --target lowcomm_transport_test lowcomm_collectives_test \
   nccl_net_plugin_test nccl_net_load_cycle_test lowcomm_membership_test
 # The plugin driver's random-transfer streams are 10,000 messages in the Release and ASan runs;
