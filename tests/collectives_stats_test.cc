@@ -363,7 +363,8 @@ const std::pair<size_t, size_t> kStatsFields[] = {STATS_FIELD(kind),
                                                   STATS_FIELD(indexBytesSent),
                                                   STATS_FIELD(valueBytesSent),
                                                   STATS_FIELD(deviceToHostBytes),
-                                                  STATS_FIELD(hostToDeviceBytes)};
+                                                  STATS_FIELD(hostToDeviceBytes),
+                                                  STATS_FIELD(chunksResent)};
 #undef STATS_FIELD
 
 // What a caller built against the first fields only would declare (the struct as it might have

@@ -33,6 +33,8 @@ class TamperProxy {
     uint64_t index = 0;  // record number on that stream
     uint64_t tag = 0, seq = 0, offset = 0;
     uint32_t len = 0;
+    uint32_t flags = 0;  // chunk_header.h: kChunkFlagControl marks an ACK or NACK
+    bool control() const { return (flags & kChunkFlagControl) != 0; }
   };
   using Policy = std::function<Action(const Record&)>;
 
@@ -143,7 +145,8 @@ class TamperProxy {
           if (pending.size() - at < kChunkHeaderBytes + len) break;
           std::vector<uint8_t> rec(h, h + kChunkHeaderBytes + len);
           at += rec.size();
-          Record r{id, index++, load_le64(h + 8), load_le64(h + 16), load_le64(h + 32), len};
+          Record r{id,  index++,          load_le64(h + 8), load_le64(h + 16), load_le64(h + 32),
+                   len, load_le32(h + 40)};
           Action act = policy_(r);
           if (act != Action::kPass) {
             std::lock_guard<std::mutex> g(mu_);

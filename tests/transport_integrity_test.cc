@@ -7,10 +7,13 @@
 
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
+#include <tuple>
 
 #include "tamper_proxy.h"
 #include "transport/payload_guard.h"
+#include "transport/peer_core.h"
 #include "transport/wan_link.h"
 #include "transport_test_util.h"
 
@@ -75,22 +78,45 @@ TEST(TransportIntegrity, PayloadGuardRoundTripsAndCatchesEveryFlipInBothModes) {
   }
 }
 
-// 10,000 chunks with one payload bit flipped in transit: each fails exactly its message with
-// kCorruptData naming the peer; every other message arrives byte-exact; the connection lives on.
-TEST(TransportIntegrity, TenThousandFlippedChunksAreEachDetectedAndFailOnlyTheirMessage) {
+// A policy that flips one payload bit in the first transmission of about `permille` of the data
+// chunks (by a hash of connection and record index) and passes every re-sent chunk (a
+// (seq, offset) seen before) and every control frame.
+TamperProxy::Policy flip_first_transmissions(int permille) {
+  struct Seen {  // the proxy's relays are threads of their own
+    std::mutex mu;
+    std::set<std::tuple<int, uint64_t, uint64_t, uint64_t>> chunks;
+  };
+  auto seen = std::make_shared<Seen>();
+  return [seen, permille](const TamperProxy::Record& r) {
+    if (r.control()) return Action::kPass;
+    {
+      std::lock_guard<std::mutex> g(seen->mu);
+      if (!seen->chunks.insert({r.connection, r.tag, r.seq, r.offset}).second) return Action::kPass;
+    }
+    uint64_t h = (r.index + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(r.connection) << 56;
+    h ^= h >> 29;
+    return static_cast<int>(h % 1000) < permille ? Action::kFlipPayloadBit : Action::kPass;
+  };
+}
+
+uint64_t resent_in(const std::vector<Request>& rs) {
+  uint64_t n = 0;
+  for (const auto& r : rs) n += r.resent_chunks();
+  return n;
+}
+
+// 10,000 chunks with one payload bit flipped in transit: each is caught by its check, asked for
+// again and re-sent; every message arrives byte-exact, none fails, and the counts agree on both
+// ends and in the receives.
+TEST(TransportIntegrity, TenThousandFlippedChunksAreEachSentAgainAndEveryMessageArrivesExact) {
   constexpr int kMessages = 7500;
   constexpr uint64_t kLen = 3 * 4096 - 100;  // three chunks, the last short
   constexpr uint64_t kTag = 77;
-  // Flip every chunk whose (connection, index) hashes below the rate: about 10,000 of 21,000.
-  auto policy = [](const TamperProxy::Record& r) {
-    uint64_t h = (r.index + 1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(r.connection) << 56;
-    h ^= h >> 29;
-    return (h % 1000) < 480 ? Action::kFlipPayloadBit : Action::kPass;
-  };
-  auto p = connect_through_proxy(small_chunks(0, false, 2), small_chunks(1, false, 2), policy);
+  auto p = connect_through_proxy(small_chunks(0, false, 2), small_chunks(1, false, 2),
+                                 flip_first_transmissions(480));
   ASSERT_TRUE(p.a && p.b);
   std::vector<std::vector<uint8_t>> sent(kMessages), got(kMessages);
-  std::vector<Status> status(kMessages);
+  uint64_t resent = 0;
   constexpr int kBatch = 500;
   for (int base = 0; base < kMessages; base += kBatch) {
     std::vector<Request> recvs, sends;
@@ -102,55 +128,106 @@ TEST(TransportIntegrity, TenThousandFlippedChunksAreEachDetectedAndFailOnlyTheir
     for (int i = base; i < base + kBatch; ++i)
       sends.push_back(p.b->isend(kTag, sent[i].data(), kLen));
     for (auto& s : sends) ASSERT_TRUE(s.wait(Deadline::after_seconds(30)).is_ok());
-    for (int i = base; i < base + kBatch; ++i)
-      status[i] = recvs[static_cast<size_t>(i - base)].wait(Deadline::after_seconds(30));
-  }
-  std::set<uint64_t> flipped_msgs;
-  const auto tampered = p.proxy->tampered();
-  for (const auto& r : tampered) {
-    EXPECT_EQ(r.tag, kTag);
-    flipped_msgs.insert(r.seq);
-  }
-  EXPECT_GE(tampered.size(), 10000u) << "the run should flip at least 10,000 chunks";
-  int failed = 0, exact = 0;
-  for (int i = 0; i < kMessages; ++i) {
-    const bool hit = flipped_msgs.count(static_cast<uint64_t>(i)) > 0;
-    if (hit) {
-      EXPECT_EQ(status[i].code(), StatusCode::kCorruptData) << i << ": " << status[i].to_string();
-      EXPECT_NE(status[i].message().find("checksum"), std::string::npos) << status[i].to_string();
-      EXPECT_NE(status[i].message().find("peer rank 1"), std::string::npos)
-          << status[i].to_string();
-      ++failed;
-    } else {
-      ASSERT_TRUE(status[i].is_ok()) << i << ": " << status[i].to_string();
-      EXPECT_EQ(got[i], sent[i]) << "message " << i << " arrived altered but was accepted";
-      ++exact;
+    for (auto& r : recvs) {
+      Status st = r.wait(Deadline::after_seconds(30));
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
     }
+    resent += resent_in(recvs);
   }
-  EXPECT_EQ(failed, static_cast<int>(flipped_msgs.size()));
-  EXPECT_GT(exact, 0);
-  // Every flipped chunk was counted as a failed check, none more.
+  for (int i = 0; i < kMessages; ++i)
+    ASSERT_EQ(got[i], sent[i]) << "message " << i << " arrived altered but was accepted";
+  const auto tampered = p.proxy->tampered();
+  for (const auto& r : tampered) EXPECT_EQ(r.tag, kTag);
+  EXPECT_GE(tampered.size(), 10000u) << "the run should flip at least 10,000 chunks";
+  // Every flipped chunk was caught, asked for once and sent once more; none else.
   EXPECT_EQ(p.a->payload_failures(), tampered.size());
-  std::printf("flipped chunks %zu, failed messages %d, exact messages %d\n", tampered.size(),
-              failed, exact);
+  EXPECT_EQ(p.a->resend_requests(), tampered.size());
+  EXPECT_EQ(p.b->resent_chunks(), tampered.size());
+  EXPECT_EQ(resent, tampered.size());
+  EXPECT_EQ(p.b->payload_failures(), 0u);
+  std::printf("flipped chunks %zu, re-sent %llu, messages %d all exact\n", tampered.size(),
+              static_cast<unsigned long long>(resent), kMessages);
+}
+
+// A chunk corrupted every time it is sent: asked for again kMaxChunkResends times, then its
+// message fails with kCorruptData naming the peer, the checksum and the re-sends; the connection
+// carries on and the next message arrives exact.
+TEST(TransportIntegrity, AChunkCorruptedEveryTimeFailsItsMessageAfterTheBound) {
+  auto policy = [](const TamperProxy::Record& r) {
+    return !r.control() && r.seq == 0 && r.offset == 4096 ? Action::kFlipPayloadBit : Action::kPass;
+  };
+  auto p = connect_through_proxy(small_chunks(0, false, 2), small_chunks(1, false, 2), policy);
+  ASSERT_TRUE(p.a && p.b);
+  auto data = random_bytes(3 * 4096, 21);
+  std::vector<uint8_t> out(data.size());
+  auto r = p.a->irecv(9, out.data(), out.size());
+  ASSERT_TRUE(p.b->send(9, data.data(), data.size(), Deadline::after_seconds(5)).is_ok());
+  Status s = r.wait(Deadline::after_seconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kCorruptData) << s.to_string();
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("peer rank 1"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("sent again 3 times"), std::string::npos) << s.to_string();
+  constexpr uint64_t kTries = PeerCore::kMaxChunkResends + 1;
+  EXPECT_EQ(p.proxy->tampered().size(), kTries);
+  EXPECT_EQ(p.a->payload_failures(), kTries);
+  EXPECT_EQ(p.a->resend_requests(), kTries - 1);
+  EXPECT_EQ(r.resent_chunks(), kTries - 1);
+  ASSERT_TRUE(p.b->send(9, data.data(), data.size(), Deadline::after_seconds(5)).is_ok());
+  ASSERT_TRUE(p.a->recv(9, out.data(), out.size(), Deadline::after_seconds(5)).is_ok());
+  EXPECT_EQ(out, data);
 }
 
 TEST(TransportIntegrity, ACorruptUnexpectedMessageNeverReachesTheUserBuffer) {
   auto policy = [](const TamperProxy::Record& r) {
-    return r.index == 0 ? Action::kFlipPayloadBit : Action::kPass;
+    return !r.control() && r.seq == 0 ? Action::kFlipPayloadBit : Action::kPass;
   };
   auto p = connect_through_proxy(small_chunks(0, false, 1), small_chunks(1, false, 1), policy);
   ASSERT_TRUE(p.a && p.b);
   auto data = random_bytes(1000, 5);
   ASSERT_TRUE(p.b->send(3, data.data(), data.size(), Deadline::after_seconds(5)).is_ok());
   ASSERT_TRUE(p.b->send(3, data.data(), data.size(), Deadline::after_seconds(5)).is_ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both arrive unclaimed
+  // Both arrive unclaimed, the first after its re-sends failed too.
+  for (int i = 0; i < 500 && p.a->payload_failures() <= PeerCore::kMaxChunkResends; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::vector<uint8_t> out(1000, 0xAB);
   Status s = p.a->recv(3, out.data(), out.size(), Deadline::after_seconds(5));
   EXPECT_EQ(s.code(), StatusCode::kCorruptData) << s.to_string();
   EXPECT_EQ(out, std::vector<uint8_t>(1000, 0xAB));
   ASSERT_TRUE(p.a->recv(3, out.data(), out.size(), Deadline::after_seconds(5)).is_ok());
   EXPECT_EQ(out, data);
+}
+
+// A re-send after the isend completed comes from the transport's own copy: the sender may
+// overwrite its buffer the moment the send completes. Over a real link and the emulated one
+// (whose copies are made at departure).
+TEST(TransportIntegrity, ReSentChunksNeverReadTheSendersBufferAfterItsSendCompleted) {
+  for (const char* wan : {"", "bw=2gbit,rtt=4ms"}) {
+    SCOPED_TRACE(wan);
+    PeerConfig a = small_chunks(0, false, 2), b = small_chunks(1, false, 2);
+    if (*wan) a.wan = b.wan = *parse_wan(wan);
+    auto p = connect_through_proxy(a, b, flip_first_transmissions(300));
+    ASSERT_TRUE(p.a && p.b);
+    constexpr int kMessages = 200;
+    constexpr uint64_t kLen = 8 * 4096;
+    std::vector<std::vector<uint8_t>> sent(kMessages), got(kMessages, std::vector<uint8_t>(kLen));
+    std::vector<Request> recvs;
+    for (int i = 0; i < kMessages; ++i) recvs.push_back(p.a->irecv(5, got[i].data(), kLen));
+    std::vector<uint8_t> buf(kLen);
+    for (int i = 0; i < kMessages; ++i) {
+      sent[i] = random_bytes(kLen, static_cast<uint32_t>(1000 + i));
+      buf = sent[i];
+      ASSERT_TRUE(p.b->send(5, buf.data(), kLen, Deadline::after_seconds(10)).is_ok());
+      std::fill(buf.begin(), buf.end(), uint8_t{0xEE});  // the caller's again
+    }
+    for (int i = 0; i < kMessages; ++i) {
+      Status st = recvs[i].wait(Deadline::after_seconds(10));
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      ASSERT_EQ(got[i], sent[i]) << "message " << i;
+    }
+    EXPECT_GT(p.b->resent_chunks(), 0u);
+    EXPECT_EQ(resent_in(recvs), p.b->resent_chunks());
+  }
 }
 
 TEST(TransportIntegrity, SealedStreamsCarryEveryShapeOfMessage) {

@@ -169,7 +169,8 @@ constexpr size_t kOpStatsFieldEnds[] = {LOWCOMM_OP_STATS_END(kind),
                                         LOWCOMM_OP_STATS_END(indexBytesSent),
                                         LOWCOMM_OP_STATS_END(valueBytesSent),
                                         LOWCOMM_OP_STATS_END(deviceToHostBytes),
-                                        LOWCOMM_OP_STATS_END(hostToDeviceBytes)};
+                                        LOWCOMM_OP_STATS_END(hostToDeviceBytes),
+                                        LOWCOMM_OP_STATS_END(chunksResent)};
 #undef LOWCOMM_OP_STATS_END
 static_assert(kOpStatsFieldEnds[sizeof(kOpStatsFieldEnds) / sizeof(size_t) - 1] ==
                   sizeof(lowcommOpStats),
@@ -216,6 +217,7 @@ void to_c_stats(const lowcomm::OpStats& s, lowcommOpStats* out) {
   all.valueBytesSent = s.value_bytes_sent;
   all.deviceToHostBytes = s.device_to_host_bytes;
   all.hostToDeviceBytes = s.host_to_device_bytes;
+  all.chunksResent = s.chunks_resent;
   constexpr size_t kFirst = offsetof(lowcommOpStats, kind);
   size_t end = kFirst;
   for (size_t e : kOpStatsFieldEnds)

@@ -626,6 +626,7 @@ void CommImpl::run_one(Op& op) {
       fail(s, s.code() != StatusCode::kAborted);
     }
     source = run.source();
+    run.tally_resends();
     stats = collectives::summarize(op.desc, run.counters(), collectives::StatsClock::now() - start,
                                    links_);
     if (op.desc.kind == OpKind::kAllReduce)

@@ -156,9 +156,17 @@ Status OpRun::deadline_error(const transport::Request& r) const {
 Status OpRun::wait_all() {
   if (desc_pending_) LOWCOMM_CHECK(check_descriptors());
   for (const auto& r : issued_) LOWCOMM_CHECK(wait(r));
+  tally_resends();
   issued_.clear();
   issued_peer_.clear();
+  tallied_ = 0;
   return Status::ok();
+}
+
+void OpRun::tally_resends() {
+  for (; tallied_ < issued_.size(); ++tallied_)
+    counters_.wire[static_cast<size_t>(issued_peer_[tallied_])].resent +=
+        issued_[tallied_].resent_chunks();
 }
 
 Status OpRun::check_descriptor(int peer, const uint8_t* bytes, const OpDescriptor& expected) {

@@ -102,6 +102,9 @@ class OpRun {
   // What the operation has done so far; the algorithms add their encode and decode times.
   OpCounters& counters() { return counters_; }
   const OpCounters& counters() const { return counters_; }
+  // Adds the re-sent chunks of the receives issued since the last tally to the counters (the
+  // executor calls it before summarizing; wait_all() before it forgets its requests).
+  void tally_resends();
 
  private:
   // A send counted on the wire only (descriptors are not payload).
@@ -120,6 +123,7 @@ class OpRun {
   std::vector<ScratchPool::Block> scratch_;
   std::vector<transport::Request> issued_;
   std::vector<int> issued_peer_;  // the peer of issued_[i]
+  size_t tallied_ = 0;            // issued_[0, tallied_) counted by tally_resends()
   uint64_t shape_hash_ = 0;
   // The descriptor exchange: theirs land at desc_in_ + kDescriptorBytes * peer.
   uint8_t* desc_in_ = nullptr;

@@ -71,7 +71,10 @@ OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::dur
   for (const OpCounters::Peer& p : c.wire) {
     s.bytes_sent += p.sent;
     s.bytes_received += p.received;
+    s.chunks_resent += p.resent;
   }
+  if (s.chunks_resent > 0)
+    for (const OpCounters::Peer& p : c.wire) s.chunks_resent_by_rank.push_back(p.resent);
   s.payload_bytes_sent = c.payload_sent;
   s.uncompressed_bytes_sent = c.uncompressed_sent;
   s.ucx_bytes_sent = c.ucx_sent;

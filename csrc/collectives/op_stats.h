@@ -19,6 +19,7 @@ struct OpCounters {
   struct Peer {
     uint64_t sent = 0;      // on the wire: payload + chunk headers
     uint64_t received = 0;  // likewise
+    uint64_t resent = 0;    // chunks of its messages sent again (OpRun::tally_resends)
   };
   std::vector<Peer> wire;  // by rank
   uint64_t payload_sent = 0;

@@ -19,6 +19,10 @@ void write_chunk_header(const ChunkHeader& h, uint8_t out[kChunkHeaderBytes]) {
   std::memset(out + kChunkCheckOffset, 0, kChunkCheckBytes);
 }
 
+void write_control_frame(uint64_t kind, uint64_t arg, uint8_t out[kChunkHeaderBytes]) {
+  write_chunk_header({0, kind, arg, 0, 0, kChunkFlagControl}, out);
+}
+
 Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes],
                                        const std::string& who) {
   if (load_le32(in) != kChunkMagic)
@@ -27,7 +31,8 @@ Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes],
     return corrupt_data(who + ": chunk header checksum mismatch");
   ChunkHeader h;
   h.flags = load_le32(in + 40);
-  if ((h.flags & ~kChunkFlagSealed) != 0)
+  if ((h.flags & ~(kChunkFlagSealed | kChunkFlagControl)) != 0 ||
+      h.flags == (kChunkFlagSealed | kChunkFlagControl))
     return corrupt_data(who + ": chunk header has unknown flags " + std::to_string(h.flags));
   h.chunk_len = load_le32(in + 4);
   h.tag = load_le64(in + 8);
@@ -39,6 +44,10 @@ Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes],
                         std::to_string(h.chunk_len) + ") outside its message of " +
                         std::to_string(h.msg_len) + " bytes (tag " + std::to_string(h.tag) + ")");
   }
+  if ((h.flags & kChunkFlagControl) &&
+      (h.chunk_len != 0 || h.msg_len != 0 || (h.tag != kControlAck && h.tag != kControlNack)))
+    return corrupt_data(who + ": malformed control frame (kind " + std::to_string(h.tag) + ", " +
+                        std::to_string(h.chunk_len) + " payload bytes)");
   return h;
 }
 

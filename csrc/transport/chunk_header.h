@@ -9,7 +9,7 @@
 //    24    8 msg_len      total length of the message this chunk belongs to
 //    32    8 offset       where the payload goes in the message
 //    40    4 flags        bit 0: sealed (payload encrypted; check is an AES-256-GCM tag);
-//                         other bits zero
+//                         bit 1: control frame (below); other bits zero
 //    44    4 checksum     FNV-1a 32 over bytes [0, 44)
 //    48   16 check        the payload's check (payload_guard.h): XXH3-128 of the payload, or,
 //                         sealed, the AES-256-GCM tag over bytes [0, 48) and the payload
@@ -19,6 +19,14 @@
 // the GCM tag also authenticates the header (bytes [0, 48) are the AEAD's associated data).
 // parse_chunk_header validates magic, checksum, flags and range (offset + chunk_len <= msg_len)
 // before anything is used.
+//
+// Control frames (unsealed streams only): a header with the control flag, chunk_len, msg_len
+// and offset zero, no payload and a zero check; `tag` is the kind and `seq` its argument. They
+// travel in the direction opposite to the data they speak of, on the same stream:
+//   kControlAck   seq = n: the receiver has verified (or given up on) every data chunk it read
+//                 on this stream before the n-th; the sender may drop its copies of them.
+//   kControlNack  seq = r: the r-th data chunk read on this stream (counting from 0) failed its
+//                 check: send it again (as a new chunk, on any stream).
 
 #include <cstdint>
 #include <string>
@@ -32,6 +40,9 @@ inline constexpr size_t kChunkCheckOffset = 48;  // [48, 64): the payload check
 inline constexpr size_t kChunkCheckBytes = 16;
 inline constexpr uint32_t kChunkMagic = 0x3243434Cu;  // "LCC2"
 inline constexpr uint32_t kChunkFlagSealed = 1u;
+inline constexpr uint32_t kChunkFlagControl = 2u;
+inline constexpr uint64_t kControlAck = 1;
+inline constexpr uint64_t kControlNack = 2;
 
 struct ChunkHeader {
   uint32_t chunk_len = 0;
@@ -42,6 +53,8 @@ struct ChunkHeader {
   uint32_t flags = 0;
 };
 
+// A control frame's header, check zeroed (whole: nothing follows it).
+void write_control_frame(uint64_t kind, uint64_t arg, uint8_t out[kChunkHeaderBytes]);
 // Writes bytes [0, 48); the check [48, 64) is the payload guard's to fill (zeroed here).
 void write_chunk_header(const ChunkHeader& h, uint8_t out[kChunkHeaderBytes]);
 // kCorruptData naming the bad field; `who` (the peer and stream) prefixes the message.

@@ -4,7 +4,7 @@
 // socket is ready (poll_events() says for what). Nothing here blocks or spawns threads.
 //
 // Protocol (all integers little-endian; docs/transport.md):
-//   client -> server  Hello      magic "LCH1", u16 version (2), u16 stream index, u16 streams,
+//   client -> server  Hello      magic "LCH1", u16 version (3), u16 stream index, u16 streams,
 //                                u16 flags, u32 client rank, u64 connection id, 32-byte nonce Nc
 //   server -> client  Challenge  magic "LCS1", u32 server rank, 32-byte nonce Ns, u16 flags,
 //                                u16 zero, u32 zero,

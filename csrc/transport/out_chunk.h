@@ -18,6 +18,7 @@ struct SendOp {
   std::string what;  // "isend tag T (N bytes)"
   uint64_t chunks_left = 0;
   uint64_t departs_left = 0;  // emulated: chunks that have not yet left the sender's end
+  uint64_t retained = 0;      // chunks kept for a re-send that still point into its buffer
 };
 
 struct OutChunk {

@@ -121,4 +121,12 @@ uint64_t Peer::payload_failures() const {
   return core_ ? core_->payload_failures() : 0;
 }
 
+uint64_t Peer::resend_requests() const {
+  return core_ ? core_->resend_requests() : 0;
+}
+
+uint64_t Peer::resent_chunks() const {
+  return core_ ? core_->resent_chunks() : 0;
+}
+
 }  // namespace lowcomm::transport

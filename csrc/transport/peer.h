@@ -84,8 +84,12 @@ class Peer {
   int streams() const { return streams_; }
   // How many of them a message is striped over (path_model.h).
   int stripe_streams() const;
-  // Chunks received from this peer whose payload failed its check (payload_guard.h).
+  // Chunks received from this peer whose payload failed its check (payload_guard.h); of them,
+  // those this side asked the peer to send again; and the chunks this side sent again because
+  // the peer asked (peer_core.h, "Re-sends").
   uint64_t payload_failures() const;
+  uint64_t resend_requests() const;
+  uint64_t resent_chunks() const;
   // The socket buffers the kernel granted on stream 0 (what was asked: config.socket_buffer_bytes).
   SocketBufferSizes socket_buffers() const { return buffers_; }
 

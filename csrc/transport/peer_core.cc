@@ -181,7 +181,7 @@ Status PeerCore::depart(OutChunk& c) {
   Stream& s = streams_[static_cast<size_t>(c.stream)];
   if (s.sealer.sealed()) {
     if (Status st = protect(s, c); !st) return st;
-  } else if (c.len) {
+  } else if (c.len && !c.owned) {  // a re-sent chunk is a copy already
     c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
     std::memcpy(c.owned.get(), c.data, c.len);
     c.data = c.owned.get();
@@ -255,7 +255,7 @@ Status PeerCore::open_payload(Stream& s, uint8_t* into, size_t n) {
 
 void PeerCore::update_write_interest(Stream& s) {
   if (!s.watching) return;
-  bool want = !s.sendq.empty();
+  bool want = !s.sendq.empty() || !s.ctrlq.empty();
   if (want == s.want_write) return;
   s.want_write = want;
   Status st = engine_.rewatch(s.watch_id, EPOLLIN | (want ? EPOLLOUT : 0u));
@@ -272,7 +272,29 @@ void PeerCore::on_event(Stream& s, uint32_t events) {
 void PeerCore::do_write(Stream& s) {
   if (!failure_.is_ok()) return;
   uint64_t moved = 0;
-  while (!s.sendq.empty() && moved < kMaxBytesPerEvent) {
+  while ((!s.sendq.empty() || !s.ctrlq.empty()) && moved < kMaxBytesPerEvent) {
+    // Control frames go first at a chunk boundary: an ACK lets the peer drop its copies, a
+    // NACK gets a chunk sent again, and neither should wait behind megabytes of data.
+    if (!s.ctrlq.empty() &&
+        (s.ctrl_written > 0 || s.sendq.empty() || s.sendq.front().written == 0)) {
+      const auto& f = s.ctrlq.front();
+      if (s.ctrl_written == 0 && s.ctrlq.size() == 1) s.ack_queued = false;  // begun: frozen
+      long n = LOWCOMM_SYS_RETRY(::send(s.fd.get(), f.data() + s.ctrl_written,
+                                        kChunkHeaderBytes - s.ctrl_written, MSG_NOSIGNAL));
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        const int err = errno;
+        fail(socket_error("send", stream_name(s), err), peer_went_away(err));
+        return;
+      }
+      s.ctrl_written += static_cast<size_t>(n);
+      moved += static_cast<uint64_t>(n);
+      if (s.ctrl_written == kChunkHeaderBytes) {
+        s.ctrlq.pop_front();
+        s.ctrl_written = 0;
+      }
+      continue;
+    }
     OutChunk& c = s.sendq.front();
     iovec iov[2];
     int n_iov = 0;
@@ -297,13 +319,120 @@ void PeerCore::do_write(Stream& s) {
     moved += static_cast<uint64_t>(n);
     if (c.written == kChunkHeaderBytes + c.len) {
       s.queued_bytes -= kChunkHeaderBytes + c.len;
+      if (!s.sealer.sealed()) retain(s, c);
       auto op = std::move(c.op);
       s.sendq.pop_front();
-      if (--op->chunks_left == 0) op->req->complete(Status::ok());
+      if (--op->chunks_left == 0) {
+        if (op->retained) detach_retained(*op);
+        op->req->complete(Status::ok());
+      }
     }
   }
   update_write_interest(s);
   check_flushed();
+}
+
+void PeerCore::retain(Stream& s, OutChunk& c) {
+  Retained r;
+  r.fields = c.fields;
+  if (c.owned) {  // emulated: the copy made at departure
+    r.copy = std::move(c.owned);
+    r.data = r.copy.get();
+  } else {
+    r.data = c.data;
+    if (c.len) {
+      r.borrowed = c.op.get();
+      ++c.op->retained;
+    }
+  }
+  s.retained.push_back(std::move(r));
+  ++s.chunks_written;
+}
+
+void PeerCore::detach_retained(const SendOp& op) {
+  // The isend completes: its buffer is the caller's again. The chunks the peer has not yet
+  // acknowledged (about what is in flight) are copied.
+  for (auto& s : streams_) {
+    for (auto& r : s.retained) {
+      if (r.borrowed != &op) continue;
+      r.copy = std::make_unique_for_overwrite<uint8_t[]>(r.fields.chunk_len);
+      std::memcpy(r.copy.get(), r.data, r.fields.chunk_len);
+      r.data = r.copy.get();
+      r.borrowed = nullptr;
+    }
+  }
+}
+
+void PeerCore::send_control(Stream& s, uint64_t kind, uint64_t arg) {
+  std::array<uint8_t, kChunkHeaderBytes> f;
+  write_control_frame(kind, arg, f.data());
+  s.ctrlq.push_back(f);
+  s.ack_queued = kind == kControlAck;
+  do_write(s);
+}
+
+void PeerCore::maybe_ack(Stream& s) {
+  if (!failure_.is_ok() || s.opener.sealed() || s.chunks_finished == s.chunks_acked) return;
+  s.chunks_acked = s.chunks_finished;
+  if (s.ack_queued) {  // the last frame queued is an ACK not yet begun: raise it
+    write_control_frame(kControlAck, s.chunks_acked, s.ctrlq.back().data());
+    return;
+  }
+  send_control(s, kControlAck, s.chunks_acked);
+}
+
+Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
+  if (s.opener.sealed())
+    return corrupt_data(stream_name(s) + ": a control frame on a sealed stream");
+  const uint64_t end = s.retained_base + s.retained.size();
+  if (h.tag == kControlAck) {
+    if (h.seq < s.retained_base || h.seq > end)
+      return corrupt_data(stream_name(s) + ": ACK of chunk " + std::to_string(h.seq) +
+                          " outside the chunks written and not yet acknowledged [" +
+                          std::to_string(s.retained_base) + ", " + std::to_string(end) + ")");
+    while (s.retained_base < h.seq) {
+      Retained& r = s.retained.front();
+      if (r.borrowed) --r.borrowed->retained;
+      s.retained.pop_front();
+      ++s.retained_base;
+    }
+    return Status::ok();
+  }
+  // NACK: the receiver's check of chunk h.seq on this stream failed; it has not acknowledged
+  // it (an ACK comes after the NACKs of the chunks it covers), so it is still here.
+  if (h.seq < s.retained_base || h.seq >= end)
+    return corrupt_data(stream_name(s) + ": request to send chunk " + std::to_string(h.seq) +
+                        " again, outside the chunks written and not yet acknowledged [" +
+                        std::to_string(s.retained_base) + ", " + std::to_string(end) + ")");
+  const Retained& r = s.retained[h.seq - s.retained_base];
+  auto op = std::make_shared<SendOp>();
+  op->req = std::make_shared<RequestState>();  // nobody waits: the receiver's irecv does
+  op->what = "re-send of tag " + std::to_string(r.fields.tag) + " (seq " +
+             std::to_string(r.fields.seq) + ", offset " + std::to_string(r.fields.offset) +
+             ") to " + name_;
+  op->chunks_left = op->departs_left = 1;
+  OutChunk c;
+  c.op = std::move(op);
+  c.fields = r.fields;
+  c.fields.flags = 0;
+  c.len = r.fields.chunk_len;
+  if (c.len) {
+    c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
+    std::memcpy(c.owned.get(), r.data, c.len);
+  }
+  c.data = c.owned.get();
+  resent_chunks_.fetch_add(1, std::memory_order_relaxed);
+  LOWCOMM_LOG(
+      kInfo, "%s: sending again the chunk [%llu, +%u) of the message on tag %llu (seq %llu)",
+      stream_name(s).c_str(), static_cast<unsigned long long>(r.fields.offset), c.len,
+      static_cast<unsigned long long>(r.fields.tag), static_cast<unsigned long long>(r.fields.seq));
+  if (link_) {  // across the emulated link like any chunk
+    (void)link_->submit(std::move(c), PaceClock::now());
+    run_link();
+  } else {
+    enqueue(std::move(c));
+  }
+  return Status::ok();
 }
 
 void PeerCore::note_received(Stream& s) {
@@ -320,6 +449,11 @@ void PeerCore::note_received(Stream& s) {
 }
 
 void PeerCore::do_read(Stream& s) {
+  read_stream(s);
+  maybe_ack(s);
+}
+
+void PeerCore::read_stream(Stream& s) {
   if (!link_) note_received(s);
   uint64_t moved = 0;
   while (moved < kMaxBytesPerEvent && failure_.is_ok()) {
@@ -389,6 +523,7 @@ void PeerCore::do_read(Stream& s) {
 Status PeerCore::on_header(Stream& s) {
   auto h = parse_chunk_header(s.header, stream_name(s));
   if (!h) return h.status();
+  if (h->flags & kChunkFlagControl) return on_control(s, *h);
   if (((h->flags & kChunkFlagSealed) != 0) != s.opener.sealed())
     return corrupt_data(stream_name(s) + (s.opener.sealed()
                                               ? ": an unsealed chunk on a sealed stream"
@@ -445,6 +580,7 @@ Status PeerCore::on_header(Stream& s) {
   s.cur = slot;
   s.cur_key = key;
   s.cur_chunk_len = h->chunk_len;
+  s.cur_offset = h->offset;
   s.dst = base ? base + h->offset : nullptr;
   s.payload_left = h->chunk_len;
   if (h->chunk_len == 0) finish_payload(s);
@@ -453,11 +589,23 @@ Status PeerCore::on_header(Stream& s) {
 
 void PeerCore::finish_payload(Stream& s) {
   auto good = s.opener.finish();
+  const uint64_t chunk = s.opener.sealed() ? 0 : s.chunks_finished++;  // its number on s
+  if (link_) {  // its bytes crossed the emulated downlink, intact or not
+    const auto now = PaceClock::now();
+    auto passed = link_->pass_downlink(kChunkHeaderBytes + s.cur_chunk_len, now);
+    s.cur->ready_at = std::max(s.cur->ready_at, passed);
+    const uint64_t bytes = kChunkHeaderBytes + s.cur_chunk_len;
+    const auto end = std::max(now, passed);
+    const auto busy = link_->downlink_time(bytes);
+    if (!link_->link().local && busy.count() > 0)
+      engine_.down_meter().record(end - busy, end, bytes);
+  }
   if (!good || !*good) {
     payload_failures_.fetch_add(1, std::memory_order_relaxed);
-    const std::string what = stream_name(s) + ": chunk of " + std::to_string(s.cur_chunk_len) +
-                             " bytes of the message on tag " + std::to_string(s.cur_key.first) +
-                             " (seq " + std::to_string(s.cur_key.second) + ")";
+    const std::string what = stream_name(s) + ": chunk [" + std::to_string(s.cur_offset) + ", +" +
+                             std::to_string(s.cur_chunk_len) + ") of the message on tag " +
+                             std::to_string(s.cur_key.first) + " (seq " +
+                             std::to_string(s.cur_key.second) + ")";
     if (!good) {
       fail(Status(good.status().code(), what + ": " + good.status().message()));
       return;
@@ -469,21 +617,31 @@ void PeerCore::finish_payload(Stream& s) {
                          "reordered in transit)"));
       return;
     }
-    LOWCOMM_LOG(kWarn, "%s: payload checksum mismatch (corrupted in transit)", what.c_str());
-    if (s.cur->corrupt.is_ok())
-      s.cur->corrupt =
-          Status(StatusCode::kCorruptData,
-                 what + ": payload checksum (XXH3-128) mismatch: corrupted in transit");
-  }
-  if (link_) {
-    const auto now = PaceClock::now();
-    auto passed = link_->pass_downlink(kChunkHeaderBytes + s.cur_chunk_len, now);
-    s.cur->ready_at = std::max(s.cur->ready_at, passed);
-    const uint64_t bytes = kChunkHeaderBytes + s.cur_chunk_len;
-    const auto end = std::max(now, passed);
-    const auto busy = link_->downlink_time(bytes);
-    if (!link_->link().local && busy.count() > 0)
-      engine_.down_meter().record(end - busy, end, bytes);
+    InMsg& m = *s.cur;
+    int& asked = m.asked[s.cur_offset];
+    if (!m.discard && m.corrupt.is_ok() && asked < kMaxChunkResends) {
+      // Noise, and the sender still has the bytes: ask again. The range is free for the
+      // re-sent chunk; the message completes only when it has come and passed its check.
+      ++asked;
+      ++m.resent;
+      resend_requests_.fetch_add(1, std::memory_order_relaxed);
+      m.claimed.erase(s.cur_offset);
+      LOWCOMM_LOG(kWarn,
+                  "%s: payload checksum mismatch (corrupted in transit); asked the peer to send "
+                  "it again (%d of %d)",
+                  what.c_str(), asked, kMaxChunkResends);
+      s.cur.reset();
+      send_control(s, kControlNack, chunk);
+      return;
+    }
+    if (!m.discard) {
+      LOWCOMM_LOG(kWarn, "%s: payload checksum mismatch (corrupted in transit)", what.c_str());
+      if (m.corrupt.is_ok())
+        m.corrupt = Status(StatusCode::kCorruptData,
+                           what + ": payload checksum (XXH3-128) mismatch: corrupted in transit " +
+                               std::to_string(asked + 1) + " times (sent again " +
+                               std::to_string(asked) + " times)");
+    }
   }
   s.cur->received += s.cur_chunk_len;
   s.cur.reset();
@@ -500,6 +658,7 @@ void PeerCore::try_complete(const MsgKey& key) {
     return;
   }
   if (!m.req || !m.has_header || m.received != m.msg_len) return;
+  if (m.resent) m.req->set_resent_chunks(m.resent);
   if (!m.corrupt.is_ok()) {  // nothing of it reaches a buffered receive's user buffer
     if (m.buffer) unexpected_bytes_ -= m.msg_len + kUnexpectedOverheadBytes;
     m.req->complete(Status(m.corrupt.code(), m.what + ": " + m.corrupt.message()));
@@ -619,6 +778,10 @@ void PeerCore::fail(Status why, bool keep_arrived) {
     for (auto& c : s.sendq) fail_req(*c.op->req, c.op->what);
     s.sendq.clear();
     s.queued_bytes = 0;
+    s.ctrlq.clear();
+    s.ctrl_written = 0;
+    s.ack_queued = false;
+    s.retained.clear();  // nothing is sent again after a failure
     s.cur.reset();
   }
   if (link_) link_->drain([&](OutChunk& c) { fail_req(*c.op->req, c.op->what); });

@@ -21,10 +21,20 @@
 //
 // Payload checks (payload_guard.h): a chunk's check is filled when it is queued on its stream
 // (sealed: its payload is encrypted into a copy then, in that stream's record order), and
-// verified as its bytes are read. An integrity mismatch fails the message (its irecv gets
-// kCorruptData naming the peer and stream; a buffered one never reaches the user buffer) and the
-// connection carries on, its framing intact. A sealed chunk that fails its tag fails the
-// connection: someone is altering, dropping, repeating or reordering its records.
+// verified as its bytes are read. A sealed chunk that fails its tag fails the connection:
+// someone is altering, dropping, repeating or reordering its records.
+//
+// Re-sends (unsealed streams): an integrity mismatch is noise, and the sender still has the
+// bytes. The receiver sends a NACK for the chunk on the stream it came on (control frames,
+// chunk_header.h), forgets the chunk's range and keeps the message open; the sender queues the
+// chunk again. Each stream's data chunks are numbered in the order they are written (both ends
+// count them); the sender keeps every chunk it wrote until the receiver ACKs it (cumulative, one
+// ACK per read event that finished chunks), referring to the user's buffer while its isend is
+// in flight and to a copy of the unacknowledged chunks (at most what is in flight) once the
+// isend completes; emulated, to the copy the link made at departure. A chunk asked again
+// kMaxChunkResends times fails its message as before (kCorruptData naming the peer and stream;
+// a buffered one never reaches the user buffer) and the connection carries on, its framing
+// intact. Control frames jump the data queue at chunk boundaries.
 //
 // Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
 // latches in failure_; every
@@ -33,6 +43,7 @@
 // the sockets are shut down so the remote side fails too. A message whose length differs from its
 // irecv's fails only that irecv: its bytes are read and dropped, and the connection carries on.
 
+#include <array>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -62,6 +73,12 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   int stripe_streams() const { return stripe_; }     // set by the constructor
   // Chunks whose payload failed its check so far (any thread).
   uint64_t payload_failures() const { return payload_failures_.load(std::memory_order_relaxed); }
+  // Chunks this side asked the peer to send again, and chunks it sent again when the peer asked
+  // (any thread).
+  uint64_t resend_requests() const { return resend_requests_.load(std::memory_order_relaxed); }
+  uint64_t resent_chunks() const { return resent_chunks_.load(std::memory_order_relaxed); }
+  // How often one chunk is asked for again before its message fails.
+  static constexpr int kMaxChunkResends = 3;
 
   // --- engine thread only ---
   void start();  // registers the streams with the engine
@@ -97,7 +114,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     // it completes; not zero-filled: the chunks cover it first.
     std::unique_ptr<uint8_t[]> buffer;
     bool discard = false;  // its irecv failed on the length: drop it when read
-    Status corrupt;        // a chunk failed its integrity check: the message fails
+    Status corrupt;        // a chunk failed its integrity check too often: the message fails
+    std::map<uint64_t, int> asked;  // chunk offset -> times asked again (re-sends)
+    uint64_t resent = 0;            // chunks of it asked again
     // Emulated site model: when its last chunk has passed this rank's downlink (it completes
     // then).
     PaceClock::time_point ready_at{};
@@ -107,6 +126,13 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     return !m.req && m.buffer && !m.discard && m.has_header && m.received == m.msg_len &&
            m.corrupt.is_ok();
   }
+  // A chunk written on an unsealed stream, kept until the receiver ACKs it (re-sends).
+  struct Retained {
+    ChunkHeader fields;
+    const uint8_t* data = nullptr;  // the user's buffer (borrowed) or copy
+    std::unique_ptr<uint8_t[]> copy;
+    SendOp* borrowed = nullptr;  // the isend whose buffer `data` points into, until it ends
+  };
   struct Stream {
     int index = 0;
     UniqueFd fd;
@@ -117,6 +143,18 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     bool want_write = false;
     std::deque<OutChunk> sendq;
     uint64_t queued_bytes = 0;
+    // Control frames to send (ACKs and NACKs), ahead of data at chunk boundaries.
+    std::deque<std::array<uint8_t, kChunkHeaderBytes>> ctrlq;
+    size_t ctrl_written = 0;  // of ctrlq.front()
+    bool ack_queued = false;  // ctrlq.back() is an ACK not yet begun: update it in place
+    // Re-sends, send side: data chunks written (numbered from 0) and the unacknowledged ones,
+    // retained[i] being chunk retained_base + i.
+    uint64_t chunks_written = 0;
+    uint64_t retained_base = 0;
+    std::deque<Retained> retained;
+    // Receive side: data chunks finished (verified, or asked again) and the count last ACKed.
+    uint64_t chunks_finished = 0;
+    uint64_t chunks_acked = 0;
     // Unshaped: the kernel's received-bytes count at the last read event (note_received).
     uint64_t kernel_received = 0;
     PaceClock::time_point kernel_received_at{};
@@ -128,6 +166,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     uint64_t payload_left = 0;
     std::pair<uint64_t, uint64_t> cur_key{};
     uint32_t cur_chunk_len = 0;
+    uint64_t cur_offset = 0;
   };
   using MsgKey = std::pair<uint64_t, uint64_t>;  // (tag, seq)
 
@@ -137,7 +176,18 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // down_meter (arrival_meter.h).
   void note_received(Stream& s);
   void do_read(Stream& s);
+  void read_stream(Stream& s);
   Status on_header(Stream& s);
+  // A control frame from the peer (ACK or NACK of chunks this side wrote on s).
+  Status on_control(Stream& s, const ChunkHeader& h);
+  // Queues a control frame on s and tries to write it.
+  void send_control(Stream& s, uint64_t kind, uint64_t arg);
+  // After a read event: ACK the chunks finished since the last ACK.
+  void maybe_ack(Stream& s);
+  // A chunk fully written on s: keep it for a re-send (unsealed streams).
+  void retain(Stream& s, OutChunk& c);
+  // op's last chunk is written: copy what is still retained from its buffer.
+  void detach_retained(const SendOp& op);
   void finish_payload(Stream& s);
   void try_complete(const MsgKey& key);
   void release_held(uint64_t key);  // a held message's downlink time has come
@@ -206,6 +256,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   Status failure_;
   Status setup_;  // the payload guards' set-up (constructor); start() fails the peer with it
   std::atomic<uint64_t> payload_failures_{0};
+  std::atomic<uint64_t> resend_requests_{0};
+  std::atomic<uint64_t> resent_chunks_{0};
   bool shut_down_ = false;
   bool closing_ = false;
 };

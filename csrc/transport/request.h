@@ -6,6 +6,7 @@
 // flight and its buffer still in use: keep waiting, or abort() the peer (which finishes every
 // request before it returns) before freeing the buffer.
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -24,8 +25,13 @@ class RequestState {
   Status wait(Deadline deadline) const;
   Status status() const;
   uint64_t bytes() const;
+  // A receive: chunks of its message that failed their check and were sent again (set by the
+  // engine before it completes the request).
+  void set_resent_chunks(uint64_t n) { resent_chunks_.store(n, std::memory_order_relaxed); }
+  uint64_t resent_chunks() const { return resent_chunks_.load(std::memory_order_relaxed); }
 
  private:
+  std::atomic<uint64_t> resent_chunks_{0};
   mutable std::mutex mu_;  // guards done_, status_ and bytes_
   mutable std::condition_variable cv_;
   bool done_ = false;
@@ -46,6 +52,9 @@ class Request {
   // Once complete: the length of the message a receive took in (its posted length for irecv, at
   // most the capacity for Peer::irecv_upto); 0 for sends, failures and before completion.
   uint64_t received_bytes() const { return state_ ? state_->bytes() : 0; }
+  // Once complete: for a receive, how many chunks of its message failed their check and were
+  // sent again by the peer (peer_core.h); 0 otherwise.
+  uint64_t resent_chunks() const { return state_ ? state_->resent_chunks() : 0; }
   // Waits until complete or the deadline; kTimeout when the deadline passed first.
   Status wait(Deadline deadline = Deadline::use_default()) const;
   // The same request (copies share their state).

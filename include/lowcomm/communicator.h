@@ -296,6 +296,11 @@ struct OpStats {
   // "gpu-codec" (encoded and decoded on the GPU), "staged" (buffers through pinned host
   // memory), "" for host buffers.
   std::string device_path;
+  // Chunks of this operation's received messages that failed their payload check and were sent
+  // again (docs/transport.md, "Re-sends"), in all and by the rank that sent them (empty when
+  // none was).
+  uint64_t chunks_resent = 0;
+  std::vector<uint64_t> chunks_resent_by_rank;
 };
 
 class WorkState;

@@ -133,12 +133,18 @@ typedef struct {
    * for this operation (encoded bytes only where the GPU encodes: docs/collectives.md). */
   uint64_t deviceToHostBytes;
   uint64_t hostToDeviceBytes;
+  /* Chunks of this operation's received messages that failed their payload check and were
+   * sent again by their sender (docs/transport.md, "Re-sends"). */
+  uint64_t chunksResent;
 } lowcommOpStats;
 
 /* A lowcommOpStats ready to be filled: structSize set, every field zero. Every field is named
  * so that C and C++ compilers with -Wmissing-field-initializers accept it. */
-#define LOWCOMM_OP_STATS_INIT \
-  { sizeof(lowcommOpStats), {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0 }
+#define LOWCOMM_OP_STATS_INIT                                                                     \
+  {                                                                                               \
+    sizeof(lowcommOpStats), {0}, {0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, \
+        0                                                                                         \
+  }
 /* The smallest structSize the library takes: structSize and the first field, kind. */
 #define LOWCOMM_OP_STATS_MIN_SIZE (offsetof(lowcommOpStats, codec))
 
