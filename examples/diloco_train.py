@@ -122,6 +122,10 @@ def worker(rank, args, run, seed, port, queue):
         "bytes_sent": outer.bytes_sent, "outer_steps": args.outer_steps,
         "bytes_per_outer_step": outer.bytes_sent / max(1, sum(outer.rounds) / args.fragments),
         "comm_wait_s": outer.comm_wait_s, "corpus": corpus.sha256[:16],
+        # What the last outer all-reduce put on the wire: its codec ("" exact), its payload and
+        # the payload the same all-reduce sends uncompressed.
+        "last_outer_op": {k: outer.last_stats[k] for k in (
+            "codec", "payload_bytes_sent", "uncompressed_bytes_sent", "compression_ratio")},
     }
     queue.put(result)
     dist.destroy_process_group()
@@ -183,7 +187,9 @@ def main():
             results.append(r)
             print(f"{run:>12} seed {seed}: val loss {r['final_val_loss']:.4f} "
                   f"(untrained {r['curve'][0][2]:.4f}), {r['bytes_per_outer_step'] / 1e6:.3f} MB "
-                  f"sent per worker per outer step, wall {r['wall_s']:.1f} s, compute "
+                  f"sent per worker per outer step (codec {r['last_outer_op']['codec'] or 'none'}, "
+                  f"compression {r['last_outer_op']['compression_ratio']:.1f}x), wall "
+                  f"{r['wall_s']:.1f} s, compute "
                   f"utilisation {100 * r['utilisation']:.1f}% ({r['params']} parameters, "
                   f"{args.workers} workers, H {args.H}, {args.outer_steps} outer steps"
                   f"{', overlap ' + args.overlap if args.overlap else ''}"

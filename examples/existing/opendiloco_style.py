@@ -14,7 +14,9 @@ the group's options, here the environment:
 (error feedback "order": the script all-reduces a fresh tensor per parameter each outer step,
 so residuals are keyed by the call's place in the step, not by address; docs/torch.md).
 Without torchrun: `--spawn 4` starts the workers itself. It prints the time of each outer
-step, which docs/training.md compares with lowcomm.diloco's bucketed step.
+step, which docs/training.md compares with lowcomm.diloco's bucketed step, and what rank 0 put
+on the wire in it against the same all-reduces uncompressed (the lines marked "report:", not
+part of the move: lowcomm's per-operation statistics).
 """
 import argparse
 import os
@@ -49,9 +51,14 @@ def train(args):
         inner_optimizer.zero_grad()
         if step % args.local_steps == 0:
             t0 = time.perf_counter()
+            sent, fp32, codecs = 0, 0, set()  # report: payload bytes, as fp32, codecs
             for param_offloaded, param in zip(params_offloaded, model.parameters()):
                 param.grad = param_offloaded - param.data
                 dist.all_reduce(tensor=param.grad, op=dist.ReduceOp.AVG)
+                stats = lowcomm.torch.last_op_stats()  # report:
+                sent += stats["payload_bytes_sent"]  # report:
+                fp32 += stats["uncompressed_bytes_sent"]  # report:
+                codecs.add(stats["codec"] or "none")  # report:
                 param.data = param_offloaded
             outer_optimizer.step()
             outer_optimizer.zero_grad()
@@ -59,7 +66,9 @@ def train(args):
             outer_times.append(time.perf_counter() - t0)
             if rank == 0:
                 print(f"step {step}: loss {loss.item():.4f}, outer step {outer_times[-1]:.3f} s "
-                      f"({len(params_offloaded)} all-reduces)", flush=True)
+                      f"({len(params_offloaded)} all-reduces, {sent / 1e3:.1f} kB payload sent, "
+                      f"{fp32 / 1e3:.1f} kB uncompressed, codec {','.join(sorted(codecs))})",
+                      flush=True)
     if rank == 0:
         print(f"outer step median {sorted(outer_times)[len(outer_times) // 2]:.3f} s over "
               f"{len(outer_times)} outer steps", flush=True)

@@ -66,7 +66,7 @@ def train(rank, args, port):
             losses_epoch += [float(v.detach()) for v in losses]
         if rank == 1:
             print(f"epoch {epoch}: train loss {sum(losses_epoch) / len(losses_epoch):.4f}, "
-                  f"{time.perf_counter() - start:.1f} s, link {link.bytes_received / 1e6:.2f} MB "
+                  f"{time.perf_counter() - start:.1f} s, link {link.bytes_received / 1e3:.1f} kB "
                   "received", flush=True)
     link.verify()  # the two ends' caches are bit-identical
     dist.destroy_process_group()
