@@ -89,6 +89,10 @@ PYBIND11_MODULE(_C, m) {
         d["device_to_host_bytes"] = s.device_to_host_bytes;
         d["host_to_device_bytes"] = s.host_to_device_bytes;
         d["device_path"] = s.device_path;
+        // Chunks of the operation's received messages that failed their payload check and were
+        // sent again (docs/transport.md, "Re-sends"), in all and by sending rank.
+        d["chunks_resent"] = s.chunks_resent;
+        d["chunks_resent_by_rank"] = s.chunks_resent_by_rank;
         return d;
       });
   lowcomm::torch_backend::bind_codecs(m);
