@@ -59,8 +59,9 @@ class Peer {
   Status recv(uint64_t tag, void* data, uint64_t len, Deadline deadline = {});
 
   // Completes once every message sent before the call has been handed to the kernel in full
-  // (shaped: has also left the emulated link's queue), so closing the sockets then loses
-  // nothing: the kernel delivers what it holds before the FIN. Fails if the peer fails first.
+  // (shaped: has also left the emulated link's queue) and, on unsealed streams, the peer has
+  // acknowledged every chunk (so none can still be asked for again: peer_core.h, "Re-sends"),
+  // so closing the sockets then loses nothing. Fails if the peer fails first.
   Request flush();
 
   // Fails every outstanding and future request with kAborted; returns after the engine thread

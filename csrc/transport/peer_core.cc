@@ -168,8 +168,9 @@ void PeerCore::flush(std::shared_ptr<RequestState> req) {
 
 void PeerCore::check_flushed() {
   if (flush_waiters_.empty() || (link_ && !link_->idle())) return;
+  // Unsealed, also acknowledged: a chunk the peer may still ask for again is not yet done with.
   for (const auto& s : streams_)
-    if (!s.sendq.empty()) return;
+    if (!s.sendq.empty() || !s.retained.empty()) return;
   for (auto& w : flush_waiters_) w->complete(Status::ok());
   flush_waiters_.clear();
 }
@@ -396,6 +397,7 @@ Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
       s.retained.pop_front();
       ++s.retained_base;
     }
+    check_flushed();
     return Status::ok();
   }
   // NACK: the receiver's check of chunk h.seq on this stream failed; it has not acknowledged

@@ -217,7 +217,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void run_link();
   // An emulated chunk has left the sender's end: copy its bytes (sealed: encrypt them).
   Status depart(OutChunk& c);
-  // Completes the flush waiters when every send queue and the emulator are empty.
+  // Completes the flush waiters when every send queue and the emulator are empty and every chunk
+  // written on an unsealed stream has been acknowledged.
   void check_flushed();
   void update_write_interest(Stream& s);
   std::string stream_name(const Stream& s) const;
