@@ -196,7 +196,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
   for (auto& t : tensors) {
     staged->emplace_back(t, dev);
     const at::Tensor& b = staged->back().buf;
-    lowcomm::AllReduceOptions ar = group_allreduce_options(b, op);
+    lowcomm::AllReduceOptions ar = group_allreduce_options(t, op);
     dev.apply(ar);
     works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
                                        to_dtype(b.scalar_type()), op, ar));

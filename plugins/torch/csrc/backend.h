@@ -227,10 +227,11 @@ class LowcommBackend : public c10d::Backend {
                                         std::function<void()> finish = {},
                                         std::optional<std::vector<at::Tensor>> inputs = {},
                                         const char* title = nullptr, bool gated = true);
-  // The group's options for an all-reduce of the contiguous `b`: its codec and error-feedback
-  // key when the group compresses such a call (a codec is set, a float dtype, SUM or AVG, at
-  // least codec_threshold bytes), else exact.
-  lowcomm::AllReduceOptions group_allreduce_options(const at::Tensor& b, lowcomm::ReduceOp op);
+  // The group's options for an all-reduce of the user's tensor `t` (contiguous or not: the
+  // error-feedback key names it, not a staged copy): its codec and error-feedback key when the
+  // group compresses such a call (a codec is set, a float dtype, SUM or AVG, at least
+  // codec_threshold bytes), else exact.
+  lowcomm::AllReduceOptions group_allreduce_options(const at::Tensor& t, lowcomm::ReduceOp op);
   bool group_compresses(const at::Tensor& b, lowcomm::ReduceOp op) const;
 
   std::unique_ptr<lowcomm::Communicator> comm_;

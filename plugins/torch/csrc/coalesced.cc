@@ -214,7 +214,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_coalesced(
       continue;
     }
     Staged s(tensors[i], dev);
-    lowcomm::AllReduceOptions ar = group_allreduce_options(s.buf, op);
+    lowcomm::AllReduceOptions ar = group_allreduce_options(tensors[i], op);
     dev.apply(ar);
     works.push_back(comm()->all_reduce(s.buf.data_ptr(), s.buf.data_ptr(), elems(s.buf),
                                        to_dtype(s.buf.scalar_type()), op, ar));

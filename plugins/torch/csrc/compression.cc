@@ -20,20 +20,25 @@ bool LowcommBackend::group_compresses(const at::Tensor& b, lowcomm::ReduceOp op)
       .codec.has_value();
 }
 
-lowcomm::AllReduceOptions LowcommBackend::group_allreduce_options(const at::Tensor& b,
+lowcomm::AllReduceOptions LowcommBackend::group_allreduce_options(const at::Tensor& t,
                                                                   lowcomm::ReduceOp op) {
   lowcomm::AllReduceOptions ar;
-  if (!group_compresses(b, op)) return ar;
+  if (!group_compresses(t, op)) return ar;
   ar.codec = codec_;
   if (config_.error_feedback == BackendConfig::ErrorFeedback::kAddress) {
     // One residual per gradient buffer: the same parameter's gradient lives at the same
-    // address with the same shape every step.
+    // address with the same shape every step. The user's tensor names it, never the staged
+    // copy of a non-contiguous one (a new buffer every call, whose address the next call's
+    // copy of another tensor may get): its first element's address (storage plus offset), its
+    // shape, and for a non-contiguous view its strides too (views of one storage that start
+    // at one address with one shape differ there).
     std::ostringstream key;
-    key << "ef/" << b.data_ptr() << "/" << b.sizes();
+    key << "ef/" << t.data_ptr() << "/" << t.sizes();
+    if (!t.is_contiguous()) key << "/" << t.strides();
     ar.error_feedback_key = key.str();
   } else if (config_.error_feedback == BackendConfig::ErrorFeedback::kCallOrder) {
     std::ostringstream sig;
-    sig << b.scalar_type() << b.sizes();
+    sig << t.scalar_type() << t.sizes();
     ar.error_feedback_key = order_keys_.next(sig.str());
   }
   return ar;

@@ -112,6 +112,60 @@ def group_body(rank: int) -> None:
     assert len(keys(g)) == 1 and keys(g)[0].startswith("ef/order/0/"), keys(g)
 
 
+def views_body(rank: int) -> None:
+    """"address" keys name the user's tensor, also where it is not contiguous (the backend then
+    all-reduces a contiguous copy made for the call, a new buffer each time): each view keeps its
+    own residual across calls, exactly as a contiguous tensor with the same values does, under
+    "ef/<address>/<shape>/<strides>". Keyed by the copy's address, the residuals were lost (a
+    new address) or handed to another tensor (the freed copy's address reused by the next
+    call's copy), and the results below differed from the contiguous twins' at the first such
+    call."""
+    def opts():
+        return lowcomm.torch.Options(codec="q2", codec_threshold=1024, error_feedback="address")
+
+    views = dist.new_group(backend="lowcomm", pg_options=opts())
+    plain = dist.new_group(backend="lowcomm", pg_options=opts())  # same calls, contiguous
+    base = torch.zeros(2, 1000, 2)
+    a, b = base[0, :, 0], base[1, :, 1]  # every other element: stride 2, kept across steps
+    assert not a.is_contiguous() and not b.is_contiguous()
+    twins = [torch.zeros(1000), torch.zeros(1000)]
+    for step in range(3):
+        for i, (v, c) in enumerate(zip((a, b), twins)):
+            x = rand(1000, 1000 * step + 100 * i + rank)
+            v.copy_(x)
+            c.copy_(x)
+            dist.all_reduce(v, group=views)
+            dist.all_reduce(c, group=plain)
+            assert torch.equal(v, c), f"step {step}, view {i}: residual lost or mixed up"
+    # the coalesced path (one work for the list) keys its compressed tensors alike
+    for step in range(3):
+        xs = [rand(1000, 7000 + 10 * step + i * 2 + rank) for i in range(2)]
+        for v, c, x in zip((a, b), twins, xs):
+            v.copy_(x)
+            c.copy_(x)
+        with dist._coalescing_manager(group=views):
+            for v in (a, b):
+                dist.all_reduce(v, group=views)
+        with dist._coalescing_manager(group=plain):
+            for c in twins:
+                dist.all_reduce(c, group=plain)
+        for i, (v, c) in enumerate(zip((a, b), twins)):
+            assert torch.equal(v, c), f"step {step}, coalesced view {i}: residual lost or mixed up"
+    assert keys(views) == sorted(f"ef/{hex(v.data_ptr())}/[1000]/[2]" for v in (a, b)), keys(views)
+    assert keys(plain) == sorted(f"ef/{hex(c.data_ptr())}/[1000]" for c in twins), keys(plain)
+
+
+def views_worker(rank: int, world: int, init_file: str, errors) -> None:
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        views_body(rank)
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        sys.exit(1)
+
+
 class Twisted(torch.nn.Module):
     """Parameters registered in another order than their gradients become ready, so DDP's
     bucket rebuild after the first step changes which parameters (and how many elements) each
@@ -174,3 +228,7 @@ def worker(rank: int, world: int, init_file: str, errors) -> None:
 
 def test_error_feedback_by_name(tmp_path):
     run_world(worker, 2, tmp_path)
+
+
+def test_address_keys_follow_non_contiguous_tensors(tmp_path):
+    run_world(views_worker, 2, tmp_path)
