@@ -181,9 +181,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::broadcast(std::vector<at::Tensor>
                                       to_dtype(b.scalar_type()), static_cast<int>(opts.rootRank),
                                       dev.where()));
   }
-  return launch(dev, c10d::OpType::BROADCAST, tensors, std::move(works), [staged] {
-    for (auto& s : *staged) s.write_back();
-  });
+  return started(opts, launch(dev, c10d::OpType::BROADCAST, tensors, std::move(works), [staged] {
+                   for (auto& s : *staged) s.write_back();
+                 }));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -201,9 +201,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce(std::vector<at::Tensor>
     works.push_back(comm()->all_reduce(b.data_ptr(), b.data_ptr(), elems(b),
                                        to_dtype(b.scalar_type()), op, ar));
   }
-  return launch(dev, c10d::OpType::ALLREDUCE, tensors, std::move(works), [staged] {
-    for (auto& s : *staged) s.write_back();
-  });
+  return started(opts, launch(dev, c10d::OpType::ALLREDUCE, tensors, std::move(works), [staged] {
+                   for (auto& s : *staged) s.write_back();
+                 }));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
@@ -270,14 +270,15 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& t
                                                   to_dtype(b.scalar_type()), to_op(opts.reduceOp),
                                                   root, ar)};
   const bool is_root = root == rank_;
-  return launch(dev, c10d::OpType::REDUCE, tensors, std::move(works), [staged, is_root] {
-    if (is_root) staged->write_back();
-  });
+  return started(opts,
+                 launch(dev, c10d::OpType::REDUCE, tensors, std::move(works), [staged, is_root] {
+                   if (is_root) staged->write_back();
+                 }));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+    const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, "lowcomm: allgather takes one tensor");
   TORCH_CHECK(static_cast<int>(outputs[0].size()) == size_, "lowcomm: allgather needs ", size_,
               " output tensors");
@@ -293,14 +294,14 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather(
       comm()->all_gather(in->buf.data_ptr(), flat->data_ptr(), elems(in->buf),
                          to_dtype(in->buf.scalar_type()), dev.where())};
   auto outs = outputs[0];
-  return launch(
-      dev, c10d::OpType::ALLGATHER, outs, std::move(works),
-      [flat, outs, in] { unflatten(*flat, outs); }, inputs);
+  return started(opts, launch(
+                           dev, c10d::OpType::ALLGATHER, outs, std::move(works),
+                           [flat, outs, in] { unflatten(*flat, outs); }, inputs));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+    const c10d::AllgatherOptions& opts) {
   // output_lists[r][i] receives rank r's inputs[i]: one all-gather of the inputs laid end to end.
   TORCH_CHECK(!inputs.empty(), "lowcomm: allgather_coalesced needs at least one input");
   TORCH_CHECK(static_cast<int>(output_lists.size()) == size_, "lowcomm: allgather_coalesced needs ",
@@ -329,13 +330,14 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allgather_coalesced(
                                                       to_dtype(send->scalar_type()), dev.where())};
   std::vector<at::Tensor> outs;
   for (const auto& list : output_lists) outs.insert(outs.end(), list.begin(), list.end());
-  return launch(
-      dev, c10d::OpType::ALLGATHER_COALESCED, outs, std::move(works),
-      [send, flat, outs] { unflatten(*flat, outs); }, inputs);
+  return started(opts, launch(
+                           dev, c10d::OpType::ALLGATHER_COALESCED, outs, std::move(works),
+                           [send, flat, outs] { unflatten(*flat, outs); }, inputs));
 }
 
-c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
-    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(at::Tensor& output,
+                                                               at::Tensor& input,
+                                                               const c10d::AllgatherOptions& opts) {
   TORCH_CHECK(output.numel() == input.numel() * size_,
               "lowcomm: all_gather_into_tensor output must hold size() inputs");
   DeviceScope dev(streams_, DeviceScope::Path::kDevice, "all_gather_into_tensor", {input, output});
@@ -344,9 +346,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_allgather_base(
   std::vector<lowcomm::Work> works{
       comm()->all_gather(in->buf.data_ptr(), out->buf.data_ptr(), elems(in->buf),
                          to_dtype(in->buf.scalar_type()), dev.where())};
-  return launch(
-      dev, c10d::OpType::_ALLGATHER_BASE, {output}, std::move(works),
-      [in, out] { out->write_back(); }, std::vector<at::Tensor>{input});
+  return started(opts, launch(
+                           dev, c10d::OpType::_ALLGATHER_BASE, {output}, std::move(works),
+                           [in, out] { out->write_back(); }, std::vector<at::Tensor>{input}));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -364,12 +366,12 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at
   std::vector<lowcomm::Work> works{
       comm()->gather(in->buf.data_ptr(), rank_ == root ? flat->data_ptr() : nullptr, elems(in->buf),
                      to_dtype(in->buf.scalar_type()), root)};
-  return launch(
-      dev, c10d::OpType::GATHER, outs, std::move(works),
-      [flat, outs, in] {
-        if (flat->defined()) unflatten(*flat, outs);
-      },
-      inputs, nullptr, rank_ == root);
+  return started(opts, launch(
+                           dev, c10d::OpType::GATHER, outs, std::move(works),
+                           [flat, outs, in] {
+                             if (flat->defined()) unflatten(*flat, outs);
+                           },
+                           inputs, nullptr, rank_ == root));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -388,8 +390,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& 
   std::vector<lowcomm::Work> works{comm()->scatter(rank_ == root ? keep->data_ptr() : nullptr,
                                                    out->buf.data_ptr(), elems(out->buf),
                                                    to_dtype(out->buf.scalar_type()), root)};
-  return launch(dev, c10d::OpType::SCATTER, outputs, std::move(works),
-                [out, keep] { out->write_back(); });
+  return started(opts, launch(dev, c10d::OpType::SCATTER, outputs, std::move(works),
+                              [out, keep] { out->write_back(); }));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter(
@@ -408,9 +410,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce_scatter(
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(flat->data_ptr(), out->buf.data_ptr(), elems(out->buf),
                              to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp), rs)};
-  return launch(
-      dev, c10d::OpType::REDUCE_SCATTER, outputs, std::move(works),
-      [out, flat] { out->write_back(); }, inputs.at(0));
+  return started(opts, launch(
+                           dev, c10d::OpType::REDUCE_SCATTER, outputs, std::move(works),
+                           [out, flat] { out->write_back(); }, inputs.at(0)));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
@@ -425,14 +427,15 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::_reduce_scatter_base(
   std::vector<lowcomm::Work> works{
       comm()->reduce_scatter(in->buf.data_ptr(), out->buf.data_ptr(), elems(out->buf),
                              to_dtype(out->buf.scalar_type()), to_op(opts.reduceOp), rs)};
-  return launch(
-      dev, c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(works),
-      [in, out] { out->write_back(); }, std::vector<at::Tensor>{input});
+  return started(opts, launch(
+                           dev, c10d::OpType::_REDUCE_SCATTER_BASE, {output}, std::move(works),
+                           [in, out] { out->write_back(); }, std::vector<at::Tensor>{input}));
 }
 
-c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
-    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
-    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                             std::vector<int64_t>& output_splits,
+                                                             std::vector<int64_t>& input_splits,
+                                                             const c10d::AllToAllOptions& opts) {
   DeviceScope dev(streams_, DeviceScope::Path::kStaged, "all_to_all_single", {input, output});
   auto in = std::make_shared<Staged>(input, dev);
   auto out = std::make_shared<Staged>(output, dev, /*input=*/false);
@@ -460,14 +463,14 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall_base(
   auto [rc, ro] = counts(out->buf, output_splits);
   std::vector<lowcomm::Work> works{comm()->all_to_all(
       in->buf.data_ptr(), sc, so, out->buf.data_ptr(), rc, ro, to_dtype(in->buf.scalar_type()))};
-  return launch(
-      dev, c10d::OpType::ALLTOALL_BASE, {output}, std::move(works),
-      [in, out] { out->write_back(); }, std::vector<at::Tensor>{input});
+  return started(opts, launch(
+                           dev, c10d::OpType::ALLTOALL_BASE, {output}, std::move(works),
+                           [in, out] { out->write_back(); }, std::vector<at::Tensor>{input}));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                         std::vector<at::Tensor>& inputs,
-                                                        const c10d::AllToAllOptions& /*opts*/) {
+                                                        const c10d::AllToAllOptions& opts) {
   // inputs[j] goes to rank j, outputs[j] comes from rank j (sizes may differ per rank): one
   // all_to_all over the tensors laid end to end.
   const auto P = static_cast<size_t>(size_);
@@ -493,9 +496,9 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::alltoall(std::vector<at::Tensor>&
   std::vector<lowcomm::Work> works{comm()->all_to_all(send->data_ptr(), sc, so, recv->data_ptr(),
                                                       rc, ro, to_dtype(inputs[0].scalar_type()))};
   auto outs = outputs;
-  return launch(
-      dev, c10d::OpType::ALLTOALL, outs, std::move(works),
-      [send, recv, outs] { unflatten(*recv, outs); }, inputs);
+  return started(opts, launch(
+                           dev, c10d::OpType::ALLTOALL, outs, std::move(works),
+                           [send, recv, outs] { unflatten(*recv, outs); }, inputs));
 }
 
 }  // namespace lowcomm::torch_backend

@@ -241,13 +241,13 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_coalesced(
                                        to_dtype(b.flat.scalar_type()), op, exact_ar));
     blocks->push_back(std::move(b));
   }
-  return launch(dev, c10d::OpType::ALLREDUCE_COALESCED, tensors, std::move(works),
-                [staged, blocks] {
-                  for (const auto& s : *staged) s.write_back();
-                  for (const auto& b : *blocks) {
-                    if (!b.members.empty()) unflatten(b.flat, b.members);
-                  }
-                });
+  return started(opts, launch(dev, c10d::OpType::ALLREDUCE_COALESCED, tensors, std::move(works),
+                              [staged, blocks] {
+                                for (const auto& s : *staged) s.write_back();
+                                for (const auto& b : *blocks) {
+                                  if (!b.members.empty()) unflatten(b.flat, b.members);
+                                }
+                              }));
 }
 
 }  // namespace lowcomm::torch_backend

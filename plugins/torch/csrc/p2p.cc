@@ -137,9 +137,9 @@ void LowcommBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wai
   }
 }
 
-c10::intrusive_ptr<c10d::Work> LowcommBackend::barrier(const c10d::BarrierOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> LowcommBackend::barrier(const c10d::BarrierOptions& opts) {
   DeviceScope host(streams_, DeviceScope::Path::kStaged, "barrier", {});  // waits on the host
-  return launch(host, c10d::OpType::BARRIER, {}, {comm()->barrier()});
+  return started(opts, launch(host, c10d::OpType::BARRIER, {}, {comm()->barrier()}));
 }
 
 }  // namespace lowcomm::torch_backend

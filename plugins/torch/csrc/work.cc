@@ -165,8 +165,21 @@ void LowcommWork::wait_completed(std::chrono::milliseconds timeout) {
   if (exception_) std::rethrow_exception(exception_);
 }
 
+void LowcommWork::wait_works() const {
+  // Their statuses are not needed here: completion (on_one_done) makes a failure this Work's
+  // exception, which wait_completed rethrows once it sees the Work complete.
+  for (const lowcomm::Work& w : works_) static_cast<void>(w.wait());
+}
+
+void LowcommWork::run_now() {
+  if (!device_) wait_works();
+}
+
 bool LowcommWork::wait(std::chrono::milliseconds timeout) {
   if (!device_) {
+    // Only an unbounded wait may run the operation here (lowcomm::Work::wait; its deadline is
+    // the group's timeout); a wait with a timeout of its own must get control back by then.
+    if (timeout == kNoTimeout) wait_works();
     wait_completed(timeout);
     return true;
   }

@@ -5,6 +5,13 @@
 // hooks chain on it without a waiting thread. A failure becomes a C10 error naming the
 // operation, raised by wait() and set on the future.
 //
+// wait() on CPU tensors waits through lowcomm::Work::wait, so a small collective that nothing
+// has started yet runs on the waiting thread (CommOptions::inline_bytes: the hand-offs to the
+// communicator's thread and back leave the critical path); its completion, the future's
+// included, then runs on that thread before wait() returns. An operation the caller waits for
+// at once (torch's asyncOp = false: dist.all_reduce without async_op) starts that way inside
+// the backend's call (run_now), before torch's Python layer gets the Work back.
+//
 // A CUDA operation (set_device, device.h) has NCCL's semantics instead: its copies back were
 // issued with it on the backend's side stream, so completion runs no `finish`; wait() makes the
 // caller's current stream wait for the results and returns without blocking the host (raising
@@ -38,6 +45,11 @@ class LowcommWork : public c10d::Work {
   // Call once, after the constructor, with the operation's works (may be empty: complete now).
   void start(std::vector<lowcomm::Work> works);
 
+  // The caller waits for this operation next (torch's asyncOp = false): runs it as wait()
+  // would (on this thread if it is small and next in line, else until it completes), leaving
+  // its error for wait() to raise. Nothing for a CUDA operation (wait() never blocks the host).
+  void run_now();
+
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
@@ -53,6 +65,9 @@ class LowcommWork : public c10d::Work {
 
  private:
   void on_one_done(const lowcomm::Status& s);
+  // lowcomm::Work::wait on each work in turn: the core runs a small one here when nothing has
+  // started it (else waits for the communicator's thread); completion runs on_one_done.
+  void wait_works() const;
   // Until the operation completes (any timeout: kNoTimeout waits without one); rethrows its error.
   void wait_completed(std::chrono::milliseconds timeout);
 
@@ -70,5 +85,14 @@ class LowcommWork : public c10d::Work {
   lowcomm::Status first_error_;
   std::atomic<int> source_rank_{-1};
 };
+
+// `w` (a LowcommWork), run first (run_now) when torch's caller waits for it at once
+// (opts.asyncOp false: dist.all_reduce and the other collectives without async_op).
+template <class Options>
+c10::intrusive_ptr<c10d::Work> started(const Options& opts, c10::intrusive_ptr<c10d::Work> w) {
+  if (!opts.asyncOp)
+    if (auto* lw = dynamic_cast<LowcommWork*>(w.get())) lw->run_now();
+  return w;
+}
 
 }  // namespace lowcomm::torch_backend
