@@ -164,7 +164,8 @@ void usage() {
       "      --seed S             input seed (default 1)\n"
       "      --timeout S          deadline of init and of every operation (default 1800)\n"
       "      --back-to-back       time calls issued one after another (one barrier before the\n"
-      "                           first): per-call latency without a barrier's skew\n"
+      "                           first): per-call latency without a barrier's skew, with\n"
+      "                           its p50 and p99 on a line below each row\n"
       "      --check              exit 1 when a row's relative error is above the codec's bound\n"
       "Time is the slowest rank's time, median over the timed calls; each call starts after a\n"
       "barrier. Bandwidths in Gbit/s (10^9 bit/s, the unit of link rates).\n");
@@ -893,6 +894,16 @@ int run_rank(const Options& o, int rank, int P) {
                       static_cast<unsigned long long>(sh.total_elems), row.time_s, row.algbw,
                       row.busbw, static_cast<unsigned long long>(row.wire), row.ratio, row.rel_err,
                       limit, eff, row.cpu_ns_per_byte, bound);
+          if (o.back_to_back) {
+            // Latency: the tail of the per-call times too (nearest rank; bench/torch_bench.py
+            // prints the same for calls through torch.distributed).
+            auto pct = [&](double q) {
+              const size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(m)));
+              return per_iter[std::min(m, std::max<size_t>(k, 1)) - 1] * 1e6;
+            };
+            std::printf("#   per call (slowest rank), %zu calls: p50 %.1f us, p99 %.1f us\n", m,
+                        pct(0.5), pct(0.99));
+          }
           std::fflush(stdout);
           if (csv) {
             std::fprintf(
