@@ -38,6 +38,13 @@ namespace {
 constexpr uint64_t kMaxBytesPerEvent = 4u << 20;
 // What an unexpected message costs besides its payload, charged against the allowance.
 constexpr uint64_t kUnexpectedOverheadBytes = 256;
+// Re-sends: a receiver ACKs once this many chunks of a stream are finished, or this long after
+// the first unacknowledged one, whichever comes first (one ACK per chunk would cost a syscall
+// and a wake-up on both ends per chunk); and a peer keeps up to this many chunk-sized copies
+// for reuse (the copies of unacknowledged chunks come and go with every operation).
+constexpr uint64_t kAckEveryChunks = 16;
+constexpr auto kAckDelay = std::chrono::milliseconds(1);
+constexpr size_t kSpareCopies = 32;
 
 }  // namespace
 
@@ -183,7 +190,7 @@ Status PeerCore::depart(OutChunk& c) {
   if (s.sealer.sealed()) {
     if (Status st = protect(s, c); !st) return st;
   } else if (c.len && !c.owned) {  // a re-sent chunk is a copy already
-    c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
+    c.owned = take_copy(c.len);
     std::memcpy(c.owned.get(), c.data, c.len);
     c.data = c.owned.get();
   }
@@ -356,7 +363,7 @@ void PeerCore::detach_retained(const SendOp& op) {
   for (auto& s : streams_) {
     for (auto& r : s.retained) {
       if (r.borrowed != &op) continue;
-      r.copy = std::make_unique_for_overwrite<uint8_t[]>(r.fields.chunk_len);
+      r.copy = take_copy(r.fields.chunk_len);
       std::memcpy(r.copy.get(), r.data, r.fields.chunk_len);
       r.data = r.copy.get();
       r.borrowed = nullptr;
@@ -372,8 +379,40 @@ void PeerCore::send_control(Stream& s, uint64_t kind, uint64_t arg) {
   do_write(s);
 }
 
-void PeerCore::maybe_ack(Stream& s) {
-  if (!failure_.is_ok() || s.opener.sealed() || s.chunks_finished == s.chunks_acked) return;
+std::unique_ptr<uint8_t[]> PeerCore::take_copy(uint32_t len) {
+  if (len <= config_.chunk_bytes && !spare_copies_.empty()) {
+    auto b = std::move(spare_copies_.back());
+    spare_copies_.pop_back();
+    return b;
+  }
+  return std::make_unique_for_overwrite<uint8_t[]>(std::max<uint64_t>(len, config_.chunk_bytes));
+}
+
+void PeerCore::give_copy(std::unique_ptr<uint8_t[]> b, uint32_t len) {
+  // take_copy made every buffer of a chunk up to chunk_bytes chunk_bytes long.
+  if (b && len <= config_.chunk_bytes && spare_copies_.size() < kSpareCopies)
+    spare_copies_.push_back(std::move(b));
+}
+
+void PeerCore::maybe_ack(Stream& s, bool now) {
+  if (!failure_.is_ok() || shut_down_ || s.opener.sealed() || s.chunks_finished == s.chunks_acked)
+    return;
+  if (!now && s.chunks_finished - s.chunks_acked < kAckEveryChunks) {
+    if (!s.ack_timer_armed) {
+      auto self = shared_from_this();
+      Stream* sp = &s;
+      s.ack_timer_armed = true;
+      s.ack_timer = engine_.add_timer(PaceClock::now() + kAckDelay, [self, sp] {
+        sp->ack_timer_armed = false;
+        self->maybe_ack(*sp, /*now=*/true);
+      });
+    }
+    return;
+  }
+  if (s.ack_timer_armed) {
+    engine_.cancel_timer(s.ack_timer);
+    s.ack_timer_armed = false;
+  }
   s.chunks_acked = s.chunks_finished;
   if (s.ack_queued) {  // the last frame queued is an ACK not yet begun: raise it
     write_control_frame(kControlAck, s.chunks_acked, s.ctrlq.back().data());
@@ -394,6 +433,7 @@ Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
     while (s.retained_base < h.seq) {
       Retained& r = s.retained.front();
       if (r.borrowed) --r.borrowed->retained;
+      give_copy(std::move(r.copy), r.fields.chunk_len);
       s.retained.pop_front();
       ++s.retained_base;
     }
@@ -419,7 +459,7 @@ Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
   c.fields.flags = 0;
   c.len = r.fields.chunk_len;
   if (c.len) {
-    c.owned = std::make_unique_for_overwrite<uint8_t[]>(c.len);
+    c.owned = take_copy(c.len);
     std::memcpy(c.owned.get(), r.data, c.len);
   }
   c.data = c.owned.get();
@@ -784,6 +824,10 @@ void PeerCore::fail(Status why, bool keep_arrived) {
     s.ctrl_written = 0;
     s.ack_queued = false;
     s.retained.clear();  // nothing is sent again after a failure
+    if (s.ack_timer_armed) {
+      engine_.cancel_timer(s.ack_timer);
+      s.ack_timer_armed = false;
+    }
     s.cur.reset();
   }
   if (link_) link_->drain([&](OutChunk& c) { fail_req(*c.op->req, c.op->what); });

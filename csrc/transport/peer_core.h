@@ -28,12 +28,13 @@
 // bytes. The receiver sends a NACK for the chunk on the stream it came on (control frames,
 // chunk_header.h), forgets the chunk's range and keeps the message open; the sender queues the
 // chunk again. Each stream's data chunks are numbered in the order they are written (both ends
-// count them); the sender keeps every chunk it wrote until the receiver ACKs it (cumulative, one
-// ACK per read event that finished chunks), referring to the user's buffer while its isend is
-// in flight and to a copy of the unacknowledged chunks (at most what is in flight) once the
-// isend completes; emulated, to the copy the link made at departure. A chunk asked again
-// kMaxChunkResends times fails its message as before (kCorruptData naming the peer and stream;
-// a buffered one never reaches the user buffer) and the connection carries on, its framing
+// count them); the sender keeps every chunk it wrote until the receiver ACKs it (cumulative: once
+// 16 chunks are finished or 1 ms after the first unacknowledged one), referring to the user's
+// buffer while its isend is in flight and to a copy of the unacknowledged chunks (at most what
+// is in flight) once the isend completes; emulated, to the copy the link made at departure.
+// Copies are chunk-sized buffers reused from a small pool (no page faults per copy). A chunk asked
+// again kMaxChunkResends times fails its message as before (kCorruptData naming the peer and
+// stream; a buffered one never reaches the user buffer) and the connection carries on, its framing
 // intact. Control frames jump the data queue at chunk boundaries.
 //
 // Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
@@ -155,6 +156,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     // Receive side: data chunks finished (verified, or asked again) and the count last ACKed.
     uint64_t chunks_finished = 0;
     uint64_t chunks_acked = 0;
+    bool ack_timer_armed = false;
+    uint64_t ack_timer = 0;
     // Unshaped: the kernel's received-bytes count at the last read event (note_received).
     uint64_t kernel_received = 0;
     PaceClock::time_point kernel_received_at{};
@@ -182,8 +185,12 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   Status on_control(Stream& s, const ChunkHeader& h);
   // Queues a control frame on s and tries to write it.
   void send_control(Stream& s, uint64_t kind, uint64_t arg);
-  // After a read event: ACK the chunks finished since the last ACK.
-  void maybe_ack(Stream& s);
+  // After a read event: ACK the chunks finished since the last ACK, now if they are many (or
+  // `now`), else from a short timer.
+  void maybe_ack(Stream& s, bool now = false);
+  // A buffer for a copy of a chunk of len bytes (chunk-sized, reused), and its return.
+  std::unique_ptr<uint8_t[]> take_copy(uint32_t len);
+  void give_copy(std::unique_ptr<uint8_t[]> b, uint32_t len);
   // A chunk fully written on s: keep it for a re-send (unsealed streams).
   void retain(Stream& s, OutChunk& c);
   // op's last chunk is written: copy what is still retained from its buffer.
@@ -257,6 +264,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   Status failure_;
   Status setup_;  // the payload guards' set-up (constructor); start() fails the peer with it
   std::atomic<uint64_t> payload_failures_{0};
+  std::vector<std::unique_ptr<uint8_t[]>> spare_copies_;  // take_copy / give_copy
   std::atomic<uint64_t> resend_requests_{0};
   std::atomic<uint64_t> resent_chunks_{0};
   bool shut_down_ = false;
