@@ -198,10 +198,19 @@ TEST(CollectivesUcx, KilledRankFailsTheOthersNamingIt) {
     RANK_OK(first.wait());
     auto st = first.stats();
     if (!st || st->ucx_bytes_sent == 0) return "UCX asked for, but nothing went over it";
-    if (rank == 2) ::raise(SIGKILL);
+    // Rank 2 dies only once every rank has finished the first all-reduce: a rank enters the
+    // barrier after it, and rank 2 leaves the barrier once all are in. Without it rank 2 could
+    // die with its last bytes of the first all-reduce still on the wire (its part done, a
+    // survivor's not: 4 of 200 runs failed the first all-reduce, naming rank 2). A survivor may
+    // see rank 2 go in the barrier already; the failure is then the barrier's.
+    Status s = (*c)->barrier().wait();
+    if (rank == 2) {
+      if (!s.is_ok()) return "barrier: " + s.to_string();
+      ::raise(SIGKILL);
+    }
     auto t0 = Clock::now();
-    Status s =
-        (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
+    if (s.is_ok())
+      s = (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait();
     if (s.is_ok()) return "the all-reduce succeeded without rank 2";
     const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
     if (waited > 10) return "noticed after " + std::to_string(waited) + " s";
