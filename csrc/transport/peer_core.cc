@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "core/sys_check.h"
+#include "transport/little_endian.h"
 #include "transport/path_model.h"
 
 namespace lowcomm::transport {
@@ -283,30 +284,13 @@ void PeerCore::do_write(Stream& s) {
   while ((!s.sendq.empty() || !s.ctrlq.empty()) && moved < kMaxBytesPerEvent) {
     // Control frames go first at a chunk boundary: an ACK lets the peer drop its copies, a
     // NACK gets a chunk sent again, and neither should wait behind megabytes of data.
-    if (!s.ctrlq.empty() &&
-        (s.ctrl_written > 0 || s.sendq.empty() || s.sendq.front().written == 0)) {
-      const auto& f = s.ctrlq.front();
-      if (s.ctrl_written == 0 && s.ctrlq.size() == 1) s.ack_queued = false;  // begun: frozen
-      long n = LOWCOMM_SYS_RETRY(::send(s.fd.get(), f.data() + s.ctrl_written,
-                                        kChunkHeaderBytes - s.ctrl_written, MSG_NOSIGNAL));
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        const int err = errno;
-        fail(socket_error("send", stream_name(s), err), peer_went_away(err));
-        return;
-      }
-      s.ctrl_written += static_cast<size_t>(n);
-      moved += static_cast<uint64_t>(n);
-      if (s.ctrl_written == kChunkHeaderBytes) {
-        s.ctrlq.pop_front();
-        s.ctrl_written = 0;
-      }
-      continue;
-    }
-    OutChunk& c = s.sendq.front();
+    const bool ctrl =
+        !s.ctrlq.empty() && (s.ctrl_written > 0 || s.sendq.empty() || s.sendq.front().written == 0);
     iovec iov[2];
     int n_iov = 0;
-    if (c.written < kChunkHeaderBytes) {
+    if (ctrl) {
+      iov[n_iov++] = {s.ctrlq.front().data() + s.ctrl_written, kChunkHeaderBytes - s.ctrl_written};
+    } else if (OutChunk& c = s.sendq.front(); c.written < kChunkHeaderBytes) {
       iov[n_iov++] = {c.header + c.written, kChunkHeaderBytes - c.written};
       if (c.len) iov[n_iov++] = {const_cast<uint8_t*>(c.data), c.len};
     } else {
@@ -323,6 +307,16 @@ void PeerCore::do_write(Stream& s) {
       fail(socket_error("sendmsg", stream_name(s), err), peer_went_away(err));
       return;
     }
+    if (ctrl) {
+      s.ctrl_written += static_cast<size_t>(n);
+      moved += static_cast<uint64_t>(n);
+      if (s.ctrl_written == kChunkHeaderBytes) {
+        s.ctrlq.pop_front();
+        s.ctrl_written = 0;
+      }
+      continue;
+    }
+    OutChunk& c = s.sendq.front();
     c.written += static_cast<uint64_t>(n);
     moved += static_cast<uint64_t>(n);
     if (c.written == kChunkHeaderBytes + c.len) {
@@ -375,7 +369,6 @@ void PeerCore::send_control(Stream& s, uint64_t kind, uint64_t arg) {
   std::array<uint8_t, kChunkHeaderBytes> f;
   write_control_frame(kind, arg, f.data());
   s.ctrlq.push_back(f);
-  s.ack_queued = kind == kControlAck;
   do_write(s);
 }
 
@@ -414,7 +407,9 @@ void PeerCore::maybe_ack(Stream& s, bool now) {
     s.ack_timer_armed = false;
   }
   s.chunks_acked = s.chunks_finished;
-  if (s.ack_queued) {  // the last frame queued is an ACK not yet begun: raise it
+  // The last frame queued is an ACK not yet begun: raise it instead of queueing another.
+  const bool back_begun = s.ctrlq.size() == 1 && s.ctrl_written > 0;
+  if (!s.ctrlq.empty() && !back_begun && load_le64(s.ctrlq.back().data() + 8) == kControlAck) {
     write_control_frame(kControlAck, s.chunks_acked, s.ctrlq.back().data());
     return;
   }
@@ -822,7 +817,6 @@ void PeerCore::fail(Status why, bool keep_arrived) {
     s.queued_bytes = 0;
     s.ctrlq.clear();
     s.ctrl_written = 0;
-    s.ack_queued = false;
     s.retained.clear();  // nothing is sent again after a failure
     if (s.ack_timer_armed) {
       engine_.cancel_timer(s.ack_timer);

@@ -147,7 +147,6 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     // Control frames to send (ACKs and NACKs), ahead of data at chunk boundaries.
     std::deque<std::array<uint8_t, kChunkHeaderBytes>> ctrlq;
     size_t ctrl_written = 0;  // of ctrlq.front()
-    bool ack_queued = false;  // ctrlq.back() is an ACK not yet begun: update it in place
     // Re-sends, send side: data chunks written (numbered from 0) and the unacknowledged ones,
     // retained[i] being chunk retained_base + i.
     uint64_t chunks_written = 0;
