@@ -18,7 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/ef_store.h"
 #include "collectives/root_socket.h"
+#include "lowcomm/codec.h"
 #include "lowcomm/elastic.h"
 #include "lowcomm/lowcomm.h"
 #include "membership/failure_detector.h"
@@ -35,6 +37,7 @@ struct Shared {
   std::atomic<int64_t> fault_ns{0};  // when the fault was injected (steady clock)
   char addresses[8][64];             // members' membership addresses, for joiners
   std::atomic<int> published{0};
+  std::atomic<int64_t> note{-1};  // a test's own observation from inside a member
 };
 
 int64_t now_ns() {
@@ -342,6 +345,325 @@ TEST(Membership, JoinerFetchesStateAndAgrees) {
     EXPECT_EQ(field(p.text, "state"), field(ps[0].text, "state")) << p.text;
     EXPECT_EQ(field(p.text, "result"), field(ps[0].text, "result")) << p.text;
   }
+}
+
+// A member serving a joiner its stripes is killed, or frozen, while the joiner fetches: the
+// joiner asks the other members for that member's stripes (or, if the collective aborted,
+// fetches afresh in its retry) and ends with the state everyone holds; no receive outlives the
+// buffer it was posted into (ASan).
+class MembershipFetchFault : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(MembershipFetchFault, JoinerGetsTheStateFromTheOthers) {
+  const Fault fault = GetParam();
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kState = 16 << 20;  // floats: 64 MiB, 256 stripes over the 3 members
+  const uint64_t kCount = 1 << 14;
+  const int kVictim = 2;
+  auto body = [&](ElasticCommunicator& ec, std::vector<float>& state, int rounds_after_join,
+                  bool founder) -> std::string {
+    std::vector<float> buf(kCount);
+    int after = -1;
+    int size = 0;  // the view of the last round, taken before it (others leave after it)
+    for (int round = 0; round < 400 && after < rounds_after_join; ++round) {
+      size = ec.size();
+      for (uint64_t i = 0; i < kCount; ++i) buf[i] = input(ec.member_id(), round, i);
+      Status s = ec.all_reduce(buf.data(), buf.data(), kCount, DType::kFloat32, ReduceOp::kAverage);
+      if (!s.is_ok()) return "failed " + s.to_string();
+      for (uint64_t i = 0; i < kState; i += 97) state[i] += buf[i % kCount];
+      if (after >= 0 || ec.size() == 4 || !founder) ++after;
+      if (founder && after < 0) std::this_thread::sleep_for(5ms);
+    }
+    auto st = ec.stats();
+    return "ok size=" + std::to_string(size) +
+           " state=" + hex(XXH3_64bits(state.data(), state.size() * 4)) +
+           " reasked=" + std::to_string(st.state_stripes_reasked) +
+           " retried=" + std::to_string(st.retried) +
+           " fetched=" + std::to_string(st.state_fetched_bytes);
+  };
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 3, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::string a = (*ec)->member_address();
+      std::memcpy(fx.shared->addresses[r], a.c_str(), a.size() + 1);
+      fx.shared->published++;
+      std::vector<float> state(kState, 0.5f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      std::thread injector;
+      std::atomic<bool> done{false};
+      if (r == kVictim) {
+        // The fault comes the moment this member has handed its first stripe to its link.
+        injector = std::thread([&] {
+          while (!done && (*ec)->stats().state_served_bytes == 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+          if (done) return;
+          fx.shared->fault_ns = now_ns();
+          ::raise(fault == Fault::kKill ? SIGKILL : SIGSTOP);
+        });
+      }
+      std::string out = body(**ec, state, 3, true);
+      done = true;
+      if (injector.joinable()) injector.join();
+      return out;
+    }));
+  }
+  ps.push_back(spawn([&]() -> std::string {
+    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
+    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[1]}, o);
+    if (!ec) return "join: " + ec.status().to_string();
+    std::vector<float> state(kState, 0.0f);
+    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+      return s.to_string();
+    return body(**ec, state, 2, false);
+  }));
+  fx.parent_done_forking();
+  std::vector<Proc> live{ps[0], ps[1], ps[3]};
+  collect(live, 120);
+  ::kill(ps[kVictim].pid, SIGCONT);
+  std::vector<Proc> victim{ps[kVictim]};
+  collect(victim, 60);
+  EXPECT_NE(fx.shared->fault_ns.load(), 0) << "the victim never served a stripe";
+  for (auto& p : live) {
+    EXPECT_EQ(p.exit_code, 0) << p.text;
+    EXPECT_EQ(field(p.text, "size"), "3") << p.text;
+    EXPECT_EQ(field(p.text, "state"), field(live[0].text, "state")) << p.text;
+  }
+  // The fault met the fetch: stripes asked again of the others, or the fetch done afresh in
+  // the collective's retry.
+  const std::string& joiner = live[2].text;
+  EXPECT_TRUE(field(joiner, "reasked") != "0" || field(joiner, "retried") != "0") << joiner;
+  EXPECT_EQ(field(joiner, "fetched"), std::to_string(kState * 4)) << joiner;
+  if (fault == Fault::kKill) EXPECT_EQ(victim[0].exit_code, 128 + SIGKILL) << victim[0].text;
+  else EXPECT_NE(victim[0].exit_code, 0) << victim[0].text;  // evicted while frozen
+  for (auto& p : live) std::printf("%s\n", p.text.c_str());
+  std::printf("victim: %s\n", victim[0].text.c_str());
+}
+INSTANTIATE_TEST_SUITE_P(Faults, MembershipFetchFault, ::testing::Values(Fault::kKill, Fault::kStop),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param == Fault::kKill ? "Killed"
+                                                                               : "Frozen");
+                         });
+
+// The only member holding the state dies before the two joiners it admitted together have it:
+// the view left has no source. They are fenced saying so (before: a division by zero picking
+// a source).
+TEST(Membership, JoinersWithNobodyHoldingTheStateAreFenced) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kState = 1 << 20;
+  std::vector<Proc> ps;
+  ps.push_back(spawn([&]() -> std::string {
+    auto ec = ElasticCommunicator::init(fx.id, 0, 1, o);
+    if (!ec) return "init: " + ec.status().to_string();
+    std::string a = (*ec)->member_address();
+    std::memcpy(fx.shared->addresses[0], a.c_str(), a.size() + 1);
+    std::vector<float> state(kState, 0.5f);
+    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+      return s.to_string();
+    fx.shared->published++;
+    // Both joiners ask while this member is between collectives: one commit admits both.
+    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
+    std::this_thread::sleep_for(1500ms);
+    std::vector<float> buf(1024, 1.0f);
+    Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
+                                 ReduceOp::kSum);
+    if (!s.is_ok()) return "admitting round: " + s.to_string();
+    fx.shared->note = static_cast<int64_t>((*ec)->view().id * 100 + (*ec)->size());
+    // Dies once the joiners know they are in (the admission's commit has reached them), before
+    // its next collective, where it would begin to serve them the state.
+    std::this_thread::sleep_for(300ms);
+    ::raise(SIGKILL);
+    return "not reached";
+  }));
+  for (int j = 0; j < 2; ++j) {
+    ps.push_back(spawn([&]() -> std::string {
+      while (fx.shared->published.load() < 1) std::this_thread::sleep_for(5ms);
+      fx.shared->published++;
+      auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[0]}, o);
+      if (!ec) return "join: " + ec.status().to_string();
+      std::vector<float> state(kState, 0.0f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      std::vector<float> buf(1024, 1.0f);
+      Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
+                                   ReduceOp::kSum);
+      if (s.is_ok()) return "committed without the state (wrong)";
+      Status again = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
+                                       ReduceOp::kSum);
+      return std::string(again.is_ok() ? "committed later (wrong) " : "ok ") + s.to_string();
+    }));
+  }
+  fx.parent_done_forking();
+  collect(ps, 90);
+  EXPECT_EQ(ps[0].exit_code, 128 + SIGKILL) << ps[0].text;
+  ASSERT_EQ(fx.shared->note.load(), 103) << "the two joiners were not admitted in one view";
+  for (int j = 1; j < 3; ++j) {
+    EXPECT_EQ(ps[j].exit_code, 0) << ps[j].text;
+    EXPECT_NE(ps[j].text.find("no member holds the registered state"), std::string::npos)
+        << ps[j].text;
+  }
+}
+
+// Error-feedback residuals are the member's, not a view's communicator's: across a member
+// killed mid-call (the call retried in a new view) and a joiner's admission (another new view),
+// each member's residuals equal its own hand-computed ones, one update per committed call:
+// e <- (x + e) - D(Q(x + e)). A joiner starts from zero and its first call contributes zeros.
+TEST(Membership, ErrorFeedbackResidualsSurviveAKillAndAJoin) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kCount = 1 << 18;
+  const uint64_t kRounds = 40;
+  const CodecSpec spec = *parse_codec_spec("q4");
+  const uint32_t kVictim = 3;
+  // Runs rounds until the group's round counter (registered state: a joiner fetches it) is
+  // kRounds; returns what the parent compares.
+  auto body = [&](ElasticCommunicator& ec, bool joiner) -> std::string {
+    uint64_t round = 0;
+    if (auto s = ec.register_state("round", &round, sizeof(round)); !s.is_ok())
+      return s.to_string();
+    AllReduceOptions ar;
+    ar.codec = spec;
+    ar.error_feedback_key = "g";
+    std::vector<float> x(kCount), buf(kCount), ref(kCount, 0.0f), y(kCount);
+    std::vector<uint8_t> codes(encoded_size(spec, kCount));
+    int calls = 0;
+    bool first = true;
+    std::thread injector;
+    while (round < kRounds) {
+      const uint64_t r = round;  // a joiner's is 0 until its first call installs the group's
+      for (uint64_t i = 0; i < kCount; ++i) x[i] = input(ec.member_id(), static_cast<int>(r), i);
+      if (!joiner && ec.member_id() == kVictim && r == 2) {
+        injector = std::thread([&] {
+          std::this_thread::sleep_for(5ms);
+          fx.shared->fault_ns = now_ns();
+          ::raise(SIGKILL);
+        });
+      }
+      buf = x;
+      Status s = ec.all_reduce(buf.data(), buf.data(), kCount, DType::kFloat32, ReduceOp::kAverage,
+                               ar);
+      if (!s.is_ok()) return "failed round=" + std::to_string(r) + " " + s.to_string();
+      // This member's residual, by hand: a joiner's first call contributed zeros.
+      if (joiner && first) std::fill(x.begin(), x.end(), 0.0f);
+      first = false;
+      if (auto e = encode_error_feedback(spec, DType::kFloat32, x.data(), ref.data(), kCount,
+                                         codes.data(), codes.size());
+          !e.is_ok())
+        return "reference: " + e.to_string();
+      ++calls;
+      ++round;
+      if (!joiner) std::this_thread::sleep_for(10ms);
+    }
+    auto saved = ec.error_feedback_state();
+    if (!saved) return "error_feedback_state: " + saved.status().to_string();
+    collectives::ErrorFeedbackStore store;
+    if (auto st = store.restore(saved->data(), saved->size()); !st.is_ok())
+      return "restore: " + st.to_string();
+    auto entry = store.sender("g", kCount);
+    if (!entry) return "no residual: " + entry.status().to_string();
+    const auto& got = (*entry)->sender;
+    uint64_t differ = 0;
+    for (uint64_t i = 0; i < kCount; ++i)
+      differ += std::memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+    return std::string(differ ? "mismatch " : "ok ") + "differ=" + std::to_string(differ) +
+           " calls=" + std::to_string(calls) + " size=" + std::to_string(ec.size()) +
+           " result=" + hex(XXH3_64bits(buf.data(), buf.size() * 4)) +
+           " retried=" + std::to_string(ec.stats().retried);
+  };
+  std::vector<Proc> ps;
+  for (int r = 0; r < 4; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 4, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::string a = (*ec)->member_address();
+      std::memcpy(fx.shared->addresses[r], a.c_str(), a.size() + 1);
+      fx.shared->published++;
+      return body(**ec, false);
+    }));
+  }
+  ps.push_back(spawn([&]() -> std::string {
+    // Enters once the group has lost its member (another view change, with residuals kept).
+    while (fx.shared->fault_ns.load() == 0) std::this_thread::sleep_for(5ms);
+    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[1]}, o);
+    if (!ec) return "join: " + ec.status().to_string();
+    return body(**ec, true);
+  }));
+  fx.parent_done_forking();
+  collect(ps, 120);
+  EXPECT_EQ(ps[kVictim].exit_code, 128 + SIGKILL) << ps[kVictim].text;
+  for (int r = 0; r < 5; ++r) {
+    if (r == static_cast<int>(kVictim)) continue;
+    std::printf("member %d: %s\n", r, ps[r].text.c_str());
+    EXPECT_EQ(ps[r].exit_code, 0) << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "differ"), "0") << ps[r].text;
+    EXPECT_EQ(field(ps[r].text, "result"), field(ps[0].text, "result")) << ps[r].text;
+  }
+  EXPECT_EQ(field(ps[0].text, "calls"), std::to_string(kRounds)) << ps[0].text;
+  EXPECT_GE(std::atoi(field(ps[4].text, "calls").c_str()), 2) << ps[4].text;
+}
+
+// ElasticOptions::comm.encrypt seals the membership connections too (the joiner's state
+// stripes cross them), not only the data connections: a joiner that does not seal is refused
+// at its membership handshake, naming the disagreement; one that seals enters and fetches.
+TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  o.comm.encrypt = 1;
+  std::vector<Proc> ps;
+  for (int r = 0; r < 2; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 2, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::string a = (*ec)->member_address();
+      std::memcpy(fx.shared->addresses[r], a.c_str(), a.size() + 1);
+      std::vector<float> state(1 << 16, 0.5f);
+      if (auto s = (*ec)->register_state("params", state.data(), state.size() * 4); !s.is_ok())
+        return s.to_string();
+      fx.shared->published++;
+      std::vector<float> buf(1024);
+      for (int round = 0; round < 200 && (*ec)->size() < 3; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
+                                     ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+        std::this_thread::sleep_for(20ms);
+      }
+      std::fill(buf.begin(), buf.end(), 1.0f);
+      Status s =
+          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      if (!s.is_ok()) return "last round failed " + s.to_string();
+      return "ok size=" + std::to_string((*ec)->size());
+    }));
+  }
+  ps.push_back(spawn([&]() -> std::string {
+    while (fx.shared->published.load() < 2) std::this_thread::sleep_for(5ms);
+    ElasticOptions clear = o;
+    clear.comm.encrypt = 0;
+    clear.view_change_timeout = 3s;
+    auto refused = ElasticCommunicator::join(fx.id, {fx.shared->addresses[0]}, clear);
+    if (refused) return "joined unsealed";
+    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[0]}, o);
+    if (!ec) return "sealed join: " + ec.status().to_string();
+    std::vector<float> state(1 << 16, 0.0f);
+    if (auto s = (*ec)->register_state("params", state.data(), state.size() * 4); !s.is_ok())
+      return s.to_string();
+    std::vector<float> buf(1024, 1.0f);
+    Status s =
+        (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+    if (!s.is_ok()) return "failed " + s.to_string();
+    return "ok state=" + std::to_string(state[0]) + " refused=(" + refused.status().to_string() +
+           ")";
+  }));
+  fx.parent_done_forking();
+  collect(ps, 90);
+  for (auto& p : ps) EXPECT_EQ(p.exit_code, 0) << p.text;
+  for (auto& p : ps) std::printf("%s\n", p.text.c_str());
+  EXPECT_NE(ps[2].text.find("LOWCOMM_ENCRYPT"), std::string::npos) << ps[2].text;
+  EXPECT_EQ(field(ps[2].text, "state"), "0.500000") << ps[2].text;
+  EXPECT_EQ(field(ps[0].text, "size"), "3") << ps[0].text;
 }
 
 // A joiner with the wrong secret is refused at the handshake; the group is unaffected.

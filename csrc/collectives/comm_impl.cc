@@ -861,10 +861,15 @@ void CommImpl::fail(const Status& why, bool notify) {
 void CommImpl::abort() {
   fail(Status(StatusCode::kAborted, "rank " + std::to_string(rank_) + " aborted its communicator"),
        true);
+  // Local bookkeeping queued (error-feedback residuals saved, restored, listed, dropped) still
+  // runs: it touches no peer, and a caller carrying the residuals into a new communicator needs
+  // them from the one aborted.
   std::deque<Op> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    dropped.swap(queue_);
+    std::deque<Op> kept;
+    for (auto& op : queue_) (op.local ? kept : dropped).push_back(std::move(op));
+    queue_.swap(kept);
   }
   for (auto& op : dropped)
     op.work->complete(

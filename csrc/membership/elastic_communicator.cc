@@ -60,6 +60,10 @@ Status ElasticCommunicator::all_gather(const void* send, void* recv, uint64_t se
   return impl_->all_gather(send, recv, send_count, dtype, layout);
 }
 
+Result<std::vector<uint8_t>> ElasticCommunicator::error_feedback_state() const {
+  return impl_->error_feedback_state();
+}
+
 Status ElasticCommunicator::register_state(const std::string& name, void* data, uint64_t bytes) {
   return impl_->register_state(name, data, bytes);
 }

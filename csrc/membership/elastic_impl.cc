@@ -104,6 +104,25 @@ Status ElasticImpl::start(const UniqueId& id) {
   return Status::ok();
 }
 
+Result<transport::PeerConfig> ElasticImpl::membership_config(const UniqueId& id, int rank) const {
+  auto cfg = transport::PeerConfig::from_env(
+      rank, std::string(reinterpret_cast<const char*>(id.secret.data()), id.secret.size()));
+  if (!cfg) return cfg.status();
+  // Sealed as the data connections are (CommOptions::encrypt, else LOWCOMM_ENCRYPT): a
+  // joiner's state stripes (the model) cross these connections.
+  if (options_.comm.encrypt >= 0) cfg.value().seal = options_.comm.encrypt > 0;
+  // One stream; the socket buffers (the window) of a data stream, since a joiner's state
+  // stripes come over these connections (1 MiB windows held a 50 ms path to 168 Mbit/s each).
+  // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
+  // membership connections, as by its data connections (not with them: a separate site).
+  cfg.value().streams = 1;
+  if (cfg.value().wan.shaped() && cfg.value().wan.model == transport::WanModel::kSite) {
+    cfg.value().site = std::make_shared<transport::SiteLinks>();
+    cfg.value().site->down.bits_per_second = cfg.value().wan.down_bits_per_second;
+  }
+  return cfg;
+}
+
 Result<std::unique_ptr<ElasticImpl>> ElasticImpl::found(const UniqueId& id, int rank, int nranks,
                                                         const ElasticOptions& options) {
   if (nranks < 1 || rank < 0 || rank >= nranks)
@@ -117,18 +136,8 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::found(const UniqueId& id, int 
   auto comm = Communicator::init(id, rank, nranks, e->options_.comm);
   if (!comm) return comm.status();
   std::shared_ptr<Communicator> data(std::move(comm).value());
-  auto cfg = transport::PeerConfig::from_env(
-      rank, std::string(reinterpret_cast<const char*>(id.secret.data()), id.secret.size()));
+  auto cfg = e->membership_config(id, rank);
   if (!cfg) return cfg.status();
-  // One stream; the socket buffers (the window) of a data stream, since a joiner's state
-  // stripes come over these connections (1 MiB windows held a 50 ms path to 168 Mbit/s each).
-  // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
-  // membership connections, as by its data connections (not with them: a separate site).
-  cfg.value().streams = 1;
-  if (cfg.value().wan.shaped() && cfg.value().wan.model == transport::WanModel::kSite) {
-    cfg.value().site = std::make_shared<transport::SiteLinks>();
-    cfg.value().site->down.bits_per_second = cfg.value().wan.down_bits_per_second;
-  }
   auto bind = options.listen_address.empty()
                   ? route_to(id.root_address)
                   : transport::SocketAddress::parse(options.listen_address);
@@ -188,18 +197,8 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   temp |= 0x80000000u;  // joiners' temporary ids; member ids stay below 2^31
   e->me_ = temp;
   LOWCOMM_CHECK(e->start(id));
-  std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
-  auto cfg = transport::PeerConfig::from_env(static_cast<int>(temp), secret);
+  auto cfg = e->membership_config(id, static_cast<int>(temp));
   if (!cfg) return cfg.status();
-  // One stream; the socket buffers (the window) of a data stream, since a joiner's state
-  // stripes come over these connections (1 MiB windows held a 50 ms path to 168 Mbit/s each).
-  // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
-  // membership connections, as by its data connections (not with them: a separate site).
-  cfg.value().streams = 1;
-  if (cfg.value().wan.shaped() && cfg.value().wan.model == transport::WanModel::kSite) {
-    cfg.value().site = std::make_shared<transport::SiteLinks>();
-    cfg.value().site->down.bits_per_second = cfg.value().wan.down_bits_per_second;
-  }
   auto bind = options.listen_address.empty()
                   ? route_to(seeds.front())
                   : transport::SocketAddress::parse(options.listen_address);
@@ -970,8 +969,8 @@ void ElasticImpl::serve_fetches() {
       ++it;
       continue;
     }
-    transport::Request r =
-        slot->second.peer->isend(membership::kStateTag, snapshot_->data() + m.hash, m.length);
+    transport::Request r = slot->second.peer->isend(m.tag, snapshot_->data() + m.hash, m.length);
+    stats_.state_served_bytes += m.length;
     outbox_.push_back({snapshot_, r});
     q.push_back(std::move(r));
     it = fetches_.erase(it);
@@ -1122,36 +1121,6 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
   return fence_;
 }
 
-Status ElasticImpl::fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into) {
-  // Stripes of 256 KiB dealt round-robin over the sources, all requested at once (each source
-  // keeps only a few on its link at a time: serve_fetches).
-  constexpr uint64_t kStripe = 256 << 10;
-  std::vector<transport::Request> reqs;
-  auto started = Clock::now();
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    uint64_t seq = committed_ + 1;
-    size_t k = 0;
-    for (uint64_t off = 0; off < into.size(); off += kStripe, ++k) {
-      uint32_t src = sources[k % sources.size()];
-      auto it = slots_.find(src);
-      if (it == slots_.end()) return Status(StatusCode::kAborted, "state source gone");
-      uint64_t len = std::min<uint64_t>(kStripe, into.size() - off);
-      reqs.push_back(it->second.peer->irecv(membership::kStateTag, into.data() + off, len));
-      Message f = message(MsgType::kFetch, seq);
-      f.hash = off;
-      f.length = len;
-      send_to(src, f);
-    }
-  }
-  for (auto& r : reqs) LOWCOMM_CHECK(r.wait(Deadline::after(change_timeout_)));
-  std::lock_guard<std::mutex> lk(mu_);
-  stats_.state_fetched_bytes = into.size();
-  stats_.state_fetch_time = Clock::now() - started;
-  stats_.state_fetch_sources = static_cast<int>(std::min(sources.size(), reqs.size()));
-  return Status::ok();
-}
-
 Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash) {
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t off = 0;
@@ -1201,6 +1170,144 @@ struct ElasticImpl::Op {
   std::function<void(const Attempt&)> finish;
 };
 
+Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
+  // Stripes of 256 KiB dealt round-robin over the sources, all requested at once (each source
+  // keeps only a few on its link at a time: serve_fetches). A source that fails before sending
+  // its stripes (killed, frozen past the failure timeout: its connection is aborted) has them
+  // asked again of the others, which hold the same snapshot. Every receive this call posts into
+  // `into` has finished or been cancelled when it returns, whatever happened: a later fetch
+  // never meets a stale receive (each batch has a tag of its own), and `into` may go with the
+  // attempt.
+  constexpr uint64_t kStripe = 256 << 10;
+  struct Stripe {
+    uint64_t off = 0;
+    uint64_t len = 0;
+    uint32_t src = 0;
+    transport::Request req;  // invalid: not asked yet, or to be asked again
+    bool have = false;
+  };
+  std::vector<Stripe> stripes;
+  for (uint64_t off = 0; off < into.size(); off += kStripe) {
+    Stripe st;
+    st.off = off;
+    st.len = std::min<uint64_t>(kStripe, into.size() - off);
+    st.src = ~0u;
+    stripes.push_back(std::move(st));
+  }
+  const auto started = Clock::now();
+  std::set<uint32_t> live(a.sources.begin(), a.sources.end());
+  std::set<uint32_t> used;
+  uint64_t reasked = 0;
+  // mu_ held. Asks for every stripe neither held nor in flight, dealt over the live sources, one
+  // transport tag per source per round.
+  auto ask = [&]() -> Status {
+    std::erase_if(live, [&](uint32_t id) { return !slots_.count(id) || failed_.count(id); });
+    std::vector<Stripe*> todo;
+    for (auto& st : stripes)
+      if (!st.have && !st.req.valid()) todo.push_back(&st);
+    if (todo.empty()) return Status::ok();
+    if (live.empty())
+      return Status(StatusCode::kAborted,
+                    "fetching the registered state: no member holding it is left (asked " +
+                        id_list(a.sources) + ")");
+    std::map<uint32_t, uint64_t> tags;
+    for (uint32_t src : live) tags[src] = membership::state_tag(++fetch_batch_);
+    auto next = live.begin();
+    for (Stripe* st : todo) {
+      if (next == live.end()) next = live.begin();
+      const uint32_t src = *next++;
+      if (st->src != ~0u) ++reasked;  // its first source failed
+      used.insert(src);
+      st->src = src;
+      st->req = slots_.at(src).peer->irecv(tags[src], into.data() + st->off, st->len);
+      Message f = message(MsgType::kFetch, a.seq);
+      f.hash = st->off;
+      f.length = st->len;
+      f.tag = tags[src];
+      send_to(src, f);
+    }
+    return Status::ok();
+  };
+  // mu_ held. Withdraws every receive still posted; returns those already arriving into `into`
+  // (they finish, or fail when their source is declared failed and its connection aborted).
+  auto cancel = [&]() {
+    std::vector<Stripe*> arriving;
+    for (auto& st : stripes) {
+      if (!st.req.valid() || st.req.test()) continue;
+      auto slot = slots_.find(st.src);
+      // No slot: lose() aborted its peer, which finished every request before returning.
+      if (slot != slots_.end() && !slot->second.peer->cancel(st.req)) arriving.push_back(&st);
+    }
+    return arriving;
+  };
+  Status why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    why = ask();
+  }
+  const auto deadline = started + change_timeout_;
+  while (why.is_ok()) {
+    transport::Request pending;
+    for (auto& st : stripes) {
+      if (st.have || !st.req.valid() || !st.req.test()) {
+        if (!st.have && st.req.valid() && !pending.valid()) pending = st.req;
+        continue;
+      }
+      if (st.req.status().is_ok()) {
+        st.have = true;
+      } else {
+        LOWCOMM_LOG(kInfo, "elastic member %u: state stripe at %llu from member %u: %s", me_,
+                    static_cast<unsigned long long>(st.off), st.src,
+                    st.req.status().message().c_str());
+        st.req = transport::Request();  // ask another member
+      }
+    }
+    bool all = std::all_of(stripes.begin(), stripes.end(), [](const Stripe& st) { return st.have; });
+    if (all) break;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!fence_.is_ok()) {
+        why = fence_;
+      } else if (committed_ < a.seq && (view_.id != a.view || changing_)) {
+        // The attempt is aborting: its retry fetches afresh.
+        why = Status(StatusCode::kAborted, "fetching the registered state: collective " +
+                                               std::to_string(a.seq) + " aborted in view " +
+                                               std::to_string(a.view));
+      } else if (Clock::now() > deadline) {
+        why = Status(StatusCode::kTimeout,
+                     "fetching the registered state: not complete within " +
+                         std::to_string(change_timeout_.count()) + " ms");
+      } else {
+        why = ask();
+      }
+    }
+    if (why.is_ok() && pending.valid()) (void)pending.wait(Deadline::after(std::chrono::milliseconds(10)));
+  }
+  {
+    std::vector<Stripe*> arriving;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      arriving = cancel();
+    }
+    // A stripe arriving is a source still sending: it ends, or its source is declared failed
+    // (the failure detector) and its connection aborted, which finishes the receive. Past the
+    // bound (a fenced member no longer watches), the connection is aborted here.
+    const auto bound = Clock::now() + change_timeout_ + failure_floor_ * 4;
+    for (Stripe* st : arriving) {
+      if (st->req.wait(Deadline::at(bound)).code() != StatusCode::kTimeout) continue;
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto slot = slots_.find(st->src); slot != slots_.end()) slot->second.peer->abort();
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.state_stripes_reasked += reasked;
+  if (!why.is_ok()) return why;
+  stats_.state_fetched_bytes = into.size();
+  stats_.state_fetch_time = Clock::now() - started;
+  stats_.state_fetch_sources = static_cast<int>(used.size());
+  return Status::ok();
+}
+
 namespace {
 
 constexpr uint64_t kSwapChunk = 1 << 20;
@@ -1226,11 +1333,47 @@ bool overlap(const void* a, uint64_t an, const void* b, uint64_t bn) {
 
 }  // namespace
 
+// Error-feedback residuals belong to the member, not to a view's communicator: ef_carry_ holds
+// them as of the last committed call that used them, and a communicator that does not hold
+// exactly those (a new view's, or one an aborted attempt changed) gets them before the call.
+// A member's first such call starts from what its communicator holds: nothing, so a joiner
+// starts from zero residuals.
+Status ElasticImpl::carry_error_feedback(const Attempt& a) {
+  if (!ef_lost_.is_ok()) return ef_lost_;
+  if (ef_carry_.empty()) {
+    auto saved = a.comm->save_error_feedback();
+    if (!saved)
+      return Status(saved.status().code(),
+                    "error feedback: reading view " + std::to_string(a.view) +
+                        "'s communicator's residuals: " + saved.status().message());
+    ef_carry_ = std::move(saved).value();
+  } else if (ef_comm_.lock() != a.comm || a.number > 0) {
+    Status r = a.comm->restore_error_feedback(ef_carry_.data(), ef_carry_.size());
+    if (!r)
+      return Status(r.code(), "error feedback: carrying the residuals into view " +
+                                  std::to_string(a.view) + "'s communicator: " + r.message());
+  }
+  ef_comm_ = a.comm;
+  return Status::ok();
+}
+
+void ElasticImpl::keep_error_feedback(const Attempt& a) {
+  auto saved = a.comm->save_error_feedback();
+  if (saved) {
+    ef_carry_ = std::move(saved).value();
+    return;
+  }
+  // The call committed, so it returns ok; the next one that uses error feedback says this.
+  ef_lost_ = Status(saved.status().code(),
+                    "error feedback: the residuals after collective " + std::to_string(a.seq) +
+                        " could not be kept (" + saved.status().message() +
+                        "); this member's residuals are lost");
+}
+
 Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                                ReduceOp op, const AllReduceOptions& options) {
   const uint64_t bytes = count * dtype_size(dtype);
   std::vector<uint8_t> zeros;
-  std::vector<uint8_t> ef_committed;
   const bool use_ef = !options.error_feedback_key.empty();
   auto data_op = [op](const Attempt& a) {
     return (a.contributors < a.size && op == ReduceOp::kAverage) ? ReduceOp::kSum : op;
@@ -1244,13 +1387,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
   o.prepare = [&](const Attempt& a) -> Status {
     if (a.any_fresh && dtype != DType::kFloat32)
       return unsupported("a collective with a fresh joiner takes fp32 sum or average");
-    // Error feedback: the residuals in effect when the call began, put back before a retry.
-    if (use_ef && a.number > 0 && !ef_committed.empty())
-      (void)a.comm->restore_error_feedback(ef_committed.data(), ef_committed.size());
-    if (use_ef && a.number == 0) {
-      auto saved = a.comm->save_error_feedback();
-      if (saved) ef_committed = std::move(saved).value();
-    }
+    if (use_ef) LOWCOMM_CHECK(carry_error_feedback(a));
     return Status::ok();
   };
   o.run = [&](const Attempt& a, void* out) {
@@ -1262,6 +1399,7 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
     return a.comm->all_reduce(in, out, count, dtype, data_op(a), options).wait();
   };
   o.finish = [&](const Attempt& a) {
+    if (use_ef) keep_error_feedback(a);
     if (data_op(a) == op) return;
     float scale = 1.0f / static_cast<float>(a.contributors);
     auto* f = static_cast<float*>(recv);
@@ -1351,6 +1489,15 @@ Status ElasticImpl::run_collective(const Op& op) {
         if (!fresh_.count(id) && id != me_) a.sources.push_back(id);
       for (auto& [n, d] : state_) a.state_bytes += d.second;
       take_snapshot = !fresh_.empty() && !a.fresh_me;
+      if (a.fresh_me && a.state_bytes && a.sources.empty()) {
+        // Every live member of the view is a joiner still without the state: nobody can
+        // hand it over, and going on would make up a model.
+        fence(Status(StatusCode::kAborted,
+                     "view " + std::to_string(a.view) + " = " + id_list(a.members) +
+                         ": no member holds the registered state (every live member is a "
+                         "joiner still waiting for it); start the group again from a checkpoint"));
+        return fence_;
+      }
     }
     LOWCOMM_CHECK(op.prepare(a));
     const uint64_t bytes = op.result_bytes(a);
@@ -1400,7 +1547,7 @@ Status ElasticImpl::run_collective(const Op& op) {
     Status fetch_status;
     if (a.fresh_me && a.state_bytes) {
       fetch_into.resize(a.state_bytes);
-      fetcher = std::thread([&] { fetch_status = fetch_state(a.sources, fetch_into); });
+      fetcher = std::thread([&] { fetch_status = fetch_state(a, fetch_into); });
     }
     // A fresh member's fetch goes on while the group commits: its `done` does not wait for the
     // state, so the others stall only for the admission itself. It is joined before this

@@ -51,6 +51,10 @@ class ElasticImpl {
   Status all_gather(const void* send, void* recv, uint64_t send_count, DType dtype,
                     ElasticView* layout);
   Status register_state(const std::string& name, void* data, uint64_t bytes);
+  Result<std::vector<uint8_t>> error_feedback_state() const {  // caller's thread
+    if (!ef_lost_.is_ok()) return ef_lost_;
+    return ef_carry_;
+  }
 
  private:
   struct Slot {  // one membership connection
@@ -72,6 +76,8 @@ class ElasticImpl {
 
   ElasticImpl() = default;
   Status start(const UniqueId& id);  // engine, listener; not the thread
+  // The membership connections' settings (found and join alike).
+  Result<transport::PeerConfig> membership_config(const UniqueId& id, int rank) const;
   void loop();
   // --- membership thread, mu_ held ---
   void poll_slot(uint32_t id, Slot& s, Clock::time_point now);
@@ -103,7 +109,9 @@ class ElasticImpl {
   // the commit protocol every elastic collective shares.
   Status run_collective(const Op& op);
   uint64_t registered_hash() const;
-  Status fetch_state(const std::vector<uint32_t>& sources, std::vector<uint8_t>& into);
+  Status carry_error_feedback(const Attempt& a);  // before an attempt that uses error feedback
+  void keep_error_feedback(const Attempt& a);     // after its commit
+  Status fetch_state(const Attempt& a, std::vector<uint8_t>& into);
   Status install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash);
   std::array<uint8_t, UniqueId::kSecretBytes> view_secret(uint64_t view) const;
 
@@ -165,10 +173,17 @@ class ElasticImpl {
   std::shared_ptr<std::vector<uint8_t>> snapshot_;
   uint64_t snapshot_seq_ = membership::kNone;                     // the collective it was taken for
   std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // stripes not yet sent
+  uint32_t fetch_batch_ = 0;  // a joiner: the last state_tag batch it asked for
   std::map<uint32_t, std::deque<transport::Request>> serving_;    // stripe sends on the link
   static constexpr size_t kServeDepth = 2;
   ElasticStats stats_;
   std::unique_ptr<uint8_t[]> staging_;  // caller's thread: in-place results until committed
+  // Caller's thread: error-feedback residuals as of the last committed call that used them
+  // (Communicator::save_error_feedback's form; empty before the first), the communicator that
+  // holds exactly them, and why they were lost if they were.
+  std::vector<uint8_t> ef_carry_;
+  std::weak_ptr<Communicator> ef_comm_;
+  Status ef_lost_;
   uint64_t staging_bytes_ = 0;
 };
 

@@ -115,6 +115,7 @@ std::vector<uint8_t> encode(const Message& m) {
   w.u64(m.staged);
   w.u64(m.hash);
   w.u64(m.length);
+  w.u64(m.tag);
   w.u32(m.next_id);
   w.u32(static_cast<uint32_t>(m.failed.size()));
   for (uint32_t id : m.failed) w.u32(id);
@@ -153,8 +154,9 @@ Result<Message> decode(const uint8_t* p, size_t n, const std::string& who) {
   r.skip(kHeaderBytes);
   uint32_t c = 0;
   if (!r.u64(m.time_ns) || !r.u64(m.committed) || !r.u64(m.staged) || !r.u64(m.hash) ||
-      !r.u64(m.length) || !r.u32(m.next_id) || !r.count(c, 4))
+      !r.u64(m.length) || !r.u64(m.tag) || !r.u32(m.next_id) || !r.count(c, 4))
     return bad("truncated body");
+  if (m.type == MsgType::kFetch && !is_state_tag(m.tag)) return bad("fetch outside the state tags");
   m.failed.resize(c);
   for (auto& id : m.failed) (void)r.u32(id);
   if (!r.str(m.text) || !r.str(m.data_root) || !r.count(c, 8)) return bad("truncated body");

@@ -3,7 +3,7 @@
 // (docs/membership.md lists each type, who sends it and when).
 //
 // Layout, little-endian: a 32-byte header
-//   [0,4) magic "LCMB"  [4,6) version 1  [6,8) type  [8,12) sender member id  [12,16) 0
+//   [0,4) magic "LCMB"  [4,6) version 2  [6,8) type  [8,12) sender member id  [12,16) 0
 //   [16,24) view id     [24,32) sequence (the collective it concerns; 0 when none)
 // then a body whose layout the type fixes (message.cc). Every field is checked by decode()
 // before use: a message that is short, long, of unknown type or with a count that does not fit
@@ -18,11 +18,19 @@
 namespace lowcomm::membership {
 
 inline constexpr uint32_t kMagic = 0x424d434c;  // "LCMB"
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: kFetch names the stripe's tag
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 << 10;
 inline constexpr uint64_t kTag = 0x4d454d42ull;       // the transport tag of membership messages
-inline constexpr uint64_t kStateTag = 0x4d454d53ull;  // state stripes to a joiner
+inline constexpr uint64_t kStateTag = 0x4d454d53ull;  // state stripes to a joiner: the high half
+// The transport tag of one batch of state stripes (a joiner's requests to one member at a time):
+// a batch the joiner gave up on is cancelled, and nothing sent for it can reach a later one.
+inline constexpr uint64_t state_tag(uint32_t batch) {
+  return (kStateTag << 32) | batch;
+}
+inline constexpr bool is_state_tag(uint64_t tag) {
+  return (tag >> 32) == kStateTag;
+}
 inline constexpr uint64_t kNone = ~0ull;
 
 enum class MsgType : uint16_t {
@@ -60,6 +68,7 @@ struct Message {
   uint64_t staged = kNone;             // kReport: collective whose result is held, or kNone
   uint64_t hash = 0;                   // kDone: registered state hash; kFetch: offset
   uint64_t length = 0;                 // kFetch: bytes
+  uint64_t tag = 0;                    // kFetch: the transport tag to send it on (state_tag)
   uint32_t next_id = 0;                // kNewView, kCommit: the next joiner's member id
   std::vector<MemberAddress> members;  // kNewView, kCommit (admission): the view's members
   std::string data_root;               // kNewView, kCommit (admission): the data root address

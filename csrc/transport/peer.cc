@@ -59,6 +59,14 @@ Request Peer::irecv_upto(uint64_t tag, void* data, uint64_t capacity) {
   return Request(state);
 }
 
+bool Peer::cancel(const Request& recv) {
+  if (!recv.state_) return true;
+  bool gone = false;
+  auto core = core_;
+  engine_->run_sync([&] { gone = core->cancel(recv.state_); });
+  return gone;
+}
+
 Request Peer::flush() {
   auto state = std::make_shared<RequestState>();
   auto core = core_;

@@ -50,6 +50,12 @@ class Peer {
   // one fails this receive as irecv's length mismatch does); Request::received_bytes() says how
   // long it was. For protocols where the receiver knows only a bound (NCCL's).
   Request irecv_upto(uint64_t tag, void* data, uint64_t capacity);
+  // Withdraws a receive that has not begun to write its buffer: it completes with kAborted
+  // ("cancelled") and its message, whenever it comes, is read and dropped (it still takes its
+  // place in the tag's order, so later receives on the tag match as before). Returns true once
+  // the request no longer references its buffer (also when it had completed already); false
+  // when its message is arriving into the buffer: wait for the request, or abort the peer.
+  bool cancel(const Request& recv);
   // Any-source receives: reports this peer's rank to `w` when the next message on `tag` that no
   // irecv has claimed has begun to arrive (arrival_watch.h). Claims nothing.
   void watch_arrival(uint64_t tag, std::shared_ptr<ArrivalWatch> w);

@@ -756,6 +756,26 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
   try_complete(key);
 }
 
+bool PeerCore::cancel(const std::shared_ptr<RequestState>& req) {
+  if (req->done()) return true;
+  for (auto it = in_msgs_.begin(); it != in_msgs_.end(); ++it) {
+    InMsg& m = *it->second;
+    if (m.req != req) continue;
+    // Chunks already written into the user's buffer: it cannot be given back before the end.
+    if (m.has_header && !m.buffer) return false;
+    // Not begun, or arriving into a buffer of its own (unexpected until this receive claimed
+    // it): drop it as it comes, or now if it is whole.
+    m.req->complete(Status(StatusCode::kAborted, m.what + ": cancelled"));
+    m.req.reset();
+    m.user = nullptr;
+    m.discard = true;
+    try_complete(it->first);
+    return true;
+  }
+  // Whole and written, crossing the emulated downlink (held_): it completes when that passes.
+  return req->done();
+}
+
 void PeerCore::watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w) {
   if (w->done()) return;
   auto next = recv_post_seq_.find(tag);

@@ -87,6 +87,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // up_to: len is a capacity (Peer::irecv_upto), not the exact length.
   void irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
              std::shared_ptr<RequestState> req);
+  // Peer::cancel: withdraws a receive whose message has not begun to arrive into its buffer.
+  bool cancel(const std::shared_ptr<RequestState>& req);
   // Reports to `w` (this peer's rank) when the next unclaimed message on `tag` has arrived:
   // now, if it already has (arrival_watch.h).
   void watch(uint64_t tag, std::shared_ptr<ArrivalWatch> w);

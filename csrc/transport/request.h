@@ -16,6 +16,8 @@
 
 namespace lowcomm::transport {
 
+class Peer;
+
 class RequestState {
  public:
   // First completion wins; later ones are ignored. Returns whether this call completed it.
@@ -61,6 +63,7 @@ class Request {
   bool operator==(const Request& other) const { return state_ == other.state_; }
 
  private:
+  friend class Peer;  // Peer::cancel finds the receive by its state
   std::shared_ptr<RequestState> state_;
 };
 

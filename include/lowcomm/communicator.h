@@ -413,7 +413,8 @@ class LOWCOMM_API Communicator {
   Work barrier();
 
   // Fails everything in flight and queued with kAborted, tells the peers (best effort), closes
-  // every connection. Idempotent; returns once no user buffer is referenced.
+  // every connection. Idempotent; returns once no user buffer is referenced. The residual calls
+  // below (save, restore, keys, reset) still work after it: they touch no peer.
   void abort();
   // ok, or the failure that broke the communicator.
   Status status() const;

@@ -69,6 +69,11 @@ struct ElasticStats {
   uint64_t state_fetched_bytes = 0;
   std::chrono::nanoseconds state_fetch_time{0};
   int state_fetch_sources = 0;
+  // A joiner: stripes asked again of another member because the one first asked failed (killed,
+  // frozen past the failure timeout, cut off) before sending them.
+  uint64_t state_stripes_reasked = 0;
+  // Registered state this member handed to its links for joiners (stripes it served).
+  uint64_t state_served_bytes = 0;
 };
 
 class ElasticImpl;
@@ -125,6 +130,12 @@ class LOWCOMM_API ElasticCommunicator {
   // kCorruptData naming the members that differ otherwise. A joiner fetches it from several
   // members at once, in stripes, and verifies the hash.
   Status register_state(const std::string& name, void* data, uint64_t bytes);
+
+  // This member's error-feedback residuals as of its last committed all-reduce that used them,
+  // in Communicator::save_error_feedback's form (empty before the first). They are the
+  // member's, not a view's: carried into every new view's communicator (a joiner starts from
+  // zero). Call between collectives (for a checkpoint, say).
+  Result<std::vector<uint8_t>> error_feedback_state() const;
 
  private:
   explicit ElasticCommunicator(std::unique_ptr<ElasticImpl> impl);
