@@ -659,8 +659,37 @@ void ElasticImpl::try_decide() {
   };
   std::vector<uint32_t> live = largest_connected(
       reporters, me_, [&](uint32_t a, uint32_t b) { return suspects(a, b) || suspects(b, a); });
+  // Commit what anyone committed: a member commits only once every member's done is in, so
+  // every member of the view holds the result. And roll forward: the next collective commits if
+  // every member of the next view holds it (its data collective completed there, so each holds
+  // the whole result, the failed members' contributions included): nobody must abort what a
+  // member that committed and then died, left or was cut off returned as done.
+  uint64_t decision = 0;
+  for (auto& [id, r] : reports_) decision = std::max(decision, r.committed);
+  std::set<uint32_t> holding;
+  std::map<uint32_t, uint64_t> proof;  // member -> its done's hash, for decision + 1
+  for (auto& [id, r] : reports_) {
+    if (r.committed != decision) continue;
+    if (r.staged == decision + 1) holding.insert(id);
+    for (auto& [d, h] : r.hashes) {
+      holding.insert(d);
+      proof[d] = h;
+    }
+  }
+  auto all_of_hold = [&](const std::vector<uint32_t>& ids) {
+    return std::all_of(ids.begin(), ids.end(), [&](uint32_t id) { return holding.count(id) > 0; });
+  };
   if (live.size() * 2 <= view_.members.size()) {
+    // No quorum: this side decides nothing, but a collective every member of the view held
+    // may have been committed by one of them (and the majority, if there is one, rolls it
+    // forward): commit it here too, and say so to the others on this side.
     Message q = message(MsgType::kNoQuorum);
+    if (all_of_hold(view_.members) && staged_ == decision + 1 && committed_ == decision) {
+      q.committed = decision + 1;
+      for (auto& [id, h] : proof) q.hashes.push_back({id, h});
+      for (auto& [id, h] : proof) done_[id] = h;
+      commit_on_proof(/*report=*/false);  // (this is the coordinator: no report to itself)
+    }
     q.text = "no quorum: members " + id_list(live) + " reachable of view " +
              std::to_string(view_.id) + "'s " + id_list(view_.members) + ", " +
              std::to_string(view_.members.size() / 2 + 1) + " needed (" + change_reason_ +
@@ -670,21 +699,7 @@ void ElasticImpl::try_decide() {
     fence(Status(StatusCode::kAborted, q.text));
     return;
   }
-  // Commit what anyone committed: a member commits only once every member's done is in, so
-  // every survivor holds the result. Also commit the next collective if the reports together
-  // show every member of the view holding it (a member that committed and then died or exited
-  // leaves the others with the dones they had seen): nobody must abort what was complete.
-  uint64_t decision = 0;
-  for (auto& [id, r] : reports_) decision = std::max(decision, r.committed);
-  std::set<uint32_t> holding;
-  for (auto& [id, r] : reports_) {
-    if (r.committed != decision) continue;
-    if (r.staged == decision + 1) holding.insert(id);
-    for (auto& [d, h] : r.hashes) holding.insert(d);
-  }
-  bool all_hold = true;
-  for (uint32_t id : view_.members) all_hold = all_hold && holding.count(id);
-  if (all_hold) ++decision;
+  if (all_of_hold(live)) ++decision;
   auto root = open_data_root(view_.id + 1);
   if (!root) {
     fence(root.status());
@@ -765,6 +780,18 @@ void ElasticImpl::commit_locally(uint64_t seq) {
   own_done_.clear();
   ++stats_.committed;
   cv_.notify_all();
+}
+
+void ElasticImpl::commit_on_proof(bool report) {
+  // During a change too: every member holding the collective means any decision rolls it
+  // forward (try_decide), so committing it now agrees with the next view; the report says so.
+  if (staged_ != committed_ + 1) return;
+  for (uint32_t id : view_.members)
+    if (!done_.count(id)) return;
+  commit_hashes_.clear();
+  for (auto& [id, h] : done_) commit_hashes_.push_back({id, h});
+  commit_locally(committed_ + 1);
+  if (changing_ && report) report_to_coordinator();
 }
 
 void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& members,
@@ -875,8 +902,14 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed);
       return;
     case MsgType::kDone:
-      if (m.view != view_.id || changing_ || m.seq != committed_ + 1) return;
+      if (m.view != view_.id || m.seq != committed_ + 1) return;
       done_[m.from] = m.hash;
+      if (changing_) {
+        // Kept during a change too: a done that trailed the change (a member that committed
+        // and left, or was cut off, right after) proves what the change must commit.
+        commit_on_proof();
+        return;
+      }
       if (m.from == view_.coordinator() && m.text == "admit") admission_ = true;
       try_commit();
       return;
@@ -913,6 +946,12 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       return;
     }
     case MsgType::kNoQuorum:
+      // It may carry the proof that every member of the view held the collective in flight
+      // (some member may have committed it): commit it before going on.
+      if (m.view == view_.id && m.committed == committed_ + 1) {
+        for (const auto& [id, h] : m.hashes) done_[id] = h;
+        commit_on_proof();
+      }
       // The sender could not gather a majority around itself: its verdict on itself (it
       // fences). Another candidate may still reach one, so this member reports to the next;
       // when that is this member and it cannot either, it fences with its own no-quorum.
@@ -924,9 +963,9 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       // A leaver that committed the collective this member still waits on had every member's
       // done: commit it here before the departure starts a view change (its done may trail the
       // leave, which came on another connection).
-      if (m.view == view_.id && !changing_ && m.seq == committed_ + 1 && staged_ == m.seq) {
-        commit_hashes_ = m.hashes;
-        commit_locally(m.seq);
+      if (m.view == view_.id && m.seq == committed_ + 1) {
+        for (const auto& [id, h] : m.hashes) done_[id] = h;
+        commit_on_proof();
       }
       lose(m.from, "member " + std::to_string(m.from) + " left the group");
       return;
@@ -1405,7 +1444,11 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
     auto* f = static_cast<float*>(recv);
     for (uint64_t i = 0; i < count; ++i) f[i] *= scale;
   };
-  return run_collective(o);
+  Status st = run_collective(o);
+  // A call that failed may have changed the communicator's residuals (an attempt's encode, or
+  // a committed call refused by the replica check): the next call puts ef_carry_ back.
+  if (use_ef && !st.is_ok()) ef_comm_.reset();
+  return st;
 }
 
 Status ElasticImpl::broadcast(const void* send, void* recv, uint64_t count, DType dtype,
@@ -1606,11 +1649,28 @@ Status ElasticImpl::run_collective(const Op& op) {
     }
     if (committed_ >= a.seq) {
       auto hashes = commit_hashes_;
+      // Replica check, before the result reaches the caller: every contributing member's state
+      // hash must agree. If not, every member returns kCorruptData with its input untouched.
+      std::map<uint64_t, std::vector<uint32_t>> by_hash;
+      for (auto& [id, h] : hashes)
+        if (!(a.fresh_me && id == me_) && h) by_hash[h].push_back(id);
+      if (!hashes.empty() && !by_hash.empty()) stats_.state_hash = by_hash.begin()->first;
+      Status replicas;
+      if (by_hash.size() > 1) {
+        std::string t = "registered state differs between replicas after collective " +
+                        std::to_string(a.seq) + ":";
+        for (auto& [h, ids] : by_hash) t += " hash " + std::to_string(h) + " on " + id_list(ids);
+        replicas = corrupt_data(t + "; inputs untouched");
+      }
       lk.unlock();
-      if (out != recv)
-        std::memcpy(static_cast<uint8_t*>(recv) + swapped, static_cast<uint8_t*>(out) + swapped,
-                    bytes - swapped);
-      op.finish(a);
+      if (!replicas.is_ok()) {
+        if (swapped) std::memcpy(recv, out, swapped);  // the input, whole again
+      } else {
+        if (out != recv)
+          std::memcpy(static_cast<uint8_t*>(recv) + swapped, static_cast<uint8_t*>(out) + swapped,
+                      bytes - swapped);
+        op.finish(a);
+      }
       if (a.fresh_me && a.state_bytes) {
         if (fetcher.joinable()) fetcher.join();
         uint64_t want = 0;
@@ -1632,18 +1692,7 @@ Status ElasticImpl::run_collective(const Op& op) {
       if (fence_.is_ok() && !changing_ && data_view_ != view_.id &&
           (!build_ || build_view_ != view_.id))
         start_build(view_.id);
-      // Replica check: every contributing member's state hash must agree.
-      std::map<uint64_t, std::vector<uint32_t>> by_hash;
-      for (auto& [id, h] : hashes)
-        if (!(a.fresh_me && id == me_) && h) by_hash[h].push_back(id);
-      if (!hashes.empty() && !by_hash.empty()) stats_.state_hash = by_hash.begin()->first;
-      if (by_hash.size() > 1) {
-        std::string t = "registered state differs between replicas after collective " +
-                        std::to_string(a.seq) + ":";
-        for (auto& [h, ids] : by_hash) t += " hash " + std::to_string(h) + " on " + id_list(ids);
-        return corrupt_data(t);
-      }
-      return Status::ok();
+      return replicas;
     }
     Status why = fence_;
     if (why.is_ok()) {

@@ -88,6 +88,9 @@ class ElasticImpl {
   void report_to_coordinator();
   void try_decide();
   void commit_locally(uint64_t seq);
+  // Commits collective committed_+1 if this member holds it and has every member's done (its
+  // own, theirs, or a leaver's or no-quorum proof), even during a change.
+  void commit_on_proof(bool report = true);
   void try_commit();  // commits collective committed_+1 once every member's done is in
   void forward_join(const std::string& address);  // to the coordinator, or pending if this is it
   void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
