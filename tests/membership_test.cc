@@ -255,6 +255,11 @@ TEST(Membership, FrozenMemberEvicted) {
   EXPECT_TRUE(frozen[0].text.find("evicted") != std::string::npos ||
               frozen[0].text.find("no quorum") != std::string::npos)
       << frozen[0].text;
+  // It names its own stall, not the others' silence, as what went wrong.
+  EXPECT_NE(frozen[0].text.find("this member itself had stalled"), std::string::npos)
+      << frozen[0].text;
+  EXPECT_EQ(frozen[0].text.find("silent for"), std::string::npos) << frozen[0].text;
+  std::printf("frozen member: %s\n", frozen[0].text.c_str());
 }
 
 // Two of four freeze: the two left are a minority of the view and fail naming the partition;
@@ -276,7 +281,18 @@ TEST(Membership, NoQuorumCommitsNothing) {
       s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
       bool untouched = buf[0] == 1.0f && buf.back() == 1.0f;
       if (s.is_ok()) return "committed (wrong) sum=" + std::to_string(buf[0]);
-      return std::string(untouched ? "ok " : "inputs touched ") + s.to_string();
+      std::string out = std::string(untouched ? "ok " : "inputs touched ") + s.to_string();
+      if (r >= 2) return out;  // frozen meanwhile: fenced too (checked below), or evicted
+      // Out of the group for good: every later call says so at once, and the view is marked
+      // as the last one known.
+      auto t0 = Clock::now();
+      Status again =
+          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      return out + " first=" + status_code_name(s.code()) + " again=" +
+             status_code_name(again.code()) + " again_ms=" + std::to_string(ms) +
+             " state=" + std::to_string(static_cast<int>((*ec)->state())) +
+             " current=" + std::to_string((*ec)->view().current);
     }));
   }
   fx.parent_done_forking();
@@ -288,6 +304,12 @@ TEST(Membership, NoQuorumCommitsNothing) {
   for (auto& p : running) {
     EXPECT_EQ(p.exit_code, 0) << p.text;
     EXPECT_NE(p.text.find("no quorum"), std::string::npos) << p.text;
+    EXPECT_EQ(field(p.text, "first"), "fenced") << p.text;
+    EXPECT_EQ(field(p.text, "again"), "fenced") << p.text;
+    EXPECT_LT(std::atoi(field(p.text, "again_ms").c_str()), 1000) << p.text;
+    EXPECT_EQ(field(p.text, "state"), std::to_string(static_cast<int>(ElasticState::kFenced)))
+        << p.text;
+    EXPECT_EQ(field(p.text, "current"), "0") << p.text;
   }
   for (auto& p : stopped) EXPECT_EQ(p.exit_code, 0) << p.text;
 }
@@ -668,6 +690,73 @@ TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
   EXPECT_NE(ps[2].text.find("LOWCOMM_ENCRYPT"), std::string::npos) << ps[2].text;
   EXPECT_EQ(field(ps[2].text, "state"), "0.500000") << ps[2].text;
   EXPECT_EQ(field(ps[0].text, "size"), "3") << ps[0].text;
+}
+
+// Two joiners admitted by one commit connect to each other once (the higher id dials), enter
+// together and agree with the group: no view change but the admission. Before, both dialled
+// and each one's accept closed its own dialled connection, which the other read as a failure.
+TEST(Membership, TwoJoinersAdmittedTogetherBothEnter) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kState = 1 << 18;
+  std::vector<Proc> ps;
+  // One founder (as in the chaos runs' replacements: the joiners' connections to each other
+  // are the only new ones between them).
+  for (int r = 0; r < 1; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = ElasticCommunicator::init(fx.id, r, 1, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::string a = (*ec)->member_address();
+      std::memcpy(fx.shared->addresses[r], a.c_str(), a.size() + 1);
+      std::vector<float> state(kState, 0.25f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      fx.shared->published++;
+      // Both joiners ask while the group is between collectives: one commit admits both.
+      while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
+      std::this_thread::sleep_for(1500ms);
+      std::vector<float> buf(1024);
+      int views = 0;
+      for (int round = 0; round < 6; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
+                                     ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+        views = static_cast<int>((*ec)->stats().view_changes);
+      }
+      return "ok size=" + std::to_string((*ec)->size()) + " views=" + std::to_string(views) +
+             " sum=" + std::to_string(buf[0]);
+    }));
+  }
+  for (int j = 0; j < 2; ++j) {
+    ps.push_back(spawn([&]() -> std::string {
+      while (fx.shared->published.load() < 1) std::this_thread::sleep_for(5ms);
+      fx.shared->published++;
+      auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[0]}, o);
+      if (!ec) return "join: " + ec.status().to_string();
+      std::vector<float> state(kState, 0.0f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      std::vector<float> buf(1024);
+      for (int round = 0; round < 5; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
+                                     ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+      }
+      return "ok size=" + std::to_string((*ec)->size()) +
+             " views=" + std::to_string((*ec)->stats().view_changes) +
+             " sum=" + std::to_string(buf[0]) + " state=" + std::to_string(state[0]);
+    }));
+  }
+  fx.parent_done_forking();
+  collect(ps, 90);
+  for (auto& p : ps) {
+    EXPECT_EQ(p.exit_code, 0) << p.text;
+    EXPECT_EQ(field(p.text, "sum"), "3.000000") << p.text;  // the last round, all three in
+  }
+  EXPECT_EQ(field(ps[0].text, "views"), "1") << ps[0].text;
+  for (int j = 1; j < 3; ++j) EXPECT_EQ(field(ps[j].text, "state"), "0.250000") << ps[j].text;
 }
 
 // A joiner with the wrong secret is refused at the handshake; the group is unaffected.

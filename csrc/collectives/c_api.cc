@@ -266,6 +266,8 @@ const char* lowcommGetErrorString(lowcommResult_t r) {
       return "received data failed validation";
     case lowcommUnsupported:
       return "not supported";
+    case lowcommFenced:
+      return "this elastic member is out of its group for good (rejoin as a new member)";
     default:
       return "unknown result code";
   }

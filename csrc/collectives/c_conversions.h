@@ -30,6 +30,8 @@ inline lowcommResult_t to_result(StatusCode c) {
       return lowcommRemoteError;
     case StatusCode::kAborted:
       return lowcommAborted;
+    case StatusCode::kFenced:
+      return lowcommFenced;
   }
   return lowcommInternalError;
 }

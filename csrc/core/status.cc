@@ -22,6 +22,8 @@ const char* status_code_name(StatusCode code) {
       return "remote error";
     case StatusCode::kAborted:
       return "aborted";
+    case StatusCode::kFenced:
+      return "fenced";
   }
   return "unknown status";
 }

@@ -141,6 +141,23 @@ lowcommResult_t lowcommElasticCommView(lowcommElasticComm_t comm, uint64_t* view
   });
 }
 
+lowcommResult_t lowcommElasticCommState(lowcommElasticComm_t comm, lowcommElasticState_t* state) {
+  LOWCOMM_ELASTIC_CHECK(comm);
+  if (!state) return record(comm, lowcomm::invalid_argument("NULL state"));
+  switch (comm->comm->state()) {
+    case lowcomm::ElasticState::kLive:
+      *state = lowcommElasticLive;
+      break;
+    case lowcomm::ElasticState::kChanging:
+      *state = lowcommElasticChanging;
+      break;
+    case lowcomm::ElasticState::kFenced:
+      *state = lowcommElasticFenced;
+      break;
+  }
+  return lowcommSuccess;
+}
+
 lowcommResult_t lowcommElasticCommUserRank(lowcommElasticComm_t comm, int* rank) {
   LOWCOMM_ELASTIC_CHECK(comm);
   if (!rank) return record(comm, lowcomm::invalid_argument("NULL rank"));

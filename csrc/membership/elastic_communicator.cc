@@ -44,6 +44,9 @@ ElasticStats ElasticCommunicator::stats() const {
 Status ElasticCommunicator::status() const {
   return impl_->status();
 }
+ElasticState ElasticCommunicator::state() const {
+  return impl_->state();
+}
 
 Status ElasticCommunicator::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                                        ReduceOp op, const AllReduceOptions& options) {

@@ -263,7 +263,11 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   lk.unlock();
   Deadline deadline = Deadline::after(e->change_timeout_);
   for (const auto& [id2, a] : members) {
-    if (id2 == e->me_) continue;
+    // As among the founders, the higher id connects to the lower: joiners admitted by the same
+    // commit (ids above this one's) connect here. Before, both of a pair dialled each other and
+    // each side's accept replaced (and closed) its own dialled connection, which the other read
+    // as the member failing: a view change, one of them evicted.
+    if (id2 >= e->me_) continue;
     auto addr = transport::SocketAddress::parse(a);
     if (!addr) return addr.status();
     auto peer = transport::connect_peer(e->engine_, *addr, *cfg, deadline);
@@ -292,7 +296,7 @@ ElasticImpl::~ElasticImpl() {
       for (auto& [id, s] : slots_)
         (void)s.peer->flush().wait(Deadline::after(std::chrono::seconds(1)));
     }
-    fence_ = Status(StatusCode::kAborted, "this member left the group");
+    fence_ = Status(StatusCode::kFenced, "this member left the group");
   }
   stop_ = true;
   if (thread_.joinable()) thread_.join();
@@ -313,7 +317,9 @@ ElasticImpl::~ElasticImpl() {
 
 ElasticView ElasticImpl::view() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return view_;
+  ElasticView v = view_;
+  v.current = fence_.is_ok() && !changing_;
+  return v;
 }
 int ElasticImpl::rank() const {
   std::lock_guard<std::mutex> lk(mu_);
@@ -327,6 +333,13 @@ ElasticStats ElasticImpl::stats() const {
 Status ElasticImpl::status() const {
   std::lock_guard<std::mutex> lk(mu_);
   return fence_;
+}
+
+ElasticState ElasticImpl::state() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return !fence_.is_ok() ? ElasticState::kFenced
+         : changing_     ? ElasticState::kChanging
+                         : ElasticState::kLive;
 }
 
 Message ElasticImpl::message(MsgType t, uint64_t seq) const {
@@ -367,10 +380,22 @@ Result<std::string> ElasticImpl::open_data_root(uint64_t view) {
 // The membership thread
 
 void ElasticImpl::loop() {
+  auto last_pass = Clock::now();
   while (!stop_) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       auto now = Clock::now();
+      if (now - last_pass > failure_floor_ / 2) {
+        // This thread did not run for a while (the process was stopped, suspended or starved):
+        // the silence it would now read into the others' heartbeats is its own. Hear from them
+        // afresh (what they sent meanwhile, an eviction say, is read below), and say so if this
+        // member is then fenced.
+        stalled_for_ = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_pass);
+        LOWCOMM_LOG(kWarn, "elastic member %u: stalled for %lld ms (frozen or starved)", me_,
+                    static_cast<long long>(stalled_for_.count()));
+        for (auto& [id, sl] : slots_) sl.fd.heard(now);
+      }
+      last_pass = now;
       accept_pending();
       std::vector<uint32_t> ids;
       for (auto& [id, s] : slots_) ids.push_back(id);
@@ -555,8 +580,15 @@ void ElasticImpl::lose(uint32_t id, const std::string& why) {
 
 void ElasticImpl::fence(Status why) {
   if (!fence_.is_ok()) return;
-  LOWCOMM_LOG(kWarn, "elastic member %u: fenced: %s", me_, why.message().c_str());
-  fence_ = std::move(why);
+  std::string text = why.message();
+  if (why.code() != StatusCode::kAborted && why.code() != StatusCode::kFenced)
+    text = std::string(status_code_name(why.code())) + ": " + text;
+  if (stalled_for_.count() > 0)
+    text += " (this member itself had stalled for " + std::to_string(stalled_for_.count()) +
+            " ms before: frozen, suspended or starved of CPU, so the others may rightly have "
+            "given up on it)";
+  LOWCOMM_LOG(kWarn, "elastic member %u: fenced: %s", me_, text.c_str());
+  fence_ = Status(StatusCode::kFenced, std::move(text));
   fenced_at_ = Clock::now();
   abort_async(data_);
   cv_.notify_all();
@@ -846,6 +878,7 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   fresh_ = std::set<uint32_t>(fresh.begin(), fresh.end());
   changing_ = false;
   failed_.clear();
+  answered_stale_.clear();
   reports_.clear();
   done_.clear();
   admission_ = false;
@@ -877,6 +910,18 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
                  " was lost during the change that formed it");
 }
 
+void ElasticImpl::answer_stale(const Message& m) {
+  // A member still in the view this one left (it missed the message that ended it: an
+  // admission's commit, a new view, lost with a coordinator that died after sending it to
+  // some) gets that message again, instead of waiting for reports nobody will send.
+  if (m.view + 1 != view_.id || last_transition_.view + (last_transition_.type ==
+                                                         MsgType::kCommit ? 1 : 0) != view_.id)
+    return;
+  if (!slots_.count(m.from) || answered_stale_.count(m.from)) return;
+  answered_stale_.insert(m.from);
+  send_to(m.from, last_transition_);
+}
+
 void ElasticImpl::handle(const Message& m, uint32_t via) {
   if (!fence_.is_ok()) return;
   switch (m.type) {
@@ -884,7 +929,10 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       // The view changes; what the sender could not reach is its own observation (it goes to
       // the coordinator in its report), not adopted here: a member that was cut off must not
       // make the others drop members they reach (docs/membership.md, "Who decides").
-      if (m.view != view_.id) return;
+      if (m.view != view_.id) {
+        answer_stale(m);
+        return;
+      }
       if (!changing_)
         begin_change("member " + std::to_string(m.from) + ": " + m.text);
       else
@@ -892,7 +940,10 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       try_decide();
       return;
     case MsgType::kReport:
-      if (m.view != view_.id) return;
+      if (m.view != view_.id) {
+        answer_stale(m);
+        return;
+      }
       if (!changing_) begin_change("member " + std::to_string(m.from) + " started a view change");
       reports_[m.from] = m;
       try_decide();
@@ -900,6 +951,10 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
     case MsgType::kNewView:
       if (m.view <= view_.id) return;
       apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed);
+      if (view_.id == m.view) {
+        last_transition_ = m;
+        last_transition_.from = me_;
+      }
       return;
     case MsgType::kDone:
       if (m.view != view_.id || m.seq != committed_ + 1) return;
@@ -917,9 +972,14 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       if (me_ & 0x80000000u) {
         // A joiner learns its admission from a relayed commit.
         if (m.members.empty()) return;
-      } else if (m.view != view_.id || changing_) {
-        // Changing: this member's report is out and the new view decides what commits (taking
-        // a commit now could disagree with that decision).
+      } else if (m.view != view_.id ||
+                 (changing_ && (m.members.empty() || (staged_ != m.seq && committed_ < m.seq)))) {
+        // Changing: this member's report is out and the new view decides what commits. Except
+        // an admission's commit naming the next view, for a collective this member holds: the
+        // coordinator sent it once every member's done was in, and the others apply it and
+        // move on (ignoring this view's reports), so a change begun here just before it came
+        // must give way to it, or stall until the change timeout and fence while the group
+        // went on. (In the next view this member starts the change again if its cause holds.)
         return;
       } else {
         if (m.seq > committed_) {
@@ -943,6 +1003,10 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
         for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners entering here
       }
       apply_view(m.view + 1, m.members, m.data_root, committed_, m.next_id, m.failed);
+      if (view_.id == m.view + 1) {
+        last_transition_ = m;
+        last_transition_.from = me_;  // relayed as this member's
+      }
       return;
     }
     case MsgType::kNoQuorum:

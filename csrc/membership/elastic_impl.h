@@ -45,6 +45,7 @@ class ElasticImpl {
   int rank() const;
   ElasticStats stats() const;
   Status status() const;
+  ElasticState state() const;
   Status all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                     const AllReduceOptions& options);
   Status broadcast(const void* send, void* recv, uint64_t count, DType dtype, uint32_t root);
@@ -92,7 +93,9 @@ class ElasticImpl {
   // own, theirs, or a leaver's or no-quorum proof), even during a change.
   void commit_on_proof(bool report = true);
   void try_commit();  // commits collective committed_+1 once every member's done is in
-  void forward_join(const std::string& address);  // to the coordinator, or pending if this is it
+  void forward_join(const std::string& address);
+  // A change or report from the view this member just left: the message that ended it, again.
+  void answer_stale(const membership::Message& m);  // to the coordinator, or pending if this is it
   void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
                   const std::string& data_root, uint64_t committed, uint32_t next_id,
                   const std::vector<uint32_t>& fresh);
@@ -149,13 +152,19 @@ class ElasticImpl {
   std::shared_ptr<Build> build_;        // the next view's communicator, being built
   uint64_t build_view_ = ~0ull;
   Clock::time_point build_started_{};
-  Status fence_;  // non-ok: this member takes no further part
+  Status fence_;  // non-ok (kFenced): this member takes no further part
+  // The last stall of the membership thread longer than half the failure timeout (0: none).
+  std::chrono::milliseconds stalled_for_{0};
   Clock::time_point fenced_at_{};
   bool changing_ = false;
   Clock::time_point change_started_{};
   std::string change_reason_;
   std::set<uint32_t> failed_;                        // members of view_ known failed
   std::map<uint32_t, membership::Message> reports_;  // coordinator: reports in this change
+  // The message that moved this member into the current view (an admission's kCommit names
+  // view+1 of its `view`; a kNewView its own), sent again to members still in the old one.
+  membership::Message last_transition_;
+  std::set<uint32_t> answered_stale_;  // members it was sent to, in this view
   uint64_t committed_ = 0;                           // collectives committed
   uint64_t staged_ = membership::kNone;              // collective whose result this member holds
   // Member -> state hash, from the `done`s of collective committed_+1 in this view: every member

@@ -53,7 +53,14 @@ struct ElasticView {
   uint64_t id = 0;                // 0 for the founding view, +1 per change
   std::vector<uint32_t> members;  // member ids, ascending; rank in the view = index
   uint32_t coordinator() const { return members.empty() ? 0 : members.front(); }
+  // False while a view change is in progress, and for good once the member is fenced: then this
+  // is the last view it knew, and some of its members may be gone.
+  bool current = true;
 };
+
+// Where a member stands: in its view, between views (a change in progress: calls wait for the
+// next view), or out of the group for good (every call returns kFenced at once; rejoin).
+enum class ElasticState { kLive, kChanging, kFenced };
 
 struct ElasticStats {
   uint64_t committed = 0;     // collectives committed by this member
@@ -102,8 +109,9 @@ class LOWCOMM_API ElasticCommunicator {
   int rank() const;  // in the current view
   int size() const;
   ElasticStats stats() const;
-  // ok, or why this member can take no further part (evicted, no quorum, left).
+  // ok, or why this member can take no further part (evicted, no quorum, left): kFenced.
   Status status() const;
+  ElasticState state() const;
 
   // recv = op over the view's members of send, as Communicator::all_reduce. Blocks until the
   // result is committed on every member of the view (ok), or the view lost a member: then

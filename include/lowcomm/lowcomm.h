@@ -48,7 +48,8 @@ typedef enum {
   lowcommAborted = 9,      /* lowcomm: lowcommCommAbort */
   lowcommCorruptData = 10, /* lowcomm: received bytes failed validation */
   lowcommUnsupported = 11,
-  lowcommNumResults = 12
+  lowcommFenced = 12, /* lowcomm: an elastic member cut off from its group for good (rejoin) */
+  lowcommNumResults = 13
 } lowcommResult_t;
 
 /* Values as NCCL's ncclDataType_t; lowcommInt16 and lowcommBool (one byte, 0 or 1) are
@@ -303,7 +304,9 @@ LOWCOMM_API lowcommResult_t lowcommCommGetLastOpStats(lowcommComm_t comm, lowcom
 /* ---- lowcomm: elastic communicators (docs/membership.md) ----
  * A group whose members may die, freeze, leave and join between collectives; each collective
  * commits on every live member or fails with its inputs untouched (lowcommAborted: a member
- * failed; the group formed a new view of the survivors; call again). Named after NCCL's
+ * failed; the group formed a new view of the survivors; call again), or, for a member cut off
+ * from the group for good, lowcommFenced on this and every later call (do not call again:
+ * rejoin as a new member). Named after NCCL's
  * ncclCommInitRankScalable / ncclCommShrink family; blocking calls, one calling thread. */
 typedef struct lowcommElasticComm* lowcommElasticComm_t;
 
@@ -335,9 +338,21 @@ LOWCOMM_API lowcommResult_t lowcommElasticCommJoin(lowcommElasticComm_t* comm,
 /* Leaves the group (the others form a view without this member at once) and frees comm. */
 LOWCOMM_API lowcommResult_t lowcommElasticCommDestroy(lowcommElasticComm_t comm);
 /* The current view: its id and its members' ids, ascending (a member's rank is its position);
- * members may be NULL to ask only for the count (*nmembers). capacity: entries in members. */
+ * members may be NULL to ask only for the count (*nmembers). capacity: entries in members.
+ * While the member is not lowcommElasticLive (lowcommElasticCommState) this is the last view it
+ * knew, and some of its members may be gone. */
 LOWCOMM_API lowcommResult_t lowcommElasticCommView(lowcommElasticComm_t comm, uint64_t* viewId,
                                                    int* members, int capacity, int* nmembers);
+/* Where this member stands: in its view; between views (a change in progress: calls wait for the
+ * next one); or out of the group for good, evicted, without a quorum or left (every call then
+ * returns lowcommFenced at once, naming why in lowcommElasticGetLastError: rejoin). */
+typedef enum {
+  lowcommElasticLive = 0,
+  lowcommElasticChanging = 1,
+  lowcommElasticFenced = 2
+} lowcommElasticState_t;
+LOWCOMM_API lowcommResult_t lowcommElasticCommState(lowcommElasticComm_t comm,
+                                                    lowcommElasticState_t* state);
 LOWCOMM_API lowcommResult_t lowcommElasticCommUserRank(lowcommElasticComm_t comm, int* rank);
 LOWCOMM_API lowcommResult_t lowcommElasticCommCount(lowcommElasticComm_t comm, int* count);
 LOWCOMM_API lowcommResult_t lowcommElasticCommMemberId(lowcommElasticComm_t comm, int* memberId);

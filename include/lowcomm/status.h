@@ -20,6 +20,10 @@ enum class StatusCode {
   kTimeout,
   kRemoteError,
   kAborted,
+  // An elastic member cut off from its group for good (evicted, no quorum, a view change that
+  // never finished, or it left): it takes no further part; every later call returns this at
+  // once. Not "call again" (kAborted): rejoin as a new member.
+  kFenced,
 };
 
 LOWCOMM_API const char* status_code_name(StatusCode code);

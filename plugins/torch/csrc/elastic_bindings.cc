@@ -17,11 +17,16 @@ namespace lowcomm::torch_backend {
 namespace {
 
 // A Status as a Python exception: kAborted (a member failed; inputs untouched; call again) is
-// ElasticAborted, everything else RuntimeError, both with lowcomm's text.
+// ElasticAborted; kFenced (this member is out of the group for good: rejoin) is ElasticFenced,
+// not a subclass of ElasticAborted, so a loop that calls again on ElasticAborted ends; everything
+// else RuntimeError; all with lowcomm's text.
+py::object* g_fenced = nullptr;
+
 void raise_if(const Status& s, const py::object& aborted) {
   if (s.is_ok()) return;
-  if (s.code() == StatusCode::kAborted) {
-    PyErr_SetString(aborted.ptr(), s.to_string().c_str());
+  if (s.code() == StatusCode::kAborted || (s.code() == StatusCode::kFenced && g_fenced)) {
+    PyErr_SetString(s.code() == StatusCode::kAborted ? aborted.ptr() : g_fenced->ptr(),
+                    s.to_string().c_str());
     throw py::error_already_set();
   }
   throw std::runtime_error("lowcomm: " + s.to_string());
@@ -54,6 +59,10 @@ void bind_elastic(py::module_& m) {
   py::object aborted = py::reinterpret_steal<py::object>(
       PyErr_NewException("lowcomm._C.ElasticAborted", PyExc_RuntimeError, nullptr));
   m.attr("ElasticAborted") = aborted;
+  // Kept for the process's life (the module is never unloaded).
+  g_fenced = new py::object(py::reinterpret_steal<py::object>(
+      PyErr_NewException("lowcomm._C.ElasticFenced", PyExc_RuntimeError, nullptr)));
+  m.attr("ElasticFenced") = *g_fenced;
   m.def("create_unique_id", [](const std::string& bind) {
     auto id = create_unique_id(bind);
     TORCH_CHECK(id.is_ok(), "lowcomm: create_unique_id: ", id.status().to_string());
@@ -174,6 +183,19 @@ void bind_elastic(py::module_& m) {
              Status s = c.status();
              return s.is_ok() ? std::string() : s.to_string();
            })
+      .def("state",
+           [](const ElasticCommunicator& c) {
+             switch (c.state()) {
+               case ElasticState::kLive:
+                 return std::string("live");
+               case ElasticState::kChanging:
+                 return std::string("changing");
+               case ElasticState::kFenced:
+                 break;
+             }
+             return std::string("fenced");
+           })
+      .def("view_current", [](const ElasticCommunicator& c) { return c.view().current; })
       .def("stats", [](const ElasticCommunicator& c) {
         ElasticStats s = c.stats();
         py::dict d;

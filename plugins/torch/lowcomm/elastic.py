@@ -1,5 +1,6 @@
 """Elastic groups: members die, freeze, leave and join between collectives; every all-reduce
-commits on all live members or raises ElasticAborted with the tensor untouched
+commits on all live members or raises ElasticAborted with the tensor untouched; a member out
+of the group for good (evicted, no quorum) raises ElasticFenced, at once on every later call
 (lowcomm::ElasticCommunicator, docs/membership.md).
 
     import torch.distributed as dist
@@ -29,6 +30,9 @@ import torch
 from lowcomm import _C
 
 ElasticAborted = _C.ElasticAborted
+# This member is out of its group for good (evicted, no quorum, left): every later call raises
+# it at once. Not an ElasticAborted (which means "call again"): rejoin as a new member.
+ElasticFenced = _C.ElasticFenced
 
 _PREFIX = "lowcomm/elastic"
 
@@ -151,8 +155,17 @@ class ElasticGroup:
         return self._impl.size()
 
     def view(self):
-        """(view id, member ids)."""
+        """(view id, member ids). While state() is not "live", the last view this member knew
+        (view_current() is False): some of its members may be gone."""
         return self._impl.view()
+
+    def view_current(self):
+        return self._impl.view_current()
+
+    def state(self):
+        """"live", "changing" (a view change in progress) or "fenced" (out of the group for
+        good: every call raises ElasticFenced)."""
+        return self._impl.state()
 
     def member_id(self):
         return self._impl.member_id()

@@ -157,6 +157,44 @@ def test_elastic_group_abort_leaves_the_tensor_and_the_call_works_again(tmp_path
         assert float(value) == 3.0 and size == "2" and members == "[0, 1]", (first, value)
 
 
+def _fenced_worker(rank, store_path, out):
+    from lowcomm.elastic import ElasticAborted, ElasticFenced, ElasticGroup
+    store = dist.FileStore(store_path, -1)
+    g = ElasticGroup.init(store, rank, 2, bind="127.0.0.1", retries=2, failure_timeout=3.0)
+    t = torch.ones(1000)
+    g.all_reduce(t, average=False)
+    assert g.state() == "live" and g.view_current()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    # Alone, one of two: no quorum. The call fails for good, and so does every later one, at once.
+    t = torch.ones(1000)
+    with pytest.raises(ElasticFenced) as first:
+        g.all_reduce(t, average=False)
+    assert not isinstance(first.value, ElasticAborted)  # "call again" loops end here
+    assert "no quorum" in str(first.value) and float(t[0]) == 1.0
+    start = time.monotonic()
+    with pytest.raises(ElasticFenced):
+        g.all_reduce(t, average=False)
+    again = time.monotonic() - start
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(f"{g.state()} {g.view_current()} {again:.3f} {g.view()[1]}")
+
+
+def test_a_fenced_member_gets_elastic_fenced_at_once_on_every_call(tmp_path):
+    ctx = mp.get_context("spawn")
+    store_path, out = str(tmp_path / "store"), str(tmp_path / "out")
+    procs = [ctx.Process(target=_fenced_worker, args=(r, store_path, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, -signal.SIGKILL]
+    state, current, again, members = open(f"{out}.0").read().split(" ", 3)
+    assert state == "fenced" and current == "False", (state, current)
+    assert float(again) < 1.0, again  # the terminal result, not another wait
+    assert members == "[0, 1]"  # the last view it knew, marked not current
+
+
 def test_diloco_refuses_elastic_options_it_cannot_keep():
     import lowcomm.diloco
 
