@@ -14,6 +14,7 @@
 #include "transport/connector.h"
 #include "transport/listener.h"
 #include "transport/little_endian.h"
+#include "transport/route.h"
 
 namespace lowcomm::collectives {
 namespace {
@@ -90,21 +91,6 @@ std::string rank_list(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
   return s;
-}
-
-// The local address this host uses to reach `remote` (a UDP connect sends nothing).
-Result<SocketAddress> route_to(const SocketAddress& remote) {
-  UniqueFd fd(::socket(remote.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!fd) return sys_error("socket", "route lookup", errno);
-  LOWCOMM_CHECK_SYS(::connect(fd.get(), remote.sockaddr_ptr(), remote.length()),
-                    "route lookup to " + remote.to_string());
-  sockaddr_storage local{};
-  socklen_t len = sizeof(local);
-  LOWCOMM_CHECK_SYS(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len),
-                    "route lookup");
-  auto a = SocketAddress::from_sockaddr(reinterpret_cast<sockaddr*>(&local), len);
-  if (a) a.value().set_port(0);
-  return a;
 }
 
 Result<std::unique_ptr<Listener>> open_listener(const UniqueId& id, int rank,

@@ -93,12 +93,15 @@ class ElasticImpl {
   // own, theirs, or a leaver's or no-quorum proof), even during a change.
   void commit_on_proof(bool report = true);
   void try_commit();  // commits collective committed_+1 once every member's done is in
-  void forward_join(const std::string& address);
+  void forward_join(const std::string& address);  // to the coordinator, or pending if this is it
   // A change or report from the view this member just left: the message that ended it, again.
-  void answer_stale(const membership::Message& m);  // to the coordinator, or pending if this is it
+  void answer_stale(const membership::Message& m);
+  // `hashes`: the members' state hashes of collective `committed` as far as the decider knows
+  // them (merged with the dones this member saw), for the replica check and a joiner's install.
   void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
                   const std::string& data_root, uint64_t committed, uint32_t next_id,
-                  const std::vector<uint32_t>& fresh);
+                  const std::vector<uint32_t>& fresh,
+                  const std::vector<std::pair<uint32_t, uint64_t>>& hashes = {});
   void fence(Status why);
   transport::Request send_to(uint32_t to, const membership::Message& m);
   void broadcast(const membership::Message& m);

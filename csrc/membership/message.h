@@ -72,7 +72,8 @@ struct Message {
   uint32_t next_id = 0;                // kNewView, kCommit: the next joiner's member id
   std::vector<MemberAddress> members;  // kNewView, kCommit (admission): the view's members
   std::string data_root;               // kNewView, kCommit (admission): the data root address
-  // kCommit, kLeave: each member's state hash; kReport: the dones the sender saw (member, hash)
+  // kCommit, kLeave: each member's state hash; kReport: the dones the sender saw (member, hash);
+  // kNewView: the hashes of the collective it commits, as far as the coordinator knows them
   std::vector<std::pair<uint32_t, uint64_t>> hashes;
 };
 

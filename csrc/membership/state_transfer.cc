@@ -1,0 +1,232 @@
+// The registered state and its transfer to joiners (docs/membership.md, "Joining"): its hash,
+// stripes served from a snapshot, the joiner's striped fetch (faults included) and install.
+#include "membership/elastic_impl.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.h"
+#include "membership/attempt.h"
+#include "membership/elastic_util.h"
+
+namespace lowcomm {
+
+using membership::MemberAddress;
+using membership::Message;
+using membership::MsgType;
+
+void ElasticImpl::serve_fetches() {
+  // At most kServeDepth stripes per fresh member not yet gone out on the link: the uplink stays
+  // busy, and a member's done (to every member, on the same link) queues behind at most that
+  // much state, not behind the whole stripe set.
+  // A member's stripes go out in the order it asked for them (its receives match in order): a
+  // member found full stays skipped for the rest of this pass, even if a send completes.
+  std::set<uint32_t> full;
+  for (auto it = fetches_.begin(); it != fetches_.end();) {
+    auto& [to, m] = *it;
+    if (!snapshot_ || snapshot_seq_ < m.seq || full.count(to)) {
+      ++it;  // not taken yet (its collective has not started here), or its member is full
+      continue;
+    }
+    auto slot = slots_.find(to);
+    if (snapshot_seq_ != m.seq || slot == slots_.end() || m.hash > snapshot_->size() ||
+        m.length > snapshot_->size() - m.hash) {
+      it = fetches_.erase(it);  // a stale or malformed request: the fetcher times out or retries
+      continue;
+    }
+    auto& q = serving_[to];
+    while (!q.empty() && q.front().test()) q.pop_front();
+    if (q.size() >= kServeDepth) {
+      full.insert(to);
+      ++it;
+      continue;
+    }
+    transport::Request r = slot->second.peer->isend(m.tag, snapshot_->data() + m.hash, m.length);
+    stats_.state_served_bytes += m.length;
+    outbox_.push_back({snapshot_, r});
+    q.push_back(std::move(r));
+    it = fetches_.erase(it);
+  }
+}
+
+Status ElasticImpl::register_state(const std::string& name, void* data, uint64_t bytes) {
+  if (name.empty() || (!data && bytes))
+    return invalid_argument("register_state: empty name or null data");
+  std::lock_guard<std::mutex> lk(mu_);
+  state_[name] = {data, bytes};
+  return Status::ok();
+}
+
+uint64_t ElasticImpl::registered_hash() const {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  for (const auto& [name, d] : state_) {
+    uint64_t len = d.second;
+    XXH3_64bits_update(st, name.data(), name.size() + 1);
+    XXH3_64bits_update(st, &len, sizeof(len));
+    XXH3_64bits_update(st, d.first, d.second);
+  }
+  uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+
+Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash) {
+  std::lock_guard<std::mutex> lk(mu_);
+  uint64_t off = 0;
+  for (auto& [name, d] : state_) {
+    std::memcpy(d.first, bytes.data() + off, d.second);
+    off += d.second;
+  }
+  uint64_t h = registered_hash();
+  if (h != expected_hash)
+    return corrupt_data("fetched state hash " + std::to_string(h) + " != the group's " +
+                        std::to_string(expected_hash));
+  stats_.state_hash = h;
+  return Status::ok();
+}
+
+
+Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
+  // Stripes of 256 KiB dealt round-robin over the sources, all requested at once (each source
+  // keeps only a few on its link at a time: serve_fetches). A source that fails before sending
+  // its stripes (killed, frozen past the failure timeout: its connection is aborted) has them
+  // asked again of the others, which hold the same snapshot. Every receive this call posts into
+  // `into` has finished or been cancelled when it returns, whatever happened: a later fetch
+  // never meets a stale receive (each batch has a tag of its own), and `into` may go with the
+  // attempt.
+  constexpr uint64_t kStripe = 256 << 10;
+  struct Stripe {
+    uint64_t off = 0;
+    uint64_t len = 0;
+    uint32_t src = 0;
+    transport::Request req;  // invalid: not asked yet, or to be asked again
+    bool have = false;
+  };
+  std::vector<Stripe> stripes;
+  for (uint64_t off = 0; off < into.size(); off += kStripe) {
+    Stripe st;
+    st.off = off;
+    st.len = std::min<uint64_t>(kStripe, into.size() - off);
+    st.src = ~0u;
+    stripes.push_back(std::move(st));
+  }
+  const auto started = Clock::now();
+  std::set<uint32_t> live(a.sources.begin(), a.sources.end());
+  std::set<uint32_t> used;
+  uint64_t reasked = 0;
+  // mu_ held. Asks for every stripe neither held nor in flight, dealt over the live sources, one
+  // transport tag per source per round.
+  auto ask = [&]() -> Status {
+    std::erase_if(live, [&](uint32_t id) { return !slots_.count(id) || failed_.count(id); });
+    std::vector<Stripe*> todo;
+    for (auto& st : stripes)
+      if (!st.have && !st.req.valid()) todo.push_back(&st);
+    if (todo.empty()) return Status::ok();
+    if (live.empty())
+      return Status(StatusCode::kAborted,
+                    "fetching the registered state: no member holding it is left (asked " +
+                        id_list(a.sources) + ")");
+    std::map<uint32_t, uint64_t> tags;
+    for (uint32_t src : live) tags[src] = membership::state_tag(++fetch_batch_);
+    auto next = live.begin();
+    for (Stripe* st : todo) {
+      if (next == live.end()) next = live.begin();
+      const uint32_t src = *next++;
+      if (st->src != ~0u) ++reasked;  // its first source failed
+      used.insert(src);
+      st->src = src;
+      st->req = slots_.at(src).peer->irecv(tags[src], into.data() + st->off, st->len);
+      Message f = message(MsgType::kFetch, a.seq);
+      f.hash = st->off;
+      f.length = st->len;
+      f.tag = tags[src];
+      send_to(src, f);
+    }
+    return Status::ok();
+  };
+  // mu_ held. Withdraws every receive still posted; returns those already arriving into `into`
+  // (they finish, or fail when their source is declared failed and its connection aborted).
+  auto cancel = [&]() {
+    std::vector<Stripe*> arriving;
+    for (auto& st : stripes) {
+      if (!st.req.valid() || st.req.test()) continue;
+      auto slot = slots_.find(st.src);
+      // No slot: lose() aborted its peer, which finished every request before returning.
+      if (slot != slots_.end() && !slot->second.peer->cancel(st.req)) arriving.push_back(&st);
+    }
+    return arriving;
+  };
+  Status why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    why = ask();
+  }
+  const auto deadline = started + change_timeout_;
+  while (why.is_ok()) {
+    transport::Request pending;
+    for (auto& st : stripes) {
+      if (st.have || !st.req.valid() || !st.req.test()) {
+        if (!st.have && st.req.valid() && !pending.valid()) pending = st.req;
+        continue;
+      }
+      if (st.req.status().is_ok()) {
+        st.have = true;
+      } else {
+        LOWCOMM_LOG(kInfo, "elastic member %u: state stripe at %llu from member %u: %s", me_,
+                    static_cast<unsigned long long>(st.off), st.src,
+                    st.req.status().message().c_str());
+        st.req = transport::Request();  // ask another member
+      }
+    }
+    bool all = std::all_of(stripes.begin(), stripes.end(), [](const Stripe& st) { return st.have; });
+    if (all) break;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!fence_.is_ok()) {
+        why = fence_;
+      } else if (committed_ < a.seq && view_.id != a.view) {
+        // The attempt aborted (the next view did not commit it): its retry fetches afresh.
+        // (Not while the change is still deciding: it may roll the collective forward.)
+        why = Status(StatusCode::kAborted, "fetching the registered state: collective " +
+                                               std::to_string(a.seq) + " aborted in view " +
+                                               std::to_string(a.view));
+      } else if (Clock::now() > deadline) {
+        why = Status(StatusCode::kTimeout,
+                     "fetching the registered state: not complete within " +
+                         std::to_string(change_timeout_.count()) + " ms");
+      } else {
+        why = ask();
+      }
+    }
+    if (why.is_ok() && pending.valid()) (void)pending.wait(Deadline::after(std::chrono::milliseconds(10)));
+  }
+  {
+    std::vector<Stripe*> arriving;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      arriving = cancel();
+    }
+    // A stripe arriving is a source still sending: it ends, or its source is declared failed
+    // (the failure detector) and its connection aborted, which finishes the receive. Past the
+    // bound (a fenced member no longer watches), the connection is aborted here.
+    const auto bound = Clock::now() + change_timeout_ + failure_floor_ * 4;
+    for (Stripe* st : arriving) {
+      if (st->req.wait(Deadline::at(bound)).code() != StatusCode::kTimeout) continue;
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto slot = slots_.find(st->src); slot != slots_.end()) slot->second.peer->abort();
+    }
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.state_stripes_reasked += reasked;
+  if (!why.is_ok()) return why;
+  stats_.state_fetched_bytes = into.size();
+  stats_.state_fetch_time = Clock::now() - started;
+  stats_.state_fetch_sources = static_cast<int>(used.size());
+  return Status::ok();
+}
+
+}  // namespace lowcomm

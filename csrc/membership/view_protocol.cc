@@ -1,0 +1,513 @@
+// The view protocol (docs/membership.md, "Who decides", "The commit"): failures start a change,
+// reports go to the coordinator, which decides the next view and what commits; collectives
+// commit on every member's done; admissions; every message's handling. Membership thread, mu_ held.
+#include "membership/elastic_impl.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+#include "membership/elastic_util.h"
+
+namespace lowcomm {
+
+using membership::MemberAddress;
+using membership::Message;
+using membership::MsgType;
+
+uint32_t ElasticImpl::coordinator_candidate() const {
+  for (uint32_t id : view_.members)
+    if (!failed_.count(id)) return id;
+  return me_;
+}
+
+void ElasticImpl::lose(uint32_t id, const std::string& why) {
+  if (auto it = slots_.find(id); it != slots_.end()) {
+    it->second.peer->abort();
+    slots_.erase(it);
+  }
+  if (!addresses_.count(id) || failed_.count(id) || !fence_.is_ok()) return;
+  LOWCOMM_LOG(kWarn, "elastic member %u: %s", me_, why.c_str());
+  failed_.insert(id);
+  begin_change(why);
+}
+
+void ElasticImpl::fence(Status why) {
+  if (!fence_.is_ok()) return;
+  std::string text = why.message();
+  if (why.code() != StatusCode::kAborted && why.code() != StatusCode::kFenced)
+    text = std::string(status_code_name(why.code())) + ": " + text;
+  if (stalled_for_.count() > 0)
+    text += " (this member itself had stalled for " + std::to_string(stalled_for_.count()) +
+            " ms before: frozen, suspended or starved of CPU, so the others may rightly have "
+            "given up on it)";
+  LOWCOMM_LOG(kWarn, "elastic member %u: fenced: %s", me_, text.c_str());
+  fence_ = Status(StatusCode::kFenced, std::move(text));
+  fenced_at_ = Clock::now();
+  abort_async(data_);
+  cv_.notify_all();
+}
+
+void ElasticImpl::begin_change(const std::string& why) {
+  if (!fence_.is_ok()) return;
+  if (!changing_) {
+    changing_ = true;
+    change_started_ = Clock::now();
+    change_reason_ = why;
+    reports_.clear();  // done_ stays: the report says whose done this member saw
+    admission_ = false;
+    own_done_.clear();
+    abort_async(data_);  // the collective in flight fails now on this member
+    cv_.notify_all();
+  }
+  Message c = message(MsgType::kChange);
+  c.failed.assign(failed_.begin(), failed_.end());
+  c.text = why;
+  broadcast(c);
+  report_to_coordinator();
+}
+
+void ElasticImpl::report_to_coordinator() {
+  Message r = message(MsgType::kReport);
+  r.committed = committed_;
+  r.staged = staged_;
+  r.failed.assign(failed_.begin(), failed_.end());          // what this member itself cannot reach
+  for (auto& [id, h] : done_) r.hashes.push_back({id, h});  // dones of committed_+1 it saw
+  uint32_t c = coordinator_candidate();
+  if (c == me_) {
+    reports_[me_] = r;
+    try_decide();
+  } else {
+    send_to(c, r);
+  }
+}
+
+namespace {
+
+// The largest set of members, `me` among them, in which no member reported another as failed
+// (a view's mesh needs every pair connected); ties go to the set of lowest ids. Exact up to 16
+// candidates; above, greedily adds members with the fewest suspicions first.
+std::vector<uint32_t> largest_connected(const std::vector<uint32_t>& reporters, uint32_t me,
+                                        const std::function<bool(uint32_t, uint32_t)>& apart) {
+  std::vector<uint32_t> cand;
+  for (uint32_t id : reporters)
+    if (id != me && !apart(id, me)) cand.push_back(id);
+  std::vector<uint32_t> best;
+  if (cand.size() <= 16) {
+    const uint32_t n = static_cast<uint32_t>(cand.size());
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      std::vector<uint32_t> set;
+      bool ok = true;
+      for (uint32_t i = 0; i < n && ok; ++i) {
+        if (!(mask & (1u << i))) continue;
+        for (uint32_t j : set) ok = ok && !apart(cand[i], j);
+        set.push_back(cand[i]);
+      }
+      if (ok && (set.size() > best.size() || (set.size() == best.size() && set < best))) best = set;
+    }
+  } else {
+    std::vector<std::pair<int, uint32_t>> order;
+    for (uint32_t a : cand) {
+      int k = 0;
+      for (uint32_t b : cand) k += apart(a, b) ? 1 : 0;
+      order.push_back({k, a});
+    }
+    std::sort(order.begin(), order.end());
+    for (auto [k, a] : order) {
+      bool ok = true;
+      for (uint32_t b : best) ok = ok && !apart(a, b);
+      if (ok) best.push_back(a);
+    }
+  }
+  best.push_back(me);
+  std::sort(best.begin(), best.end());
+  return best;
+}
+
+}  // namespace
+
+void ElasticImpl::try_decide() {
+  if (!changing_ || coordinator_candidate() != me_ || !fence_.is_ok()) return;
+  std::vector<uint32_t> reporters;
+  for (uint32_t id : view_.members) {
+    if (failed_.count(id)) continue;
+    if (!reports_.count(id)) return;  // still waiting for a report (or for its failure)
+    reporters.push_back(id);
+  }
+  // Failures one member reports are its own observation, not a verdict on everyone: a member
+  // cut off for a while (or whose TCP is still backing off after a healed partition) suspects
+  // members that the others reach well. The next view is the largest set of reporters that all
+  // reach each other; a member outside it is evicted (it can rejoin).
+  auto suspects = [&](uint32_t a, uint32_t b) {
+    auto it = reports_.find(a);
+    return it != reports_.end() && std::find(it->second.failed.begin(), it->second.failed.end(),
+                                             b) != it->second.failed.end();
+  };
+  std::vector<uint32_t> live = largest_connected(
+      reporters, me_, [&](uint32_t a, uint32_t b) { return suspects(a, b) || suspects(b, a); });
+  // Commit what anyone committed: a member commits only once every member's done is in, so
+  // every member of the view holds the result. And roll forward: the next collective commits if
+  // every member of the next view holds it (its data collective completed there, so each holds
+  // the whole result, the failed members' contributions included): nobody must abort what a
+  // member that committed and then died, left or was cut off returned as done.
+  uint64_t decision = 0;
+  for (auto& [id, r] : reports_) decision = std::max(decision, r.committed);
+  std::set<uint32_t> holding;
+  std::map<uint32_t, uint64_t> proof;  // member -> its done's hash, for decision + 1
+  for (auto& [id, r] : reports_) {
+    if (r.committed != decision) continue;
+    if (r.staged == decision + 1) holding.insert(id);
+    for (auto& [d, h] : r.hashes) {
+      holding.insert(d);
+      proof[d] = h;
+    }
+  }
+  auto all_of_hold = [&](const std::vector<uint32_t>& ids) {
+    return std::all_of(ids.begin(), ids.end(), [&](uint32_t id) { return holding.count(id) > 0; });
+  };
+  if (live.size() * 2 <= view_.members.size()) {
+    // No quorum: this side decides nothing, but a collective every member of the view held
+    // may have been committed by one of them (and the majority, if there is one, rolls it
+    // forward): commit it here too, and say so to the others on this side.
+    Message q = message(MsgType::kNoQuorum);
+    if (all_of_hold(view_.members) && staged_ == decision + 1 && committed_ == decision) {
+      q.committed = decision + 1;
+      for (auto& [id, h] : proof) q.hashes.push_back({id, h});
+      for (auto& [id, h] : proof) done_[id] = h;
+      commit_on_proof(/*report=*/false);  // (this is the coordinator: no report to itself)
+    }
+    q.text = "no quorum: members " + id_list(live) + " reachable of view " +
+             std::to_string(view_.id) + "'s " + id_list(view_.members) + ", " +
+             std::to_string(view_.members.size() / 2 + 1) + " needed (" + change_reason_ +
+             "); this side of the partition commits nothing";
+    for (uint32_t id : live)
+      if (id != me_) send_to(id, q);
+    fence(Status(StatusCode::kAborted, q.text));
+    return;
+  }
+  std::vector<std::pair<uint32_t, uint64_t>> decided_hashes;
+  if (all_of_hold(live)) {
+    ++decision;
+    decided_hashes.assign(proof.begin(), proof.end());
+  } else if (committed_ == decision) {
+    decided_hashes = commit_hashes_;
+  }
+  auto root = open_data_root(view_.id + 1);
+  if (!root) {
+    fence(root.status());
+    return;
+  }
+  Message v = message(MsgType::kNewView);
+  v.view = view_.id + 1;
+  v.committed = decision;
+  v.next_id = next_id_;
+  v.data_root = *root;
+  v.hashes = decided_hashes;
+  for (uint32_t id : live) v.members.push_back({id, addresses_[id]});
+  for (uint32_t id : fresh_)
+    if (std::find(live.begin(), live.end(), id) != live.end()) v.failed.push_back(id);
+  // To every reporter: those left out learn at once that they were evicted.
+  for (uint32_t id : reporters)
+    if (id != me_) send_to(id, v);
+  apply_view(v.view, v.members, v.data_root, v.committed, v.next_id, v.failed, v.hashes);
+}
+
+void ElasticImpl::forward_join(const std::string& address) {
+  if (view_.coordinator() != me_) {
+    Message f = message(MsgType::kJoin);
+    f.text = address;
+    send_to(view_.coordinator(), f);
+    return;
+  }
+  // At most once per address: a joiner may ask again through another member.
+  for (const auto& j : pending_joiners_)
+    if (j.address == address) return;
+  for (const auto& [id, a] : addresses_)
+    if (a == address) return;
+  pending_joiners_.push_back({0, address});
+}
+
+void ElasticImpl::try_commit() {
+  // Every member's done is in, this member's own among them (it holds the result): every
+  // member holds it, so committing here agrees with any later view change (which commits what
+  // any survivor committed). One one-way delay after the last member finished, where a commit
+  // from the coordinator would take a round trip.
+  if (staged_ != committed_ + 1 || done_.size() < view_.members.size()) return;
+  for (uint32_t id : view_.members)
+    if (!done_.count(id)) return;
+  for (const auto& r : own_done_)
+    if (!r.test()) return;  // the membership thread tries again on its next pass
+  Message c = message(MsgType::kCommit, committed_ + 1);
+  for (auto& [id, h] : done_) c.hashes.push_back({id, h});
+  if (!admission_) {
+    commit_hashes_ = c.hashes;
+    commit_locally(c.seq);
+    return;
+  }
+  if (view_.coordinator() != me_) return;  // its kCommit names the next view
+  if (!pending_joiners_.empty()) {
+    // Admission: the joiners enter the next view at this commit, fresh until they hold the
+    // registered state (fetched during their first collective).
+    auto root = open_data_root(view_.id + 1);
+    if (root) {
+      c.data_root = *root;
+      for (uint32_t id : view_.members) c.members.push_back({id, addresses_[id]});
+      for (auto& j : pending_joiners_) {
+        c.members.push_back({next_id_, j.address});
+        c.failed.push_back(next_id_++);
+      }
+      c.next_id = next_id_;
+    }
+    pending_joiners_.clear();
+  }
+  broadcast(c);
+  for (auto& [tid, s] : joiner_slots_) send_to(tid, c);
+  handle(c, me_);
+}
+
+void ElasticImpl::commit_locally(uint64_t seq) {
+  committed_ = seq;
+  staged_ = membership::kNone;
+  done_.clear();
+  admission_ = false;
+  own_done_.clear();
+  ++stats_.committed;
+  cv_.notify_all();
+}
+
+void ElasticImpl::commit_on_proof(bool report) {
+  // During a change too: every member holding the collective means any decision rolls it
+  // forward (try_decide), so committing it now agrees with the next view; the report says so.
+  if (staged_ != committed_ + 1) return;
+  for (uint32_t id : view_.members)
+    if (!done_.count(id)) return;
+  commit_hashes_.clear();
+  for (auto& [id, h] : done_) commit_hashes_.push_back({id, h});
+  commit_locally(committed_ + 1);
+  if (changing_ && report) report_to_coordinator();
+}
+
+void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& members,
+                             const std::string& data_root, uint64_t committed, uint32_t next_id,
+                             const std::vector<uint32_t>& fresh,
+                             const std::vector<std::pair<uint32_t, uint64_t>>& hashes) {
+  if (committed > committed_) {
+    if (staged_ == committed) {
+      std::map<uint32_t, uint64_t> known(done_.begin(), done_.end());
+      for (const auto& [id, h] : hashes) known[id] = h;
+      commit_hashes_.assign(known.begin(), known.end());
+      commit_locally(committed);
+    } else {
+      fence(Status(StatusCode::kAborted, "view " + std::to_string(view) + " committed collective " +
+                                             std::to_string(committed) +
+                                             ", which this member does not hold; "
+                                             "rejoin to fetch the state"));
+      return;
+    }
+  }
+  staged_ = membership::kNone;
+  bool in_view = false;
+  std::map<uint32_t, std::string> addrs;
+  std::vector<uint32_t> ids;
+  for (const auto& a : members) {
+    addrs[a.id] = a.address;
+    ids.push_back(a.id);
+    if (a.id == me_) in_view = true;
+  }
+  if (!in_view && !(me_ & 0x80000000u)) {
+    fence(Status(StatusCode::kAborted, "evicted: view " + std::to_string(view) + " is " +
+                                           id_list(ids) + " without this member " +
+                                           std::to_string(me_) + "; rejoin as a new member"));
+    return;
+  }
+  if (!in_view) return;  // a joiner that was not admitted by this view
+  // Connections to members that left the view close; members new to it connect to us.
+  for (auto it = slots_.begin(); it != slots_.end();) {
+    if (!addrs.count(it->first)) {
+      it->second.peer->abort();
+      it = slots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::erase_if(serving_, [&](const auto& e) { return !addrs.count(e.first); });
+  for (uint32_t id : ids)
+    if (id != me_ && !slots_.count(id) && !addresses_.count(id)) awaited_[id] = Clock::now();
+  auto started = change_started_;
+  bool was_changing = changing_;
+  view_.id = view;
+  view_.members = ids;
+  addresses_ = addrs;
+  data_root_ = data_root;
+  next_id_ = std::max(next_id_, next_id);
+  fresh_ = std::set<uint32_t>(fresh.begin(), fresh.end());
+  changing_ = false;
+  failed_.clear();
+  answered_stale_.clear();
+  reports_.clear();
+  done_.clear();
+  admission_ = false;
+  own_done_.clear();
+  ++stats_.view_changes;
+  if (was_changing) stats_.last_view_change = Clock::now() - started;
+  abort_async(data_);  // the old view's communicator; the caller builds the next
+  // Joiners that entered here and are not in this view yet: their request may have died with
+  // the previous coordinator.
+  for (auto& [tid, address] : joiner_address_) {
+    bool admitted = false;
+    for (const auto& [mid, a] : addresses_) admitted = admitted || a == address;
+    if (!admitted) forward_join(address);
+  }
+  LOWCOMM_LOG(kInfo, "elastic member %u: view %llu = %s (data root %s, committed %llu)", me_,
+              static_cast<unsigned long long>(view), id_list(ids).c_str(), data_root.c_str(),
+              static_cast<unsigned long long>(committed_));
+  cv_.notify_all();
+  // Members of this view that this member lost during the change, after its report went out
+  // (the coordinator decided on the report it had): the view cannot work for this member, and
+  // nothing would tell it so (no connection, no heartbeat). It reports them at once, so the
+  // next view leaves out one side.
+  if (me_ & 0x80000000u) return;
+  std::vector<uint32_t> lost;
+  for (uint32_t id : ids)
+    if (id != me_ && !slots_.count(id) && !awaited_.count(id)) lost.push_back(id);
+  for (uint32_t id : lost)
+    lose(id, "member " + std::to_string(id) + " of view " + std::to_string(view) +
+                 " was lost during the change that formed it");
+}
+
+void ElasticImpl::answer_stale(const Message& m) {
+  // A member still in the view this one left (it missed the message that ended it: an
+  // admission's commit, a new view, lost with a coordinator that died after sending it to
+  // some) gets that message again, instead of waiting for reports nobody will send.
+  if (m.view + 1 != view_.id || last_transition_.view + (last_transition_.type ==
+                                                         MsgType::kCommit ? 1 : 0) != view_.id)
+    return;
+  if (!slots_.count(m.from) || answered_stale_.count(m.from)) return;
+  answered_stale_.insert(m.from);
+  send_to(m.from, last_transition_);
+}
+
+void ElasticImpl::handle(const Message& m, uint32_t via) {
+  if (!fence_.is_ok()) return;
+  switch (m.type) {
+    case MsgType::kChange:
+      // The view changes; what the sender could not reach is its own observation (it goes to
+      // the coordinator in its report), not adopted here: a member that was cut off must not
+      // make the others drop members they reach (docs/membership.md, "Who decides").
+      if (m.view != view_.id) {
+        answer_stale(m);
+        return;
+      }
+      if (!changing_)
+        begin_change("member " + std::to_string(m.from) + ": " + m.text);
+      else
+        report_to_coordinator();
+      try_decide();
+      return;
+    case MsgType::kReport:
+      if (m.view != view_.id) {
+        answer_stale(m);
+        return;
+      }
+      if (!changing_) begin_change("member " + std::to_string(m.from) + " started a view change");
+      reports_[m.from] = m;
+      try_decide();
+      return;
+    case MsgType::kNewView:
+      if (m.view <= view_.id) return;
+      apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed, m.hashes);
+      if (view_.id == m.view) {
+        last_transition_ = m;
+        last_transition_.from = me_;
+      }
+      return;
+    case MsgType::kDone:
+      if (m.view != view_.id || m.seq != committed_ + 1) return;
+      done_[m.from] = m.hash;
+      if (changing_) {
+        // Kept during a change too: a done that trailed the change (a member that committed
+        // and left, or was cut off, right after) proves what the change must commit.
+        commit_on_proof();
+        return;
+      }
+      if (m.from == view_.coordinator() && m.text == "admit") admission_ = true;
+      try_commit();
+      return;
+    case MsgType::kCommit: {
+      if (me_ & 0x80000000u) {
+        // A joiner learns its admission from a relayed commit.
+        if (m.members.empty()) return;
+      } else if (m.view != view_.id ||
+                 (changing_ && (m.members.empty() || (staged_ != m.seq && committed_ < m.seq)))) {
+        // Changing: this member's report is out and the new view decides what commits. Except
+        // an admission's commit naming the next view, for a collective this member holds: the
+        // coordinator sent it once every member's done was in, and the others apply it and
+        // move on (ignoring this view's reports), so a change begun here just before it came
+        // must give way to it, or stall until the change timeout and fence while the group
+        // went on. (In the next view this member starts the change again if its cause holds.)
+        return;
+      } else {
+        if (m.seq > committed_) {
+          if (staged_ != m.seq) {
+            fence(Status(StatusCode::kInternal, "commit of collective " + std::to_string(m.seq) +
+                                                    " that this member does not hold"));
+            return;
+          }
+          commit_locally(m.seq);
+          commit_hashes_ = m.hashes;
+        }
+      }
+      if (m.members.empty()) return;
+      if (me_ & 0x80000000u) {
+        for (const auto& a : m.members)
+          if (a.address == listener_->address().to_string()) me_ = a.id;
+        if (me_ & 0x80000000u) return;  // another joiner's admission
+        committed_ = m.seq;
+        stats_.committed = 0;
+      } else if (m.from != me_) {
+        for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners entering here
+      }
+      apply_view(m.view + 1, m.members, m.data_root, committed_, m.next_id, m.failed);
+      if (view_.id == m.view + 1) {
+        last_transition_ = m;
+        last_transition_.from = me_;  // relayed as this member's
+      }
+      return;
+    }
+    case MsgType::kNoQuorum:
+      // It may carry the proof that every member of the view held the collective in flight
+      // (some member may have committed it): commit it before going on.
+      if (m.view == view_.id && m.committed == committed_ + 1) {
+        for (const auto& [id, h] : m.hashes) done_[id] = h;
+        commit_on_proof();
+      }
+      // The sender could not gather a majority around itself: its verdict on itself (it
+      // fences). Another candidate may still reach one, so this member reports to the next;
+      // when that is this member and it cannot either, it fences with its own no-quorum.
+      lose(m.from, "member " + std::to_string(m.from) + " gave up coordinating: " + m.text);
+      try_decide();
+      return;
+    case MsgType::kLeave:
+      LOWCOMM_LOG(kInfo, "elastic member %u: member %u leaves the group", me_, m.from);
+      // A leaver that committed the collective this member still waits on had every member's
+      // done: commit it here before the departure starts a view change (its done may trail the
+      // leave, which came on another connection).
+      if (m.view == view_.id && m.seq == committed_ + 1) {
+        for (const auto& [id, h] : m.hashes) done_[id] = h;
+        commit_on_proof();
+      }
+      lose(m.from, "member " + std::to_string(m.from) + " left the group");
+      return;
+    case MsgType::kJoin:
+      forward_join(m.text);
+      return;
+    case MsgType::kFetch:
+      fetches_.push_back({via, m});
+      serve_fetches();
+      return;
+    case MsgType::kPing:
+    case MsgType::kPong:
+      return;
+  }
+}
+
+}  // namespace lowcomm
