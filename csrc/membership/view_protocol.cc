@@ -417,7 +417,6 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed, m.hashes);
       if (view_.id == m.view) {
         last_transition_ = m;
-        last_transition_.from = me_;
       }
       return;
     case MsgType::kDone:
@@ -437,13 +436,17 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
         // A joiner learns its admission from a relayed commit.
         if (m.members.empty()) return;
       } else if (m.view != view_.id ||
-                 (changing_ && (m.members.empty() || (staged_ != m.seq && committed_ < m.seq)))) {
+                 (changing_ && (m.members.empty() || (staged_ != m.seq && committed_ < m.seq) ||
+                                m.from != coordinator_candidate()))) {
         // Changing: this member's report is out and the new view decides what commits. Except
-        // an admission's commit naming the next view, for a collective this member holds: the
-        // coordinator sent it once every member's done was in, and the others apply it and
-        // move on (ignoring this view's reports), so a change begun here just before it came
-        // must give way to it, or stall until the change timeout and fence while the group
-        // went on. (In the next view this member starts the change again if its cause holds.)
+        // an admission's commit naming the next view, for a collective this member holds, from
+        // the member its report went to: the coordinator sent it once every member's done was
+        // in, and the others apply it and move on (ignoring this view's reports), so a change
+        // begun here just before it came gives way to it instead of stalling until the change
+        // timeout and fencing while the group went on. Its decider is the one this member
+        // reports to, so no other view can be decided on this member's report. (From another
+        // member, a candidate this member does not report to decides: ignored, as before.) In
+        // the next view this member starts the change again if its cause holds.
         return;
       } else {
         if (m.seq > committed_) {
@@ -468,8 +471,7 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       }
       apply_view(m.view + 1, m.members, m.data_root, committed_, m.next_id, m.failed);
       if (view_.id == m.view + 1) {
-        last_transition_ = m;
-        last_transition_.from = me_;  // relayed as this member's
+        last_transition_ = m;  // relayed as its decider's (the acceptance rule above reads it)
       }
       return;
     }
