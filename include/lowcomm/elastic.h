@@ -117,7 +117,10 @@ class LOWCOMM_API ElasticCommunicator {
   // result is committed on every member of the view (ok), or the view lost a member: then
   // kAborted naming the failure and the new view, send and recv untouched when send == recv
   // (out of place, recv's contents are unspecified), error-feedback state as it was before the
-  // call; ElasticOptions::retries runs it again first.
+  // call; ElasticOptions::retries runs it again first. kFenced: this member is out of the group
+  // for good (evicted, no quorum), on this and every later call, at once: rejoin. kCorruptData:
+  // the replicas' registered state differs (the call committed everywhere, but every member
+  // returns this with its input untouched).
   Status all_reduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op,
                     const AllReduceOptions& options = {});
   // recv = the send of member `root` (a member id: ranks move between views), on every member.
