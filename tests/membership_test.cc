@@ -160,9 +160,8 @@ Result<std::unique_ptr<ElasticCommunicator>> found_member(Fixture& fx, int r, in
 // Rounds of three founders that a joiner enters: an all-reduce of `count` floats, then an "outer
 // step" on every stride-th element of the registered state. A founder counts rounds from the
 // first with four members, the joiner from its first. Returns what the parent compares.
-std::string rounds_around_a_join(ElasticCommunicator& ec, std::vector<float>& state,
-                                 uint64_t count, uint64_t stride, int rounds_after_join,
-                                 bool founder) {
+std::string rounds_around_a_join(ElasticCommunicator& ec, std::vector<float>& state, uint64_t count,
+                                 uint64_t stride, int rounds_after_join, bool founder) {
   std::vector<float> buf(count);
   int after = -1;
   int size = 0;  // the view of the last round, taken before it (others leave after it)
@@ -330,8 +329,8 @@ TEST(Membership, NoQuorumCommitsNothing) {
       Status again =
           (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-      return out + " first=" + status_code_name(s.code()) + " again=" +
-             status_code_name(again.code()) + " again_ms=" + std::to_string(ms) +
+      return out + " first=" + status_code_name(s.code()) +
+             " again=" + status_code_name(again.code()) + " again_ms=" + std::to_string(ms) +
              " state=" + std::to_string(static_cast<int>((*ec)->state())) +
              " current=" + std::to_string((*ec)->view().current);
     }));
@@ -468,13 +467,15 @@ TEST_P(MembershipFetchFault, JoinerGetsTheStateFromTheOthers) {
   const std::string& joiner = live[2].text;
   EXPECT_TRUE(field(joiner, "reasked") != "0" || field(joiner, "retried") != "0") << joiner;
   EXPECT_EQ(field(joiner, "fetched"), std::to_string(kState * 4)) << joiner;
-  if (fault == Fault::kKill) EXPECT_EQ(victim[0].exit_code, 128 + SIGKILL) << victim[0].text;
-  else EXPECT_NE(victim[0].exit_code, 0) << victim[0].text;  // evicted while frozen
+  if (fault == Fault::kKill)
+    EXPECT_EQ(victim[0].exit_code, 128 + SIGKILL) << victim[0].text;
+  else
+    EXPECT_NE(victim[0].exit_code, 0) << victim[0].text;  // evicted while frozen
   for (auto& p : live) std::printf("%s\n", p.text.c_str());
   std::printf("victim: %s\n", victim[0].text.c_str());
 }
-INSTANTIATE_TEST_SUITE_P(Faults, MembershipFetchFault, ::testing::Values(Fault::kKill, Fault::kStop),
-                         [](const auto& param_info) {
+INSTANTIATE_TEST_SUITE_P(Faults, MembershipFetchFault,
+                         ::testing::Values(Fault::kKill, Fault::kStop), [](const auto& param_info) {
                            return std::string(param_info.param == Fault::kKill ? "Killed"
                                                                                : "Frozen");
                          });
@@ -498,8 +499,8 @@ TEST(Membership, JoinersWithNobodyHoldingTheStateAreFenced) {
     while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
     std::this_thread::sleep_for(1500ms);
     std::vector<float> buf(1024, 1.0f);
-    Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
-                                 ReduceOp::kSum);
+    Status s =
+        (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
     if (!s.is_ok()) return "admitting round: " + s.to_string();
     fx.shared->note = static_cast<int64_t>((*ec)->view().id * 100 + (*ec)->size());
     // Dies once the joiners know they are in (the admission's commit has reached them), before
@@ -518,11 +519,11 @@ TEST(Membership, JoinersWithNobodyHoldingTheStateAreFenced) {
       if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
         return s.to_string();
       std::vector<float> buf(1024, 1.0f);
-      Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
-                                   ReduceOp::kSum);
+      Status s =
+          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
       if (s.is_ok()) return "committed without the state (wrong)";
-      Status again = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
-                                       ReduceOp::kSum);
+      Status again =
+          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
       return std::string(again.is_ok() ? "committed later (wrong) " : "ok ") + s.to_string();
     }));
   }
@@ -573,8 +574,8 @@ TEST(Membership, ErrorFeedbackResidualsSurviveAKillAndAJoin) {
         });
       }
       buf = x;
-      Status s = ec.all_reduce(buf.data(), buf.data(), kCount, DType::kFloat32, ReduceOp::kAverage,
-                               ar);
+      Status s =
+          ec.all_reduce(buf.data(), buf.data(), kCount, DType::kFloat32, ReduceOp::kAverage, ar);
       if (!s.is_ok()) return "failed round=" + std::to_string(r) + " " + s.to_string();
       // This member's residual, by hand: a joiner's first call contributed zeros.
       if (joiner && first) std::fill(x.begin(), x.end(), 0.0f);
@@ -652,8 +653,8 @@ TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
       std::vector<float> buf(1024);
       for (int round = 0; round < 200 && (*ec)->size() < 3; ++round) {
         std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
-                                     ReduceOp::kSum);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
         if (!s.is_ok()) return "round failed " + s.to_string();
         std::this_thread::sleep_for(20ms);
       }
@@ -717,8 +718,8 @@ TEST(Membership, TwoJoinersAdmittedTogetherBothEnter) {
       int views = 0;
       for (int round = 0; round < 6; ++round) {
         std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
-                                     ReduceOp::kSum);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
         if (!s.is_ok()) return "round failed " + s.to_string();
         views = static_cast<int>((*ec)->stats().view_changes);
       }
@@ -738,8 +739,8 @@ TEST(Membership, TwoJoinersAdmittedTogetherBothEnter) {
       std::vector<float> buf(1024);
       for (int round = 0; round < 5; ++round) {
         std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s = (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32,
-                                     ReduceOp::kSum);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
         if (!s.is_ok()) return "round failed " + s.to_string();
       }
       return "ok size=" + std::to_string((*ec)->size()) +

@@ -136,7 +136,6 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
   return fence_;
 }
 
-
 namespace {
 
 constexpr uint64_t kSwapChunk = 1 << 20;
@@ -193,10 +192,10 @@ void ElasticImpl::keep_error_feedback(const Attempt& a) {
     return;
   }
   // The call committed, so it returns ok; the next one that uses error feedback says this.
-  ef_lost_ = Status(saved.status().code(),
-                    "error feedback: the residuals after collective " + std::to_string(a.seq) +
-                        " could not be kept (" + saved.status().message() +
-                        "); this member's residuals are lost");
+  ef_lost_ = Status(saved.status().code(), "error feedback: the residuals after collective " +
+                                               std::to_string(a.seq) + " could not be kept (" +
+                                               saved.status().message() +
+                                               "); this member's residuals are lost");
 }
 
 Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,

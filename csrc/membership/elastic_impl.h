@@ -167,9 +167,9 @@ class ElasticImpl {
   // The message that moved this member into the current view (an admission's kCommit names
   // view+1 of its `view`; a kNewView its own), sent again to members still in the old one.
   membership::Message last_transition_;
-  std::set<uint32_t> answered_stale_;  // members it was sent to, in this view
-  uint64_t committed_ = 0;                           // collectives committed
-  uint64_t staged_ = membership::kNone;              // collective whose result this member holds
+  std::set<uint32_t> answered_stale_;    // members it was sent to, in this view
+  uint64_t committed_ = 0;               // collectives committed
+  uint64_t staged_ = membership::kNone;  // collective whose result this member holds
   // Member -> state hash, from the `done`s of collective committed_+1 in this view: every member
   // sends its done to every member, and each commits on its own once all are in, unless the
   // coordinator's done announced an admission (then its kCommit decides, as for a change).
@@ -189,7 +189,7 @@ class ElasticImpl {
   uint64_t snapshot_seq_ = membership::kNone;                     // the collective it was taken for
   std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // stripes not yet sent
   uint32_t fetch_batch_ = 0;  // a joiner: the last state_tag batch it asked for
-  std::map<uint32_t, std::deque<transport::Request>> serving_;    // stripe sends on the link
+  std::map<uint32_t, std::deque<transport::Request>> serving_;  // stripe sends on the link
   static constexpr size_t kServeDepth = 2;
   ElasticStats stats_;
   std::unique_ptr<uint8_t[]> staging_;  // caller's thread: in-place results until committed

@@ -18,7 +18,7 @@
 namespace lowcomm::membership {
 
 inline constexpr uint32_t kMagic = 0x424d434c;  // "LCMB"
-inline constexpr uint16_t kVersion = 2;  // 2: kFetch names the stripe's tag
+inline constexpr uint16_t kVersion = 2;         // 2: kFetch names the stripe's tag
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 << 10;
 inline constexpr uint64_t kTag = 0x4d454d42ull;       // the transport tag of membership messages

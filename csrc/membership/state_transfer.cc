@@ -73,7 +73,6 @@ uint64_t ElasticImpl::registered_hash() const {
   return h;
 }
 
-
 Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash) {
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t off = 0;
@@ -88,7 +87,6 @@ Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t ex
   stats_.state_hash = h;
   return Status::ok();
 }
-
 
 Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
   // Stripes of 256 KiB dealt round-robin over the sources, all requested at once (each source
@@ -182,7 +180,8 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
         st.req = transport::Request();  // ask another member
       }
     }
-    bool all = std::all_of(stripes.begin(), stripes.end(), [](const Stripe& st) { return st.have; });
+    bool all =
+        std::all_of(stripes.begin(), stripes.end(), [](const Stripe& st) { return st.have; });
     if (all) break;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -195,14 +194,14 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
                                                std::to_string(a.seq) + " aborted in view " +
                                                std::to_string(a.view));
       } else if (Clock::now() > deadline) {
-        why = Status(StatusCode::kTimeout,
-                     "fetching the registered state: not complete within " +
-                         std::to_string(change_timeout_.count()) + " ms");
+        why = Status(StatusCode::kTimeout, "fetching the registered state: not complete within " +
+                                               std::to_string(change_timeout_.count()) + " ms");
       } else {
         why = ask();
       }
     }
-    if (why.is_ok() && pending.valid()) (void)pending.wait(Deadline::after(std::chrono::milliseconds(10)));
+    if (why.is_ok() && pending.valid())
+      (void)pending.wait(Deadline::after(std::chrono::milliseconds(10)));
   }
   {
     std::vector<Stripe*> arriving;

@@ -378,8 +378,8 @@ void ElasticImpl::answer_stale(const Message& m) {
   // A member still in the view this one left (it missed the message that ended it: an
   // admission's commit, a new view, lost with a coordinator that died after sending it to
   // some) gets that message again, instead of waiting for reports nobody will send.
-  if (m.view + 1 != view_.id || last_transition_.view + (last_transition_.type ==
-                                                         MsgType::kCommit ? 1 : 0) != view_.id)
+  if (m.view + 1 != view_.id ||
+      last_transition_.view + (last_transition_.type == MsgType::kCommit ? 1 : 0) != view_.id)
     return;
   if (!slots_.count(m.from) || answered_stale_.count(m.from)) return;
   answered_stale_.insert(m.from);
