@@ -531,11 +531,18 @@ TEST(Membership, JoinersWithNobodyHoldingTheStateAreFenced) {
   collect(ps, 90);
   EXPECT_EQ(ps[0].exit_code, 128 + SIGKILL) << ps[0].text;
   ASSERT_EQ(fx.shared->note.load(), 103) << "the two joiners were not admitted in one view";
+  // The first of the two to try its retry is fenced for want of a source; the other may see
+  // that one's connections close first and find itself without a quorum: out either way.
+  int no_source = 0;
   for (int j = 1; j < 3; ++j) {
     EXPECT_EQ(ps[j].exit_code, 0) << ps[j].text;
-    EXPECT_NE(ps[j].text.find("no member holds the registered state"), std::string::npos)
-        << ps[j].text;
+    const bool why_source =
+        ps[j].text.find("no member holds the registered state") != std::string::npos;
+    no_source += why_source;
+    EXPECT_TRUE(why_source || ps[j].text.find("no quorum") != std::string::npos) << ps[j].text;
+    EXPECT_NE(ps[j].text.find("fenced"), std::string::npos) << ps[j].text;
   }
+  EXPECT_GE(no_source, 1) << ps[1].text << "\n" << ps[2].text;
 }
 
 // Error-feedback residuals are the member's, not a view's communicator's: across a member
