@@ -133,7 +133,9 @@ const std::vector<uint8_t>& cached_tensor(DType dtype, uint64_t n, uint64_t seed
 }
 
 bool upload(void* dst, const std::vector<uint8_t>& src) {
-  return cudaMemcpy(dst, src.data(), src.size(), cudaMemcpyHostToDevice) == cudaSuccess;
+  // cudaMemcpy from pageable memory may return before its DMA lands: wait for the device.
+  return cudaMemcpy(dst, src.data(), src.size(), cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaDeviceSynchronize() == cudaSuccess;
 }
 
 double median(std::vector<double> v) {

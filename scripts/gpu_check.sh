@@ -12,7 +12,8 @@
 # (liblowcomm.a; libcrypto.a, libxxhash.a and libcudart_static.a). Without that file the check
 # tries the same build there (it fails where those packages are missing, and says so).
 #
-# Stages, each under its own time limit, within GPU_CHECK_BUDGET_S (470 s) all together:
+# Stages, each under its own time limit, within GPU_CHECK_BUDGET_S (470 s) all together
+# (GPU_CHECK_STAGES="cuda nccl" runs only those, after facts):
 #   facts     nvidia-smi, driver, CUDA, torch, NCCL, compute-sanitizer, glibc, the carried build
 #   cuda      every test labelled cuda (ctest -L cuda, listed at --prepare), run from its binary
 #             with LOWCOMM_REQUIRE_CUDA=1 (no device is a failure), in shards side by side
@@ -24,7 +25,8 @@
 #   devpath   lowcomm-bench: a q4 all-reduce of 64 MiB over the emulated 1 Gbit/s, 50 ms link from
 #             host buffers and from CUDA buffers (two ranks), into kernels.log
 #   nccl      scripts/nccl_gpu.sh: the NCCL net plugin against NCCL's socket transport
-# cuda, memcheck and torch run side by side; kernels and nccl each alone after them.
+# cuda and torch run side by side (the extension builds on the CPUs while the tests use the
+# GPU); memcheck, kernels, devpath and nccl each alone after them.
 # Output, at most 8 files in $OUT/gpu-check (or results/gpu-check-<time>/ without OUT):
 # summary.md, facts.txt, cuda_tests.log, memcheck.log, torch.log, kernels.json, kernels.log,
 # nccl.log. Exit status 0 when no stage failed (skips and missed performance targets included).
@@ -52,18 +54,23 @@ TARBALL=${GPU_CHECK_TARBALL:-build-gpu/gpu-carry.tar.gz} # what travels (carry)
 CARRY=${GPU_CHECK_CARRY:-build-gpu/carry}                # where it is unpacked
 CARRY_LIMIT_MIB=${GPU_CHECK_CARRY_LIMIT_MIB:-48}         # the tree travels too: 64 MiB in all
 BUDGET_S=${GPU_CHECK_BUDGET_S:-470}
-CAP_PARALLEL_S=${GPU_CHECK_CAP_PARALLEL_S:-190} # cuda, memcheck and torch, side by side
-CAP_KERNELS_S=${GPU_CHECK_CAP_KERNELS_S:-110}
-CAP_NCCL_S=${GPU_CHECK_CAP_NCCL_S:-130}
+# The stages to run (facts always runs); a rerun after a fix can name only what it needs.
+STAGES=${GPU_CHECK_STAGES:-cuda memcheck torch kernels devpath nccl}
+CAP_PARALLEL_S=${GPU_CHECK_CAP_PARALLEL_S:-200} # cuda and torch, side by side
+CAP_MEMCHECK_S=${GPU_CHECK_CAP_MEMCHECK_S:-100}
+CAP_KERNELS_S=${GPU_CHECK_CAP_KERNELS_S:-60}
+CAP_NCCL_S=${GPU_CHECK_CAP_NCCL_S:-100}
 CAP_DEVPATH_S=${GPU_CHECK_CAP_DEVPATH_S:-40}
-CUDA_SHARDS=${GPU_CHECK_CUDA_SHARDS:-4}
-MEMCHECK_SHARDS=${GPU_CHECK_MEMCHECK_SHARDS:-6}
+CUDA_SHARDS=${GPU_CHECK_CUDA_SHARDS:-10}
+# Seconds one torch test's world of ranks may run before it fails with its stacks.
+TORCH_WORLD_S=${GPU_CHECK_TORCH_WORLD_S:-60}
+MEMCHECK_SHARDS=${GPU_CHECK_MEMCHECK_SHARDS:-8}
 # CPU threads of each test process's reference codec: the shards share the cores.
-CODEC_THREADS=${GPU_CHECK_CODEC_THREADS:-2}
+CODEC_THREADS=${GPU_CHECK_CODEC_THREADS:-1}
 # nccl_gpu.sh's sizes, smaller than its defaults to fit the budget.
 NCCL_SIZES=${GPU_CHECK_NCCL_SIZES:-1M,64M}
-NCCL_WAN_SIZES=${GPU_CHECK_NCCL_WAN_SIZES:-16M,64M}
-NCCL_ITERS=${GPU_CHECK_NCCL_ITERS:-3}
+NCCL_WAN_SIZES=${GPU_CHECK_NCCL_WAN_SIZES:-64M}
+NCCL_ITERS=${GPU_CHECK_NCCL_ITERS:-2}
 # Targets built at --prepare beyond the test binaries labelled cuda, which are found in the
 # CMake files (gtest_discover_tests(<target> ... LABELS cuda)).
 BASE_TARGETS=(lowcomm-codec-bench lowcomm-bench lowcomm_static nccl_net_lowcomm nccl_net_allreduce)
@@ -441,7 +448,7 @@ stage_memcheck() {
     fi
     return
   fi
-  limit=$(cap $((CAP_PARALLEL_S - (SECONDS - t0))))
+  limit=$(cap $((CAP_MEMCHECK_S - (SECONDS - t0))))
   local pids=()
   for ((i = 0; i < MEMCHECK_SHARDS; i++)); do
     GTEST_TOTAL_SHARDS=$MEMCHECK_SHARDS GTEST_SHARD_INDEX=$i LOWCOMM_REQUIRE_CUDA=1 \
@@ -504,12 +511,24 @@ stage_torch() {
   else
     args+=(plugins/torch/tests -k cuda --continue-on-collection-errors)
   fi
-  echo "== pytest ${args[*]}" >>"$log"
-  LOWCOMM_REQUIRE_CUDA=1 PYTHONUNBUFFERED=1 capped "$(cap $((CAP_PARALLEL_S - (SECONDS - t0))))" \
-    "$log" "${PY:-python3}" -m pytest "${args[@]}"
+  args+=(--durations=0)
+  echo "== pytest ${args[*]} (each world of ranks at most ${TORCH_WORLD_S}s)" >>"$log"
+  # A hung test fails at LOWCOMM_TEST_SPAWN_TIMEOUT_S and leaves its ranks' Python and native
+  # stacks (plugins/torch/tests/_spawn.py); the next test runs.
+  mkdir -p "$WORK/stacks"
+  LOWCOMM_REQUIRE_CUDA=1 PYTHONUNBUFFERED=1 LOWCOMM_TEST_SPAWN_TIMEOUT_S=$TORCH_WORLD_S \
+    LOWCOMM_TEST_STACKS_DIR="$WORK/stacks" \
+    capped "$(cap $((CAP_PARALLEL_S - (SECONDS - t0))))" "$WORK/pytest.log" \
+    "${PY:-python3}" -m pytest "${args[@]}"
   rc=$?
+  cat "$WORK/pytest.log" >>"$log"
+  for f in "$WORK"/stacks/stacks-*.txt; do
+    [ -f "$f" ] || continue
+    echo "== ${f##*/}: a rank still running at its timeout" >>"$log"
+    head -n 400 "$f" >>"$log"
+  done
   local line skip
-  line=$(grep -E '(passed|failed|skipped|error|no tests ran)' "$log" | tail -1)
+  line=$(grep -E '(passed|failed|skipped|error|no tests ran)' "$WORK/pytest.log" | tail -1)
   skip=$(grep -m1 '^SKIPPED' "$log" | cut -c1-160)
   case $rc in
     0) stage_result torch pass "${#tests[@]} test_cuda*.py files: $line${skip:+; first skip: $skip}" $((SECONDS - t0)) ;;
@@ -645,16 +664,22 @@ EOF
 if [ "$MODE" = dry ]; then
   log "dry run: GPU ${GPU_REASON:-present}; python with torch: ${PY:-none}; build: $BUILD_NOTE"
 fi
-stage_cuda &
+# run_stage NAME: the stage, unless GPU_CHECK_STAGES leaves it out.
+run_stage() {
+  case " ${STAGES//,/ } " in
+    *" $1 "*) "stage_$1" ;;
+    *) stage_result "$1" skip "not asked for (GPU_CHECK_STAGES=$STAGES)" 0 ;;
+  esac
+}
+run_stage cuda &
 p1=$!
-stage_memcheck &
-p2=$!
-stage_torch &
+run_stage torch &
 p3=$!
-wait $p1 $p2 $p3
-stage_kernels
-stage_devpath
-stage_nccl
+wait $p1 $p3
+run_stage memcheck
+run_stage kernels
+run_stage devpath
+run_stage nccl
 
 # ---- summary.md ----
 {

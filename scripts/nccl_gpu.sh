@@ -63,6 +63,8 @@ echo "kernel shaping of lo (tc netem): $([ $SHAPED = 1 ] && echo available || ec
 
 export LOWCOMM_SECRET=${LOWCOMM_SECRET:-nccl-gpu-recipe-$$}
 export NCCL_SOCKET_IFNAME=lo LOWCOMM_SOCKET_IFNAME="=lo"
+# NCCL logs to stdout unless NCCL_DEBUG_FILE names a file: each rank's goes to nccl<rank>.log, so
+# that rank<rank>.out holds only the driver's JSON lines.
 export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
 
 # run_case NAME KIND(plugin|socket) RUNNER(c|torch) NCCL_DIR SIZES [VAR=VALUE ...]; DTYPE=bf16
@@ -85,11 +87,11 @@ run_case() {
   for r in 0 1; do
     local host=node$r
     if [ "$runner" = c ]; then
-      env "${env_common[@]}" NCCL_HOSTID=$host "$ALLREDUCE" --rank $r --nranks 2 \
+      env "${env_common[@]}" NCCL_HOSTID=$host NCCL_DEBUG_FILE="$dir/nccl$r.log" "$ALLREDUCE" --rank $r --nranks 2 \
         --id-file "$rendezvous" --bytes "$sizes" --iters "$ITERS" --dtype "${DTYPE:-fp32}" \
         >"$dir/rank$r.out" 2>"$dir/rank$r.log" &
     else
-      env "${env_common[@]}" NCCL_HOSTID=$host $PYTHON plugins/nccl_net/gpu/torch_nccl_allreduce.py \
+      env "${env_common[@]}" NCCL_HOSTID=$host NCCL_DEBUG_FILE="$dir/nccl$r.log" $PYTHON plugins/nccl_net/gpu/torch_nccl_allreduce.py \
         --rank $r --world 2 --init-file "$rendezvous" --bytes "$sizes" --iters "$ITERS" \
         --dtype "${DTYPE:-fp32}" >"$dir/rank$r.out" 2>"$dir/rank$r.log" &
     fi
@@ -98,7 +100,7 @@ run_case() {
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   if [ $rc -ne 0 ]; then fail "$name: a rank failed (logs in $dir)"; return; fi
-  if [ "$kind" = plugin ] && ! grep -qE "Loaded net plugin lowcomm|Using network lowcomm|NET plugin lowcomm" "$dir/rank0.log"; then
+  if [ "$kind" = plugin ] && ! grep -qE "Loaded net plugin lowcomm|Using network lowcomm|NET plugin lowcomm|NET/lowcomm" "$dir/nccl0.log"; then
     fail "$name: NCCL's log does not show the lowcomm plugin selected"
     return
   fi

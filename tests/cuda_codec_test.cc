@@ -92,6 +92,20 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
+// Copies between host and device, ordered on the stream that runs the kernels. A plain
+// cudaMemcpy from pageable memory runs on the legacy stream and may return before its DMA has
+// landed, and a kernel on a non-blocking stream does not wait for it: on an H200 the codec
+// kernels read half-copied inputs that way.
+cudaError_t upload(void* dev, const void* host, size_t bytes, cudaStream_t s) {
+  const cudaError_t err = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s);
+  return err != cudaSuccess ? err : cudaStreamSynchronize(s);
+}
+
+cudaError_t download(void* host, const void* dev, size_t bytes, cudaStream_t s) {
+  const cudaError_t err = cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s);
+  return err != cudaSuccess ? err : cudaStreamSynchronize(s);
+}
+
 class Stream {
  public:
   Stream() {
@@ -349,21 +363,21 @@ void compare_op(Op op, const CodecSpec& spec, DType dtype, uint64_t n, RoundingK
   ASSERT_TRUE(dx && ds && dout && dp) << "cudaMalloc failed";
   DevicePtrs d{dx.get() + shift.x, ds.get() + shift.state, dout.get() + shift.out,
                dp.get() + shift.payload};
-  ASSERT_CUDA(cudaMemcpy(d.x, in.x.data(), in.x.size(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(d.state, in.state.data(), in.state.size(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(d.out, in.out.data(), in.out.size(), cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(d.payload, in.payload.data(), in.payload.size(), cudaMemcpyHostToDevice));
-  st = run_gpu(op, spec, dtype, n, key, out_mode, d, stream.get());
+  const cudaStream_t s = stream.get();
+  ASSERT_CUDA(upload(d.x, in.x.data(), in.x.size(), s));
+  ASSERT_CUDA(upload(d.state, in.state.data(), in.state.size(), s));
+  ASSERT_CUDA(upload(d.out, in.out.data(), in.out.size(), s));
+  ASSERT_CUDA(upload(d.payload, in.payload.data(), in.payload.size(), s));
+  st = run_gpu(op, spec, dtype, n, key, out_mode, d, s);
   ASSERT_TRUE(st.is_ok()) << "gpu: " << st.to_string();
   ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
   ASSERT_CUDA(cudaGetLastError());
 
   Buffers gpu = in;
-  ASSERT_CUDA(cudaMemcpy(gpu.x.data(), d.x, gpu.x.size(), cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaMemcpy(gpu.state.data(), d.state, gpu.state.size(), cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaMemcpy(gpu.out.data(), d.out, gpu.out.size(), cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(
-      cudaMemcpy(gpu.payload.data(), d.payload, gpu.payload.size(), cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(download(gpu.x.data(), d.x, gpu.x.size(), s));
+  ASSERT_CUDA(download(gpu.state.data(), d.state, gpu.state.size(), s));
+  ASSERT_CUDA(download(gpu.out.data(), d.out, gpu.out.size(), s));
+  ASSERT_CUDA(download(gpu.payload.data(), d.payload, gpu.payload.size(), s));
   expect_same_bytes(cpu.payload, gpu.payload, "payload");
   expect_same_bytes(cpu.state, gpu.state, "state (residual or m)");
   expect_same_bytes(cpu.out, gpu.out, "out");
@@ -642,16 +656,16 @@ TEST(CudaCodec, MoreThan2Pow31Elements) {
   Stream stream;
   DeviceBuffer dx(tensor_bytes), dcodes(bytes), dout(tensor_bytes);
   ASSERT_TRUE(dx && dcodes && dout) << "cudaMalloc failed";
-  ASSERT_CUDA(cudaMemcpy(dx.get(), x.data(), tensor_bytes, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(upload(dx.get(), x.data(), tensor_bytes, stream.get()));
   ASSERT_TRUE(
       encode_cuda(spec, dtype, dx.get(), n, dcodes.get(), bytes, key, stream.get()).is_ok());
   ASSERT_TRUE(decode_cuda(spec, dcodes.get(), bytes, n, dtype, dout.get(), stream.get()).is_ok());
   ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
-  ASSERT_CUDA(cudaMemcpy(gpu_codes.data(), dcodes.get(), bytes, cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(download(gpu_codes.data(), dcodes.get(), bytes, stream.get()));
   EXPECT_EQ(0, std::memcmp(cpu_codes.data(), gpu_codes.data(), bytes)) << "encoded payloads differ";
 
   // Decode of the same codes; x's host buffer is reused for the CPU output.
-  ASSERT_CUDA(cudaMemcpy(gpu_out.data(), dout.get(), tensor_bytes, cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(download(gpu_out.data(), dout.get(), tensor_bytes, stream.get()));
   ASSERT_TRUE(decode(spec, cpu_codes.data(), bytes, n, dtype, x.data(), CpuOptions{}).is_ok());
   EXPECT_EQ(0, std::memcmp(x.data(), gpu_out.data(), tensor_bytes)) << "decoded tensors differ";
 }
@@ -957,7 +971,7 @@ TEST(CudaCodec, SparseCorruptRecordsFailAsOnTheCpu) {
     Stream stream;
     DeviceBuffer dcodes(bytes), dout(n * 4);
     ASSERT_TRUE(dcodes && dout);
-    ASSERT_CUDA(cudaMemcpy(dcodes.get(), codes.data(), bytes, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(upload(dcodes.get(), codes.data(), bytes, stream.get()));
     const Status gpu =
         decode_cuda(spec, dcodes.get(), bytes, n, DType::kFloat32, dout.get(), stream.get());
     EXPECT_EQ(StatusCode::kCorruptData, gpu.code()) << gpu.to_string();
@@ -973,13 +987,13 @@ TEST(CudaCodec, SparseCorruptRecordsFailAsOnTheCpu) {
         encode(spec, DType::kFloat32, x.data(), n, good.data(), bytes, {}, kReference).is_ok());
     ASSERT_TRUE(
         decode(spec, good.data(), bytes, n, DType::kFloat32, out.data(), kReference).is_ok());
-    ASSERT_CUDA(cudaMemcpy(dcodes.get(), good.data(), bytes, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(upload(dcodes.get(), good.data(), bytes, stream.get()));
     const Status ok =
         decode_cuda(spec, dcodes.get(), bytes, n, DType::kFloat32, dout.get(), stream.get());
     ASSERT_TRUE(ok.is_ok()) << ok.to_string();
     ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
     std::vector<uint8_t> gpu_out(n * 4);
-    ASSERT_CUDA(cudaMemcpy(gpu_out.data(), dout.get(), n * 4, cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(download(gpu_out.data(), dout.get(), n * 4, stream.get()));
     EXPECT_EQ(0, std::memcmp(out.data(), gpu_out.data(), n * 4));
   }
 }

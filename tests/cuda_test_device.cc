@@ -29,7 +29,9 @@ class CudaTestDevice final : public TestDevice {
   }
   void device_free(void* p) override { check(cudaFree(p), "cudaFree"); }
   void upload(void* dev, const void* host, uint64_t bytes) override {
+    // cudaMemcpy may return before its DMA lands; work on non-blocking streams would not wait.
     check(cudaMemcpy(dev, host, bytes, cudaMemcpyDefault), "cudaMemcpy");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   void download(void* host, const void* dev, uint64_t bytes) override {
     check(cudaMemcpy(host, dev, bytes, cudaMemcpyDefault), "cudaMemcpy");
