@@ -304,6 +304,71 @@ TEST(Membership, FrozenMemberEvicted) {
   std::printf("frozen member: %s\n", frozen[0].text.c_str());
 }
 
+// Member 2 of 3 is cut off between its done and the commit of one round (the testing hook
+// LOWCOMM_ELASTIC_FAULT_CUT_AFTER_DONE: its done reaches nobody, then it freezes). The two others
+// evict it and decide that round without it: commit it (both hold its result) or run it again.
+// Continued once they are gone, member 2 must not return a result the group did not commit:
+// success only with the others' bytes; otherwise an error and its input untouched.
+TEST(Membership, MemberCutOffBetweenDoneAndCommitNeverDisagrees) {
+  Fixture fx;
+  constexpr int kCut = 3;  // the round (from 0); its collective is number kCut + 1
+  constexpr uint64_t kCount = 1 << 16;
+  const ElasticOptions o = test_options();
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      if (r == 2)
+        ::setenv("LOWCOMM_ELASTIC_FAULT_CUT_AFTER_DONE", std::to_string(kCut + 1).c_str(), 1);
+      auto ec = ElasticCommunicator::init(fx.id, r, 3, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::vector<float> buf(kCount);
+      std::string out = "ok";
+      for (int round = 0; round <= kCut + 2; ++round) {
+        for (uint64_t i = 0; i < kCount; ++i) buf[i] = input(static_cast<uint32_t>(r), round, i);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), kCount, DType::kFloat32, ReduceOp::kSum);
+        if (round == kCut) {
+          if (s.is_ok()) {
+            out += " cut=" + hex(XXH3_64bits(buf.data(), kCount * 4));
+          } else {
+            bool untouched = true;
+            for (uint64_t i = 0; i < kCount; ++i)
+              untouched = untouched && buf[i] == input(static_cast<uint32_t>(r), round, i);
+            out += std::string(" cut=failed untouched=") + (untouched ? "yes" : "no") +
+                   " why: " + s.to_string();
+          }
+          if (r == 2) return out;  // out of the group either way after this round
+        } else if (!s.is_ok()) {
+          return "failed round=" + std::to_string(round) + " " + s.to_string();
+        }
+      }
+      return out + " size=" + std::to_string((*ec)->size()) +
+             " retried=" + std::to_string((*ec)->stats().retried);
+    }));
+  }
+  fx.parent_done_forking();
+  std::vector<Proc> others(ps.begin(), ps.begin() + 2);
+  collect(others, 90);
+  ::kill(ps[2].pid, SIGCONT);
+  std::vector<Proc> cut{ps[2]};
+  collect(cut, 60);
+  for (auto& p : others) {
+    std::printf("member: %s\n", p.text.c_str());
+    ASSERT_EQ(p.exit_code, 0) << p.text;
+    EXPECT_EQ(field(p.text, "size"), "2") << p.text;
+    EXPECT_NE(field(p.text, "cut"), "failed") << p.text;
+    EXPECT_EQ(field(p.text, "cut"), field(others[0].text, "cut")) << p.text;
+  }
+  std::printf("cut-off member: %s\n", cut[0].text.c_str());
+  ASSERT_EQ(cut[0].exit_code, 0) << cut[0].text;
+  if (field(cut[0].text, "cut") == "failed") {
+    EXPECT_EQ(field(cut[0].text, "untouched"), "yes") << cut[0].text;
+  } else {
+    EXPECT_EQ(field(cut[0].text, "cut"), field(others[0].text, "cut"))
+        << "the cut-off member returned a result the group did not commit: " << cut[0].text;
+  }
+}
+
 // Two of four freeze: the two left are a minority of the view and fail naming the partition;
 // nobody commits the round.
 TEST(Membership, NoQuorumCommitsNothing) {

@@ -4,6 +4,7 @@
 #include "membership/elastic_impl.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <functional>
 
@@ -401,9 +402,17 @@ Status ElasticImpl::run_collective(const Op& op) {
       // members wait for its kCommit naming the next view instead of committing on their own.
       if (view_.coordinator() == me_ && !pending_joiners_.empty()) d.text = "admit";
       own_done_.clear();
+      // The testing hook: this member is cut off between its done and the commit (its done
+      // reaches nobody, then the whole process freezes until the test continues it).
+      const bool cut = fault_cut_after_done_ == a.seq;
       for (uint32_t id : view_.members)
-        if (id != me_) own_done_.push_back(send_to(id, d));
+        if (id != me_ && !cut) own_done_.push_back(send_to(id, d));
       handle(d, me_);
+      if (cut) {
+        lk.unlock();
+        ::raise(SIGSTOP);
+        lk.lock();
+      }
     } else if (!s.is_ok() && view_.id == a.view) {
       begin_change(op.name + " #" + std::to_string(a.seq) + " failed on member " +
                    std::to_string(me_) + ": " + s.message());

@@ -127,6 +127,9 @@ class ElasticImpl {
   ElasticOptions options_;
   std::chrono::milliseconds failure_floor_{1500};
   std::chrono::milliseconds change_timeout_{30000};
+  // Fault injection for tests (docs/membership.md, "Testing hooks"): the collective whose done
+  // this member keeps to itself before it freezes (SIGSTOP); 0: none.
+  uint64_t fault_cut_after_done_ = 0;
   std::array<uint8_t, UniqueId::kSecretBytes> secret_{};
   uint32_t me_ = 0;
   std::shared_ptr<transport::ProgressEngine> engine_;

@@ -5,6 +5,7 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -55,6 +56,8 @@ Status ElasticImpl::start(const UniqueId& id) {
                        : env_ms("LOWCOMM_FAILURE_TIMEOUT_MS", std::chrono::milliseconds(1500));
   change_timeout_ = options_.view_change_timeout.count() ? options_.view_change_timeout
                                                          : std::chrono::milliseconds(30000);
+  if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_CUT_AFTER_DONE"))
+    fault_cut_after_done_ = std::strtoull(v, nullptr, 10);
   if (options_.heartbeat_interval.count() <= 0)
     return invalid_argument("ElasticOptions::heartbeat_interval must be positive");
   if (options_.retries < 0) return invalid_argument("ElasticOptions::retries must be >= 0");
