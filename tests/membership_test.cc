@@ -20,6 +20,7 @@
 
 #include "collectives/ef_store.h"
 #include "collectives/root_socket.h"
+#include "loopback_sniffer.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/elastic.h"
 #include "lowcomm/lowcomm.h"
@@ -765,6 +766,93 @@ TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
   EXPECT_NE(ps[2].text.find("LOWCOMM_ENCRYPT"), std::string::npos) << ps[2].text;
   EXPECT_EQ(field(ps[2].text, "state"), "0.500000") << ps[2].text;
   EXPECT_EQ(field(ps[0].text, "size"), "3") << ps[0].text;
+}
+
+// Two founders hold a registered state made of a pattern; a joiner fetches it while a raw
+// packet socket reads every frame on loopback. With ElasticOptions::comm.encrypt the pattern
+// never crosses in clear (and the joiner still ends with it); without, the same run shows it,
+// so the sniffer does see the fetch.
+struct SniffedJoin {
+  uint64_t sightings = 0;
+  uint64_t bytes = 0;
+  std::vector<Proc> ps;
+  std::string skip;
+};
+
+SniffedJoin join_sniffed(bool encrypt, const std::string& needle) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  o.comm.encrypt = encrypt ? 1 : 0;
+  std::string pattern;
+  while (pattern.size() < (size_t{1} << 18)) pattern += needle;
+  SniffedJoin out;
+  for (int r = 0; r < 2; ++r) {
+    out.ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = found_member(fx, r, 2, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::string state = pattern;
+      if (auto s = (*ec)->register_state("params", state.data(), state.size()); !s.is_ok())
+        return s.to_string();
+      fx.shared->published++;
+      std::vector<float> buf(1024);
+      for (int round = 0; round < 400 && (*ec)->size() < 3; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+        std::this_thread::sleep_for(20ms);
+      }
+      std::fill(buf.begin(), buf.end(), 1.0f);
+      Status s =
+          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+      if (!s.is_ok()) return "last round failed " + s.to_string();
+      return "ok size=" + std::to_string((*ec)->size());
+    }));
+  }
+  out.ps.push_back(spawn([&]() -> std::string {
+    while (fx.shared->published.load() < 2 || fx.shared->note.load() != 1)
+      std::this_thread::sleep_for(5ms);
+    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[0]}, o);
+    if (!ec) return "join: " + ec.status().to_string();
+    std::string state(pattern.size(), '\0');
+    if (auto s = (*ec)->register_state("params", state.data(), state.size()); !s.is_ok())
+      return s.to_string();
+    std::vector<float> buf(1024, 1.0f);
+    Status s =
+        (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+    if (!s.is_ok()) return "failed " + s.to_string();
+    return std::string("ok fetched=") + (state == pattern ? "yes" : "no");
+  }));
+  fx.parent_done_forking();
+  // After the forks (no thread of the parent's may hold a lock in a child), before the join.
+  testing::LoopbackSniffer sniffer(needle);
+  if (!sniffer.ok()) out.skip = sniffer.why();
+  fx.shared->note = 1;
+  collect(out.ps, 90);
+  sniffer.stop();
+  out.sightings = sniffer.sightings();
+  out.bytes = sniffer.bytes();
+  return out;
+}
+
+TEST(Membership, EncryptOptionKeepsTheFetchedStateOffTheWire) {
+  const std::string needle = "lowcomm:plaintext-state:5e1f0c3a";  // 32 bytes
+  SniffedJoin clear = join_sniffed(false, needle);
+  if (!clear.skip.empty()) GTEST_SKIP() << "needs a raw packet socket (root): " << clear.skip;
+  for (auto& p : clear.ps) EXPECT_EQ(p.exit_code, 0) << p.text;
+  EXPECT_EQ(field(clear.ps[2].text, "fetched"), "yes") << clear.ps[2].text;
+  EXPECT_GT(clear.sightings, 0u) << "the sniffer saw " << clear.bytes
+                                 << " bytes and no plaintext state: it cannot judge the sealed run";
+  SniffedJoin sealed = join_sniffed(true, needle);
+  for (auto& p : sealed.ps) EXPECT_EQ(p.exit_code, 0) << p.text;
+  EXPECT_EQ(field(sealed.ps[2].text, "fetched"), "yes") << sealed.ps[2].text;
+  EXPECT_EQ(sealed.sightings, 0u) << "plaintext state on loopback with encrypt set ("
+                                  << sealed.bytes << " bytes read)";
+  std::printf("clear: %llu frames with the pattern in %llu bytes; sealed: %llu in %llu bytes\n",
+              static_cast<unsigned long long>(clear.sightings),
+              static_cast<unsigned long long>(clear.bytes),
+              static_cast<unsigned long long>(sealed.sightings),
+              static_cast<unsigned long long>(sealed.bytes));
 }
 
 // Two joiners admitted by one commit connect to each other once (the higher id dials), enter
