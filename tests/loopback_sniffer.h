@@ -19,8 +19,8 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace lowcomm::testing {
@@ -44,8 +44,11 @@ class LoopbackSniffer {
       fd_ = -1;
       return;
     }
-    int big = 64 << 20;
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+    // Other tests' loopback traffic shares the socket: room for a burst of it (FORCE: past
+    // rmem_max, which the privilege to open the socket allows).
+    int big = 256 << 20;
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big)) != 0)
+      ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
     reader_ = std::thread([this] { read_loop(); });
   }
   LoopbackSniffer(const LoopbackSniffer&) = delete;
@@ -59,9 +62,16 @@ class LoopbackSniffer {
   void stop() {
     stop_ = true;
     if (reader_.joinable()) reader_.join();
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) {
+      tpacket_stats st{};
+      socklen_t len = sizeof(st);
+      if (::getsockopt(fd_, SOL_PACKET, PACKET_STATISTICS, &st, &len) == 0) dropped_ = st.tp_drops;
+      ::close(fd_);
+    }
     fd_ = -1;
   }
+  // Frames the kernel dropped for want of room (known after stop()).
+  uint64_t dropped() const { return dropped_; }
 
   uint64_t bytes() const { return captured_bytes_.load(); }
   // Frames that held the needle whole.
@@ -88,6 +98,7 @@ class LoopbackSniffer {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> captured_bytes_{0};
   std::atomic<uint64_t> sightings_{0};
+  uint64_t dropped_ = 0;
   std::thread reader_;
 };
 

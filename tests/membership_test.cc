@@ -571,9 +571,12 @@ TEST(Membership, JoinersWithNobodyHoldingTheStateAreFenced) {
         (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
     if (!s.is_ok()) return "admitting round: " + s.to_string();
     fx.shared->note = static_cast<int64_t>((*ec)->view().id * 100 + (*ec)->size());
-    // Dies once the joiners know they are in (the admission's commit has reached them), before
-    // its next collective, where it would begin to serve them the state.
-    std::this_thread::sleep_for(300ms);
+    // Dies once both joiners are in (their join() returned: the admission's commit reached
+    // them and the view's communicator is built), before its next collective, where it would
+    // begin to serve them the state. (Dying at a fixed 300 ms instead could come before a
+    // joiner under load had built the communicator: its join() failed, connection refused.)
+    for (int i = 0; i < 2000 && fx.shared->published.load() < 5; ++i)
+      std::this_thread::sleep_for(5ms);
     ::raise(SIGKILL);
     return "not reached";
   }));
@@ -586,6 +589,7 @@ TEST(Membership, JoinersWithNobodyHoldingTheStateAreFenced) {
       std::vector<float> state(kState, 0.0f);
       if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
         return s.to_string();
+      fx.shared->published++;  // in: the founder may die
       std::vector<float> buf(1024, 1.0f);
       Status s =
           (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
@@ -775,6 +779,7 @@ TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
 struct SniffedJoin {
   uint64_t sightings = 0;
   uint64_t bytes = 0;
+  uint64_t dropped = 0;
   std::vector<Proc> ps;
   std::string skip;
 };
@@ -832,6 +837,7 @@ SniffedJoin join_sniffed(bool encrypt, const std::string& needle) {
   sniffer.stop();
   out.sightings = sniffer.sightings();
   out.bytes = sniffer.bytes();
+  out.dropped = sniffer.dropped();
   return out;
 }
 
@@ -841,13 +847,16 @@ TEST(Membership, EncryptOptionKeepsTheFetchedStateOffTheWire) {
   if (!clear.skip.empty()) GTEST_SKIP() << "needs a raw packet socket (root): " << clear.skip;
   for (auto& p : clear.ps) EXPECT_EQ(p.exit_code, 0) << p.text;
   EXPECT_EQ(field(clear.ps[2].text, "fetched"), "yes") << clear.ps[2].text;
-  EXPECT_GT(clear.sightings, 0u) << "the sniffer saw " << clear.bytes
-                                 << " bytes and no plaintext state: it cannot judge the sealed run";
+  EXPECT_GT(clear.sightings, 0u) << "the sniffer saw " << clear.bytes << " bytes (" << clear.dropped
+                                 << " frames dropped) and no plaintext state: "
+                                 << "it cannot judge the sealed run";
   SniffedJoin sealed = join_sniffed(true, needle);
   for (auto& p : sealed.ps) EXPECT_EQ(p.exit_code, 0) << p.text;
   EXPECT_EQ(field(sealed.ps[2].text, "fetched"), "yes") << sealed.ps[2].text;
   EXPECT_EQ(sealed.sightings, 0u) << "plaintext state on loopback with encrypt set ("
                                   << sealed.bytes << " bytes read)";
+  // A dropped frame could have held plaintext: the sealed run judges only what it read.
+  EXPECT_EQ(sealed.dropped, 0u) << "frames dropped: the sealed run saw only part of the traffic";
   std::printf("clear: %llu frames with the pattern in %llu bytes; sealed: %llu in %llu bytes\n",
               static_cast<unsigned long long>(clear.sightings),
               static_cast<unsigned long long>(clear.bytes),

@@ -50,9 +50,8 @@ def run_procs(target, world, args, timeout=240, ctx=None):
     procs = [ctx.Process(target=target, args=(r, world, *args)) for r in range(world)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + timeout
     for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
+        p.join(timeout=timeout)
     for p in procs:
         if p.is_alive():
             _leave_stacks(p.pid)
