@@ -59,13 +59,17 @@ class ElasticImpl {
 
  private:
   struct Slot {  // one membership connection
-    std::unique_ptr<transport::Peer> peer;
     std::vector<uint8_t> rx;
     transport::Request rx_req;
     membership::FailureDetector fd;
     Clock::time_point last_ping{};
+    // Declared last, so destroyed first: ~Peer shuts the connection down (on its engine thread,
+    // synchronously), which ends the receive posted into `rx` before `rx` is freed. In the
+    // other order a slot erased without an abort() first (join() replacing the seed's
+    // connection) freed `rx` while the engine could still be writing a message into it.
+    std::unique_ptr<transport::Peer> peer;
     Slot(std::unique_ptr<transport::Peer> p, const ElasticOptions& o, std::chrono::milliseconds f)
-        : peer(std::move(p)), fd(f, o.heartbeat_interval) {}
+        : fd(f, o.heartbeat_interval), peer(std::move(p)) {}
   };
   struct Outgoing {
     std::shared_ptr<std::vector<uint8_t>> bytes;
