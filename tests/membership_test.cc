@@ -716,6 +716,22 @@ TEST(Membership, ErrorFeedbackResidualsSurviveAKillAndAJoin) {
 // ElasticOptions::comm.encrypt seals the membership connections too (the joiner's state
 // stripes cross them), not only the data connections: a joiner that does not seal is refused
 // at its membership handshake, naming the disagreement; one that seals enters and fetches.
+// A founder's rounds while a joiner enters: small all-reduces 20 ms apart until the view has
+// three members (at most 400), then one more, which the joiner takes part in.
+std::string rounds_until_three(ElasticCommunicator& ec) {
+  std::vector<float> buf(1024);
+  for (int round = 0; round < 400 && ec.size() < 3; ++round) {
+    std::fill(buf.begin(), buf.end(), 1.0f);
+    Status s = ec.all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+    if (!s.is_ok()) return "round failed " + s.to_string();
+    std::this_thread::sleep_for(20ms);
+  }
+  std::fill(buf.begin(), buf.end(), 1.0f);
+  Status s = ec.all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+  if (!s.is_ok()) return "last round failed " + s.to_string();
+  return "ok size=" + std::to_string(ec.size());
+}
+
 TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
   Fixture fx;
   ElasticOptions o = test_options();
@@ -729,19 +745,7 @@ TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
       if (auto s = (*ec)->register_state("params", state.data(), state.size() * 4); !s.is_ok())
         return s.to_string();
       fx.shared->published++;
-      std::vector<float> buf(1024);
-      for (int round = 0; round < 200 && (*ec)->size() < 3; ++round) {
-        std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s =
-            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-        if (!s.is_ok()) return "round failed " + s.to_string();
-        std::this_thread::sleep_for(20ms);
-      }
-      std::fill(buf.begin(), buf.end(), 1.0f);
-      Status s =
-          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-      if (!s.is_ok()) return "last round failed " + s.to_string();
-      return "ok size=" + std::to_string((*ec)->size());
+      return rounds_until_three(**ec);
     }));
   }
   ps.push_back(spawn([&]() -> std::string {
@@ -799,19 +803,7 @@ SniffedJoin join_sniffed(bool encrypt, const std::string& needle) {
       if (auto s = (*ec)->register_state("params", state.data(), state.size()); !s.is_ok())
         return s.to_string();
       fx.shared->published++;
-      std::vector<float> buf(1024);
-      for (int round = 0; round < 400 && (*ec)->size() < 3; ++round) {
-        std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s =
-            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-        if (!s.is_ok()) return "round failed " + s.to_string();
-        std::this_thread::sleep_for(20ms);
-      }
-      std::fill(buf.begin(), buf.end(), 1.0f);
-      Status s =
-          (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-      if (!s.is_ok()) return "last round failed " + s.to_string();
-      return "ok size=" + std::to_string((*ec)->size());
+      return rounds_until_three(**ec);
     }));
   }
   out.ps.push_back(spawn([&]() -> std::string {
