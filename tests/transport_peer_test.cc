@@ -128,6 +128,23 @@ TEST(TransportPeer, CancelledReceiveIsDroppedAndTheNextOneMatches) {
   EXPECT_TRUE(z == w);
 }
 
+// ~Peer ends every request (kAborted) before it returns, so a receive's buffer may be freed
+// right after it: a message sent later never lands there. The membership layer relies on it
+// (a connection's slot destroys the connection before its receive buffer).
+TEST(TransportPeer, DestroyingAPeerEndsItsReceivesBeforeItReturns) {
+  auto p = connect_pair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> in(1 << 20, 0);
+  Request r = p.a->irecv(5, in.data(), in.size());
+  p.a.reset();
+  ASSERT_TRUE(r.test());
+  EXPECT_EQ(r.status().code(), StatusCode::kAborted) << r.status().to_string();
+  auto m = random_bytes(in.size(), 31);
+  (void)p.b->isend(5, m.data(), m.size()).wait(kWait);  // the other side is gone: either way
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (uint8_t x : in) ASSERT_EQ(x, 0);
+}
+
 TEST(TransportPeer, AReceiveAlreadyArrivingCannotBeCancelled) {
   // 32 MiB over an emulated 100 Mbit/s link: 2.7 s; after 1 s a third of it is in the buffer.
   auto cfg_a = test_config(0), cfg_b = test_config(1);
