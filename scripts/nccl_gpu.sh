@@ -87,12 +87,13 @@ run_case() {
   for r in 0 1; do
     local host=node$r
     if [ "$runner" = c ]; then
-      env "${env_common[@]}" NCCL_HOSTID=$host NCCL_DEBUG_FILE="$dir/nccl$r.log" "$ALLREDUCE" --rank $r --nranks 2 \
-        --id-file "$rendezvous" --bytes "$sizes" --iters "$ITERS" --dtype "${DTYPE:-fp32}" \
-        >"$dir/rank$r.out" 2>"$dir/rank$r.log" &
+      env "${env_common[@]}" NCCL_HOSTID=$host NCCL_DEBUG_FILE="$dir/nccl$r.log" \
+        "$ALLREDUCE" --rank $r --nranks 2 --id-file "$rendezvous" --bytes "$sizes" \
+        --iters "$ITERS" --dtype "${DTYPE:-fp32}" >"$dir/rank$r.out" 2>"$dir/rank$r.log" &
     else
-      env "${env_common[@]}" NCCL_HOSTID=$host NCCL_DEBUG_FILE="$dir/nccl$r.log" $PYTHON plugins/nccl_net/gpu/torch_nccl_allreduce.py \
-        --rank $r --world 2 --init-file "$rendezvous" --bytes "$sizes" --iters "$ITERS" \
+      env "${env_common[@]}" NCCL_HOSTID=$host NCCL_DEBUG_FILE="$dir/nccl$r.log" \
+        $PYTHON plugins/nccl_net/gpu/torch_nccl_allreduce.py --rank $r --world 2 \
+        --init-file "$rendezvous" --bytes "$sizes" --iters "$ITERS" \
         --dtype "${DTYPE:-fp32}" >"$dir/rank$r.out" 2>"$dir/rank$r.log" &
     fi
     pids+=($!)

@@ -573,8 +573,8 @@ TEST(Membership, JoinersWithNobodyHoldingTheStateAreFenced) {
     fx.shared->note = static_cast<int64_t>((*ec)->view().id * 100 + (*ec)->size());
     // Dies once both joiners are in (their join() returned: the admission's commit reached
     // them and the view's communicator is built), before its next collective, where it would
-    // begin to serve them the state. (Dying at a fixed 300 ms instead could come before a
-    // joiner under load had built the communicator: its join() failed, connection refused.)
+    // begin to serve them the state (not after a fixed delay, which a joiner under load may
+    // not have finished its join() within).
     for (int i = 0; i < 2000 && fx.shared->published.load() < 5; ++i)
       std::this_thread::sleep_for(5ms);
     ::raise(SIGKILL);
@@ -713,9 +713,6 @@ TEST(Membership, ErrorFeedbackResidualsSurviveAKillAndAJoin) {
   EXPECT_GE(std::atoi(field(ps[4].text, "calls").c_str()), 2) << ps[4].text;
 }
 
-// ElasticOptions::comm.encrypt seals the membership connections too (the joiner's state
-// stripes cross them), not only the data connections: a joiner that does not seal is refused
-// at its membership handshake, naming the disagreement; one that seals enters and fetches.
 // A founder's rounds while a joiner enters: small all-reduces 20 ms apart until the view has
 // three members (at most 400), then one more, which the joiner takes part in.
 std::string rounds_until_three(ElasticCommunicator& ec) {
@@ -732,6 +729,9 @@ std::string rounds_until_three(ElasticCommunicator& ec) {
   return "ok size=" + std::to_string(ec.size());
 }
 
+// ElasticOptions::comm.encrypt seals the membership connections too (the joiner's state
+// stripes cross them), not only the data connections: a joiner that does not seal is refused
+// at its membership handshake, naming the disagreement; one that seals enters and fetches.
 TEST(Membership, EncryptOptionSealsTheMembershipConnections) {
   Fixture fx;
   ElasticOptions o = test_options();

@@ -20,6 +20,7 @@ import faulthandler
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -31,7 +32,6 @@ def _then_exit(target, *args):
     stacks = os.environ.get("LOWCOMM_TEST_STACKS_DIR")
     if stacks:
         # SIGUSR1 (sent by run_procs at the timeout) writes every thread's Python stack.
-        import signal
         f = open(os.path.join(stacks, f"stacks-{os.getpid()}.txt"), "a")  # noqa: SIM115
         faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
     target(*args)
@@ -67,7 +67,7 @@ def _leave_stacks(pid):
         return
     path = os.path.join(stacks, f"stacks-{pid}.txt")
     try:
-        os.kill(pid, __import__("signal").SIGUSR1)
+        os.kill(pid, signal.SIGUSR1)
         time.sleep(1.0)
     except OSError:
         pass
