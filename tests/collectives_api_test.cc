@@ -3,8 +3,10 @@
 // C API requests stay safe to wait on and test after their communicator is aborted or
 // destroyed (the watchdog pattern: one thread waits while another aborts).
 
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -442,6 +444,47 @@ TEST(CollectivesCApi, ErrorFeedbackByKeyAndReset) {
                                              "q2", "grads", 0, comm, nullptr) == lowcommSuccess,
                lowcommGetLastError(comm));
     RANK_CHECK(lowcommCommDestroy(comm) == lowcommSuccess, "destroy");
+    return "ok";
+  }));
+}
+
+// AllReduceOptions::on_result: the flat all-reduce reports every part of recv once, as it takes
+// its final value: what a part holds when reported is what it holds when the call completes.
+// Compressed (average) and plain (sum), in place and not; three ranks, several segments each.
+TEST(CollectivesApi, OnResultReportsEachPartOnceWithItsFinalValue) {
+  expect_all_ok(run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.segment_bytes = 64 << 10;  // several segments per owner chunk
+    auto c = Communicator::init(id, rank, 3, o);
+    RANK_OK(c.status());
+    const uint64_t n = (1 << 20) + 160;  // owner chunks cut on q4's scale groups
+    for (const char* codec : {"q4", "none"}) {
+      for (bool in_place : {true, false}) {
+        std::vector<float> x(n), y(n, -1.0f);
+        for (uint64_t i = 0; i < n; ++i)
+          x[i] = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(rank));
+        float* recv = in_place ? x.data() : y.data();
+        std::vector<uint8_t> seen(n * 4), covered(n * 4, 0);
+        int twice = 0, calls = 0;
+        AllReduceOptions ar;
+        ar.codec = *parse_codec_spec(codec);
+        ar.on_result = [&](uint64_t off, uint64_t bytes) {
+          ++calls;
+          std::memcpy(seen.data() + off, reinterpret_cast<const uint8_t*>(recv) + off, bytes);
+          for (uint64_t b = off; b < off + bytes; ++b) twice += covered[b]++ ? 1 : 0;
+        };
+        const ReduceOp op = std::string(codec) == "q4" ? ReduceOp::kAverage : ReduceOp::kSum;
+        RANK_OK((*c)->all_reduce(x.data(), recv, n, DType::kFloat32, op, ar).wait());
+        const std::string what = std::string(codec) + (in_place ? " in place" : " out of place");
+        RANK_CHECK(twice == 0, what + ": " + std::to_string(twice) + " bytes reported twice");
+        RANK_CHECK(calls > 3, what + ": only " + std::to_string(calls) + " reports");
+        for (uint64_t b = 0; b < n * 4; ++b) {
+          RANK_CHECK(covered[b] == 1, what + ": byte " + std::to_string(b) + " never reported");
+          if (seen[b] != reinterpret_cast<const uint8_t*>(recv)[b])
+            return what + ": byte " + std::to_string(b) + " changed after it was reported";
+        }
+      }
+    }
     return "ok";
   }));
 }

@@ -2,6 +2,7 @@
 // The collective algorithms, each run on the executor thread inside an OpRun whose descriptor
 // describes the call. Each file opens with its schedule; docs/collectives.md has the byte counts.
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@ struct ReduceArgs {
   // GPU-codec path (owner_reduce_device.cc): contributions encoded and results decoded on the
   // device. Only the flat all-reduce and reduce-scatter with a dense lossy codec take it.
   DeviceOp* device = nullptr;
+  // AllReduceOptions::on_result: the flat all-reduce reports the parts of recv that are final
+  // (collectives::all_reduce only; the schedules that copy these arguments never call it).
+  std::function<void(uint64_t offset, uint64_t bytes)> on_result = nullptr;
 };
 
 // Pipeline segment length (elements) of a reduce whose owner chunks hold about `chunk_elems`:

@@ -256,6 +256,7 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   collectives::ReduceArgs a{
       send,         recv, count, dtype, op, {}, c.error_feedback_key, c.owner_error_feedback,
       options.seed, 0};
+  if (options.memory == MemoryKind::kHost) a.on_result = options.on_result;
   const bool sparse = codec && codec->sparse();
   if (sparse && c.owner_error_feedback)
     return refused(invalid_argument(

@@ -156,7 +156,11 @@ Status all_reduce(OpRun& run, const ReduceArgs& a) {
   LOWCOMM_CHECK(
       check_all_reduce(a.send, a.recv, a.n, a.dtype, a.op, a.codec, a.error_feedback_key));
   LOWCOMM_CHECK(run.post_descriptors());
-  return owner_reduce(run, a, run.share_chunks(a.n, granule(a.codec)), {Finish::kAllGather, -1});
+  StagedOwnerReduce r(run, a, run.share_chunks(a.n, granule(a.codec)), {Finish::kAllGather, -1},
+                      {});
+  if (a.device == nullptr) r.report_results();
+  LOWCOMM_CHECK(r.start());
+  return r.finish();
 }
 
 Status reduce(OpRun& run, const ReduceArgs& a, int root) {

@@ -10,6 +10,7 @@
 // Internal to the collectives layer; the entry points are in algorithms.h.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -56,6 +57,11 @@ struct OwnerReduce {
   // The GPU-codec path (a.device set; owner_reduce_device.cc): in and out are device buffers,
   // never read or written here; contributions come encoded from the device, results go to it.
   DeviceCodes* dev = nullptr;
+  // Set (StagedOwnerReduce::report_results): told each part of `out` as it becomes final.
+  const std::function<void(uint64_t, uint64_t)>* on_result = nullptr;
+  void result_final(Range s) const {
+    if (on_result) (*on_result)(s.begin * es, s.count * es);
+  }
 
   OwnerReduce(OpRun& r, const ReduceArgs& args, Finish f) : run(r), a(args), finish(f) {}
   // Bytes of `count` elements on the wire.
@@ -158,6 +164,9 @@ class StagedOwnerReduce {
                     std::vector<int> group);
   StagedOwnerReduce(const StagedOwnerReduce&) = delete;
   StagedOwnerReduce& operator=(const StagedOwnerReduce&) = delete;
+  // The flat all-reduce's output is the caller's: each part is reported final (ReduceArgs::
+  // on_result) as it is decoded or received. Before start().
+  void report_results() { o_.on_result = args_.on_result ? &args_.on_result : nullptr; }
   Status start();
   Status finish();
 

@@ -62,6 +62,7 @@ Status Results::send_own(const OwnerReduce& o, Range s, const uint8_t* res, uint
     ScopedTimer t(o.run.counters().decode);
     LOWCOMM_CHECK(decode(o.wire, res, o.bytes(s.count), s.count, o.a.dtype, dst, o.cpu));
   }
+  if (o.gets_results) o.result_final(s);  // decoded, or (plain) the rounded sum itself
   return Status::ok();
 }
 
@@ -73,11 +74,14 @@ Status Results::take(const OwnerReduce& o, bool block) {
     LOWCOMM_CHECK(o.run.wait(requests_[j][k]));
     done_[i] = true;
     --left_;
-    if (o.plain || o.dev != nullptr) continue;  // received in place (or decoded on the device)
+    if (o.dev != nullptr) continue;  // decoded on the device
     const Range s = o.segs[j][k];
-    ScopedTimer t(o.run.counters().decode);
-    LOWCOMM_CHECK(decode(o.wire, codes_[j][k], o.bytes(s.count), s.count, o.a.dtype,
-                         o.out + s.begin * o.es, o.cpu));
+    if (!o.plain) {
+      ScopedTimer t(o.run.counters().decode);
+      LOWCOMM_CHECK(decode(o.wire, codes_[j][k], o.bytes(s.count), s.count, o.a.dtype,
+                           o.out + s.begin * o.es, o.cpu));
+    }
+    o.result_final(s);  // decoded, or (plain) received in place
   }
   return Status::ok();
 }

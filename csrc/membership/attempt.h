@@ -24,6 +24,9 @@ struct ElasticImpl::Attempt {
   std::set<uint32_t> fresh;
   size_t size = 0;
   int number = 0;  // 0 for the first try of the call
+  // Set when a ResultMover takes the result into recv as it arrives: the data collective's
+  // AllReduceOptions::on_result.
+  std::function<void(uint64_t, uint64_t)> on_result;
 };
 
 // One kind of collective, as run_collective drives it: the protocol around it (views, the
@@ -32,17 +35,16 @@ struct ElasticImpl::Op {
   std::string name;  // "all_reduce", in messages
   const void* send = nullptr;
   void* recv = nullptr;
-  // recv is also an input (in place): the result is staged and moved into recv at the commit,
-  // so that an aborted attempt leaves it untouched.
-  bool in_place = false;
   // Before the attempt's data collective: refuse the call for good (a non-ok status is returned
   // as it is), or prepare per-attempt state (error feedback). The result's size in recv.
   std::function<Status(const Attempt&)> prepare;
   std::function<uint64_t(const Attempt&)> result_bytes;
-  // The attempt's data collective on a.comm, into `out` (recv, or staging when in place).
+  // The attempt's data collective on a.comm, into `out` (the staged result; recv once committed).
   std::function<Status(const Attempt&, void* out)> run;
   // After the commit, on recv (an average over fewer contributors than members).
   std::function<void(const Attempt&)> finish;
+  // Its data collective reports the parts of its result that are final (Attempt::on_result).
+  bool reports_results = false;
 };
 
 }  // namespace lowcomm

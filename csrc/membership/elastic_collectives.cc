@@ -7,10 +7,12 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "core/log.h"
 #include "membership/attempt.h"
 #include "membership/elastic_util.h"
+#include "membership/result_mover.h"
 
 namespace lowcomm {
 
@@ -139,20 +141,9 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
 
 namespace {
 
-constexpr uint64_t kSwapChunk = 1 << 20;
 constexpr uint64_t kStateThreadBytes = 1 << 20;
-
-// Exchanges n bytes of a and b through a cache-resident buffer.
-void swap_bytes(uint8_t* a, uint8_t* b, uint64_t n) {
-  constexpr uint64_t kTmp = 64 << 10;
-  alignas(64) uint8_t tmp[kTmp];
-  for (uint64_t o = 0; o < n; o += kTmp) {
-    uint64_t k = std::min(kTmp, n - o);
-    std::memcpy(tmp, a + o, k);
-    std::memcpy(a + o, b + o, k);
-    std::memcpy(b + o, tmp, k);
-  }
-}
+// Below this a result is copied into place at the commit: a thread of its own costs more.
+constexpr uint64_t kMoverBytes = 1 << 20;
 
 bool overlap(const void* a, uint64_t an, const void* b, uint64_t bn) {
   auto pa = reinterpret_cast<uintptr_t>(a);
@@ -201,6 +192,10 @@ void ElasticImpl::keep_error_feedback(const Attempt& a) {
 
 Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DType dtype,
                                ReduceOp op, const AllReduceOptions& options) {
+  if (options.on_result)
+    return invalid_argument(
+        "elastic all_reduce: AllReduceOptions::on_result is not taken (a part of the result is "
+        "final only once the collective commits)");
   const uint64_t bytes = count * dtype_size(dtype);
   std::vector<uint8_t> zeros;
   const bool use_ef = !options.error_feedback_key.empty();
@@ -211,8 +206,8 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
   o.name = "all_reduce";
   o.send = send;
   o.recv = recv;
-  o.in_place = send == recv;
   o.result_bytes = [&](const Attempt&) { return bytes; };
+  o.reports_results = options.memory == MemoryKind::kHost;
   o.prepare = [&](const Attempt& a) -> Status {
     if (a.any_fresh && dtype != DType::kFloat32)
       return unsupported("a collective with a fresh joiner takes fp32 sum or average");
@@ -225,7 +220,9 @@ Status ElasticImpl::all_reduce(const void* send, void* recv, uint64_t count, DTy
       zeros.assign(bytes, 0);
       in = zeros.data();
     }
-    return a.comm->all_reduce(in, out, count, dtype, data_op(a), options).wait();
+    AllReduceOptions o2 = options;
+    o2.on_result = a.on_result;
+    return a.comm->all_reduce(in, out, count, dtype, data_op(a), o2).wait();
   };
   o.finish = [&](const Attempt& a) {
     if (use_ef) keep_error_feedback(a);
@@ -248,8 +245,6 @@ Status ElasticImpl::broadcast(const void* send, void* recv, uint64_t count, DTyp
   o.name = "broadcast";
   o.send = send;
   o.recv = recv;
-  // Every member but the root stages the result: recv is untouched when the call aborts.
-  o.in_place = root != me_;
   o.result_bytes = [&](const Attempt&) { return bytes; };
   o.prepare = [&](const Attempt& a) -> Status {
     if (std::find(a.members.begin(), a.members.end(), root) == a.members.end())
@@ -334,11 +329,26 @@ Status ElasticImpl::run_collective(const Op& op) {
     }
     LOWCOMM_CHECK(op.prepare(a));
     const uint64_t bytes = op.result_bytes(a);
+    // The result lands in results_[seq % 2], never in recv: an attempt that aborts leaves recv
+    // untouched, and once committed the result stays there until the next collective commits,
+    // for a member of the next view that lacks it (rolling forward). A buffer still on a link
+    // (a stripe served from it) is left to that send.
+    std::shared_ptr<std::vector<uint8_t>> res;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto& slot = results_[a.seq % 2];
+      if (!slot || slot.use_count() > 1) slot = std::make_shared<std::vector<uint8_t>>();
+      if (slot->size() < bytes) slot->resize(bytes);
+      res = slot;
+    }
     // The registered state cannot change while the caller is in this call: its snapshot for
     // fresh members (the state every replica holds until this collective commits) and its hash
-    // are taken beside the data collective, on a thread of their own when they are large.
+    // are taken beside the data collective, on a thread of their own when they are large. The
+    // hash goes to every member in this member's start, so that each has every member's hash by
+    // the time its data completes.
     uint64_t hash = 0;
-    auto state_work = [&, seq = a.seq, fresh_me = a.fresh_me, snap_bytes = a.state_bytes] {
+    auto state_work = [&, seq = a.seq, view = a.view, fresh_me = a.fresh_me,
+                       snap_bytes = a.state_bytes] {
       if (take_snapshot) {
         auto snap = std::make_shared<std::vector<uint8_t>>();
         snap->reserve(snap_bytes);
@@ -352,6 +362,8 @@ Status ElasticImpl::run_collective(const Op& op) {
         serve_fetches();  // stripes asked for meanwhile go out now
       }
       if (!fresh_me) hash = registered_hash();
+      std::lock_guard<std::mutex> g(mu_);
+      announce_start(view, seq, hash);
     };
     std::thread state_thread;
     struct JoinState {
@@ -364,17 +376,6 @@ Status ElasticImpl::run_collective(const Op& op) {
       state_thread = std::thread(state_work);
     else
       state_work();
-    void* recv = op.recv;
-    void* out = recv;
-    if (op.in_place) {
-      // In place: the result lands in staging and is copied over the input once committed. Kept
-      // between calls (allocating and faulting in a fresh buffer per call cost more than the copy).
-      if (staging_bytes_ < bytes) {
-        staging_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
-        staging_bytes_ = bytes;
-      }
-      out = staging_.get();
-    }
     std::vector<uint8_t> fetch_into;
     std::thread fetcher;
     Status fetch_status;
@@ -391,16 +392,40 @@ Status ElasticImpl::run_collective(const Op& op) {
         if (t.joinable()) t.join();
       }
     } join_fetcher{fetcher};
-    Status s = op.run(a, out);
+    // Parts of the result that are final move into recv while the rest arrives (what they
+    // replace kept until the commit): the copy into recv is then off the success path.
+    std::optional<ResultMover> mover;
+    if (op.reports_results && bytes >= kMoverBytes) {
+      if (backup_bytes_ < bytes) {
+        backup_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+        backup_bytes_ = bytes;
+      }
+      mover.emplace(res->data(), static_cast<uint8_t*>(op.recv), backup_.get(), bytes);
+      a.on_result = mover->hook();
+    }
+    Status s = op.run(a, res->data());
     if (state_thread.joinable()) state_thread.join();  // the hash goes with the done
     std::unique_lock<std::mutex> lk(mu_);
+    if (s.is_ok() && fault_drop_result_ == a.seq && view_.id == a.view) {
+      // The testing hook: this member drops its finished result once every other member has
+      // committed the collective (each started the next one here), as if its data had failed.
+      fault_drop_result_ = 0;
+      const auto next = std::make_pair(a.view, a.seq + 1);
+      cv_.wait_for(lk, change_timeout_, [&] {
+        auto it = starts_.find(next);
+        return !fence_.is_ok() || view_.id != a.view || changing_ ||
+               (it != starts_.end() && it->second.size() + 1 >= a.members.size());
+      });
+      s = Status(StatusCode::kAborted, "LOWCOMM_ELASTIC_FAULT_DROP_RESULT dropped the result");
+    }
     if (s.is_ok() && view_.id == a.view && !changing_) {
       staged_ = a.seq;
+      staged_bytes_ = bytes;
       Message d = message(MsgType::kDone, a.seq);
       d.hash = hash;
-      // The coordinator admits pending joiners at this commit: its done says so, and the
-      // members wait for its kCommit naming the next view instead of committing on their own.
-      if (view_.coordinator() == me_ && !pending_joiners_.empty()) d.text = "admit";
+      // The coordinator admits pending joiners at this commit (its start said so): its done says
+      // it too, and the members wait for its kCommit naming the next view.
+      if (admit_at_ == std::make_pair(a.view, a.seq)) d.text = "admit";
       own_done_.clear();
       // The testing hook: this member is cut off between its done and the commit (its done
       // reaches nobody, then the whole process freezes until the test continues it).
@@ -417,33 +442,55 @@ Status ElasticImpl::run_collective(const Op& op) {
       begin_change(op.name + " #" + std::to_string(a.seq) + " failed on member " +
                    std::to_string(me_) + ": " + s.message());
     }
-    // While the other members' dones are on their way, the result moves into place: swapped
-    // with the input chunk by chunk, so the input stays whole (in staging) until the commit.
-    // Once committed, the rest is a plain copy; if aborted, the swapped part is put back.
-    uint64_t swapped = 0;
-    if (out != recv && staged_ == a.seq) {
-      auto* r8 = static_cast<uint8_t*>(recv);
-      auto* o8 = static_cast<uint8_t*>(out);
-      while (swapped < bytes && fence_.is_ok() && committed_ < a.seq && view_.id == a.view &&
-             !changing_) {
-        lk.unlock();
-        uint64_t n = std::min<uint64_t>(kSwapChunk, bytes - swapped);
-        swap_bytes(r8 + swapped, o8 + swapped, n);
-        swapped += n;
-        lk.lock();
-      }
-    }
+    // The commit: this member holds the whole result (every member's contribution is in it),
+    // so it commits as soon as every member's start (with its state hash) is in, without
+    // waiting for the others' dones: a member of the next view that lacks it after a failure
+    // fetches it from one that holds it (try_decide, apply_view). Unless the coordinator admits
+    // joiners here: then its kCommit, sent once every member's done is in, names the next view.
+    const auto key = std::make_pair(a.view, a.seq);
     auto until = Clock::now() + change_timeout_ + failure_floor_ * 4;
     while (fence_.is_ok() && committed_ < a.seq && view_.id == a.view) {
+      if (staged_ == a.seq && !changing_ && !admit_starts_.count(key)) {
+        auto it = starts_.find(key);
+        if (it != starts_.end() && it->second.size() >= a.members.size()) {
+          commit_hashes_.assign(it->second.begin(), it->second.end());
+          commit_locally(a.seq);
+          break;
+        }
+      }
       if (cv_.wait_until(lk, until) == std::cv_status::timeout) {
         fence(Status(StatusCode::kTimeout, op.name + " #" + std::to_string(a.seq) +
                                                ": neither committed nor aborted in time"));
       }
     }
-    if (committed_ < a.seq && swapped) {
-      lk.unlock();
-      std::memcpy(recv, out, swapped);  // the input, untouched again
-      lk.lock();
+    bool rolled = false;  // the result was fetched from another member
+    if (committed_ < a.seq && fence_.is_ok()) {
+      Status w = wait_for_view_after(lk, a.view);
+      if (!w.is_ok()) return w;
+      if (roll_seq_ == a.seq && committed_ + 1 == a.seq) {
+        // Rolling forward: the new view committed it, and this member's data did not complete.
+        auto from = roll_from_;
+        lk.unlock();
+        if (mover) mover->stop();  // the fetch writes where the mover reads
+        Status got = fetch(a, from, /*result=*/true, res->data(), bytes);
+        lk.lock();
+        if (got.is_ok() && roll_seq_ == a.seq && fence_.is_ok()) {
+          roll_seq_ = membership::kNone;
+          staged_bytes_ = bytes;
+          commit_hashes_ = roll_hashes_;
+          auto holders = settled_;  // the view named them; commit_locally starts afresh
+          commit_locally(a.seq);
+          settled_.insert(holders.begin(), holders.end());
+          rolled = true;
+          ++stats_.rolled_forward;
+          broadcast(message(MsgType::kDone, a.seq));  // it holds it now (a leaver waits for it)
+        } else if (roll_seq_ == a.seq && fence_.is_ok()) {
+          fence(Status(StatusCode::kAborted, "view " + std::to_string(view_.id) +
+                                                 " committed collective " + std::to_string(a.seq) +
+                                                 ", which this member did not finish, and " +
+                                                 got.message() + "; rejoin as a new member"));
+        }
+      }
     }
     if (committed_ >= a.seq) {
       auto hashes = commit_hashes_;
@@ -461,13 +508,14 @@ Status ElasticImpl::run_collective(const Op& op) {
         replicas = corrupt_data(t + "; inputs untouched");
       }
       lk.unlock();
-      if (!replicas.is_ok()) {
-        if (swapped) std::memcpy(recv, out, swapped);  // the input, whole again
-      } else {
-        if (out != recv)
-          std::memcpy(static_cast<uint8_t*>(recv) + swapped, static_cast<uint8_t*>(out) + swapped,
-                      bytes - swapped);
+      if (replicas.is_ok()) {
+        if (mover)
+          mover->commit(/*from_scratch=*/rolled);
+        else if (bytes)
+          std::memcpy(op.recv, res->data(), bytes);
         op.finish(a);
+      } else if (mover) {
+        mover->undo();
       }
       if (a.fresh_me && a.state_bytes) {
         if (fetcher.joinable()) fetcher.join();
@@ -493,12 +541,7 @@ Status ElasticImpl::run_collective(const Op& op) {
       return replicas;
     }
     Status why = fence_;
-    if (why.is_ok()) {
-      Status w = wait_for_view_after(lk, a.view);
-      if (!w.is_ok()) return w;
-    } else {
-      return why;
-    }
+    if (!why.is_ok()) return why;
     last =
         Status(StatusCode::kAborted, op.name + " #" + std::to_string(a.seq) + " aborted in view " +
                                          std::to_string(a.view) + " (" + change_reason_ +
@@ -507,6 +550,20 @@ Status ElasticImpl::run_collective(const Op& op) {
     if (attempt >= options_.retries) return last;
     ++stats_.retried;
   }
+}
+
+void ElasticImpl::announce_start(uint64_t view, uint64_t seq, uint64_t hash) {
+  if (!fence_.is_ok() || view_.id != view || changing_) return;  // the change decides it
+  Message st = message(MsgType::kStart, seq);
+  st.hash = hash;
+  // The coordinator decides here whether this collective admits the joiners pending now (its
+  // done and kCommit follow); the members learn it before their data completes.
+  if (view_.coordinator() == me_ && !pending_joiners_.empty()) {
+    admit_at_ = {view, seq};
+    st.text = "admit";
+  }
+  broadcast(st);
+  handle(st, me_);
 }
 
 }  // namespace lowcomm

@@ -105,11 +105,13 @@ class ElasticImpl {
   void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
                   const std::string& data_root, uint64_t committed, uint32_t next_id,
                   const std::vector<uint32_t>& fresh,
-                  const std::vector<std::pair<uint32_t, uint64_t>>& hashes = {});
+                  const std::vector<std::pair<uint32_t, uint64_t>>& hashes = {},
+                  const std::vector<uint32_t>& holders = {});
   void fence(Status why);
   transport::Request send_to(uint32_t to, const membership::Message& m);
   void broadcast(const membership::Message& m);
   void serve_fetches();
+  void announce_start(uint64_t view, uint64_t seq, uint64_t hash);  // kStart to every member
   uint32_t coordinator_candidate() const;
   membership::Message message(membership::MsgType t, uint64_t seq = 0) const;
   Result<std::string> open_data_root(uint64_t view);
@@ -124,6 +126,10 @@ class ElasticImpl {
   uint64_t registered_hash() const;
   Status carry_error_feedback(const Attempt& a);  // before an attempt that uses error feedback
   void keep_error_feedback(const Attempt& a);     // after its commit
+  // Fetches `n` bytes from `sources` in stripes: the registered state of collective a.seq's
+  // snapshot (a fresh member), or the result of collective a.seq (`result`: rolling forward).
+  Status fetch(const Attempt& a, const std::vector<uint32_t>& sources, bool result, uint8_t* into,
+               uint64_t n);
   Status fetch_state(const Attempt& a, std::vector<uint8_t>& into);
   Status install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash);
   std::array<uint8_t, UniqueId::kSecretBytes> view_secret(uint64_t view) const;
@@ -134,6 +140,9 @@ class ElasticImpl {
   // Fault injection for tests (docs/membership.md, "Testing hooks"): the collective whose done
   // this member keeps to itself before it freezes (SIGSTOP); 0: none.
   uint64_t fault_cut_after_done_ = 0;
+  // ...and the collective whose finished result this member drops once every other member has
+  // committed it (they started the next one), as if its data collective had failed; 0: none.
+  uint64_t fault_drop_result_ = 0;
   std::array<uint8_t, UniqueId::kSecretBytes> secret_{};
   uint32_t me_ = 0;
   std::shared_ptr<transport::ProgressEngine> engine_;
@@ -177,6 +186,7 @@ class ElasticImpl {
   std::set<uint32_t> answered_stale_;    // members it was sent to, in this view
   uint64_t committed_ = 0;               // collectives committed
   uint64_t staged_ = membership::kNone;  // collective whose result this member holds
+  uint64_t staged_bytes_ = 0;            // its size in results_[staged_ % 2]
   // Member -> state hash, from the `done`s of collective committed_+1 in this view: every member
   // sends its done to every member, and each commits on its own once all are in, unless the
   // coordinator's done announced an admission (then its kCommit decides, as for a change).
@@ -186,8 +196,23 @@ class ElasticImpl {
   // member killed right after its commit must not have withheld the done the others need).
   std::vector<transport::Request> own_done_;
   std::vector<std::pair<uint32_t, uint64_t>> commit_hashes_;  // with the last commit
-  uint32_t next_id_ = 0;                                      // the next joiner's member id
-  std::vector<membership::MemberAddress> pending_joiners_;    // coordinator: to admit at a commit
+  // (view, collective) -> member -> its state hash, from the kStarts: every member announces
+  // each collective as it starts it, with its registered state's hash, so that the replica check
+  // has every hash when the collective's data completes here. Kept for later views too (a
+  // member that moved on first starts there before this one applies the view).
+  std::map<std::pair<uint64_t, uint64_t>, std::map<uint32_t, uint64_t>> starts_;
+  std::set<std::pair<uint64_t, uint64_t>> admit_starts_;  // the coordinator's said "admit"
+  std::pair<uint64_t, uint64_t> admit_at_{~0ull, ~0ull};  // coordinator: admits at this one
+  // Members whose done of collective committed_ arrived (in this view): a member leaving waits
+  // until all are in, so that every member holds what it returned as committed.
+  std::set<uint32_t> settled_;
+  // Rolling forward: the next view committed collective roll_seq_, which this member did not
+  // finish; it fetches the result from roll_from_ (members that hold it) before it commits.
+  uint64_t roll_seq_ = membership::kNone;
+  std::vector<uint32_t> roll_from_;
+  std::vector<std::pair<uint32_t, uint64_t>> roll_hashes_;
+  uint32_t next_id_ = 0;                                    // the next joiner's member id
+  std::vector<membership::MemberAddress> pending_joiners_;  // coordinator: to admit at a commit
   std::set<uint32_t> fresh_;  // members admitted but not yet holding the registered state
   std::map<std::string, std::pair<void*, uint64_t>> state_;  // registered, by name
   // Registered state as served to fresh members: taken when a collective starts in a view with
@@ -199,14 +224,22 @@ class ElasticImpl {
   std::map<uint32_t, std::deque<transport::Request>> serving_;  // stripe sends on the link
   static constexpr size_t kServeDepth = 2;
   ElasticStats stats_;
-  std::unique_ptr<uint8_t[]> staging_;  // caller's thread: in-place results until committed
+  // Results: collective s is received into results_[s % 2], then copied into the caller's
+  // buffer once committed, and kept there until collective s + 1 commits here (then every
+  // member of the view holds s), to be served to a member that lacks it (rolling forward).
+  // kept_seq_: the committed collective whose result is kept (kept_bytes_ of it).
+  std::shared_ptr<std::vector<uint8_t>> results_[2];
+  // Caller's thread: what a ResultMover's moved parts replaced in recv, until the commit.
+  std::unique_ptr<uint8_t[]> backup_;
+  uint64_t backup_bytes_ = 0;
+  uint64_t kept_seq_ = membership::kNone;
+  uint64_t kept_bytes_ = 0;
   // Caller's thread: error-feedback residuals as of the last committed call that used them
   // (Communicator::save_error_feedback's form; empty before the first), the communicator that
   // holds exactly them, and why they were lost if they were.
   std::vector<uint8_t> ef_carry_;
   std::weak_ptr<Communicator> ef_comm_;
   Status ef_lost_;
-  uint64_t staging_bytes_ = 0;
 };
 
 }  // namespace lowcomm

@@ -58,6 +58,8 @@ Status ElasticImpl::start(const UniqueId& id) {
                                                          : std::chrono::milliseconds(30000);
   if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_CUT_AFTER_DONE"))
     fault_cut_after_done_ = std::strtoull(v, nullptr, 10);
+  if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_DROP_RESULT"))
+    fault_drop_result_ = std::strtoull(v, nullptr, 10);
   if (options_.heartbeat_interval.count() <= 0)
     return invalid_argument("ElasticOptions::heartbeat_interval must be positive");
   if (options_.retries < 0) return invalid_argument("ElasticOptions::retries must be >= 0");
@@ -252,7 +254,18 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
 
 ElasticImpl::~ElasticImpl() {
   {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
+    // A member commits a collective when its own data completes, and another member may not
+    // have finished it yet: it leaves only once every member holds what it committed (their
+    // dones are in, or a view change settled it), so that its departure cannot leave the others
+    // without a member to roll forward from. One one-way delay after the last member finished.
+    cv_.wait_until(lk, Clock::now() + change_timeout_, [&] {
+      if (!fence_.is_ok() || committed_ == 0 || slots_.empty()) return true;
+      if (changing_) return false;
+      for (uint32_t id : view_.members)
+        if (!settled_.count(id)) return false;
+      return true;
+    });
     if (fence_.is_ok() && !slots_.empty()) {
       Message bye = message(MsgType::kLeave, committed_);  // what it committed, with hashes
       bye.hashes = commit_hashes_;

@@ -18,7 +18,7 @@
 namespace lowcomm::membership {
 
 inline constexpr uint32_t kMagic = 0x424d434c;  // "LCMB"
-inline constexpr uint16_t kVersion = 2;         // 2: kFetch names the stripe's tag
+inline constexpr uint16_t kVersion = 3;  // 2: kFetch names the stripe's tag; 3: kStart, holders
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 << 10;
 inline constexpr uint64_t kTag = 0x4d454d42ull;       // the transport tag of membership messages
@@ -44,7 +44,8 @@ enum class MsgType : uint16_t {
   kNoQuorum = 8,  // from a would-be coordinator: too few members reachable to go on
   kLeave = 9,     // the sender leaves; seq: what it committed, hashes: of its last commit
   kJoin = 10,     // a joiner asks to enter (to any member; forwarded to the coordinator)
-  kFetch = 11,    // a joiner asks for a stripe of the registered state
+  kFetch = 11,    // a stripe of the registered state (a joiner) or of a result (text "result")
+  kStart = 12,    // to every member: collective `seq` began here; hash: the registered state's
 };
 const char* msg_type_name(MsgType t);
 
@@ -63,10 +64,11 @@ struct Message {
   std::vector<uint32_t> failed;        // kChange, kReport: members the sender cannot reach;
                                        // kNewView: fresh joiners
   std::string text;                    // kChange, kNoQuorum: why; kJoin: the joiner's address;
-                                       // kDone from the coordinator: "admit" (wait for kCommit)
+                                       // kStart, kDone from the coordinator: "admit" (wait for
+                                       // kCommit); kFetch: "result" (else the registered state)
   uint64_t committed = 0;              // kReport: collectives committed; kNewView: decision
   uint64_t staged = kNone;             // kReport: collective whose result is held, or kNone
-  uint64_t hash = 0;                   // kDone: registered state hash; kFetch: offset
+  uint64_t hash = 0;                   // kStart, kDone: registered state hash; kFetch: offset
   uint64_t length = 0;                 // kFetch: bytes
   uint64_t tag = 0;                    // kFetch: the transport tag to send it on (state_tag)
   uint32_t next_id = 0;                // kNewView, kCommit: the next joiner's member id
@@ -75,6 +77,9 @@ struct Message {
   // kCommit, kLeave: each member's state hash; kReport: the dones the sender saw (member, hash);
   // kNewView: the hashes of the collective it commits, as far as the coordinator knows them
   std::vector<std::pair<uint32_t, uint64_t>> hashes;
+  // kNewView: the members of the new view that hold the result of the collective it commits
+  // (a member without it fetches it from them: docs/membership.md, "Rolling forward")
+  std::vector<uint32_t> holders;
 };
 
 std::vector<uint8_t> encode(const Message& m);

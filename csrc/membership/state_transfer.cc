@@ -23,16 +23,24 @@ void ElasticImpl::serve_fetches() {
   // much state, not behind the whole stripe set.
   // A member's stripes go out in the order it asked for them (its receives match in order): a
   // member found full stays skipped for the rest of this pass, even if a send completes.
+  // A stripe of a result (rolling forward) comes from the kept result of that collective; one
+  // asked for before this member committed it (it holds it staged: the view that commits it is
+  // on its way here) waits for the commit.
   std::set<uint32_t> full;
   for (auto it = fetches_.begin(); it != fetches_.end();) {
     auto& [to, m] = *it;
-    if (!snapshot_ || snapshot_seq_ < m.seq || full.count(to)) {
-      ++it;  // not taken yet (its collective has not started here), or its member is full
+    const bool result = m.text == "result";
+    const bool waiting =
+        result ? kept_seq_ != m.seq && staged_ == m.seq : !snapshot_ || snapshot_seq_ < m.seq;
+    if (waiting || full.count(to)) {
+      ++it;  // not held yet (its collective has not started or committed here), or member full
       continue;
     }
+    std::shared_ptr<std::vector<uint8_t>> src = result ? results_[m.seq % 2] : snapshot_;
+    const bool held = result ? kept_seq_ == m.seq && src : snapshot_seq_ == m.seq;
+    const uint64_t size = !held ? 0 : result ? kept_bytes_ : src->size();
     auto slot = slots_.find(to);
-    if (snapshot_seq_ != m.seq || slot == slots_.end() || m.hash > snapshot_->size() ||
-        m.length > snapshot_->size() - m.hash) {
+    if (!held || slot == slots_.end() || m.hash > size || m.length > size - m.hash) {
       it = fetches_.erase(it);  // a stale or malformed request: the fetcher times out or retries
       continue;
     }
@@ -43,9 +51,9 @@ void ElasticImpl::serve_fetches() {
       ++it;
       continue;
     }
-    transport::Request r = slot->second.peer->isend(m.tag, snapshot_->data() + m.hash, m.length);
-    stats_.state_served_bytes += m.length;
-    outbox_.push_back({snapshot_, r});
+    transport::Request r = slot->second.peer->isend(m.tag, src->data() + m.hash, m.length);
+    if (!result) stats_.state_served_bytes += m.length;
+    outbox_.push_back({src, r});
     q.push_back(std::move(r));
     it = fetches_.erase(it);
   }
@@ -89,13 +97,20 @@ Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t ex
 }
 
 Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
+  return fetch(a, a.sources, /*result=*/false, into.data(), into.size());
+}
+
+Status ElasticImpl::fetch(const Attempt& a, const std::vector<uint32_t>& sources, bool result,
+                          uint8_t* into, uint64_t n) {
   // Stripes of 256 KiB dealt round-robin over the sources, all requested at once (each source
   // keeps only a few on its link at a time: serve_fetches). A source that fails before sending
   // its stripes (killed, frozen past the failure timeout: its connection is aborted) has them
   // asked again of the others, which hold the same snapshot. Every receive this call posts into
   // `into` has finished or been cancelled when it returns, whatever happened: a later fetch
   // never meets a stale receive (each batch has a tag of its own), and `into` may go with the
-  // attempt.
+  // attempt. A result (rolling forward) comes the same way from the members holding it.
+  const std::string what = result ? "fetching the result of collective " + std::to_string(a.seq)
+                                  : std::string("fetching the registered state");
   constexpr uint64_t kStripe = 256 << 10;
   struct Stripe {
     uint64_t off = 0;
@@ -105,15 +120,15 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
     bool have = false;
   };
   std::vector<Stripe> stripes;
-  for (uint64_t off = 0; off < into.size(); off += kStripe) {
+  for (uint64_t off = 0; off < n; off += kStripe) {
     Stripe st;
     st.off = off;
-    st.len = std::min<uint64_t>(kStripe, into.size() - off);
+    st.len = std::min<uint64_t>(kStripe, n - off);
     st.src = ~0u;
     stripes.push_back(std::move(st));
   }
   const auto started = Clock::now();
-  std::set<uint32_t> live(a.sources.begin(), a.sources.end());
+  std::set<uint32_t> live(sources.begin(), sources.end());
   std::set<uint32_t> used;
   uint64_t reasked = 0;
   // mu_ held. Asks for every stripe neither held nor in flight, dealt over the live sources, one
@@ -126,8 +141,7 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
     if (todo.empty()) return Status::ok();
     if (live.empty())
       return Status(StatusCode::kAborted,
-                    "fetching the registered state: no member holding it is left (asked " +
-                        id_list(a.sources) + ")");
+                    what + ": no member holding it is left (asked " + id_list(sources) + ")");
     std::map<uint32_t, uint64_t> tags;
     for (uint32_t src : live) tags[src] = membership::state_tag(++fetch_batch_);
     auto next = live.begin();
@@ -137,8 +151,9 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
       if (st->src != ~0u) ++reasked;  // its first source failed
       used.insert(src);
       st->src = src;
-      st->req = slots_.at(src).peer->irecv(tags[src], into.data() + st->off, st->len);
+      st->req = slots_.at(src).peer->irecv(tags[src], into + st->off, st->len);
       Message f = message(MsgType::kFetch, a.seq);
+      if (result) f.text = "result";
       f.hash = st->off;
       f.length = st->len;
       f.tag = tags[src];
@@ -174,8 +189,8 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
       if (st.req.status().is_ok()) {
         st.have = true;
       } else {
-        LOWCOMM_LOG(kInfo, "elastic member %u: state stripe at %llu from member %u: %s", me_,
-                    static_cast<unsigned long long>(st.off), st.src,
+        LOWCOMM_LOG(kInfo, "elastic member %u: %s: stripe at %llu from member %u: %s", me_,
+                    what.c_str(), static_cast<unsigned long long>(st.off), st.src,
                     st.req.status().message().c_str());
         st.req = transport::Request();  // ask another member
       }
@@ -187,14 +202,17 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
       std::lock_guard<std::mutex> lk(mu_);
       if (!fence_.is_ok()) {
         why = fence_;
-      } else if (committed_ < a.seq && view_.id != a.view) {
+      } else if (result && roll_seq_ != a.seq) {
+        // A later view no longer commits it (nobody in it holds it): the attempt aborts.
+        why = Status(StatusCode::kAborted, what + ": a later view aborted it");
+      } else if (!result && committed_ < a.seq && view_.id != a.view) {
         // The attempt aborted (the next view did not commit it): its retry fetches afresh.
         // (Not while the change is still deciding: it may roll the collective forward.)
         why = Status(StatusCode::kAborted, "fetching the registered state: collective " +
                                                std::to_string(a.seq) + " aborted in view " +
                                                std::to_string(a.view));
       } else if (Clock::now() > deadline) {
-        why = Status(StatusCode::kTimeout, "fetching the registered state: not complete within " +
+        why = Status(StatusCode::kTimeout, what + ": not complete within " +
                                                std::to_string(change_timeout_.count()) + " ms");
       } else {
         why = ask();
@@ -220,9 +238,10 @@ Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
     }
   }
   std::lock_guard<std::mutex> lk(mu_);
+  if (result) return why;
   stats_.state_stripes_reasked += reasked;
   if (!why.is_ok()) return why;
-  stats_.state_fetched_bytes = into.size();
+  stats_.state_fetched_bytes = n;
   stats_.state_fetch_time = Clock::now() - started;
   stats_.state_fetch_sources = static_cast<int>(used.size());
   return Status::ok();

@@ -144,13 +144,16 @@ void ElasticImpl::try_decide() {
   };
   std::vector<uint32_t> live = largest_connected(
       reporters, me_, [&](uint32_t a, uint32_t b) { return suspects(a, b) || suspects(b, a); });
-  // Commit what anyone committed: a member commits only once every member's done is in, so
-  // every member of the view holds the result. And roll forward: the next collective commits if
-  // every member of the next view holds it (its data collective completed there, so each holds
-  // the whole result, the failed members' contributions included): nobody must abort what a
-  // member that committed and then died, left or was cut off returned as done.
+  // Commit what any member of the next view committed: a member commits a collective as soon
+  // as its data completes there (and every member's start is in), so it holds the whole result,
+  // every member's contribution included; the members of the next view that do not hold it
+  // fetch it from those that do (rolling forward: docs/membership.md). A member outside the
+  // next view that committed more is fenced (evicted or without a quorum): it must rejoin.
+  // And the next collective commits too if every member of the next view holds it.
   uint64_t decision = 0;
   for (auto& [id, r] : reports_) decision = std::max(decision, r.committed);
+  uint64_t next_decision = 0;
+  for (uint32_t id : live) next_decision = std::max(next_decision, reports_[id].committed);
   std::set<uint32_t> holding;
   std::map<uint32_t, uint64_t> proof;  // member -> its done's hash, for decision + 1
   for (auto& [id, r] : reports_) {
@@ -185,11 +188,19 @@ void ElasticImpl::try_decide() {
     return;
   }
   std::vector<std::pair<uint32_t, uint64_t>> decided_hashes;
-  if (all_of_hold(live)) {
+  std::vector<uint32_t> holders;
+  if (next_decision == decision && all_of_hold(live)) {
     ++decision;
     decided_hashes.assign(proof.begin(), proof.end());
-  } else if (committed_ == decision) {
-    decided_hashes = commit_hashes_;
+    holders = live;
+  } else {
+    decision = next_decision;
+    for (uint32_t id : live) {
+      const Message& r = reports_[id];
+      if (r.committed == decision || (r.committed + 1 == decision && r.staged == decision))
+        holders.push_back(id);
+    }
+    if (committed_ == decision) decided_hashes = commit_hashes_;
   }
   auto root = open_data_root(view_.id + 1);
   if (!root) {
@@ -202,13 +213,14 @@ void ElasticImpl::try_decide() {
   v.next_id = next_id_;
   v.data_root = *root;
   v.hashes = decided_hashes;
+  v.holders = holders;
   for (uint32_t id : live) v.members.push_back({id, addresses_[id]});
   for (uint32_t id : fresh_)
     if (std::find(live.begin(), live.end(), id) != live.end()) v.failed.push_back(id);
   // To every reporter: those left out learn at once that they were evicted.
   for (uint32_t id : reporters)
     if (id != me_) send_to(id, v);
-  apply_view(v.view, v.members, v.data_root, v.committed, v.next_id, v.failed, v.hashes);
+  apply_view(v.view, v.members, v.data_root, v.committed, v.next_id, v.failed, v.hashes, v.holders);
 }
 
 void ElasticImpl::forward_join(const std::string& address) {
@@ -267,11 +279,18 @@ void ElasticImpl::try_commit() {
 void ElasticImpl::commit_locally(uint64_t seq) {
   committed_ = seq;
   staged_ = membership::kNone;
+  kept_seq_ = seq;  // held in results_[seq % 2] (every path here holds the result)
+  kept_bytes_ = staged_bytes_;
+  settled_ = {me_};
+  for (auto& [id, h] : done_) settled_.insert(id);
+  std::erase_if(starts_, [&](const auto& e) { return e.first.second <= seq; });
+  std::erase_if(admit_starts_, [&](const auto& k) { return k.second <= seq; });
   done_.clear();
   admission_ = false;
   own_done_.clear();
   ++stats_.committed;
   cv_.notify_all();
+  serve_fetches();  // stripes of this result asked for by a member rolling forward
 }
 
 void ElasticImpl::commit_on_proof(bool report) {
@@ -289,13 +308,25 @@ void ElasticImpl::commit_on_proof(bool report) {
 void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& members,
                              const std::string& data_root, uint64_t committed, uint32_t next_id,
                              const std::vector<uint32_t>& fresh,
-                             const std::vector<std::pair<uint32_t, uint64_t>>& hashes) {
+                             const std::vector<std::pair<uint32_t, uint64_t>>& hashes,
+                             const std::vector<uint32_t>& holders) {
+  std::vector<uint32_t> others_holding;
+  for (uint32_t id : holders)
+    if (id != me_) others_holding.push_back(id);
+  roll_seq_ = membership::kNone;  // (a view that no longer commits it ends a roll in progress)
   if (committed > committed_) {
     if (staged_ == committed) {
       std::map<uint32_t, uint64_t> known(done_.begin(), done_.end());
       for (const auto& [id, h] : hashes) known[id] = h;
       commit_hashes_.assign(known.begin(), known.end());
       commit_locally(committed);
+    } else if (committed == committed_ + 1 && !others_holding.empty() && !fresh_.count(me_) &&
+               !(me_ & 0x80000000u)) {
+      // Rolling forward: a member of this view committed it (its data completed there); this
+      // member's did not. The caller's thread fetches the result from the holders and commits.
+      roll_seq_ = committed;
+      roll_from_ = others_holding;
+      roll_hashes_ = hashes;
     } else {
       fence(Status(StatusCode::kAborted, "view " + std::to_string(view) + " committed collective " +
                                              std::to_string(committed) +
@@ -340,6 +371,13 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   data_root_ = data_root;
   next_id_ = std::max(next_id_, next_id);
   fresh_ = std::set<uint32_t>(fresh.begin(), fresh.end());
+  // Who holds collective committed_ (a member leaving waits until all do): the holders the
+  // view names (a member rolling forward says so once it has the result), else everyone.
+  settled_.clear();
+  for (uint32_t id : holders.empty() ? ids : holders) settled_.insert(id);
+  if (roll_seq_ == membership::kNone) settled_.insert(me_);
+  std::erase_if(starts_, [&](const auto& e) { return e.first.first < view; });
+  std::erase_if(admit_starts_, [&](const auto& k) { return k.first < view; });
   changing_ = false;
   failed_.clear();
   answered_stale_.clear();
@@ -414,12 +452,18 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       return;
     case MsgType::kNewView:
       if (m.view <= view_.id) return;
-      apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed, m.hashes);
+      apply_view(m.view, m.members, m.data_root, m.committed, m.next_id, m.failed, m.hashes,
+                 m.holders);
       if (view_.id == m.view) {
         last_transition_ = m;
       }
       return;
     case MsgType::kDone:
+      if (m.view == view_.id && m.seq == committed_ && committed_ > 0) {
+        settled_.insert(m.from);  // it holds what this member committed
+        cv_.notify_all();
+        return;
+      }
       if (m.view != view_.id || m.seq != committed_ + 1) return;
       done_[m.from] = m.hash;
       if (changing_) {
@@ -505,6 +549,15 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
     case MsgType::kFetch:
       fetches_.push_back({via, m});
       serve_fetches();
+      return;
+    case MsgType::kStart:
+      // Kept for a later view too: a member that applied the next view first may start there
+      // before this member has applied it.
+      if (m.view < view_.id || (m.view == view_.id && m.seq <= committed_)) return;
+      if (starts_.size() >= 64) starts_.erase(starts_.begin());  // bounded: members only
+      starts_[{m.view, m.seq}][m.from] = m.hash;
+      if (m.text == "admit") admit_starts_.insert({m.view, m.seq});
+      cv_.notify_all();
       return;
     case MsgType::kPing:
     case MsgType::kPong:

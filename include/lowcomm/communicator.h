@@ -207,6 +207,14 @@ struct AllReduceOptions {
   // kOwner needs an fp32 sum or average (else kInvalidArgument); a topk codec refuses kOwner.
   enum class SparseSchedule : uint8_t { kAuto = 0, kGatherAll = 1, kOwner = 2 };
   SparseSchedule sparse_schedule = SparseSchedule::kAuto;
+  // Set: called as parts of recv take their final value, before the operation completes, with
+  // the part's byte offset in recv and its length; each byte is reported at most once, and a part
+  // never reported is final when the operation completes. For a caller that copies the result on
+  // while the rest of it arrives (the elastic all-reduce does); a reported part must not be
+  // written before the operation completes (it may still be on its way to other ranks). Called
+  // on the communicator's thread while the operation runs: it must be quick and must not call
+  // into the communicator. Host buffers, the flat dense schedule; other schedules do not call it.
+  std::function<void(uint64_t offset, uint64_t bytes)> on_result = nullptr;
 };
 
 // How a reduction is compressed, decided in one place for every entry point (this API, the C

@@ -81,6 +81,9 @@ struct ElasticStats {
   uint64_t state_stripes_reasked = 0;
   // Registered state this member handed to its links for joiners (stripes it served).
   uint64_t state_served_bytes = 0;
+  // Collectives this member did not finish but another member had committed: the next view
+  // committed them and this member fetched the result from a member that held it.
+  uint64_t rolled_forward = 0;
 };
 
 class ElasticImpl;
