@@ -376,12 +376,16 @@ Status ElasticImpl::run_collective(const Op& op) {
       state_thread = std::thread(state_work);
     else
       state_work();
-    std::vector<uint8_t> fetch_into;
+    // Allocated (not zeroed) on the fetcher's thread: faulting in the state's pages is not on
+    // the way to this member's data collective, which the others wait for.
+    std::unique_ptr<uint8_t[]> fetch_into;
     std::thread fetcher;
     Status fetch_status;
     if (a.fresh_me && a.state_bytes) {
-      fetch_into.resize(a.state_bytes);
-      fetcher = std::thread([&] { fetch_status = fetch_state(a, fetch_into); });
+      fetcher = std::thread([&] {
+        fetch_into = std::make_unique_for_overwrite<uint8_t[]>(a.state_bytes);
+        fetch_status = fetch(a, a.sources, /*result=*/false, fetch_into.get(), a.state_bytes);
+      });
     }
     // A fresh member's fetch goes on while the group commits: its `done` does not wait for the
     // state, so the others stall only for the admission itself. It is joined before this
@@ -522,7 +526,7 @@ Status ElasticImpl::run_collective(const Op& op) {
         uint64_t want = 0;
         for (auto& [id, h] : hashes)
           if (id != me_ && h) want = h;
-        Status got = fetch_status.is_ok() ? install_state(fetch_into, want) : fetch_status;
+        Status got = fetch_status.is_ok() ? install_state(fetch_into.get(), want) : fetch_status;
         if (!got.is_ok()) {
           // The group committed with this member in it; without the state it must not go on.
           std::lock_guard<std::mutex> g(mu_);

@@ -130,8 +130,8 @@ class ElasticImpl {
   // snapshot (a fresh member), or the result of collective a.seq (`result`: rolling forward).
   Status fetch(const Attempt& a, const std::vector<uint32_t>& sources, bool result, uint8_t* into,
                uint64_t n);
-  Status fetch_state(const Attempt& a, std::vector<uint8_t>& into);
-  Status install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash);
+  // The registered state, from `bytes` (its size), checked against the group's hash.
+  Status install_state(const uint8_t* bytes, uint64_t expected_hash);
   std::array<uint8_t, UniqueId::kSecretBytes> view_secret(uint64_t view) const;
 
   ElasticOptions options_;

@@ -224,28 +224,51 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
     }
   }
   if (!e->fence_.is_ok()) return e->fence_;
+  // The view's communicator rendezvouses through its data root on a thread of its own, while
+  // this one connects to the members (both a few round trips: in parallel, not one after the
+  // other, so the members' first collective with this joiner waits less).
+  if (!e->changing_) e->start_build(e->view_.id);
   cfg.value().local_rank = static_cast<int>(e->me_);
   auto members = e->addresses_;
   lk.unlock();
   Deadline deadline = Deadline::after(e->change_timeout_);
-  for (const auto& [id2, a] : members) {
-    // As among the founders, the higher id connects to the lower: joiners admitted by the same
-    // commit (ids above this one's) connect here. Before, both of a pair dialled each other and
-    // each side's accept replaced (and closed) its own dialled connection, which the other read
-    // as the member failing: a view change, one of them evicted.
-    if (id2 >= e->me_) continue;
-    auto addr = transport::SocketAddress::parse(a);
-    if (!addr) return addr.status();
-    auto peer = transport::connect_peer(e->engine_, *addr, *cfg, deadline);
-    if (!peer) return peer.status();
+  // As among the founders, the higher id connects to the lower: joiners admitted by the same
+  // commit (ids above this one's) connect here. Before, both of a pair dialled each other and
+  // each side's accept replaced (and closed) its own dialled connection, which the other read
+  // as the member failing: a view change, one of them evicted. To every member at once.
+  std::vector<std::pair<uint32_t, std::string>> dial;
+  for (const auto& [id2, a] : members)
+    if (id2 < e->me_) dial.emplace_back(id2, a);
+  std::vector<std::unique_ptr<transport::Peer>> peers(dial.size());
+  std::vector<Status> dialed(dial.size());
+  {
+    std::vector<std::thread> dialers;
+    for (size_t i = 0; i < dial.size(); ++i)
+      dialers.emplace_back([&, i] {
+        auto addr = transport::SocketAddress::parse(dial[i].second);
+        if (!addr) {
+          dialed[i] = addr.status();
+          return;
+        }
+        auto peer = transport::connect_peer(e->engine_, *addr, *cfg, deadline);
+        if (peer)
+          peers[i] = std::move(peer).value();
+        else
+          dialed[i] = peer.status();
+      });
+    for (auto& t : dialers) t.join();
+  }
+  for (size_t i = 0; i < dial.size(); ++i) {
+    if (!dialed[i].is_ok()) return dialed[i];
     std::lock_guard<std::mutex> g(e->mu_);
-    e->slots_.erase(id2);
-    e->slots_.try_emplace(id2, std::move(peer).value(), e->options_, e->failure_floor_);
-    e->awaited_.erase(id2);
+    e->slots_.erase(dial[i].first);
+    e->slots_.try_emplace(dial[i].first, std::move(peers[i]), e->options_, e->failure_floor_);
+    e->awaited_.erase(dial[i].first);
   }
   {
     std::lock_guard<std::mutex> g(e->mu_);
-    if (e->fence_.is_ok() && !e->changing_) e->start_build(e->view_.id);
+    if (e->fence_.is_ok() && !e->changing_ && (!e->build_ || e->build_view_ != e->view_.id))
+      e->start_build(e->view_.id);
   }
   LOWCOMM_LOG(kInfo, "elastic member %u: joined view %llu", e->me_,
               static_cast<unsigned long long>(e->view_.id));

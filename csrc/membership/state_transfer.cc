@@ -81,11 +81,11 @@ uint64_t ElasticImpl::registered_hash() const {
   return h;
 }
 
-Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t expected_hash) {
+Status ElasticImpl::install_state(const uint8_t* bytes, uint64_t expected_hash) {
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t off = 0;
   for (auto& [name, d] : state_) {
-    std::memcpy(d.first, bytes.data() + off, d.second);
+    std::memcpy(d.first, bytes + off, d.second);
     off += d.second;
   }
   uint64_t h = registered_hash();
@@ -94,10 +94,6 @@ Status ElasticImpl::install_state(const std::vector<uint8_t>& bytes, uint64_t ex
                         std::to_string(expected_hash));
   stats_.state_hash = h;
   return Status::ok();
-}
-
-Status ElasticImpl::fetch_state(const Attempt& a, std::vector<uint8_t>& into) {
-  return fetch(a, a.sources, /*result=*/false, into.data(), into.size());
 }
 
 Status ElasticImpl::fetch(const Attempt& a, const std::vector<uint32_t>& sources, bool result,

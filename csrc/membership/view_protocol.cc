@@ -327,6 +327,11 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
       roll_seq_ = committed;
       roll_from_ = others_holding;
       roll_hashes_ = hashes;
+      // The decider did not hold it, so it has no hashes to pass on: the members' starts, which
+      // this member has if it ran the collective to the end, serve the replica check as well.
+      for (auto it = starts_.rbegin(); roll_hashes_.empty() && it != starts_.rend(); ++it)
+        if (it->first.second == committed)
+          roll_hashes_.assign(it->second.begin(), it->second.end());
     } else {
       fence(Status(StatusCode::kAborted, "view " + std::to_string(view) + " committed collective " +
                                              std::to_string(committed) +
