@@ -349,6 +349,13 @@ Status ElasticImpl::run_collective(const Op& op) {
     uint64_t hash = 0;
     auto state_work = [&, seq = a.seq, view = a.view, fresh_me = a.fresh_me,
                        snap_bytes = a.state_bytes] {
+      // The start first: a fresh member commits once every start is in, and on its link from
+      // this member the start would otherwise queue behind the state stripes served below.
+      if (!fresh_me) hash = registered_hash();
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        announce_start(view, seq, hash);
+      }
       if (take_snapshot) {
         auto snap = std::make_shared<std::vector<uint8_t>>();
         snap->reserve(snap_bytes);
@@ -361,9 +368,6 @@ Status ElasticImpl::run_collective(const Op& op) {
         snapshot_seq_ = seq;
         serve_fetches();  // stripes asked for meanwhile go out now
       }
-      if (!fresh_me) hash = registered_hash();
-      std::lock_guard<std::mutex> g(mu_);
-      announce_start(view, seq, hash);
     };
     std::thread state_thread;
     struct JoinState {
@@ -376,14 +380,17 @@ Status ElasticImpl::run_collective(const Op& op) {
       state_thread = std::thread(state_work);
     else
       state_work();
-    // Allocated (not zeroed) on the fetcher's thread: faulting in the state's pages is not on
-    // the way to this member's data collective, which the others wait for.
+    // Allocated and faulted in on the fetcher's thread, not on the way to this member's data
+    // collective, which the others wait for (a 64 MiB zero-fill there cost the group's first
+    // round with a joiner ~300 ms on a busy 2-core host); faulted in before the stripes are
+    // asked for, so that their receives do not take the page faults (877 vs 766-795 Mbit/s).
     std::unique_ptr<uint8_t[]> fetch_into;
     std::thread fetcher;
     Status fetch_status;
     if (a.fresh_me && a.state_bytes) {
       fetcher = std::thread([&] {
         fetch_into = std::make_unique_for_overwrite<uint8_t[]>(a.state_bytes);
+        std::memset(fetch_into.get(), 0, a.state_bytes);
         fetch_status = fetch(a, a.sources, /*result=*/false, fetch_into.get(), a.state_bytes);
       });
     }
