@@ -60,6 +60,7 @@ void ElasticImpl::abort_async(const std::shared_ptr<Communicator>& c) {
 }
 
 void ElasticImpl::start_build(uint64_t v) {
+  if (build_ && build_view_ == v) return;  // begun already (at a commit, or by join())
   UniqueId id;
   id.root_address = data_root_;
   id.secret = view_secret(v);
@@ -100,7 +101,7 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
       continue;
     }
     uint64_t v = view_.id;
-    if (!build_ || build_view_ != v) start_build(v);  // else begun at the commit (eagerly)
+    start_build(v);  // unless begun at the commit (eagerly)
     auto build = build_;
     auto setup_started = Clock::now();  // the stall: begun at a commit, it may be done already
     abort_async(data_);                 // the previous view's: it lingers for its peers' notices
@@ -546,9 +547,7 @@ Status ElasticImpl::run_collective(const Op& op) {
       for (uint32_t id : a.fresh) fresh_.erase(id);  // they hold the state now
       // An admission's commit named the next view: build its communicator now, while the
       // caller does its inner steps, not at its next collective.
-      if (fence_.is_ok() && !changing_ && data_view_ != view_.id &&
-          (!build_ || build_view_ != view_.id))
-        start_build(view_.id);
+      if (fence_.is_ok() && !changing_ && data_view_ != view_.id) start_build(view_.id);
       return replicas;
     }
     Status why = fence_;

@@ -117,7 +117,8 @@ class ElasticImpl {
   Result<std::string> open_data_root(uint64_t view);
   // --- caller's thread ---
   Status ensure_data_comm(std::unique_lock<std::mutex>& lk);
-  void start_build(uint64_t view);  // mu_ held: begins building view's communicator
+  // mu_ held: begins building view's communicator, unless that build is under way already.
+  void start_build(uint64_t view);
   void abort_async(const std::shared_ptr<Communicator>& c);  // on a thread: it lingers
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
   // Runs `op` in the current view until it commits, fails for good, or runs out of retries:

@@ -267,8 +267,7 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   }
   {
     std::lock_guard<std::mutex> g(e->mu_);
-    if (e->fence_.is_ok() && !e->changing_ && (!e->build_ || e->build_view_ != e->view_.id))
-      e->start_build(e->view_.id);
+    if (e->fence_.is_ok() && !e->changing_) e->start_build(e->view_.id);
   }
   LOWCOMM_LOG(kInfo, "elastic member %u: joined view %llu", e->me_,
               static_cast<unsigned long long>(e->view_.id));
