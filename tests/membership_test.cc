@@ -162,7 +162,8 @@ Result<std::unique_ptr<ElasticCommunicator>> found_member(Fixture& fx, int r, in
 // step" on every stride-th element of the registered state. A founder counts rounds from the
 // first with four members, the joiner from its first. Returns what the parent compares.
 std::string rounds_around_a_join(ElasticCommunicator& ec, std::vector<float>& state, uint64_t count,
-                                 uint64_t stride, int rounds_after_join, bool founder) {
+                                 uint64_t stride, int rounds_after_join, bool founder,
+                                 uint64_t joined_view = 1) {
   std::vector<float> buf(count);
   int after = -1;
   int size = 0;  // the view of the last round, taken before it (others leave after it)
@@ -174,7 +175,7 @@ std::string rounds_around_a_join(ElasticCommunicator& ec, std::vector<float>& st
     for (uint64_t i = 0; i < state.size(); i += stride) state[i] += buf[i % count];
     // A founder counts from the admission's view (1) on: its size may already be back to 3 if a
     // member failed right after.
-    if (after >= 0 || ec.view().id >= 1 || !founder) ++after;
+    if (after >= 0 || ec.view().id >= joined_view || !founder) ++after;
     if (founder && after < 0) std::this_thread::sleep_for(5ms);
   }
   auto st = ec.stats();
@@ -525,6 +526,57 @@ TEST(Membership, JoinerFetchesStateAndAgrees) {
     EXPECT_EQ(field(p.text, "state"), field(ps[0].text, "state")) << p.text;
     EXPECT_EQ(field(p.text, "result"), field(ps[0].text, "result")) << p.text;
   }
+}
+
+// The coordinator's start of an admitting collective names the next view, and its members and
+// the joiner build that view's communicator from then on. Here a member dies as that start
+// reaches it (a testing hook): the collective aborts, the change forms a view of the same number
+// without the joiner (a root and a secret of its own: the build begun ahead cannot enter its
+// mesh), and the joiner is admitted at a later collective, fetches the state and agrees.
+TEST(Membership, AnAdmissionAbortedAfterItsStartIsMadeAgain) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kState = 1 << 20;  // floats: 4 MiB (its snapshot is allocated ahead)
+  const uint64_t kCount = 1 << 14;
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      if (r == 2) ::setenv("LOWCOMM_ELASTIC_FAULT_DIE_AT_ADMIT", "1", 1);
+      auto ec = found_member(fx, r, 3, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      fx.shared->published++;
+      std::vector<float> state(kState, 0.5f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      // View 1: without member 2 (it died at the admission's start); view 2: with the joiner.
+      return rounds_around_a_join(**ec, state, kCount, 7, 3, true, 2);
+    }));
+  }
+  ps.push_back(spawn([&]() -> std::string {
+    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
+    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[1]}, o);
+    if (!ec) return "join: " + ec.status().to_string();
+    // The view it entered (read now: the others leave when they are done).
+    std::string entered = " view=" + std::to_string((*ec)->view().id) +
+                          " member=" + std::to_string((*ec)->member_id());
+    std::vector<float> state(kState, 0.0f);
+    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+      return s.to_string();
+    return rounds_around_a_join(**ec, state, kCount, 7, 2, false) + entered;
+  }));
+  fx.parent_done_forking();
+  collect(ps, 90);
+  EXPECT_EQ(ps[2].exit_code, 128 + SIGKILL) << ps[2].text;
+  for (int k : {0, 1, 3}) {
+    EXPECT_EQ(ps[k].exit_code, 0) << ps[k].text;
+    EXPECT_EQ(field(ps[k].text, "size"), "3") << ps[k].text;
+    EXPECT_EQ(field(ps[k].text, "state"), field(ps[0].text, "state")) << ps[k].text;
+    EXPECT_EQ(field(ps[k].text, "result"), field(ps[0].text, "result")) << ps[k].text;
+  }
+  // The aborted admission named it member 3 of view 1; the one that committed, member 4 of
+  // view 2 (view 1 formed without member 2 and without it).
+  EXPECT_EQ(field(ps[3].text, "member"), "4") << ps[3].text;
+  EXPECT_EQ(field(ps[3].text, "view"), "2") << ps[3].text;
 }
 
 // A member serving a joiner its stripes is killed, or frozen, while the joiner fetches: the

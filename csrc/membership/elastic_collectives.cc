@@ -60,13 +60,21 @@ void ElasticImpl::abort_async(const std::shared_ptr<Communicator>& c) {
 }
 
 void ElasticImpl::start_build(uint64_t v) {
-  if (build_ && build_view_ == v) return;  // begun already (at a commit, or by join())
+  start_build(v, view_.members, data_root_, me_);
+}
+
+void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
+                              const std::string& root, uint32_t self) {
+  // Begun already: ahead, at the start that announced an admission, or at its commit, or by
+  // join(). A view of the same id formed by a change instead has a root of its own.
+  if (build_ && build_view_ == v && build_root_ == root) return;
+  auto at = std::find(members.begin(), members.end(), self);
+  if (at == members.end() || root.empty()) return;
   UniqueId id;
-  id.root_address = data_root_;
-  id.secret = view_secret(v);
-  int rank = static_cast<int>(std::find(view_.members.begin(), view_.members.end(), me_) -
-                              view_.members.begin());
-  int size = static_cast<int>(view_.members.size());
+  id.root_address = root;
+  id.secret = view_secret(v, members);
+  int rank = static_cast<int>(at - members.begin());
+  int size = static_cast<int>(members.size());
   auto build = std::make_shared<Build>();
   // Every member of the view answers heartbeats, so its mesh forms in a few RTTs. A build that
   // takes longer (a connection attempt lost in a partition that has healed, waiting out TCP's
@@ -85,6 +93,7 @@ void ElasticImpl::start_build(uint64_t v) {
   }).detach();
   build_ = std::move(build);
   build_view_ = v;
+  build_root_ = root;
   build_started_ = Clock::now();
 }
 
@@ -352,19 +361,24 @@ Status ElasticImpl::run_collective(const Op& op) {
                        snap_bytes = a.state_bytes] {
       // The start first: a fresh member commits once every start is in, and on its link from
       // this member the start would otherwise queue behind the state stripes served below.
-      if (!fresh_me) hash = registered_hash();
-      {
-        std::lock_guard<std::mutex> g(mu_);
-        announce_start(view, seq, hash);
-      }
+      // With fresh members, the snapshot is taken in the same pass as the hash, into a buffer
+      // allocated ahead (at the start that announced their admission).
+      std::shared_ptr<membership::StateBuffer> snap;
       if (take_snapshot) {
-        auto snap = std::make_shared<std::vector<uint8_t>>();
-        snap->reserve(snap_bytes);
-        for (auto& [n, d] : state_) {
-          auto* p = static_cast<const uint8_t*>(d.first);
-          snap->insert(snap->end(), p, p + d.second);
-        }
-        std::lock_guard<std::mutex> g(mu_);
+        auto buffer = snapshot_buffer(snap_bytes);
+        if (buffer)
+          snap = std::move(buffer).value();
+        else
+          LOWCOMM_LOG(kWarn, "elastic member %u: no snapshot for the fresh members: %s", me_,
+                      buffer.status().message().c_str());
+      }
+      if (snap)
+        hash = membership::copy_state(state_, snap->data());
+      else if (!fresh_me)
+        hash = registered_hash();
+      std::lock_guard<std::mutex> g(mu_);
+      announce_start(view, seq, hash);
+      if (snap) {
         snapshot_ = std::move(snap);
         snapshot_seq_ = seq;
         serve_fetches();  // stripes asked for meanwhile go out now
@@ -385,14 +399,18 @@ Status ElasticImpl::run_collective(const Op& op) {
     // collective, which the others wait for (a 64 MiB zero-fill there cost the group's first
     // round with a joiner ~300 ms on a busy 2-core host); faulted in before the stripes are
     // asked for, so that their receives do not take the page faults (877 vs 766-795 Mbit/s).
-    std::unique_ptr<uint8_t[]> fetch_into;
+    std::shared_ptr<membership::StateBuffer> fetch_into;
     std::thread fetcher;
     Status fetch_status;
     if (a.fresh_me && a.state_bytes) {
       fetcher = std::thread([&] {
-        fetch_into = std::make_unique_for_overwrite<uint8_t[]>(a.state_bytes);
-        std::memset(fetch_into.get(), 0, a.state_bytes);
-        fetch_status = fetch(a, a.sources, /*result=*/false, fetch_into.get(), a.state_bytes);
+        auto into = membership::StateBuffer::allocate(a.state_bytes);
+        if (!into) {
+          fetch_status = into.status();
+          return;
+        }
+        fetch_into = std::move(into).value();
+        fetch_status = fetch(a, a.sources, /*result=*/false, fetch_into->data(), a.state_bytes);
       });
     }
     // A fresh member's fetch goes on while the group commits: its `done` does not wait for the
@@ -414,6 +432,18 @@ Status ElasticImpl::run_collective(const Op& op) {
       }
       mover.emplace(res->data(), static_cast<uint8_t*>(op.recv), backup_.get(), bytes);
       a.on_result = mover->hook();
+    }
+    if (fault_die_at_admit_) {
+      // The testing hook: this member dies before its data of a collective whose coordinator's
+      // start announced an admission (so the collective cannot complete anywhere).
+      std::unique_lock<std::mutex> lk(mu_);
+      const auto key = std::make_pair(a.view, a.seq);
+      cv_.wait_for(lk, change_timeout_, [&] {
+        auto it = starts_.find(key);
+        return !fence_.is_ok() || view_.id != a.view || changing_ ||
+               (it != starts_.end() && it->second.count(view_.coordinator()));
+      });
+      if (admit_starts_.count(key)) ::raise(SIGKILL);
     }
     Status s = op.run(a, res->data());
     if (state_thread.joinable()) state_thread.join();  // the hash goes with the done
@@ -534,7 +564,7 @@ Status ElasticImpl::run_collective(const Op& op) {
         uint64_t want = 0;
         for (auto& [id, h] : hashes)
           if (id != me_ && h) want = h;
-        Status got = fetch_status.is_ok() ? install_state(fetch_into.get(), want) : fetch_status;
+        Status got = fetch_status.is_ok() ? install_state(fetch_into->data(), want) : fetch_status;
         if (!got.is_ok()) {
           // The group committed with this member in it; without the state it must not go on.
           std::lock_guard<std::mutex> g(mu_);
@@ -567,12 +597,33 @@ void ElasticImpl::announce_start(uint64_t view, uint64_t seq, uint64_t hash) {
   Message st = message(MsgType::kStart, seq);
   st.hash = hash;
   // The coordinator decides here whether this collective admits the joiners pending now (its
-  // done and kCommit follow); the members learn it before their data completes.
+  // done and kCommit follow); the members learn it before their data completes. Its start
+  // names the next view (the joiners' ids, the data root), so that the members and the joiners
+  // build that view's communicator while this collective runs, not after its commit.
   if (view_.coordinator() == me_ && !pending_joiners_.empty()) {
-    admit_at_ = {view, seq};
-    st.text = "admit";
+    std::vector<uint32_t> ids = view_.members;
+    std::vector<uint32_t> joiners;
+    for (uint32_t k = 0; k < pending_joiners_.size(); ++k) joiners.push_back(next_id_ + k);
+    ids.insert(ids.end(), joiners.begin(), joiners.end());
+    auto root = open_data_root(view + 1, ids);
+    if (root) {
+      admit_at_ = {view, seq};
+      st.text = "admit";
+      st.data_root = *root;
+      for (uint32_t id : view_.members) st.members.push_back({id, addresses_[id]});
+      for (auto& j : pending_joiners_) st.members.push_back({next_id_++, j.address});
+      st.failed = joiners;  // fresh until they hold the registered state
+      st.next_id = next_id_;
+      pending_joiners_.clear();
+      admit_plan_ = st;
+    } else {
+      LOWCOMM_LOG(kWarn, "elastic member %u: not admitting at collective %llu: %s", me_,
+                  static_cast<unsigned long long>(seq), root.status().message().c_str());
+    }
   }
   broadcast(st);
+  if (!st.members.empty())
+    for (auto& [tid, s] : joiner_slots_) send_to(tid, st);
   handle(st, me_);
 }
 

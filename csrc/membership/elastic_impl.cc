@@ -56,19 +56,26 @@ Message ElasticImpl::message(MsgType t, uint64_t seq) const {
   return m;
 }
 
-std::array<uint8_t, UniqueId::kSecretBytes> ElasticImpl::view_secret(uint64_t view) const {
+std::array<uint8_t, UniqueId::kSecretBytes> ElasticImpl::view_secret(
+    uint64_t view, const std::vector<uint32_t>& members) const {
   // Each view's communicator has its own secret, HMAC-SHA256(group secret, "lowcomm view" ||
-  // view): a member fenced out of an older view cannot enter a newer view's mesh.
-  uint8_t msg[20] = {'l', 'o', 'w', 'c', 'o', 'm', 'm', ' ', 'v', 'i', 'e', 'w'};
-  transport::store_le64(msg + 12, view);
+  // view || its members): a member fenced out of an older view cannot enter a newer view's
+  // mesh, and a build begun ahead for an admission that a failure aborted cannot enter the mesh
+  // of the view the change formed instead (the same view id, other members).
+  std::vector<uint8_t> msg = {'l', 'o', 'w', 'c', 'o', 'm', 'm', ' ', 'v', 'i', 'e', 'w'};
+  msg.resize(20 + 4 * members.size());
+  transport::store_le64(msg.data() + 12, view);
+  for (size_t i = 0; i < members.size(); ++i)
+    transport::store_le32(msg.data() + 20 + 4 * i, members[i]);
   std::array<uint8_t, UniqueId::kSecretBytes> out{};
   unsigned int len = 0;
-  HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()), msg, sizeof(msg), out.data(),
-       &len);
+  HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()), msg.data(), msg.size(),
+       out.data(), &len);
   return out;
 }
 
-Result<std::string> ElasticImpl::open_data_root(uint64_t view) {
+Result<std::string> ElasticImpl::open_data_root(uint64_t view,
+                                                const std::vector<uint32_t>& members) {
   // The coordinator opens the next view's root socket now, so its address is ours when sent.
   std::string host = listener_->address().to_string();
   host = host.substr(0, host.rfind(':'));
@@ -76,7 +83,7 @@ Result<std::string> ElasticImpl::open_data_root(uint64_t view) {
   if (!id) return id.status();
   UniqueFd fd = collectives::take_root_socket(id->to_string());
   UniqueId keyed = *id;
-  keyed.secret = view_secret(view);
+  keyed.secret = view_secret(view, members);
   collectives::register_root_socket(keyed.to_string(), std::move(fd));
   return id->root_address;
 }

@@ -24,6 +24,7 @@
 #include "lowcomm/elastic.h"
 #include "membership/failure_detector.h"
 #include "membership/message.h"
+#include "membership/state_buffer.h"
 #include "transport/listener.h"
 #include "transport/peer.h"
 
@@ -72,12 +73,13 @@ class ElasticImpl {
         : fd(f, o.heartbeat_interval), peer(std::move(p)) {}
   };
   struct Outgoing {
-    std::shared_ptr<std::vector<uint8_t>> bytes;
+    std::shared_ptr<const void> bytes;  // what the send reads, kept until it completes
     transport::Request req;
   };
   struct Attempt;  // one try of a collective (elastic_impl.cc)
   struct Op;       // what one kind of collective does in an attempt (elastic_impl.cc)
   struct Build;    // a view's communicator being built (elastic_impl.cc)
+  struct Ahead;    // a snapshot buffer being allocated (state_transfer.cc)
 
   ElasticImpl() = default;
   Status start(const UniqueId& id);  // engine, listener; not the thread
@@ -114,17 +116,27 @@ class ElasticImpl {
   void announce_start(uint64_t view, uint64_t seq, uint64_t hash);  // kStart to every member
   uint32_t coordinator_candidate() const;
   membership::Message message(membership::MsgType t, uint64_t seq = 0) const;
-  Result<std::string> open_data_root(uint64_t view);
+  // The coordinator opens view's root socket (its members: `members`, in rank order).
+  Result<std::string> open_data_root(uint64_t view, const std::vector<uint32_t>& members);
   // --- caller's thread ---
   Status ensure_data_comm(std::unique_lock<std::mutex>& lk);
-  // mu_ held: begins building view's communicator, unless that build is under way already.
+  // mu_ held: begins building the current view's communicator, or view `view` of `members`
+  // (rank order) through `root` as member `self` (ahead of its commit: an admitting start names
+  // it), unless that build is under way already.
   void start_build(uint64_t view);
+  void start_build(uint64_t view, const std::vector<uint32_t>& members, const std::string& root,
+                   uint32_t self);
   void abort_async(const std::shared_ptr<Communicator>& c);  // on a thread: it lingers
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
   // Runs `op` in the current view until it commits, fails for good, or runs out of retries:
   // the commit protocol every elastic collective shares.
   Status run_collective(const Op& op);
-  uint64_t registered_hash() const;
+  uint64_t registered_hash() const { return membership::state_hash(state_); }
+  // mu_ held: an admission was announced; allocate the snapshot it will take, on a thread.
+  void allocate_snapshot_ahead();
+  // The snapshot buffer for `bytes` of state: the one allocated ahead (waiting for it), or a
+  // new one. Any thread, mu_ not held.
+  Result<std::shared_ptr<membership::StateBuffer>> snapshot_buffer(uint64_t bytes);
   Status carry_error_feedback(const Attempt& a);  // before an attempt that uses error feedback
   void keep_error_feedback(const Attempt& a);     // after its commit
   // Fetches `n` bytes from `sources` in stripes: the registered state of collective a.seq's
@@ -133,7 +145,9 @@ class ElasticImpl {
                uint64_t n);
   // The registered state, from `bytes` (its size), checked against the group's hash.
   Status install_state(const uint8_t* bytes, uint64_t expected_hash);
-  std::array<uint8_t, UniqueId::kSecretBytes> view_secret(uint64_t view) const;
+  // The secret of view's communicator: the group's, keyed with the view and its members.
+  std::array<uint8_t, UniqueId::kSecretBytes> view_secret(
+      uint64_t view, const std::vector<uint32_t>& members) const;
 
   ElasticOptions options_;
   std::chrono::milliseconds failure_floor_{1500};
@@ -144,6 +158,8 @@ class ElasticImpl {
   // ...and the collective whose finished result this member drops once every other member has
   // committed it (they started the next one), as if its data collective had failed; 0: none.
   uint64_t fault_drop_result_ = 0;
+  // ...and whether this member dies (SIGKILL) before its data of an admitting collective.
+  bool fault_die_at_admit_ = false;
   std::array<uint8_t, UniqueId::kSecretBytes> secret_{};
   uint32_t me_ = 0;
   std::shared_ptr<transport::ProgressEngine> engine_;
@@ -171,6 +187,7 @@ class ElasticImpl {
   uint64_t data_view_ = ~0ull;          // the view data_ belongs to
   std::shared_ptr<Build> build_;        // the next view's communicator, being built
   uint64_t build_view_ = ~0ull;
+  std::string build_root_;  // the root it rendezvouses through
   Clock::time_point build_started_{};
   Status fence_;  // non-ok (kFenced): this member takes no further part
   // The last stall of the membership thread longer than half the failure timeout (0: none).
@@ -204,6 +221,9 @@ class ElasticImpl {
   std::map<std::pair<uint64_t, uint64_t>, std::map<uint32_t, uint64_t>> starts_;
   std::set<std::pair<uint64_t, uint64_t>> admit_starts_;  // the coordinator's said "admit"
   std::pair<uint64_t, uint64_t> admit_at_{~0ull, ~0ull};  // coordinator: admits at this one
+  // Coordinator: the start that announced that admission; it names the next view (members with
+  // the joiners' ids, its data root), which its kCommit names again.
+  membership::Message admit_plan_;
   // Members whose done of collective committed_ arrived (in this view): a member leaving waits
   // until all are in, so that every member holds what it returned as committed.
   std::set<uint32_t> settled_;
@@ -214,12 +234,13 @@ class ElasticImpl {
   std::vector<std::pair<uint32_t, uint64_t>> roll_hashes_;
   uint32_t next_id_ = 0;                                    // the next joiner's member id
   std::vector<membership::MemberAddress> pending_joiners_;  // coordinator: to admit at a commit
-  std::set<uint32_t> fresh_;  // members admitted but not yet holding the registered state
-  std::map<std::string, std::pair<void*, uint64_t>> state_;  // registered, by name
+  std::set<uint32_t> fresh_;           // members admitted but not yet holding the registered state
+  membership::RegisteredState state_;  // registered, by name
   // Registered state as served to fresh members: taken when a collective starts in a view with
   // fresh members (the state then is what every replica holds until that collective commits).
-  std::shared_ptr<std::vector<uint8_t>> snapshot_;
-  uint64_t snapshot_seq_ = membership::kNone;                     // the collective it was taken for
+  std::shared_ptr<membership::StateBuffer> snapshot_;
+  std::shared_ptr<Ahead> snapshot_ahead_;      // allocated at an admitting start, taken at the next
+  uint64_t snapshot_seq_ = membership::kNone;  // the collective it was taken for
   std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // stripes not yet sent
   uint32_t fetch_batch_ = 0;  // a joiner: the last state_tag batch it asked for
   std::map<uint32_t, std::deque<transport::Request>> serving_;  // stripe sends on the link

@@ -60,6 +60,8 @@ Status ElasticImpl::start(const UniqueId& id) {
     fault_cut_after_done_ = std::strtoull(v, nullptr, 10);
   if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_DROP_RESULT"))
     fault_drop_result_ = std::strtoull(v, nullptr, 10);
+  if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_DIE_AT_ADMIT"))
+    fault_die_at_admit_ = std::strcmp(v, "1") == 0;
   if (options_.heartbeat_interval.count() <= 0)
     return invalid_argument("ElasticOptions::heartbeat_interval must be positive");
   if (options_.retries < 0) return invalid_argument("ElasticOptions::retries must be >= 0");

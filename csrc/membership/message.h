@@ -3,7 +3,7 @@
 // (docs/membership.md lists each type, who sends it and when).
 //
 // Layout, little-endian: a 32-byte header
-//   [0,4) magic "LCMB"  [4,6) version 2  [6,8) type  [8,12) sender member id  [12,16) 0
+//   [0,4) magic "LCMB"  [4,6) version (kVersion)  [6,8) type  [8,12) sender member id  [12,16) 0
 //   [16,24) view id     [24,32) sequence (the collective it concerns; 0 when none)
 // then a body whose layout the type fixes (message.cc). Every field is checked by decode()
 // before use: a message that is short, long, of unknown type or with a count that does not fit
@@ -18,7 +18,8 @@
 namespace lowcomm::membership {
 
 inline constexpr uint32_t kMagic = 0x424d434c;  // "LCMB"
-inline constexpr uint16_t kVersion = 3;  // 2: kFetch names the stripe's tag; 3: kStart, holders
+inline constexpr uint16_t kVersion = 4;  // 2: kFetch names the stripe's tag; 3: kStart, holders;
+                                         // 4: an admitting kStart names the next view
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 << 10;
 inline constexpr uint64_t kTag = 0x4d454d42ull;       // the transport tag of membership messages
@@ -62,7 +63,7 @@ struct Message {
   // Bodies (only the fields of `type` are encoded):
   uint64_t time_ns = 0;                // kPing, kPong
   std::vector<uint32_t> failed;        // kChange, kReport: members the sender cannot reach;
-                                       // kNewView: fresh joiners
+                                       // kNewView, kCommit, kStart: fresh joiners
   std::string text;                    // kChange, kNoQuorum: why; kJoin: the joiner's address;
                                        // kStart, kDone from the coordinator: "admit" (wait for
                                        // kCommit); kFetch: "result" (else the registered state)
@@ -71,9 +72,9 @@ struct Message {
   uint64_t hash = 0;                   // kStart, kDone: registered state hash; kFetch: offset
   uint64_t length = 0;                 // kFetch: bytes
   uint64_t tag = 0;                    // kFetch: the transport tag to send it on (state_tag)
-  uint32_t next_id = 0;                // kNewView, kCommit: the next joiner's member id
-  std::vector<MemberAddress> members;  // kNewView, kCommit (admission): the view's members
-  std::string data_root;               // kNewView, kCommit (admission): the data root address
+  uint32_t next_id = 0;                // kNewView, kCommit, kStart: the next joiner's member id
+  std::vector<MemberAddress> members;  // kNewView, kCommit, kStart (admission): the view's members
+  std::string data_root;               // kNewView, kCommit, kStart (admission): its data root
   // kCommit, kLeave: each member's state hash; kReport: the dones the sender saw (member, hash);
   // kNewView: the hashes of the collective it commits, as far as the coordinator knows them
   std::vector<std::pair<uint32_t, uint64_t>> hashes;

@@ -2,8 +2,6 @@
 // stripes served from a snapshot, the joiner's striped fetch (faults included) and install.
 #include "membership/elastic_impl.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -16,6 +14,11 @@ namespace lowcomm {
 using membership::MemberAddress;
 using membership::Message;
 using membership::MsgType;
+
+namespace {
+// A snapshot at least this large is allocated ahead, at the start that announces an admission.
+constexpr uint64_t kAheadBytes = 1 << 20;
+}  // namespace
 
 void ElasticImpl::serve_fetches() {
   // At most kServeDepth stripes per fresh member not yet gone out on the link: the uplink stays
@@ -36,9 +39,19 @@ void ElasticImpl::serve_fetches() {
       ++it;  // not held yet (its collective has not started or committed here), or member full
       continue;
     }
-    std::shared_ptr<std::vector<uint8_t>> src = result ? results_[m.seq % 2] : snapshot_;
-    const bool held = result ? kept_seq_ == m.seq && src : snapshot_seq_ == m.seq;
-    const uint64_t size = !held ? 0 : result ? kept_bytes_ : src->size();
+    std::shared_ptr<const void> keep;  // what the send reads, kept alive until it completes
+    const uint8_t* src = nullptr;
+    uint64_t size = 0;
+    if (result && kept_seq_ == m.seq && results_[m.seq % 2]) {
+      keep = results_[m.seq % 2];
+      src = results_[m.seq % 2]->data();
+      size = kept_bytes_;
+    } else if (!result && snapshot_seq_ == m.seq) {
+      keep = snapshot_;
+      src = snapshot_->data();
+      size = snapshot_->size();
+    }
+    const bool held = src != nullptr;
     auto slot = slots_.find(to);
     if (!held || slot == slots_.end() || m.hash > size || m.length > size - m.hash) {
       it = fetches_.erase(it);  // a stale or malformed request: the fetcher times out or retries
@@ -51,9 +64,9 @@ void ElasticImpl::serve_fetches() {
       ++it;
       continue;
     }
-    transport::Request r = slot->second.peer->isend(m.tag, src->data() + m.hash, m.length);
+    transport::Request r = slot->second.peer->isend(m.tag, src + m.hash, m.length);
     if (!result) stats_.state_served_bytes += m.length;
-    outbox_.push_back({src, r});
+    outbox_.push_back({std::move(keep), r});
     q.push_back(std::move(r));
     it = fetches_.erase(it);
   }
@@ -67,31 +80,58 @@ Status ElasticImpl::register_state(const std::string& name, void* data, uint64_t
   return Status::ok();
 }
 
-uint64_t ElasticImpl::registered_hash() const {
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  for (const auto& [name, d] : state_) {
-    uint64_t len = d.second;
-    XXH3_64bits_update(st, name.data(), name.size() + 1);
-    XXH3_64bits_update(st, &len, sizeof(len));
-    XXH3_64bits_update(st, d.first, d.second);
+struct ElasticImpl::Ahead {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  uint64_t bytes = 0;
+  Result<std::shared_ptr<membership::StateBuffer>> buffer = Status();
+};
+
+void ElasticImpl::allocate_snapshot_ahead() {
+  uint64_t bytes = 0;
+  for (auto& [n, d] : state_) bytes += d.second;
+  if (bytes < kAheadBytes || (snapshot_ahead_ && snapshot_ahead_->bytes == bytes)) return;
+  auto ahead = std::make_shared<Ahead>();
+  ahead->bytes = bytes;
+  std::thread([ahead] {
+    auto b = membership::StateBuffer::allocate(ahead->bytes);
+    std::lock_guard<std::mutex> g(ahead->mu);
+    ahead->buffer = std::move(b);
+    ahead->done = true;
+    ahead->cv.notify_all();
+  }).detach();
+  snapshot_ahead_ = std::move(ahead);
+}
+
+Result<std::shared_ptr<membership::StateBuffer>> ElasticImpl::snapshot_buffer(uint64_t bytes) {
+  std::shared_ptr<Ahead> ahead;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (snapshot_ahead_ && snapshot_ahead_->bytes == bytes) ahead = std::move(snapshot_ahead_);
   }
-  uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  return h;
+  if (ahead) {
+    std::unique_lock<std::mutex> g(ahead->mu);
+    ahead->cv.wait(g, [&] { return ahead->done; });
+    if (ahead->buffer) return std::move(ahead->buffer);
+  }
+  return membership::StateBuffer::allocate(bytes);
 }
 
 Status ElasticImpl::install_state(const uint8_t* bytes, uint64_t expected_hash) {
   std::lock_guard<std::mutex> lk(mu_);
+  // Checked before it replaces anything: the fetched bytes, laid out as the registered state.
+  membership::RegisteredState fetched;
   uint64_t off = 0;
   for (auto& [name, d] : state_) {
-    std::memcpy(d.first, bytes + off, d.second);
+    fetched[name] = {const_cast<uint8_t*>(bytes) + off, d.second};
     off += d.second;
   }
-  uint64_t h = registered_hash();
+  uint64_t h = membership::state_hash(fetched);
   if (h != expected_hash)
     return corrupt_data("fetched state hash " + std::to_string(h) + " != the group's " +
-                        std::to_string(expected_hash));
+                        std::to_string(expected_hash) + "; the registered state is untouched");
+  for (auto& [name, d] : state_) std::memcpy(d.first, fetched[name].first, d.second);
   stats_.state_hash = h;
   return Status::ok();
 }

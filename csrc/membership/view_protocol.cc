@@ -202,7 +202,7 @@ void ElasticImpl::try_decide() {
     }
     if (committed_ == decision) decided_hashes = commit_hashes_;
   }
-  auto root = open_data_root(view_.id + 1);
+  auto root = open_data_root(view_.id + 1, live);
   if (!root) {
     fence(root.status());
     return;
@@ -256,20 +256,13 @@ void ElasticImpl::try_commit() {
     return;
   }
   if (view_.coordinator() != me_) return;  // its kCommit names the next view
-  if (!pending_joiners_.empty()) {
-    // Admission: the joiners enter the next view at this commit, fresh until they hold the
-    // registered state (fetched during their first collective).
-    auto root = open_data_root(view_.id + 1);
-    if (root) {
-      c.data_root = *root;
-      for (uint32_t id : view_.members) c.members.push_back({id, addresses_[id]});
-      for (auto& j : pending_joiners_) {
-        c.members.push_back({next_id_, j.address});
-        c.failed.push_back(next_id_++);
-      }
-      c.next_id = next_id_;
-    }
-    pending_joiners_.clear();
+  if (admit_plan_.view == view_.id && admit_plan_.seq == c.seq && !admit_plan_.members.empty()) {
+    // Admission: the joiners enter the next view its start named at this commit, fresh until
+    // they hold the registered state (fetched during their first collective).
+    c.data_root = admit_plan_.data_root;
+    c.members = admit_plan_.members;
+    c.failed = admit_plan_.failed;
+    c.next_id = admit_plan_.next_id;
   }
   broadcast(c);
   for (auto& [tid, s] : joiner_slots_) send_to(tid, c);
@@ -555,15 +548,38 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       fetches_.push_back({via, m});
       serve_fetches();
       return;
-    case MsgType::kStart:
+    case MsgType::kStart: {
+      // An admitting start names the next view: its members and joiners build that view's
+      // communicator from now on, while the collective runs, ahead of the commit that applies
+      // the view (if a failure aborts the admission instead, the build is abandoned: the view
+      // the change forms has a root and a secret of its own).
+      std::vector<uint32_t> next;
+      uint32_t self = me_;
+      for (const auto& a : m.members) {
+        next.push_back(a.id);
+        if (a.address == listener_->address().to_string()) self = a.id;
+      }
+      if (me_ & 0x80000000u) {  // a joiner hears of its admission ahead (relayed)
+        if (m.text == "admit" && self != me_) start_build(m.view + 1, next, m.data_root, self);
+        return;
+      }
       // Kept for a later view too: a member that applied the next view first may start there
       // before this member has applied it.
       if (m.view < view_.id || (m.view == view_.id && m.seq <= committed_)) return;
       if (starts_.size() >= 64) starts_.erase(starts_.begin());  // bounded: members only
       starts_[{m.view, m.seq}][m.from] = m.hash;
       if (m.text == "admit") admit_starts_.insert({m.view, m.seq});
+      if (m.text == "admit" && !m.members.empty() && m.view == view_.id &&
+          m.from == view_.coordinator() && !changing_) {
+        next_id_ = std::max(next_id_, m.next_id);
+        if (!fresh_.count(me_)) allocate_snapshot_ahead();  // the fresh members' next snapshot
+        if (m.from != me_)
+          for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners here
+        start_build(m.view + 1, next, m.data_root, me_);
+      }
       cv_.notify_all();
       return;
+    }
     case MsgType::kPing:
     case MsgType::kPong:
       return;
