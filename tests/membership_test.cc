@@ -1226,7 +1226,14 @@ TEST(Membership, BroadcastWithoutItsRootAborts) {
       std::vector<float> buf(1 << 18, static_cast<float>(r));
       Status s = (*ec)->broadcast(buf.data(), buf.data(), buf.size(), DType::kFloat32, 2);
       if (!s.is_ok() || buf[0] != 2.0f) return "round 0: " + s.to_string();
-      if (r == 2) ::raise(SIGKILL);
+      // The root dies once every member returned from round 0. (It commits as soon as its own
+      // data is out; killed at once, the others could still be receiving, and they then rightly
+      // abort round 0 without it: the commit of a member that died is nobody's to observe.)
+      fx.shared->published++;
+      if (r == 2) {
+        while (fx.shared->published.load() < 3) std::this_thread::sleep_for(1ms);
+        ::raise(SIGKILL);
+      }
       std::fill(buf.begin(), buf.end(), 7.0f);
       s = (*ec)->broadcast(buf.data(), buf.data(), buf.size(), DType::kFloat32, 2);
       if (s.is_ok()) return "a broadcast without its root succeeded";
@@ -1281,6 +1288,15 @@ TEST(MembershipMessage, RoundTripsAndRejectsMalformed) {
   bad = b;
   bad[bad.size() - 28] = 0xff;  // the last address's length: past the end
   EXPECT_FALSE(membership::decode(bad.data(), bad.size(), "t").is_ok());
+  // The newest type decodes (kAdmit: the view an admission will commit); the one after it not.
+  m.type = membership::MsgType::kAdmit;
+  b = membership::encode(m);
+  d = membership::decode(b.data(), b.size(), "t");
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(d->type, membership::MsgType::kAdmit);
+  EXPECT_EQ(d->data_root, "127.0.0.1:9");
+  b[6] = static_cast<uint8_t>(static_cast<int>(membership::MsgType::kAdmit) + 1);
+  EXPECT_FALSE(membership::decode(b.data(), b.size(), "t").is_ok());
 }
 
 TEST(MembershipFailureDetector, TimeoutFollowsRtt) {

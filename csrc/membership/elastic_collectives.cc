@@ -70,6 +70,15 @@ void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
   if (build_ && build_view_ == v && build_root_ == root) return;
   auto at = std::find(members.begin(), members.end(), self);
   if (at == members.end() || root.empty()) return;
+  if (build_) {
+    // Replaced (a newer admission's view, or the view a change formed): a communicator it
+    // finished is aborted on a thread of its own. Destroyed here, under mu_, its goodbye
+    // waited for peers that had moved on too, and the membership thread with it: no
+    // heartbeats for seconds, members evicted as silent.
+    std::lock_guard<std::mutex> g(build_->mu);
+    if (build_->done && build_->comm)
+      abort_async(std::shared_ptr<Communicator>(std::move(build_->comm).value()));
+  }
   UniqueId id;
   id.root_address = root;
   id.secret = view_secret(v, members);
@@ -131,11 +140,16 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
     }
     lk.lock();
     if (build_ == build) build_.reset();
-    if (abandoned || view_.id != v) continue;  // the view changed meanwhile: build the next one
     Result<std::unique_ptr<Communicator>> comm = Status();
     {
       std::lock_guard<std::mutex> g(build->mu);
-      comm = std::move(build->comm);
+      if (build->done) comm = std::move(build->comm);
+    }
+    if (abandoned || view_.id != v) {  // the view changed meanwhile: build the next one
+      // (A communicator it finished goes on a thread: destroyed under mu_, its goodbye would
+      // hold up the membership thread.)
+      if (comm) abort_async(std::shared_ptr<Communicator>(std::move(comm).value()));
+      continue;
     }
     if (!comm) {
       begin_change("building view " + std::to_string(v) +
@@ -598,27 +612,20 @@ void ElasticImpl::announce_start(uint64_t view, uint64_t seq, uint64_t hash) {
   st.hash = hash;
   // The coordinator decides here whether this collective admits the joiners pending now (its
   // done and kCommit follow); the members learn it before their data completes. Its start
-  // names the next view (the joiners' ids, the data root), so that the members and the joiners
-  // build that view's communicator while this collective runs, not after its commit.
+  // names the view its kAdmit named (the joiners' ids, the data root), whose communicator the
+  // members and the joiners have been building since.
   if (view_.coordinator() == me_ && !pending_joiners_.empty()) {
-    std::vector<uint32_t> ids = view_.members;
-    std::vector<uint32_t> joiners;
-    for (uint32_t k = 0; k < pending_joiners_.size(); ++k) joiners.push_back(next_id_ + k);
-    ids.insert(ids.end(), joiners.begin(), joiners.end());
-    auto root = open_data_root(view + 1, ids);
-    if (root) {
+    plan_admission();  // (named already, unless opening its root failed then)
+    if (admit_plan_.view == view && admit_plan_.seq == 0 && !admit_plan_.members.empty()) {
       admit_at_ = {view, seq};
       st.text = "admit";
-      st.data_root = *root;
-      for (uint32_t id : view_.members) st.members.push_back({id, addresses_[id]});
-      for (auto& j : pending_joiners_) st.members.push_back({next_id_++, j.address});
-      st.failed = joiners;  // fresh until they hold the registered state
-      st.next_id = next_id_;
+      st.data_root = admit_plan_.data_root;
+      st.members = admit_plan_.members;
+      st.failed = admit_plan_.failed;  // fresh until they hold the registered state
+      st.next_id = admit_plan_.next_id;
+      next_id_ = admit_plan_.next_id;
+      admit_plan_.seq = seq;
       pending_joiners_.clear();
-      admit_plan_ = st;
-    } else {
-      LOWCOMM_LOG(kWarn, "elastic member %u: not admitting at collective %llu: %s", me_,
-                  static_cast<unsigned long long>(seq), root.status().message().c_str());
     }
   }
   broadcast(st);

@@ -100,6 +100,12 @@ class ElasticImpl {
   void commit_on_proof(bool report = true);
   void try_commit();  // commits collective committed_+1 once every member's done is in
   void forward_join(const std::string& address);  // to the coordinator, or pending if this is it
+  // Coordinator: names the view it will admit the pending joiners into (kAdmit), so that
+  // members and joiners build its communicator before the admitting collective.
+  void plan_admission();
+  // A kAdmit, or an admitting kStart: build the view it names (and, a member, allocate the
+  // snapshot the joiners will fetch), and relay it to the joiners connected here.
+  void prepare_admission(const membership::Message& m);
   // A change or report from the view this member just left: the message that ended it, again.
   void answer_stale(const membership::Message& m);
   // `hashes`: the members' state hashes of collective `committed` as far as the decider knows
@@ -121,7 +127,7 @@ class ElasticImpl {
   // --- caller's thread ---
   Status ensure_data_comm(std::unique_lock<std::mutex>& lk);
   // mu_ held: begins building the current view's communicator, or view `view` of `members`
-  // (rank order) through `root` as member `self` (ahead of its commit: an admitting start names
+  // (rank order) through `root` as member `self` (ahead of its commit: an admission names
   // it), unless that build is under way already.
   void start_build(uint64_t view);
   void start_build(uint64_t view, const std::vector<uint32_t>& members, const std::string& root,
@@ -221,8 +227,8 @@ class ElasticImpl {
   std::map<std::pair<uint64_t, uint64_t>, std::map<uint32_t, uint64_t>> starts_;
   std::set<std::pair<uint64_t, uint64_t>> admit_starts_;  // the coordinator's said "admit"
   std::pair<uint64_t, uint64_t> admit_at_{~0ull, ~0ull};  // coordinator: admits at this one
-  // Coordinator: the start that announced that admission; it names the next view (members with
-  // the joiners' ids, its data root), which its kCommit names again.
+  // Coordinator: the view it will admit the pending joiners into (members with the joiners'
+  // ids, its data root), as its kAdmit named it; its admitting kStart and kCommit name it again.
   membership::Message admit_plan_;
   // Members whose done of collective committed_ arrived (in this view): a member leaving waits
   // until all are in, so that every member holds what it returned as committed.
@@ -239,7 +245,7 @@ class ElasticImpl {
   // Registered state as served to fresh members: taken when a collective starts in a view with
   // fresh members (the state then is what every replica holds until that collective commits).
   std::shared_ptr<membership::StateBuffer> snapshot_;
-  std::shared_ptr<Ahead> snapshot_ahead_;      // allocated at an admitting start, taken at the next
+  std::shared_ptr<Ahead> snapshot_ahead_;      // allocated when an admission is named, taken at it
   uint64_t snapshot_seq_ = membership::kNone;  // the collective it was taken for
   std::deque<std::pair<uint32_t, membership::Message>> fetches_;  // stripes not yet sent
   uint32_t fetch_batch_ = 0;  // a joiner: the last state_tag batch it asked for

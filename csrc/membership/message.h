@@ -19,7 +19,7 @@ namespace lowcomm::membership {
 
 inline constexpr uint32_t kMagic = 0x424d434c;  // "LCMB"
 inline constexpr uint16_t kVersion = 4;  // 2: kFetch names the stripe's tag; 3: kStart, holders;
-                                         // 4: an admitting kStart names the next view
+                                         // 4: kAdmit; an admitting kStart names the next view
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 << 10;
 inline constexpr uint64_t kTag = 0x4d454d42ull;       // the transport tag of membership messages
@@ -47,6 +47,7 @@ enum class MsgType : uint16_t {
   kJoin = 10,     // a joiner asks to enter (to any member; forwarded to the coordinator)
   kFetch = 11,    // a stripe of the registered state (a joiner) or of a result (text "result")
   kStart = 12,    // to every member: collective `seq` began here; hash: the registered state's
+  kAdmit = 13,    // from the coordinator: the view it will admit pending joiners into
 };
 const char* msg_type_name(MsgType t);
 
@@ -61,20 +62,22 @@ struct Message {
   uint64_t view = 0;
   uint64_t seq = 0;
   // Bodies (only the fields of `type` are encoded):
-  uint64_t time_ns = 0;                // kPing, kPong
-  std::vector<uint32_t> failed;        // kChange, kReport: members the sender cannot reach;
-                                       // kNewView, kCommit, kStart: fresh joiners
-  std::string text;                    // kChange, kNoQuorum: why; kJoin: the joiner's address;
-                                       // kStart, kDone from the coordinator: "admit" (wait for
-                                       // kCommit); kFetch: "result" (else the registered state)
-  uint64_t committed = 0;              // kReport: collectives committed; kNewView: decision
-  uint64_t staged = kNone;             // kReport: collective whose result is held, or kNone
-  uint64_t hash = 0;                   // kStart, kDone: registered state hash; kFetch: offset
-  uint64_t length = 0;                 // kFetch: bytes
-  uint64_t tag = 0;                    // kFetch: the transport tag to send it on (state_tag)
-  uint32_t next_id = 0;                // kNewView, kCommit, kStart: the next joiner's member id
-  std::vector<MemberAddress> members;  // kNewView, kCommit, kStart (admission): the view's members
-  std::string data_root;               // kNewView, kCommit, kStart (admission): its data root
+  uint64_t time_ns = 0;          // kPing, kPong
+  std::vector<uint32_t> failed;  // kChange, kReport: members the sender cannot reach;
+                                 // kNewView, kCommit, kStart, kAdmit: fresh joiners
+  std::string text;              // kChange, kNoQuorum: why; kJoin: the joiner's address;
+                                 // kStart, kDone from the coordinator: "admit" (wait for
+                                 // kCommit); kFetch: "result" (else the registered state)
+  uint64_t committed = 0;        // kReport: collectives committed; kNewView: decision
+  uint64_t staged = kNone;       // kReport: collective whose result is held, or kNone
+  uint64_t hash = 0;             // kStart, kDone: registered state hash; kFetch: offset
+  uint64_t length = 0;           // kFetch: bytes
+  uint64_t tag = 0;              // kFetch: the transport tag to send it on (state_tag)
+  // kNewView, kCommit, kStart (admission), kAdmit: the next joiner's member id, the view's
+  // members, its data root address
+  uint32_t next_id = 0;
+  std::vector<MemberAddress> members;
+  std::string data_root;
   // kCommit, kLeave: each member's state hash; kReport: the dones the sender saw (member, hash);
   // kNewView: the hashes of the collective it commits, as far as the coordinator knows them
   std::vector<std::pair<uint32_t, uint64_t>> hashes;

@@ -26,8 +26,8 @@ Result<std::shared_ptr<StateBuffer>> StateBuffer::allocate(uint64_t bytes) {
   void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return Status(StatusCode::kInternal,
-                  "mapping " + std::to_string(bytes) + " bytes for a copy of the registered state: " +
-                      std::strerror(errno));
+                  "mapping " + std::to_string(bytes) +
+                      " bytes for a copy of the registered state: " + std::strerror(errno));
   std::memset(p, 0, mapped);  // faulted in here, not where it is written
   return std::shared_ptr<StateBuffer>(new StateBuffer(static_cast<uint8_t*>(p), bytes, mapped));
 }

@@ -1,9 +1,10 @@
 #pragma once
 // Memory for a copy of the registered state (docs/membership.md, "Joining"): the snapshot a
 // member serves to fresh members while its caller goes on changing the state, and the buffer a
-// fresh member fetches the state into. Mapped on its own and faulted in when allocated: a member allocates its snapshot ahead (at the start that
-// announces an admission), so that taking it is one copy (fused with the state's hash), not a
-// page fault per 4 KiB on the collective that the whole group waits for.
+// fresh member fetches the state into. Mapped on its own and faulted in when allocated: a member
+// allocates its snapshot ahead (when the coordinator names the view it will admit joiners into),
+// so that taking it is one copy fused with the state's hash, not a page fault per 4 KiB on the
+// collective that the whole group waits for.
 
 #include <cstdint>
 #include <map>

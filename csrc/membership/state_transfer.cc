@@ -16,7 +16,7 @@ using membership::Message;
 using membership::MsgType;
 
 namespace {
-// A snapshot at least this large is allocated ahead, at the start that announces an admission.
+// A snapshot at least this large is allocated ahead, when the view of an admission is named.
 constexpr uint64_t kAheadBytes = 1 << 20;
 }  // namespace
 

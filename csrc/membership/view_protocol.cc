@@ -236,6 +236,68 @@ void ElasticImpl::forward_join(const std::string& address) {
   for (const auto& [id, a] : addresses_)
     if (a == address) return;
   pending_joiners_.push_back({0, address});
+  plan_admission();
+}
+
+void ElasticImpl::plan_admission() {
+  if (view_.coordinator() != me_ || changing_ || !fence_.is_ok() || pending_joiners_.empty())
+    return;
+  // An admission in flight in this view (its start went out): the joiners that asked since
+  // enter the view after it, named once that one is applied (apply_view).
+  if (admit_plan_.view == view_.id && admit_plan_.seq != 0) return;
+  // Named already for exactly these joiners (a plan tied to a collective is spent: its joiners
+  // left the pending list at that start).
+  if (admit_plan_.view == view_.id && admit_plan_.seq == 0 &&
+      admit_plan_.members.size() == view_.members.size() + pending_joiners_.size()) {
+    bool same = true;
+    for (size_t k = 0; k < pending_joiners_.size(); ++k)
+      same = same &&
+             admit_plan_.members[view_.members.size() + k].address == pending_joiners_[k].address;
+    if (same) return;
+  }
+  // Another joiner since the last plan: a new one (a new root; the builds of the last one are
+  // abandoned). The joiners keep their ids: they are dealt from next_id_ in arrival order.
+  std::vector<uint32_t> ids = view_.members;
+  std::vector<uint32_t> joiners;
+  for (uint32_t k = 0; k < pending_joiners_.size(); ++k) joiners.push_back(next_id_ + k);
+  ids.insert(ids.end(), joiners.begin(), joiners.end());
+  auto root = open_data_root(view_.id + 1, ids);
+  if (!root) {
+    LOWCOMM_LOG(kWarn, "elastic member %u: cannot name the view to admit joiners into yet: %s", me_,
+                root.status().message().c_str());
+    return;
+  }
+  Message p = message(MsgType::kAdmit);
+  p.data_root = *root;
+  for (uint32_t id : view_.members) p.members.push_back({id, addresses_[id]});
+  for (size_t k = 0; k < pending_joiners_.size(); ++k)
+    p.members.push_back({joiners[k], pending_joiners_[k].address});
+  p.failed = joiners;
+  p.next_id = next_id_ + static_cast<uint32_t>(joiners.size());
+  admit_plan_ = p;
+  broadcast(p);
+  for (auto& [tid, s] : joiner_slots_) send_to(tid, p);
+  prepare_admission(p);
+}
+
+void ElasticImpl::prepare_admission(const Message& m) {
+  std::vector<uint32_t> next;
+  uint32_t self = me_;
+  for (const auto& a : m.members) {
+    next.push_back(a.id);
+    if (a.address == listener_->address().to_string()) self = a.id;
+  }
+  if (me_ & 0x80000000u) {  // a joiner hears of its admission ahead (relayed)
+    if (self != me_) start_build(m.view + 1, next, m.data_root, self);
+    return;
+  }
+  if (m.view != view_.id || m.from != view_.coordinator() || changing_ || m.members.empty()) return;
+  // (next_id_ stays: it moves at the view's commit. A member that counted the named joiners
+  // early would refuse a joiner that dials it before it applied the commit.)
+  if (!fresh_.count(me_)) allocate_snapshot_ahead();  // the fresh members' next snapshot
+  if (m.from != me_)
+    for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners here
+  start_build(m.view + 1, next, m.data_root, me_);
 }
 
 void ElasticImpl::try_commit() {
@@ -408,6 +470,7 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   for (uint32_t id : lost)
     lose(id, "member " + std::to_string(id) + " of view " + std::to_string(view) +
                  " was lost during the change that formed it");
+  plan_admission();  // joiners still pending (this member coordinates the view)
 }
 
 void ElasticImpl::answer_stale(const Message& m) {
@@ -548,19 +611,17 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       fetches_.push_back({via, m});
       serve_fetches();
       return;
+    case MsgType::kAdmit:
+      // The view the coordinator will admit the pending joiners into: its members and joiners
+      // build that view's communicator from now on, ahead of the commit that applies it (if a
+      // failure aborts the admission instead, the build is abandoned: the view the change forms
+      // has a root and a secret of its own).
+      prepare_admission(m);
+      return;
     case MsgType::kStart: {
-      // An admitting start names the next view: its members and joiners build that view's
-      // communicator from now on, while the collective runs, ahead of the commit that applies
-      // the view (if a failure aborts the admission instead, the build is abandoned: the view
-      // the change forms has a root and a secret of its own).
-      std::vector<uint32_t> next;
-      uint32_t self = me_;
-      for (const auto& a : m.members) {
-        next.push_back(a.id);
-        if (a.address == listener_->address().to_string()) self = a.id;
-      }
-      if (me_ & 0x80000000u) {  // a joiner hears of its admission ahead (relayed)
-        if (m.text == "admit" && self != me_) start_build(m.view + 1, next, m.data_root, self);
+      // An admitting start names that view again (begun at its kAdmit: no second build).
+      if (me_ & 0x80000000u) {
+        if (m.text == "admit" && !m.members.empty()) prepare_admission(m);
         return;
       }
       // Kept for a later view too: a member that applied the next view first may start there
@@ -569,14 +630,7 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       if (starts_.size() >= 64) starts_.erase(starts_.begin());  // bounded: members only
       starts_[{m.view, m.seq}][m.from] = m.hash;
       if (m.text == "admit") admit_starts_.insert({m.view, m.seq});
-      if (m.text == "admit" && !m.members.empty() && m.view == view_.id &&
-          m.from == view_.coordinator() && !changing_) {
-        next_id_ = std::max(next_id_, m.next_id);
-        if (!fresh_.count(me_)) allocate_snapshot_ahead();  // the fresh members' next snapshot
-        if (m.from != me_)
-          for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners here
-        start_build(m.view + 1, next, m.data_root, me_);
-      }
+      if (m.text == "admit" && !m.members.empty()) prepare_admission(m);
       cv_.notify_all();
       return;
     }
