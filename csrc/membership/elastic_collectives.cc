@@ -59,26 +59,41 @@ void ElasticImpl::abort_async(const std::shared_ptr<Communicator>& c) {
   }).detach();
 }
 
+void ElasticImpl::discard_build(BuildSlot& slot) {
+  // Destroyed here, under mu_, a communicator the build finished would say goodbye to peers
+  // that moved on too and wait for them, and the membership thread with it: no heartbeats for
+  // seconds, members evicted as silent.
+  if (slot.build) {
+    std::lock_guard<std::mutex> g(slot.build->mu);
+    if (slot.build->done && slot.build->comm)
+      abort_async(std::shared_ptr<Communicator>(std::move(slot.build->comm).value()));
+  }
+  slot = BuildSlot();
+}
+
 void ElasticImpl::start_build(uint64_t v) {
-  start_build(v, view_.members, data_root_, me_);
+  start_build(v, view_.members, data_root_, me_, /*ahead=*/false);
 }
 
 void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
-                              const std::string& root, uint32_t self) {
-  // Begun already: ahead, at the start that announced an admission, or at its commit, or by
-  // join(). A view of the same id formed by a change instead has a root of its own.
-  if (build_ && build_view_ == v && build_root_ == root) return;
+                              const std::string& root, uint32_t self, bool ahead) {
+  // Begun already: at its commit, or by join(), or ahead (an admission named the view: it
+  // becomes the current view's build). A view of the same id formed by a change instead has a
+  // root of its own. The current view's build and one ahead go on side by side: an admission
+  // may be named while the current view's communicator is still being built.
+  if (build_.is(v, root)) return;
+  if (ahead_.is(v, root)) {
+    if (!ahead) {
+      discard_build(build_);
+      build_ = std::move(ahead_);
+      ahead_ = BuildSlot();
+    }
+    return;
+  }
   auto at = std::find(members.begin(), members.end(), self);
   if (at == members.end() || root.empty()) return;
-  if (build_) {
-    // Replaced (a newer admission's view, or the view a change formed): a communicator it
-    // finished is aborted on a thread of its own. Destroyed here, under mu_, its goodbye
-    // waited for peers that had moved on too, and the membership thread with it: no
-    // heartbeats for seconds, members evicted as silent.
-    std::lock_guard<std::mutex> g(build_->mu);
-    if (build_->done && build_->comm)
-      abort_async(std::shared_ptr<Communicator>(std::move(build_->comm).value()));
-  }
+  BuildSlot& slot = ahead ? ahead_ : build_;
+  discard_build(slot);  // replaced: a newer admission's view, or the view a change formed
   UniqueId id;
   id.root_address = root;
   id.secret = view_secret(v, members);
@@ -100,10 +115,9 @@ void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
     build->done = true;
     build->cv.notify_all();
   }).detach();
-  build_ = std::move(build);
-  build_view_ = v;
-  build_root_ = root;
-  build_started_ = Clock::now();
+  slot.build = std::move(build);
+  slot.view = v;
+  slot.root = root;
 }
 
 Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
@@ -119,8 +133,8 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
       continue;
     }
     uint64_t v = view_.id;
-    start_build(v);  // unless begun at the commit (eagerly)
-    auto build = build_;
+    start_build(v);  // unless begun at the commit (eagerly) or ahead
+    auto build = build_.build;
     auto setup_started = Clock::now();  // the stall: begun at a commit, it may be done already
     abort_async(data_);                 // the previous view's: it lingers for its peers' notices
     data_.reset();
@@ -139,7 +153,7 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
       }
     }
     lk.lock();
-    if (build_ == build) build_.reset();
+    if (build_.build == build) build_ = BuildSlot();
     Result<std::unique_ptr<Communicator>> comm = Status();
     {
       std::lock_guard<std::mutex> g(build->mu);

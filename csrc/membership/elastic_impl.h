@@ -76,10 +76,16 @@ class ElasticImpl {
     std::shared_ptr<const void> bytes;  // what the send reads, kept until it completes
     transport::Request req;
   };
-  struct Attempt;  // one try of a collective (elastic_impl.cc)
-  struct Op;       // what one kind of collective does in an attempt (elastic_impl.cc)
-  struct Build;    // a view's communicator being built (elastic_impl.cc)
-  struct Ahead;    // a snapshot buffer being allocated (state_transfer.cc)
+  struct Attempt;     // one try of a collective (elastic_impl.cc)
+  struct Op;          // what one kind of collective does in an attempt (elastic_impl.cc)
+  struct Build;       // a view's communicator being built (elastic_impl.cc)
+  struct Ahead;       // a snapshot buffer being allocated (state_transfer.cc)
+  struct BuildSlot {  // a view's communicator being built, the view and its root
+    std::shared_ptr<Build> build;
+    uint64_t view = ~0ull;
+    std::string root;
+    bool is(uint64_t v, const std::string& r) const { return build && view == v && root == r; }
+  };
 
   ElasticImpl() = default;
   Status start(const UniqueId& id);  // engine, listener; not the thread
@@ -131,7 +137,9 @@ class ElasticImpl {
   // it), unless that build is under way already.
   void start_build(uint64_t view);
   void start_build(uint64_t view, const std::vector<uint32_t>& members, const std::string& root,
-                   uint32_t self);
+                   uint32_t self, bool ahead);
+  // mu_ held: drops a build (a communicator it finished is aborted on a thread of its own).
+  void discard_build(BuildSlot& slot);
   void abort_async(const std::shared_ptr<Communicator>& c);  // on a thread: it lingers
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
   // Runs `op` in the current view until it commits, fails for good, or runs out of retries:
@@ -191,11 +199,9 @@ class ElasticImpl {
   std::shared_ptr<Communicator> data_;  // the view's communicator; null until built
   std::string data_root_;               // its root address (the coordinator opened it)
   uint64_t data_view_ = ~0ull;          // the view data_ belongs to
-  std::shared_ptr<Build> build_;        // the next view's communicator, being built
-  uint64_t build_view_ = ~0ull;
-  std::string build_root_;  // the root it rendezvouses through
-  Clock::time_point build_started_{};
-  Status fence_;  // non-ok (kFenced): this member takes no further part
+  BuildSlot build_;  // the current view's (begun at its commit, by join(), or when first needed)
+  BuildSlot ahead_;  // the view an admission names, built before the commit that applies it
+  Status fence_;     // non-ok (kFenced): this member takes no further part
   // The last stall of the membership thread longer than half the failure timeout (0: none).
   std::chrono::milliseconds stalled_for_{0};
   Clock::time_point fenced_at_{};

@@ -288,7 +288,7 @@ void ElasticImpl::prepare_admission(const Message& m) {
     if (a.address == listener_->address().to_string()) self = a.id;
   }
   if (me_ & 0x80000000u) {  // a joiner hears of its admission ahead (relayed)
-    if (self != me_) start_build(m.view + 1, next, m.data_root, self);
+    if (self != me_) start_build(m.view + 1, next, m.data_root, self, /*ahead=*/true);
     return;
   }
   if (m.view != view_.id || m.from != view_.coordinator() || changing_ || m.members.empty()) return;
@@ -297,7 +297,7 @@ void ElasticImpl::prepare_admission(const Message& m) {
   if (!fresh_.count(me_)) allocate_snapshot_ahead();  // the fresh members' next snapshot
   if (m.from != me_)
     for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners here
-  start_build(m.view + 1, next, m.data_root, me_);
+  start_build(m.view + 1, next, m.data_root, me_, /*ahead=*/true);
 }
 
 void ElasticImpl::try_commit() {
@@ -448,6 +448,7 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   ++stats_.view_changes;
   if (was_changing) stats_.last_view_change = Clock::now() - started;
   abort_async(data_);  // the old view's communicator; the caller builds the next
+  if (ahead_.build && !ahead_.is(view, data_root)) discard_build(ahead_);  // named, not applied
   // Joiners that entered here and are not in this view yet: their request may have died with
   // the previous coordinator.
   for (auto& [tid, address] : joiner_address_) {
