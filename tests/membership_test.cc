@@ -973,6 +973,81 @@ TEST(Membership, EncryptOptionKeepsTheFetchedStateOffTheWire) {
 // Two joiners admitted by one commit connect to each other once (the higher id dials), enter
 // together and agree with the group: no view change but the admission. Before, both dialled
 // and each one's accept closed its own dialled connection, which the other read as a failure.
+// Joiners asking one shortly after the other: the second often asks while the first one's
+// admission is under way, and the coordinator names its view as soon as the first one's is
+// applied, while every member's build of that view (begun ahead) is not yet its current build.
+// Naming the next one must not discard it: no collective of anyone aborts, nobody is fenced,
+// and all five end in one view with the same state.
+TEST(Membership, AJoinerAskingDuringAnAdmissionDoesNotDisturbIt) {
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kState = 1 << 18;
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      auto ec = found_member(fx, r, 3, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      std::vector<float> state(kState, 0.25f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      fx.shared->published++;
+      std::vector<float> buf(1 << 14);
+      for (int round = 0; round < 400 && (*ec)->size() < 5; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+        std::this_thread::sleep_for(2ms);
+      }
+      for (int round = 0; round < 3; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+      }
+      auto st = (*ec)->stats();
+      return "ok size=" + std::to_string((*ec)->size()) + " retried=" + std::to_string(st.retried) +
+             " sum=" + std::to_string(buf[0]);
+    }));
+  }
+  for (int j = 0; j < 2; ++j) {
+    ps.push_back(spawn([&, j]() -> std::string {
+      while (fx.shared->published.load() < 3 + j) std::this_thread::sleep_for(1ms);
+      if (j == 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (j == 0) fx.shared->published++;
+      auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[1 + j]}, o);
+      if (!ec) return "join: " + ec.status().to_string();
+      std::vector<float> state(kState, 0.0f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      std::vector<float> buf(1 << 14);
+      for (int round = 0; round < 400 && (*ec)->size() < 5; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+      }
+      for (int round = 0; round < 3; ++round) {
+        std::fill(buf.begin(), buf.end(), 1.0f);
+        Status s =
+            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+        if (!s.is_ok()) return "round failed " + s.to_string();
+      }
+      return "ok size=" + std::to_string((*ec)->size()) +
+             " retried=" + std::to_string((*ec)->stats().retried) +
+             " sum=" + std::to_string(buf[0]) + " state=" + std::to_string(state[0]);
+    }));
+  }
+  fx.parent_done_forking();
+  collect(ps, 90);
+  for (auto& p : ps) {
+    EXPECT_EQ(p.exit_code, 0) << p.text;
+    EXPECT_EQ(field(p.text, "retried"), "0") << p.text;  // no view change but the admissions
+    EXPECT_EQ(field(p.text, "sum"), "5.000000") << p.text;
+  }
+  for (int j = 3; j < 5; ++j) EXPECT_EQ(field(ps[j].text, "state"), "0.250000") << ps[j].text;
+}
+
 TEST(Membership, TwoJoinersAdmittedTogetherBothEnter) {
   Fixture fx;
   ElasticOptions o = test_options();

@@ -39,6 +39,9 @@ struct ElasticImpl::Build {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  // Nobody will take the communicator: the build thread aborts it itself when it finishes
+  // (discard_build).
+  bool discarded = false;
   Result<std::unique_ptr<Communicator>> comm = Status();
 };
 
@@ -60,15 +63,22 @@ void ElasticImpl::abort_async(const std::shared_ptr<Communicator>& c) {
 }
 
 void ElasticImpl::discard_build(BuildSlot& slot) {
-  // Destroyed here, under mu_, a communicator the build finished would say goodbye to peers
-  // that moved on too and wait for them, and the membership thread with it: no heartbeats for
-  // seconds, members evicted as silent.
-  if (slot.build) {
-    std::lock_guard<std::mutex> g(slot.build->mu);
-    if (slot.build->done && slot.build->comm)
-      abort_async(std::shared_ptr<Communicator>(std::move(slot.build->comm).value()));
-  }
+  discard_build(slot.build);
   slot = BuildSlot();
+}
+
+void ElasticImpl::discard_build(const std::shared_ptr<Build>& build) {
+  // Destroyed under mu_, a communicator the build finished would say goodbye to peers that
+  // moved on too and wait for them, and the membership thread with it: no heartbeats for
+  // seconds, members evicted as silent. Finished: aborted on a thread of its own; not yet: the
+  // build thread aborts it when it finishes (whoever drops the last reference then holds no
+  // communicator).
+  if (!build) return;
+  std::lock_guard<std::mutex> g(build->mu);
+  build->discarded = true;
+  if (build->done && build->comm)
+    abort_async(std::shared_ptr<Communicator>(std::move(build->comm).value()));
+  build->comm = Status(StatusCode::kAborted, "discarded");
 }
 
 void ElasticImpl::start_build(uint64_t v) {
@@ -110,10 +120,15 @@ void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
       std::chrono::seconds(5));
   std::thread([build, id, rank, size, opts] {
     auto c = Communicator::init(id, rank, size, opts);
-    std::lock_guard<std::mutex> g(build->mu);
-    build->comm = std::move(c);
+    std::unique_lock<std::mutex> g(build->mu);
     build->done = true;
     build->cv.notify_all();
+    if (!build->discarded) {
+      build->comm = std::move(c);
+      return;
+    }
+    g.unlock();
+    if (c) (*c)->abort();  // discarded meanwhile: nobody takes it (destroyed here, not under mu_)
   }).detach();
   slot.build = std::move(build);
   slot.view = v;
@@ -135,6 +150,10 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
     uint64_t v = view_.id;
     start_build(v);  // unless begun at the commit (eagerly) or ahead
     auto build = build_.build;
+    if (!build)
+      return internal_error("view " + std::to_string(v) + " = " + id_list(view_.members) +
+                            ": no communicator to build (member " + std::to_string(me_) +
+                            " not in it, or no data root)");
     auto setup_started = Clock::now();  // the stall: begun at a commit, it may be done already
     abort_async(data_);                 // the previous view's: it lingers for its peers' notices
     data_.reset();
@@ -154,16 +173,14 @@ Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
     }
     lk.lock();
     if (build_.build == build) build_ = BuildSlot();
+    if (abandoned || view_.id != v) {  // the view changed meanwhile: build the next one
+      discard_build(build);
+      continue;
+    }
     Result<std::unique_ptr<Communicator>> comm = Status();
     {
       std::lock_guard<std::mutex> g(build->mu);
-      if (build->done) comm = std::move(build->comm);
-    }
-    if (abandoned || view_.id != v) {  // the view changed meanwhile: build the next one
-      // (A communicator it finished goes on a thread: destroyed under mu_, its goodbye would
-      // hold up the membership thread.)
-      if (comm) abort_async(std::shared_ptr<Communicator>(std::move(comm).value()));
-      continue;
+      comm = std::move(build->comm);
     }
     if (!comm) {
       begin_change("building view " + std::to_string(v) +

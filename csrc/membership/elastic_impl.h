@@ -140,6 +140,7 @@ class ElasticImpl {
                    uint32_t self, bool ahead);
   // mu_ held: drops a build (a communicator it finished is aborted on a thread of its own).
   void discard_build(BuildSlot& slot);
+  void discard_build(const std::shared_ptr<Build>& build);
   void abort_async(const std::shared_ptr<Communicator>& c);  // on a thread: it lingers
   Status wait_for_view_after(std::unique_lock<std::mutex>& lk, uint64_t view);
   // Runs `op` in the current view until it commits, fails for good, or runs out of retries:

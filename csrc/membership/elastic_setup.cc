@@ -305,6 +305,8 @@ ElasticImpl::~ElasticImpl() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     data = std::move(data_);
+    discard_build(build_);  // a communicator built and never used is aborted, not waited on
+    discard_build(ahead_);
     for (auto& [id, s] : slots_) s.peer->abort();
     for (auto& [id, s] : joiner_slots_) s.peer->abort();
   }

@@ -288,7 +288,9 @@ void ElasticImpl::prepare_admission(const Message& m) {
     if (a.address == listener_->address().to_string()) self = a.id;
   }
   if (me_ & 0x80000000u) {  // a joiner hears of its admission ahead (relayed)
-    if (self != me_) start_build(m.view + 1, next, m.data_root, self, /*ahead=*/true);
+    // Not an older plan arriving late (through another seed): it would replace the newer one.
+    if (self != me_ && !(ahead_.build && m.view + 1 < ahead_.view))
+      start_build(m.view + 1, next, m.data_root, self, /*ahead=*/true);
     return;
   }
   if (m.view != view_.id || m.from != view_.coordinator() || changing_ || m.members.empty()) return;
@@ -448,7 +450,15 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
   ++stats_.view_changes;
   if (was_changing) stats_.last_view_change = Clock::now() - started;
   abort_async(data_);  // the old view's communicator; the caller builds the next
-  if (ahead_.build && !ahead_.is(view, data_root)) discard_build(ahead_);  // named, not applied
+  if (ahead_.is(view, data_root)) {
+    // Built ahead: it is this view's build now (before a joiner still pending has the next
+    // view named, which would put its own build in the slot ahead).
+    discard_build(build_);
+    build_ = std::move(ahead_);
+    ahead_ = BuildSlot();
+  } else if (ahead_.build) {
+    discard_build(ahead_);  // named, not applied
+  }
   // Joiners that entered here and are not in this view yet: their request may have died with
   // the previous coordinator.
   for (auto& [tid, address] : joiner_address_) {
