@@ -973,6 +973,23 @@ TEST(Membership, EncryptOptionKeepsTheFetchedStateOffTheWire) {
 // Two joiners admitted by one commit connect to each other once (the higher id dials), enter
 // together and agree with the group: no view change but the admission. Before, both dialled
 // and each one's accept closed its own dialled connection, which the other read as a failure.
+// Sums of ones (`pause` after each) until the view has five members, then three more; "" or why
+// a round failed. buf holds the last round's sum.
+std::string sum_until_five(ElasticCommunicator& ec, std::vector<float>& buf,
+                           std::chrono::milliseconds pause) {
+  auto sum = [&] {
+    std::fill(buf.begin(), buf.end(), 1.0f);
+    return ec.all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
+  };
+  for (int round = 0; round < 400 && ec.size() < 5; ++round) {
+    if (Status s = sum(); !s.is_ok()) return "round failed " + s.to_string();
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
+  }
+  for (int round = 0; round < 3; ++round)
+    if (Status s = sum(); !s.is_ok()) return "round failed " + s.to_string();
+  return "";
+}
+
 // Joiners asking one shortly after the other: the second often asks while the first one's
 // admission is under way, and the coordinator names its view as soon as the first one's is
 // applied, while every member's build of that view (begun ahead) is not yet its current build.
@@ -992,19 +1009,7 @@ TEST(Membership, AJoinerAskingDuringAnAdmissionDoesNotDisturbIt) {
         return s.to_string();
       fx.shared->published++;
       std::vector<float> buf(1 << 14);
-      for (int round = 0; round < 400 && (*ec)->size() < 5; ++round) {
-        std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s =
-            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-        if (!s.is_ok()) return "round failed " + s.to_string();
-        std::this_thread::sleep_for(2ms);
-      }
-      for (int round = 0; round < 3; ++round) {
-        std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s =
-            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-        if (!s.is_ok()) return "round failed " + s.to_string();
-      }
+      if (auto why = sum_until_five(**ec, buf, 2ms); !why.empty()) return why;
       auto st = (*ec)->stats();
       return "ok size=" + std::to_string((*ec)->size()) + " retried=" + std::to_string(st.retried) +
              " sum=" + std::to_string(buf[0]);
@@ -1021,18 +1026,7 @@ TEST(Membership, AJoinerAskingDuringAnAdmissionDoesNotDisturbIt) {
       if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
         return s.to_string();
       std::vector<float> buf(1 << 14);
-      for (int round = 0; round < 400 && (*ec)->size() < 5; ++round) {
-        std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s =
-            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-        if (!s.is_ok()) return "round failed " + s.to_string();
-      }
-      for (int round = 0; round < 3; ++round) {
-        std::fill(buf.begin(), buf.end(), 1.0f);
-        Status s =
-            (*ec)->all_reduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum);
-        if (!s.is_ok()) return "round failed " + s.to_string();
-      }
+      if (auto why = sum_until_five(**ec, buf, 0ms); !why.empty()) return why;
       return "ok size=" + std::to_string((*ec)->size()) +
              " retried=" + std::to_string((*ec)->stats().retried) +
              " sum=" + std::to_string(buf[0]) + " state=" + std::to_string(state[0]);
