@@ -1,16 +1,33 @@
 #include "collectives/scratch_pool.h"
 
+#include <utility>
+
 namespace lowcomm::collectives {
+
+namespace {
+
+// The smallest block of `words` to 2 * `words` words in `blocks`, removed; empty if none.
+ScratchPool::Block take_from(ScratchBlocks& blocks, uint64_t words) {
+  auto it = blocks.lower_bound(words);
+  if (it == blocks.end() || it->first > 2 * words) return {};
+  ScratchPool::Block b{std::move(it->second), it->first};
+  blocks.erase(it);
+  return b;
+}
+
+}  // namespace
+
+ScratchPool::~ScratchPool() {
+  ScratchCache::process().give(std::move(free_));
+}
 
 ScratchPool::Block ScratchPool::take(uint64_t bytes) {
   const uint64_t words = (bytes + 7) / 8 + 1;
-  auto it = free_.lower_bound(words);
-  if (it != free_.end() && it->first <= 2 * words) {
-    Block b{std::move(it->second), it->first};
+  if (Block b = take_from(free_, words); b.mem) {
     pooled_bytes_ -= b.words * 8;
-    free_.erase(it);
     return b;
   }
+  if (Block b = ScratchCache::process().take(words); b.mem) return b;
   return Block{std::make_unique_for_overwrite<uint64_t[]>(words), words};
 }
 
@@ -18,6 +35,43 @@ void ScratchPool::give(Block block) {
   if (!block.mem || pooled_bytes_ + block.words * 8 > kMaxPooledBytes) return;
   pooled_bytes_ += block.words * 8;
   free_.emplace(block.words, std::move(block.mem));
+}
+
+ScratchCache& ScratchCache::process() {
+  // Never destroyed: pools of communicators that outlive main()'s statics still give to it.
+  static auto* cache = new ScratchCache();
+  return *cache;
+}
+
+ScratchPool::Block ScratchCache::take(uint64_t words) {
+  std::lock_guard<std::mutex> g(mu_);
+  ScratchPool::Block b = take_from(free_, words);
+  if (b.mem) bytes_ -= b.words * 8;
+  return b;
+}
+
+void ScratchCache::give(ScratchBlocks blocks) {
+  // The largest first: they cost the most faults to make again.
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    if (bytes_ + it->first * 8 > kMaxCachedBytes) continue;  // freed with `blocks`
+    bytes_ += it->first * 8;
+    free_.emplace(it->first, std::move(it->second));
+  }
+}
+
+uint64_t ScratchCache::cached_bytes() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return bytes_;
+}
+
+void ScratchCache::clear() {
+  ScratchBlocks gone;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    gone.swap(free_);
+    bytes_ = 0;
+  }
 }
 
 }  // namespace lowcomm::collectives

@@ -388,12 +388,15 @@ Status ElasticImpl::run_collective(const Op& op) {
     // untouched, and once committed the result stays there until the next collective commits,
     // for a member of the next view that lacks it (rolling forward). A buffer still on a link
     // (a stripe served from it) is left to that send.
-    std::shared_ptr<std::vector<uint8_t>> res;
+    std::shared_ptr<ResultBuffer> res;
     {
       std::lock_guard<std::mutex> g(mu_);
       auto& slot = results_[a.seq % 2];
-      if (!slot || slot.use_count() > 1) slot = std::make_shared<std::vector<uint8_t>>();
-      if (slot->size() < bytes) slot->resize(bytes);
+      if (!slot || slot.use_count() > 1 || slot->size < bytes) {
+        slot = std::make_shared<ResultBuffer>();
+        slot->bytes = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+        slot->size = bytes;
+      }
       res = slot;
     }
     // The registered state cannot change while the caller is in this call: its snapshot for

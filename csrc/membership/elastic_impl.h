@@ -263,7 +263,14 @@ class ElasticImpl {
   // buffer once committed, and kept there until collective s + 1 commits here (then every
   // member of the view holds s), to be served to a member that lacks it (rolling forward).
   // kept_seq_: the committed collective whose result is kept (kept_bytes_ of it).
-  std::shared_ptr<std::vector<uint8_t>> results_[2];
+  // Not value-initialised: a 64 MiB memset on the collective's path (a pass over memory the
+  // collective writes anyway) cost every first use of a slot, a retry after a failure included.
+  struct ResultBuffer {
+    std::unique_ptr<uint8_t[]> bytes;
+    uint64_t size = 0;
+    uint8_t* data() const { return bytes.get(); }
+  };
+  std::shared_ptr<ResultBuffer> results_[2];
   // Caller's thread: what a ResultMover's moved parts replaced in recv, until the commit.
   std::unique_ptr<uint8_t[]> backup_;
   uint64_t backup_bytes_ = 0;
