@@ -1160,7 +1160,14 @@ TEST(Membership, CApiAbortsThenSucceedsInTheNextView) {
       if (lowcommElasticAllReduce(buf.data(), buf.data(), buf.size(), lowcommFloat32, lowcommSum,
                                   nullptr, nullptr, c) != lowcommSuccess)
         return std::string("round 0: ") + lowcommElasticGetLastError(c);
-      if (r == 2) ::raise(SIGKILL);  // between collectives: the next one finds it gone
+      // Between collectives: the next one finds it gone. Only once the others hold round 0: a
+      // member returns ok once its own data is complete, and one killed before the others'
+      // data is (its last bytes reset with the connection) rightly leaves them to abort it.
+      if (r == 2) {
+        while (fx.shared->published.load() < 2) std::this_thread::sleep_for(1ms);
+        ::raise(SIGKILL);
+      }
+      ++fx.shared->published;
       std::fill(buf.begin(), buf.end(), static_cast<float>(r + 1));
       lowcommResult_t res = lowcommElasticAllReduce(buf.data(), buf.data(), buf.size(),
                                                     lowcommFloat32, lowcommSum, "q8", nullptr, c);
@@ -1357,14 +1364,23 @@ TEST(MembershipMessage, RoundTripsAndRejectsMalformed) {
   bad = b;
   bad[bad.size() - 28] = 0xff;  // the last address's length: past the end
   EXPECT_FALSE(membership::decode(bad.data(), bad.size(), "t").is_ok());
-  // The newest type decodes (kAdmit: the view an admission will commit); the one after it not.
+  // The newest types decode (kAdmit: the view an admission will commit; kReady: a member built
+  // it); the one after them not.
   m.type = membership::MsgType::kAdmit;
   b = membership::encode(m);
   d = membership::decode(b.data(), b.size(), "t");
   ASSERT_TRUE(d.is_ok()) << d.status().to_string();
   EXPECT_EQ(d->type, membership::MsgType::kAdmit);
   EXPECT_EQ(d->data_root, "127.0.0.1:9");
-  b[6] = static_cast<uint8_t>(static_cast<int>(membership::MsgType::kAdmit) + 1);
+  m.type = membership::MsgType::kReady;
+  m.next_id = 7;
+  b = membership::encode(m);
+  d = membership::decode(b.data(), b.size(), "t");
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(d->type, membership::MsgType::kReady);
+  EXPECT_EQ(d->next_id, 7u);
+  EXPECT_EQ(d->data_root, "127.0.0.1:9");
+  b[6] = static_cast<uint8_t>(static_cast<int>(membership::MsgType::kReady) + 1);
   EXPECT_FALSE(membership::decode(b.data(), b.size(), "t").is_ok());
 }
 

@@ -115,9 +115,7 @@ void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
   // SYN back-off, say) fails after four failure timeouts, at least 5 s, instead of the
   // operations' deadline (30 minutes by default): the view changes and the next build starts.
   CommOptions opts = options_.comm;
-  opts.init_timeout = std::max<std::chrono::milliseconds>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(failure_floor_ * 4),
-      std::chrono::seconds(5));
+  opts.init_timeout = build_timeout();
   std::thread([build, id, rank, size, opts] {
     auto c = Communicator::init(id, rank, size, opts);
     std::unique_lock<std::mutex> g(build->mu);
@@ -133,6 +131,40 @@ void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
   slot.build = std::move(build);
   slot.view = v;
   slot.root = root;
+  slot.self = self;
+}
+
+std::chrono::milliseconds ElasticImpl::build_timeout() const {
+  return std::max<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(failure_floor_ * 4),
+      std::chrono::seconds(5));
+}
+
+void ElasticImpl::report_ready() {
+  // The view an admission named is built here: the coordinator admits once every member of it
+  // is (a joiner's kReady goes through its seed), so that the first collective there waits for
+  // no connection. A build that failed is never reported: the coordinator admits after
+  // build_timeout() all the same, and that view's first collective fails and changes the view.
+  if (!ahead_.build || ready_sent_ == ahead_.root || !fence_.is_ok()) return;
+  {
+    std::lock_guard<std::mutex> g(ahead_.build->mu);
+    if (!ahead_.build->done) return;
+    if (!ahead_.build->comm.is_ok()) {
+      ready_sent_ = ahead_.root;
+      return;
+    }
+  }
+  ready_sent_ = ahead_.root;
+  Message r = message(MsgType::kReady);
+  r.data_root = ahead_.root;
+  r.next_id = ahead_.self;
+  if (me_ & 0x80000000u) {
+    for (auto& [id, s] : slots_) send_to(id, r);  // its seeds (not admitted: no others)
+  } else if (view_.coordinator() == me_) {
+    on_ready(r);
+  } else {
+    send_to(view_.coordinator(), r);
+  }
 }
 
 Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
@@ -647,10 +679,16 @@ void ElasticImpl::announce_start(uint64_t view, uint64_t seq, uint64_t hash) {
   // The coordinator decides here whether this collective admits the joiners pending now (its
   // done and kCommit follow); the members learn it before their data completes. Its start
   // names the view its kAdmit named (the joiners' ids, the data root), whose communicator the
-  // members and the joiners have been building since.
+  // members and the joiners have been building since: it admits once all of them have built
+  // it (kReady), so that the new view's first collective waits for no connection.
   if (view_.coordinator() == me_ && !pending_joiners_.empty()) {
     plan_admission();  // (named already, unless opening its root failed then)
-    if (admit_plan_.view == view && admit_plan_.seq == 0 && !admit_plan_.members.empty()) {
+    // Not while this view has fresh members: a fresh member may still be fetching the snapshot
+    // of its first collective after that collective commits everywhere, and the snapshot for
+    // the next joiners (taken at the first collective of their view) replaces it on every
+    // source; its stripes then went unserved until its fetch timed out and it was fenced.
+    if (admit_plan_.view == view && admit_plan_.seq == 0 && !admit_plan_.members.empty() &&
+        fresh_.empty() && admission_ready()) {
       admit_at_ = {view, seq};
       st.text = "admit";
       st.data_root = admit_plan_.data_root;

@@ -130,6 +130,8 @@ void ElasticImpl::loop() {
             Message pong = message(MsgType::kPong);
             pong.time_ns = m->time_ns;
             send_to(id, pong);
+          } else if (m && m->type == MsgType::kReady && fence_.is_ok()) {
+            on_ready(*m);  // its communicator of the view it will be admitted into is built
           } else if (m && m->type == MsgType::kJoin && fence_.is_ok()) {
             // Forwarded to the coordinator, which admits it at its next commit; forwarded again
             // to the next coordinator after every view change until it is admitted.
@@ -171,6 +173,7 @@ void ElasticImpl::loop() {
         joiner_address_.clear();
       }
       serve_fetches();
+      report_ready();
       while (!outbox_.empty() && outbox_.front().req.test()) outbox_.pop_front();
       if (outbox_.size() > 4096) {
         std::erase_if(outbox_, [](const Outgoing& o) { return o.req.test(); });

@@ -84,6 +84,7 @@ class ElasticImpl {
     std::shared_ptr<Build> build;
     uint64_t view = ~0ull;
     std::string root;
+    uint32_t self = 0;  // this member's id in that view
     bool is(uint64_t v, const std::string& r) const { return build && view == v && root == r; }
   };
 
@@ -109,6 +110,10 @@ class ElasticImpl {
   // Coordinator: names the view it will admit the pending joiners into (kAdmit), so that
   // members and joiners build its communicator before the admitting collective.
   void plan_admission();
+  bool admission_ready() const;  // coordinator: every member of admit_plan_ built its view
+  void report_ready();           // a kReady once the view built ahead is built here
+  void on_ready(const membership::Message& m);  // coordinator: a member or joiner is ready
+  std::chrono::milliseconds build_timeout() const;
   // A kAdmit, or an admitting kStart: build the view it names (and, a member, allocate the
   // snapshot the joiners will fetch), and relay it to the joiners connected here.
   void prepare_admission(const membership::Message& m);
@@ -237,6 +242,14 @@ class ElasticImpl {
   // Coordinator: the view it will admit the pending joiners into (members with the joiners'
   // ids, its data root), as its kAdmit named it; its admitting kStart and kCommit name it again.
   membership::Message admit_plan_;
+  // Coordinator: when it named admit_plan_, and the members of that view (joiners included, by
+  // their ids there) whose communicator of it is built (kReady). It admits once all are, so the
+  // first collective of the new view waits for no connection (or after build_timeout(), as if
+  // they were: a build that failed fails that collective, and the view changes).
+  Clock::time_point admit_planned_at_{};
+  std::set<uint32_t> admit_ready_;
+  // Every member and joiner: the data root of the view built ahead whose kReady it sent.
+  std::string ready_sent_;
   // Members whose done of collective committed_ arrived (in this view): a member leaving waits
   // until all are in, so that every member holds what it returned as committed.
   std::set<uint32_t> settled_;

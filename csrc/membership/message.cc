@@ -105,6 +105,8 @@ const char* msg_type_name(MsgType t) {
       return "start";
     case MsgType::kAdmit:
       return "admit";
+    case MsgType::kReady:
+      return "ready";
   }
   return "?";
 }
@@ -152,7 +154,7 @@ Result<Message> decode(const uint8_t* p, size_t n, const std::string& who) {
   if (load_le32(p) != kMagic) return bad("bad magic");
   if (load_le16(p + 4) != kVersion) return bad("unknown version");
   uint16_t type = load_le16(p + 6);
-  if (type < static_cast<uint16_t>(MsgType::kPing) || type > static_cast<uint16_t>(MsgType::kAdmit))
+  if (type < static_cast<uint16_t>(MsgType::kPing) || type > static_cast<uint16_t>(MsgType::kReady))
     return bad("unknown type");
   Message m;
   m.type = static_cast<MsgType>(type);

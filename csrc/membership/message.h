@@ -18,8 +18,9 @@
 namespace lowcomm::membership {
 
 inline constexpr uint32_t kMagic = 0x424d434c;  // "LCMB"
-inline constexpr uint16_t kVersion = 4;  // 2: kFetch names the stripe's tag; 3: kStart, holders;
-                                         // 4: kAdmit; an admitting kStart names the next view
+inline constexpr uint16_t kVersion = 5;  // 2: kFetch names the stripe's tag; 3: kStart, holders;
+                                         // 4: kAdmit; an admitting kStart names the next view;
+                                         // 5: kReady
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 << 10;
 inline constexpr uint64_t kTag = 0x4d454d42ull;       // the transport tag of membership messages
@@ -48,6 +49,8 @@ enum class MsgType : uint16_t {
   kFetch = 11,    // a stripe of the registered state (a joiner) or of a result (text "result")
   kStart = 12,    // to every member: collective `seq` began here; hash: the registered state's
   kAdmit = 13,    // from the coordinator: the view it will admit pending joiners into
+  kReady = 14,    // to the coordinator (a joiner's through its seed): the sender's communicator
+                  // of the view a kAdmit named (data_root) is built; next_id: its id there
 };
 const char* msg_type_name(MsgType t);
 
@@ -74,7 +77,7 @@ struct Message {
   uint64_t length = 0;           // kFetch: bytes
   uint64_t tag = 0;              // kFetch: the transport tag to send it on (state_tag)
   // kNewView, kCommit, kStart (admission), kAdmit: the next joiner's member id, the view's
-  // members, its data root address
+  // members, its data root address; kReady: the sender's id in that view, its data root
   uint32_t next_id = 0;
   std::vector<MemberAddress> members;
   std::string data_root;

@@ -275,9 +275,31 @@ void ElasticImpl::plan_admission() {
   p.failed = joiners;
   p.next_id = next_id_ + static_cast<uint32_t>(joiners.size());
   admit_plan_ = p;
+  admit_planned_at_ = Clock::now();
+  admit_ready_.clear();
   broadcast(p);
   for (auto& [tid, s] : joiner_slots_) send_to(tid, p);
   prepare_admission(p);
+}
+
+void ElasticImpl::on_ready(const Message& m) {
+  if (view_.coordinator() != me_) {
+    // A joiner's, through the seed it is connected to: on to the coordinator. (A member's goes
+    // to the coordinator of its view directly; one that reaches a non-coordinator is stale.)
+    if (m.from & 0x80000000u) send_to(view_.coordinator(), m);
+    return;
+  }
+  if (m.data_root != admit_plan_.data_root) return;  // built for a plan since replaced
+  for (const auto& a : admit_plan_.members)
+    if (a.id == m.next_id) admit_ready_.insert(a.id);
+}
+
+bool ElasticImpl::admission_ready() const {
+  // Past the builds' own timeout a member that is not ready will not be: admit all the same.
+  if (Clock::now() - admit_planned_at_ >= build_timeout()) return true;
+  for (const auto& a : admit_plan_.members)
+    if (!admit_ready_.count(a.id)) return false;
+  return true;
 }
 
 void ElasticImpl::prepare_admission(const Message& m) {
@@ -621,6 +643,9 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
     case MsgType::kFetch:
       fetches_.push_back({via, m});
       serve_fetches();
+      return;
+    case MsgType::kReady:
+      on_ready(m);
       return;
     case MsgType::kAdmit:
       // The view the coordinator will admit the pending joiners into: its members and joiners
