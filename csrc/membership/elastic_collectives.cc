@@ -132,6 +132,7 @@ void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
   slot.view = v;
   slot.root = root;
   slot.self = self;
+  slot.serial = ++builds_begun_;
 }
 
 std::chrono::milliseconds ElasticImpl::build_timeout() const {
@@ -145,16 +146,16 @@ void ElasticImpl::report_ready() {
   // is (a joiner's kReady goes through its seed), so that the first collective there waits for
   // no connection. A build that failed is never reported: the coordinator admits after
   // build_timeout() all the same, and that view's first collective fails and changes the view.
-  if (!ahead_.build || ready_sent_ == ahead_.root || !fence_.is_ok()) return;
+  if (!ahead_.build || ready_sent_ == ahead_.serial || !fence_.is_ok()) return;
   {
     std::lock_guard<std::mutex> g(ahead_.build->mu);
     if (!ahead_.build->done) return;
     if (!ahead_.build->comm.is_ok()) {
-      ready_sent_ = ahead_.root;
+      ready_sent_ = ahead_.serial;
       return;
     }
   }
-  ready_sent_ = ahead_.root;
+  ready_sent_ = ahead_.serial;
   Message r = message(MsgType::kReady);
   r.data_root = ahead_.root;
   r.next_id = ahead_.self;

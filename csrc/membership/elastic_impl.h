@@ -84,7 +84,8 @@ class ElasticImpl {
     std::shared_ptr<Build> build;
     uint64_t view = ~0ull;
     std::string root;
-    uint32_t self = 0;  // this member's id in that view
+    uint32_t self = 0;    // this member's id in that view
+    uint64_t serial = 0;  // which build of this member's (a root's port may be used again)
     bool is(uint64_t v, const std::string& r) const { return build && view == v && root == r; }
   };
 
@@ -248,8 +249,10 @@ class ElasticImpl {
   // they were: a build that failed fails that collective, and the view changes).
   Clock::time_point admit_planned_at_{};
   std::set<uint32_t> admit_ready_;
-  // Every member and joiner: the data root of the view built ahead whose kReady it sent.
-  std::string ready_sent_;
+  // Every member and joiner: builds begun, and the serial of the one built ahead whose kReady
+  // it sent.
+  uint64_t builds_begun_ = 0;
+  uint64_t ready_sent_ = 0;
   // Members whose done of collective committed_ arrived (in this view): a member leaving waits
   // until all are in, so that every member holds what it returned as committed.
   std::set<uint32_t> settled_;
