@@ -46,6 +46,7 @@ struct Shared {
   double static_s[16];
   std::atomic<int> finished{0};
   std::atomic<int> filled[3] = {0, 0, 0};  // per round: members whose input is ready
+  std::atomic<int> failed{0};              // a member failed: nobody waits for it
 };
 
 int64_t now_ns() {
@@ -95,6 +96,7 @@ void member(Shared* sh, const UniqueId& id, const UniqueId& static_id, int r, co
   auto ec = ElasticCommunicator::init(id, r, a.members, options());
   if (!ec) {
     std::fprintf(stderr, "member %d: %s\n", r, ec.status().to_string().c_str());
+    sh->failed = 1;
     _exit(1);
   }
   uint64_t n = static_cast<uint64_t>(a.mib * (1 << 20) / 4);
@@ -148,8 +150,10 @@ void member(Shared* sh, const UniqueId& id, const UniqueId& static_id, int r, co
     // collective, and the time to the survivors' completion holds no one's input preparation
     // (four members filling 64 MiB on two cores start up to 100 ms apart otherwise).
     ++sh->filled[round];
-    while (sh->filled[round] < a.members)
+    while (sh->filled[round] < a.members) {
+      if (sh->failed) _exit(1);
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     std::thread inj;
     if (round == kFaultRound && r == victim) {
       inj = std::thread([&] {
@@ -163,7 +167,7 @@ void member(Shared* sh, const UniqueId& id, const UniqueId& static_id, int r, co
     if (inj.joinable()) inj.join();
     if (!s.is_ok()) {
       std::fprintf(stderr, "member %d round %d: %s\n", r, round, s.to_string().c_str());
-      ++sh->finished;  // the others stop waiting for it
+      sh->failed = 1;  // the others stop waiting for it
       _exit(1);
     }
   }
@@ -173,7 +177,8 @@ void member(Shared* sh, const UniqueId& id, const UniqueId& static_id, int r, co
   // Stay until every survivor is done: a member gone right after its call is a second
   // failure, and a member that died holds no result the others must agree with.
   ++sh->finished;
-  while (sh->finished < a.members - 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (sh->finished < a.members - 1 && !sh->failed)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   _exit(0);
 }
 

@@ -1,6 +1,9 @@
 // The scratch pool and the process's cache behind it: a communicator's successor (a group
-// rebuilt after a failure) takes the memory its predecessor faulted in.
+// rebuilt after a failure, built while its predecessor still lives) takes the memory its
+// predecessor faulted in; once the process's last pool goes, the memory goes too.
 #include <gtest/gtest.h>
+
+#include <optional>
 
 #include "collectives/scratch_pool.h"
 
@@ -11,6 +14,7 @@ class ScratchCacheTest : public ::testing::Test {
  protected:
   void SetUp() override { ScratchCache::process().clear(); }
   void TearDown() override { ScratchCache::process().clear(); }
+  ScratchPool next_;  // the successor, alive before its predecessor goes
 };
 
 TEST_F(ScratchCacheTest, APoolReusesItsOwnBlocks) {
@@ -34,8 +38,7 @@ TEST_F(ScratchCacheTest, ADestroyedPoolsBlocksGoToTheNextPool) {
     EXPECT_EQ(ScratchCache::process().cached_bytes(), 0u);
   }
   EXPECT_GE(ScratchCache::process().cached_bytes(), uint64_t{8} << 20);
-  ScratchPool second;
-  auto b = second.take(8 << 20);
+  auto b = next_.take(8 << 20);
   EXPECT_EQ(b.mem.get(), mem);
   EXPECT_EQ(ScratchCache::process().cached_bytes(), 0u);
 }
@@ -45,10 +48,9 @@ TEST_F(ScratchCacheTest, ABlockIsTakenOnlyIfAtMostTwiceTheSizeAsked) {
     ScratchPool first;
     first.give(first.take(64 << 20));
   }
-  ScratchPool second;
-  auto small = second.take(1 << 20);  // 64 MiB for 1 MiB would waste the cache's memory
+  auto small = next_.take(1 << 20);  // 64 MiB for 1 MiB would waste the cache's memory
   EXPECT_GE(ScratchCache::process().cached_bytes(), uint64_t{64} << 20);
-  auto fits = second.take(40 << 20);
+  auto fits = next_.take(40 << 20);
   EXPECT_EQ(ScratchCache::process().cached_bytes(), 0u);
   EXPECT_GE(fits.words * 8, uint64_t{40} << 20);
 }
@@ -70,6 +72,17 @@ TEST_F(ScratchCacheTest, TheCacheHoldsAtMostItsLimit) {
   // Both were given back, but only one fits under the limit: the other was freed.
   EXPECT_LE(ScratchCache::process().cached_bytes(), ScratchCache::kMaxCachedBytes);
   EXPECT_GE(ScratchCache::process().cached_bytes(), big);
+}
+
+TEST(ScratchCache, TheProcesssLastPoolTakesTheCacheWithIt) {
+  ScratchCache::process().clear();
+  std::optional<ScratchPool> first(std::in_place), second(std::in_place);
+  first->give(first->take(8 << 20));
+  second->give(second->take(4 << 20));
+  first.reset();  // another pool lives: kept for it
+  EXPECT_GE(ScratchCache::process().cached_bytes(), uint64_t{8} << 20);
+  second.reset();  // the last: nothing would take them
+  EXPECT_EQ(ScratchCache::process().cached_bytes(), 0u);
 }
 
 }  // namespace

@@ -17,8 +17,12 @@ ScratchPool::Block take_from(ScratchBlocks& blocks, uint64_t words) {
 
 }  // namespace
 
+ScratchPool::ScratchPool() {
+  ScratchCache::process().attach();
+}
+
 ScratchPool::~ScratchPool() {
-  ScratchCache::process().give(std::move(free_));
+  ScratchCache::process().detach(free_);
 }
 
 ScratchPool::Block ScratchPool::take(uint64_t bytes) {
@@ -50,13 +54,28 @@ ScratchPool::Block ScratchCache::take(uint64_t words) {
   return b;
 }
 
-void ScratchCache::give(ScratchBlocks blocks) {
-  // The largest first: they cost the most faults to make again.
+void ScratchCache::attach() {
   std::lock_guard<std::mutex> g(mu_);
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-    if (bytes_ + it->first * 8 > kMaxCachedBytes) continue;  // freed with `blocks`
-    bytes_ += it->first * 8;
-    free_.emplace(it->first, std::move(it->second));
+  ++pools_;
+}
+
+void ScratchCache::detach(ScratchBlocks& blocks) {
+  ScratchBlocks gone;  // freed after the lock
+  std::lock_guard<std::mutex> g(mu_);
+  if (--pools_ == 0) {
+    // The process's last pool: nobody would take them.
+    gone.swap(free_);
+    bytes_ = 0;
+    return;
+  }
+  // The largest first: they cost the most faults to make again. Nodes move between the maps
+  // (no allocation in a destructor).
+  while (!blocks.empty()) {
+    auto node = blocks.extract(std::prev(blocks.end()));
+    const uint64_t bytes = node.key() * 8;
+    if (bytes_ + bytes > kMaxCachedBytes) continue;  // freed with `node`
+    bytes_ += bytes;
+    free_.insert(std::move(node));
   }
 }
 

@@ -4,11 +4,13 @@
 // 4 ranks that is ~200 MiB of faults per rank per call on a machine whose cores are also doing
 // the TCP work. Blocks are not zero-initialised.
 //
-// A communicator's pool outlives it in the process's ScratchCache: the next communicator (a
-// group rebuilt after a failure: an elastic view change, torchft's reconfigure) takes the
-// memory its predecessor had faulted in instead of faulting in its own while the group waits
-// (an elastic group's first collective in a new view spent ~70 ms of CPU in page faults per
-// three members on a 2-core host).
+// A communicator's pool outlives it in the process's ScratchCache while another pool of the
+// process lives: the next communicator (a group rebuilt after a failure: an elastic view
+// change, whose next communicator is being built when the last one goes) takes the memory its
+// predecessor had faulted in instead of faulting in its own while the group waits (an elastic
+// group's first collective in a new view spent ~70 ms of CPU in page faults across three
+// members on a 2-core host). When the process's last pool goes, the cache is freed: a process
+// that destroys its communicators gets their memory back.
 //
 // Thread safety: a ScratchPool has none (only its communicator's executor thread uses it); the
 // ScratchCache is shared by every pool of the process and locks.
@@ -30,7 +32,7 @@ class ScratchPool {
     uint64_t words = 0;
   };
 
-  ScratchPool() = default;
+  ScratchPool();
   ~ScratchPool();  // the pooled blocks go to the process's ScratchCache
   ScratchPool(const ScratchPool&) = delete;
   ScratchPool& operator=(const ScratchPool&) = delete;
@@ -48,25 +50,29 @@ class ScratchPool {
   uint64_t pooled_bytes_ = 0;
 };
 
-// What destroyed pools left, for the next pools of the process: at most kMaxCachedBytes (a
-// block beyond that is freed), so a process holds no more than one busy communicator's scratch
-// once its communicators are gone.
+// What destroyed pools left, for the other pools of the process: at most kMaxCachedBytes (a
+// block beyond that is freed), and nothing once no pool lives.
 class ScratchCache {
  public:
   static ScratchCache& process();
 
   // A cached block of `words` to 2 * `words` words; empty if none.
   ScratchPool::Block take(uint64_t words);
-  void give(ScratchBlocks blocks);
   uint64_t cached_bytes() const;
   void clear();  // frees every cached block
 
   static constexpr uint64_t kMaxCachedBytes = uint64_t{1} << 30;
 
  private:
+  friend class ScratchPool;
+  void attach();  // a pool was made
+  void detach(
+      ScratchBlocks& blocks);  // a pool goes: its blocks kept (or freed, if it was the last)
+
   mutable std::mutex mu_;
   ScratchBlocks free_;
   uint64_t bytes_ = 0;
+  int pools_ = 0;
 };
 
 }  // namespace lowcomm::collectives

@@ -155,17 +155,22 @@ void ElasticImpl::report_ready() {
       return;
     }
   }
-  ready_sent_ = ahead_.serial;
   Message r = message(MsgType::kReady);
   r.data_root = ahead_.root;
   r.next_id = ahead_.self;
+  r.hash = ahead_.plan;
+  // Marked sent only once it went out: a joiner between seeds, or one admitted a moment ago
+  // whose connection to the coordinator is not up yet, says it on a later pass.
+  bool sent = false;
   if (me_ & 0x80000000u) {
-    for (auto& [id, s] : slots_) send_to(id, r);  // its seeds (not admitted: no others)
+    for (auto& [id, s] : slots_) sent = send_to(id, r).valid() || sent;  // its seeds
   } else if (view_.coordinator() == me_) {
     on_ready(r);
+    sent = true;
   } else {
-    send_to(view_.coordinator(), r);
+    sent = send_to(view_.coordinator(), r).valid();
   }
+  if (sent) ready_sent_ = ahead_.serial;
 }
 
 Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {
@@ -698,6 +703,7 @@ void ElasticImpl::announce_start(uint64_t view, uint64_t seq, uint64_t hash) {
       st.next_id = admit_plan_.next_id;
       next_id_ = admit_plan_.next_id;
       admit_plan_.seq = seq;
+      admit_waiting_since_ = {};
       pending_joiners_.clear();
     }
   }

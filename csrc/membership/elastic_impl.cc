@@ -137,6 +137,11 @@ void ElasticImpl::loop() {
             // to the next coordinator after every view change until it is admitted.
             joiner_address_[id] = m->text;
             forward_join(m->text);
+            // Named already (it asked before, through a seed that has gone since): the relay
+            // of that plan went to its old seed, so it hears it here, and builds.
+            if (plan_heard_.view == view_.id && !plan_heard_.members.empty())
+              for (const auto& a : plan_heard_.members)
+                if (a.address == m->text) send_to(id, plan_heard_);
           }
           s.rx_req = s.peer->irecv_upto(membership::kTag, s.rx.data(), s.rx.size());
         }

@@ -86,6 +86,7 @@ class ElasticImpl {
     std::string root;
     uint32_t self = 0;    // this member's id in that view
     uint64_t serial = 0;  // which build of this member's (a root's port may be used again)
+    uint64_t plan = 0;    // built ahead: the nonce of the kAdmit that named the view
     bool is(uint64_t v, const std::string& r) const { return build && view == v && root == r; }
   };
 
@@ -243,12 +244,17 @@ class ElasticImpl {
   // Coordinator: the view it will admit the pending joiners into (members with the joiners'
   // ids, its data root), as its kAdmit named it; its admitting kStart and kCommit name it again.
   membership::Message admit_plan_;
-  // Coordinator: when it named admit_plan_, and the members of that view (joiners included, by
-  // their ids there) whose communicator of it is built (kReady). It admits once all are, so the
-  // first collective of the new view waits for no connection (or after build_timeout(), as if
-  // they were: a build that failed fails that collective, and the view changes).
-  Clock::time_point admit_planned_at_{};
+  // Coordinator: the members of admit_plan_'s view (joiners included, by their ids there) whose
+  // communicator of it is built (kReady). It admits once all are, so the first collective of
+  // the new view waits for no connection, or once the first joiner still pending has waited
+  // build_timeout() (as if they were: a build that failed fails that collective, and the view
+  // changes; joiners arriving faster than a build cannot put the admission off for longer).
+  Clock::time_point admit_waiting_since_{};
   std::set<uint32_t> admit_ready_;
+  uint64_t plan_nonce_ = 0;  // kAdmit's hash: which plan a kReady is for
+  // Every member: the last kAdmit it heard in this view, sent to a joiner that asks (again)
+  // through it once it was named (it may have missed the relay, entering through another seed).
+  membership::Message plan_heard_;
   // Every member and joiner: builds begun, and the serial of the one built ahead whose kReady
   // it sent.
   uint64_t builds_begun_ = 0;

@@ -73,7 +73,8 @@ struct Message {
                                  // kCommit); kFetch: "result" (else the registered state)
   uint64_t committed = 0;        // kReport: collectives committed; kNewView: decision
   uint64_t staged = kNone;       // kReport: collective whose result is held, or kNone
-  uint64_t hash = 0;             // kStart, kDone: registered state hash; kFetch: offset
+  uint64_t hash = 0;             // kStart, kDone: registered state hash; kFetch: offset;
+                                 // kAdmit, kReady: the plan's nonce
   uint64_t length = 0;           // kFetch: bytes
   uint64_t tag = 0;              // kFetch: the transport tag to send it on (state_tag)
   // kNewView, kCommit, kStart (admission), kAdmit: the next joiner's member id, the view's

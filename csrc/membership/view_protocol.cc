@@ -4,6 +4,7 @@
 #include "membership/elastic_impl.h"
 
 #include <algorithm>
+#include <random>
 
 #include "core/log.h"
 #include "membership/elastic_util.h"
@@ -274,8 +275,13 @@ void ElasticImpl::plan_admission() {
     p.members.push_back({joiners[k], pending_joiners_[k].address});
   p.failed = joiners;
   p.next_id = next_id_ + static_cast<uint32_t>(joiners.size());
+  if (!plan_nonce_) {
+    std::random_device rd;
+    plan_nonce_ = (uint64_t{rd()} << 32) | rd();  // not another coordinator's
+  }
+  p.hash = ++plan_nonce_;
   admit_plan_ = p;
-  admit_planned_at_ = Clock::now();
+  if (admit_waiting_since_ == Clock::time_point{}) admit_waiting_since_ = Clock::now();
   admit_ready_.clear();
   broadcast(p);
   for (auto& [tid, s] : joiner_slots_) send_to(tid, p);
@@ -289,14 +295,15 @@ void ElasticImpl::on_ready(const Message& m) {
     if (m.from & 0x80000000u) send_to(view_.coordinator(), m);
     return;
   }
-  if (m.data_root != admit_plan_.data_root) return;  // built for a plan since replaced
+  if (m.hash != admit_plan_.hash || m.data_root != admit_plan_.data_root)
+    return;  // built for a plan since replaced
   for (const auto& a : admit_plan_.members)
     if (a.id == m.next_id) admit_ready_.insert(a.id);
 }
 
 bool ElasticImpl::admission_ready() const {
   // Past the builds' own timeout a member that is not ready will not be: admit all the same.
-  if (Clock::now() - admit_planned_at_ >= build_timeout()) return true;
+  if (Clock::now() - admit_waiting_since_ >= build_timeout()) return true;
   for (const auto& a : admit_plan_.members)
     if (!admit_ready_.count(a.id)) return false;
   return true;
@@ -311,8 +318,10 @@ void ElasticImpl::prepare_admission(const Message& m) {
   }
   if (me_ & 0x80000000u) {  // a joiner hears of its admission ahead (relayed)
     // Not an older plan arriving late (through another seed): it would replace the newer one.
-    if (self != me_ && !(ahead_.build && m.view + 1 < ahead_.view))
+    if (self != me_ && !(ahead_.build && m.view + 1 < ahead_.view)) {
       start_build(m.view + 1, next, m.data_root, self, /*ahead=*/true);
+      if (m.type == MsgType::kAdmit && ahead_.is(m.view + 1, m.data_root)) ahead_.plan = m.hash;
+    }
     return;
   }
   if (m.view != view_.id || m.from != view_.coordinator() || changing_ || m.members.empty()) return;
@@ -322,6 +331,10 @@ void ElasticImpl::prepare_admission(const Message& m) {
   if (m.from != me_)
     for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners here
   start_build(m.view + 1, next, m.data_root, me_, /*ahead=*/true);
+  if (m.type == MsgType::kAdmit) {
+    plan_heard_ = m;
+    if (ahead_.is(m.view + 1, m.data_root)) ahead_.plan = m.hash;
+  }
 }
 
 void ElasticImpl::try_commit() {
