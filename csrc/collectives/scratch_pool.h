@@ -66,8 +66,8 @@ class ScratchCache {
  private:
   friend class ScratchPool;
   void attach();  // a pool was made
-  void detach(
-      ScratchBlocks& blocks);  // a pool goes: its blocks kept (or freed, if it was the last)
+  // A pool goes: its blocks are kept (freed instead if it was the process's last pool).
+  void detach(ScratchBlocks& blocks);
 
   mutable std::mutex mu_;
   ScratchBlocks free_;

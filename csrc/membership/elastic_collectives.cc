@@ -132,7 +132,8 @@ void ElasticImpl::start_build(uint64_t v, const std::vector<uint32_t>& members,
   slot.view = v;
   slot.root = root;
   slot.self = self;
-  slot.serial = ++builds_begun_;
+  slot.plan = 0;
+  slot.ready_sent = false;
 }
 
 std::chrono::milliseconds ElasticImpl::build_timeout() const {
@@ -146,12 +147,12 @@ void ElasticImpl::report_ready() {
   // is (a joiner's kReady goes through its seed), so that the first collective there waits for
   // no connection. A build that failed is never reported: the coordinator admits after
   // build_timeout() all the same, and that view's first collective fails and changes the view.
-  if (!ahead_.build || ready_sent_ == ahead_.serial || !fence_.is_ok()) return;
+  if (!ahead_.build || ahead_.ready_sent || !fence_.is_ok()) return;
   {
     std::lock_guard<std::mutex> g(ahead_.build->mu);
     if (!ahead_.build->done) return;
     if (!ahead_.build->comm.is_ok()) {
-      ready_sent_ = ahead_.serial;
+      ahead_.ready_sent = true;
       return;
     }
   }
@@ -170,7 +171,7 @@ void ElasticImpl::report_ready() {
   } else {
     sent = send_to(view_.coordinator(), r).valid();
   }
-  if (sent) ready_sent_ = ahead_.serial;
+  ahead_.ready_sent = sent;
 }
 
 Status ElasticImpl::ensure_data_comm(std::unique_lock<std::mutex>& lk) {

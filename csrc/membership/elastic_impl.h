@@ -84,9 +84,9 @@ class ElasticImpl {
     std::shared_ptr<Build> build;
     uint64_t view = ~0ull;
     std::string root;
-    uint32_t self = 0;    // this member's id in that view
-    uint64_t serial = 0;  // which build of this member's (a root's port may be used again)
-    uint64_t plan = 0;    // built ahead: the nonce of the kAdmit that named the view
+    uint32_t self = 0;        // this member's id in that view
+    uint64_t plan = 0;        // built ahead: the nonce of the kAdmit that named the view
+    bool ready_sent = false;  // built ahead: its kReady went out (or it failed: none will)
     bool is(uint64_t v, const std::string& r) const { return build && view == v && root == r; }
   };
 
@@ -255,10 +255,6 @@ class ElasticImpl {
   // Every member: the last kAdmit it heard in this view, sent to a joiner that asks (again)
   // through it once it was named (it may have missed the relay, entering through another seed).
   membership::Message plan_heard_;
-  // Every member and joiner: builds begun, and the serial of the one built ahead whose kReady
-  // it sent.
-  uint64_t builds_begun_ = 0;
-  uint64_t ready_sent_ = 0;
   // Members whose done of collective committed_ arrived (in this view): a member leaving waits
   // until all are in, so that every member holds what it returned as committed.
   std::set<uint32_t> settled_;
