@@ -55,23 +55,6 @@ struct EmulatedDevice::EventImpl {
   uint64_t completed = 0;  // records their stream has reached
 };
 
-namespace {
-
-class EmulatedGate final : public device::Gate {
- public:
-  explicit EmulatedGate(std::shared_ptr<std::promise<void>> p) : p_(std::move(p)) {}
-  ~EmulatedGate() override { release(); }
-  void release() override {
-    if (!released_.exchange(true)) p_->set_value();
-  }
-
- private:
-  std::shared_ptr<std::promise<void>> p_;
-  std::atomic<bool> released_{false};
-};
-
-}  // namespace
-
 EmulatedDevice::EmulatedDevice() : legacy_(std::make_unique<StreamImpl>()) {}
 EmulatedDevice::~EmulatedDevice() {
   legacy_.reset();
@@ -238,17 +221,6 @@ Status EmulatedDevice::decode(const CodecSpec& spec, const void* codes, uint64_t
                               uint64_t n, DType dtype, void* out, device::Stream s) {
   enqueue(s, [=] { return lowcomm::decode(spec, codes, codes_bytes, n, dtype, out); });
   return Status::ok();
-}
-
-Result<std::unique_ptr<device::Gate>> EmulatedDevice::gate(device::Stream s,
-                                                           std::chrono::milliseconds timeout) {
-  auto p = std::make_shared<std::promise<void>>();
-  auto f = p->get_future().share();
-  enqueue(s, [this, f, timeout] {
-    if (f.wait_for(timeout) != std::future_status::ready) ++gate_timeouts_;
-    return Status::ok();
-  });
-  return std::unique_ptr<device::Gate>(new EmulatedGate(std::move(p)));
 }
 
 void EmulatedDevice::launch(device::Stream s, std::function<void()> kernel) {

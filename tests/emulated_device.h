@@ -5,8 +5,8 @@
 //   - streams run their work asynchronously and in order, each on its own thread, so a copy or
 //     kernel the path forgets to order or to wait for reads or writes at the wrong time (tests
 //     put slow "kernels" on the caller's stream to make such races certain, not likely);
-//   - events, waits and gates behave as CUDA's: a wait on an event orders after its last
-//     record at the time of the wait; a gate holds its stream until released;
+//   - events and waits behave as CUDA's: a wait on an event orders after its last record at
+//     the time of the wait;
 //   - "device memory" is memory only alloc_device / device_alloc handed out: device_of refuses
 //     any other pointer, and test code touches device memory only through copies or launch(),
 //     as a program would;
@@ -58,8 +58,6 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
                                device::Stream s) override;
   Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                 DType dtype, void* out, device::Stream s) override;
-  Result<std::unique_ptr<device::Gate>> gate(device::Stream s,
-                                             std::chrono::milliseconds timeout) override;
 
   // TestDevice
   device::Runtime& runtime() override { return *this; }
@@ -68,7 +66,6 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   void launch(device::Stream s, std::function<void()> kernel) override;
   void upload(void* dev, const void* host, uint64_t bytes) override;
   void download(void* host, const void* dev, uint64_t bytes) override;
-  uint64_t gates_released_by_timeout() const override { return gate_timeouts_.load(); }
   uint64_t pinned_allocations() const { return pinned_allocs_.load(); }
 
  private:
@@ -81,7 +78,6 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   std::mutex mu_;                         // guards device_
   std::map<uintptr_t, uint64_t> device_;  // device allocations: begin -> bytes
   std::atomic<uint64_t> pinned_allocs_{0};
-  std::atomic<uint64_t> gate_timeouts_{0};
 };
 
 }  // namespace lowcomm::testing

@@ -24,8 +24,6 @@ class TestDevice {
   virtual void download(void* host, const void* dev, uint64_t bytes) = 0;
   // Host work run in `s`'s order, as a kernel would (CUDA: cudaLaunchHostFunc).
   virtual void launch(device::Stream s, std::function<void()> work) = 0;
-  // Gates that let their stream go on at their timeout instead of a release (emulation only).
-  virtual uint64_t gates_released_by_timeout() const { return 0; }
 };
 
 // The device of this test binary, made the process's runtime; null with `why` when there is

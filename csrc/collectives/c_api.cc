@@ -117,22 +117,15 @@ lowcommResult_t finish(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* req
   return record(comm, w.wait());
 }
 
-// A call on CUDA buffers, NCCL's way: the work queued on `stream` after the call waits for the
-// result (a gate; the host is not blocked) and, without a request, the call returns at once (a
-// failure then shows in lowcommCommGetAsyncError and later calls, as NCCL's asynchronous errors).
-lowcommResult_t finish_on_stream(lowcommComm* comm, lowcomm::Work w, cudaStream_t stream,
-                                 lowcommRequest_t* request) {
+// A call on CUDA buffers: the host waits for the operation before the call returns, so the work
+// queued on `stream` after it sees the result (docs/collectives.md, "CUDA buffers": no
+// device-side wait, which could deadlock against the driver's lock). Without a request the call
+// returns the operation's result; with one, as finish(): lowcommWait / lowcommTest on it (which
+// then return at once) say how it ended.
+lowcommResult_t finish_on_stream(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* request) {
   if (w.refused()) return record(comm, w.status());
-  if (lowcomm::Status g = w.wait_on_stream(stream); !g) {
-    // No gate: hold the host instead, so the stream's later work still sees the result (the
-    // operation's own result is what the call returns).
-    LOWCOMM_LOG(kWarn, "no stream gate (%s): waiting on the host instead", g.to_string().c_str());
-    lowcomm::Status s = w.wait();
-    if (s.is_ok() && request) *request = new lowcommRequest{std::move(w), comm->errors};
-    return record(comm, s);
-  }
-  if (request) *request = new lowcommRequest{std::move(w), comm->errors};
-  return lowcommSuccess;
+  (void)w.wait();
+  return finish(comm, std::move(w), request);
 }
 
 uint64_t to_ns(std::chrono::nanoseconds d) {
@@ -412,7 +405,7 @@ lowcommResult_t all_reduce_c(const void* sendbuff, void* recvbuff, size_t count,
       o.memory = lowcomm::MemoryKind::kCuda;
       o.cuda_stream = *stream;
       return finish_on_stream(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o),
-                              *stream, request);
+                              request);
     }
     return finish(comm, comm->comm->all_reduce(sendbuff, recvbuff, count, *dt, *rop, o), request);
   });
@@ -421,7 +414,7 @@ lowcommResult_t all_reduce_c(const void* sendbuff, void* recvbuff, size_t count,
 // The calls that take CUDA buffers with a stream (stream set) or host buffers (null).
 lowcommResult_t finish_call(lowcommComm* comm, lowcomm::Work w, const cudaStream_t* stream,
                             lowcommRequest_t* request) {
-  return stream ? finish_on_stream(comm, std::move(w), *stream, request)
+  return stream ? finish_on_stream(comm, std::move(w), request)
                 : finish(comm, std::move(w), request);
 }
 

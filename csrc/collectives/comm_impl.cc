@@ -435,8 +435,6 @@ Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   std::unique_lock<std::mutex> lock(mu_);
   desc.seq = next_seq_++;
   op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
-  op.work->set_gate_timeout(std::chrono::duration_cast<std::chrono::milliseconds>(timeout_) +
-                            std::chrono::seconds(60));
   op.desc = desc;
   // A small collective may run on the thread that waits for it (run_queued): no hand-off to the
   // executor and back on the critical path. Only collectives: every rank calls them in the same

@@ -2,8 +2,8 @@
 // Collectives on device buffers (MemoryKind::kCuda; docs/collectives.md, "CUDA buffers").
 //
 //   DeviceContext  per communicator: the runtime, the pinned staging pool and one stream of the
-//                  communicator's own per device (non-blocking, so a gate on the legacy default
-//                  stream cannot hold it).
+//                  communicator's own per device (non-blocking: it neither waits for the user's
+//                  legacy-stream work nor holds it).
 //   DeviceCall     one call, made on the caller's thread: the device its buffers are on, the
 //                  caller's stream, and an event recorded on that stream at the call, so the
 //                  operation reads its input after the work the caller queued before it.
@@ -58,17 +58,17 @@ class DeviceContext {
   // At the call, on the caller's thread: `what` names the call in errors; `buffers` are the
   // call's device pointers (null entries skipped; all must be on one device); `blocks` the
   // pinned blocks its run will take at once (refused when their size classes pass the pool's
-  // limit; reserved in the pool now, so the executor allocates no page-locked memory while the
-  // operation's gate may be pending). A stream being captured into a CUDA graph is refused.
+  // limit; reserved in the pool now, so the executor allocates no page-locked memory, a
+  // device-wide wait, while it runs). A stream being captured into a CUDA graph is refused.
   Result<std::shared_ptr<DeviceCall>> begin_call(const char* what,
                                                  std::initializer_list<const void*> buffers,
                                                  void* user_stream,
                                                  const std::vector<uint64_t>& blocks);
   // Runs the codec kernels a call with `wire` on `dtype` buffers of `call`'s device will launch
   // (encode, with error feedback, decode), once per process for each: under CUDA's lazy module
-  // loading a kernel loads at its first launch, which may wait for the whole device to be idle,
-  // so a first launch on the executor while this call's stream gate spins would wait for the
-  // gate, which waits for the executor. Called on the caller's thread, before any gate exists.
+  // loading a kernel loads at its first launch, which may wait for the whole device to be idle
+  // (for the user's long kernels, in the middle of an operation). Called on the caller's
+  // thread, before the operation is queued.
   Status preload(const DeviceCall& call, const CodecSpec& wire, DType dtype);
 
  private:

@@ -38,10 +38,6 @@ class WorkState {
   // Set once, before the state is shared: what wait() calls first, to run the operation on the
   // waiting thread if nothing has started it yet (CommImpl, small collectives).
   void set_run_here(std::function<void(WorkState*)> fn) { run_here_ = std::move(fn); }
-  // Set once, before the state is shared: how long a stream gate (Work::wait_on_stream) may
-  // hold a stream: the operation's deadline plus a margin.
-  void set_gate_timeout(std::chrono::milliseconds t) { gate_timeout_ = t; }
-  std::chrono::milliseconds gate_timeout() const { return gate_timeout_; }
 
  private:
   const uint64_t seq_;
@@ -52,9 +48,8 @@ class WorkState {
   Status status_;
   OpStats stats_;
   int source_ = -1;
-  std::vector<std::function<void(const Status&)>> callbacks_;      // until done_
-  std::function<void(WorkState*)> run_here_;                       // constant once shared
-  std::chrono::milliseconds gate_timeout_{std::chrono::hours(1)};  // constant once shared
+  std::vector<std::function<void(const Status&)>> callbacks_;  // until done_
+  std::function<void(WorkState*)> run_here_;                   // constant once shared
 
   void finish(Status s, OpStats* stats, int source = -1);
 };

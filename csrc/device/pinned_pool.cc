@@ -47,8 +47,8 @@ Result<PinnedBlock> PinnedPool::acquire(uint64_t bytes) {
     in_use_ += cap;
     return PinnedBlock(this, b, cap);
   }
-  // Never by freeing idle blocks: freeing page-locked memory synchronises the device, which a
-  // stream gate of the running operation may hold until this thread finishes it.
+  // Never by freeing idle blocks: freeing page-locked memory synchronises the whole device,
+  // the user's work included, in the middle of an operation.
   if (allocated_ + cap > limit_)
     return Status(StatusCode::kSystem, "pinned staging pool: " + std::to_string(bytes) +
                                            " bytes needed (a " + std::to_string(cap) +

@@ -5,11 +5,11 @@
 //
 // Blocks come in power-of-two size classes from 64 KiB; a released block goes back to its
 // class's free list and is handed out again, never freed before the pool is destroyed (freeing
-// page-locked memory synchronises the device, which a stream gate may be holding). The pool's
+// page-locked memory synchronises the whole device, the user's work included). The pool's
 // total (blocks in use and free) is bounded by `limit`: a request that would pass it fails with
 // kSystem naming the limit (LOWCOMM_PINNED_BYTES) instead of growing. reserve() grows the pool
 // ahead, on the caller's thread at the call, so the executor finds its blocks already there and
-// allocates no page-locked memory while the operation's own gate may be pending. Thread-safe.
+// allocates no page-locked memory (a device-wide wait) while it runs operations. Thread-safe.
 
 #include <cstdint>
 #include <map>

@@ -1,15 +1,21 @@
 #pragma once
 // device::Runtime: what the collectives need of a GPU runtime to run an operation on device
 // buffers (MemoryKind::kCuda): memory kinds, pinned host memory, streams and events, copies, the
-// codec kernels, and stream gates. The CUDA implementation (cuda_runtime.cc) is the production
+// codec kernels. The CUDA implementation (cuda_runtime.cc) is the production
 // one; tests drive the same collective code with a host emulation of streams
 // (tests/emulated_device.h), so the ordering and lifetime logic runs where no GPU is.
 //
 // Streams and events are opaque handles (cudaStream_t / cudaEvent_t in CUDA). A null stream is
 // the legacy default stream. Every call that enqueues returns at once; synchronize() waits.
 // Thread safety: every method may be called from any thread.
+//
+// No device-side wait on host progress: nothing here holds a stream until the host says so.
+// The executor makes CUDA calls while an operation runs (copies, codec kernels), and a thread
+// blocked in a CUDA call that waits for such a stream while holding the driver's lock (a
+// pageable copy, e.g. torch's `t.cpu()`) would block those calls: a deadlock, seen on the
+// first GPU run with the one-thread "stream gate" kernel this interface used to have. Callers
+// that need a CUDA operation's result on a stream wait for its completion on the host.
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -20,15 +26,6 @@ namespace lowcomm::device {
 
 using Stream = void*;
 using Event = void*;
-
-// A device-side wait on a stream (Runtime::gate): the work queued on the stream after the gate
-// runs once release() is called (or the gate's timeout passed). Releasing twice is harmless; a
-// gate destroyed unreleased releases itself.
-class Gate {
- public:
-  virtual ~Gate() = default;
-  virtual void release() = 0;
-};
 
 class Runtime {
  public:
@@ -52,7 +49,7 @@ class Runtime {
   virtual void free_device(void* p, Stream s) = 0;
 
   // A stream on the current device that does not synchronise with the legacy default stream
-  // (a gate there must not hold it).
+  // (the communicator's copies neither wait for the user's legacy-stream work nor hold it).
   virtual Result<Stream> create_stream() = 0;
   virtual void destroy_stream(Stream s) = 0;
   // Whether work queued on `s` is being captured into a CUDA graph.
@@ -77,10 +74,6 @@ class Runtime {
                                        uint64_t codes_bytes, RoundingKey key, Stream s) = 0;
   virtual Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                         DType dtype, void* out, Stream s) = 0;
-
-  // Holds the work queued on `s` after the call until the gate is released, without blocking
-  // the host; after `timeout` the stream goes on regardless.
-  virtual Result<std::unique_ptr<Gate>> gate(Stream s, std::chrono::milliseconds timeout) = 0;
 };
 
 // Makes a device current for a scope and restores the thread's previous one after, so a call

@@ -345,14 +345,12 @@ class LOWCOMM_API Work {
   // throw, and must not wait for later operations of the same communicator.
   void on_complete(std::function<void(const Status&)> fn) const;
   // Makes the work queued on `cuda_stream` (a cudaStream_t; null: the legacy default stream)
-  // after this call wait for the operation, without blocking the host: nothing to do when it is
-  // complete (its device results are in place), else a one-thread kernel on the stream that
-  // polls a pinned flag the completion sets (successful or not: a failed operation leaves its
-  // outputs untouched and says why in wait()/status()). The stream's device must be current
-  // (as for any launch). The kernel gives up once it has waited the communicator's timeout plus
-  // 60 s, counted from when the stream reaches it: an operation queued behind many others could
-  // outlast that, and the stream would then go on before it completes. kUnsupported in a build
-  // without CUDA or without a device (a refused call is complete: nothing to wait for).
+  // after this call see the operation's device results: the host waits for the operation (as
+  // wait(); its own result is then in wait()/status(): a failed operation leaves its outputs
+  // untouched). Not a device-side wait: one released by the operation's completion would hold
+  // the stream on the executor's progress, while the executor makes CUDA calls that any thread
+  // blocked on that stream inside the driver (a pageable copy) can hold up, a deadlock.
+  // kUnsupported in a build without CUDA or without a device (a refused call is complete).
   Status wait_on_stream(void* cuda_stream) const;
 
  private:

@@ -219,20 +219,22 @@ LOWCOMM_API lowcommResult_t lowcommReduceScatter(const void* sendbuff, void* rec
 LOWCOMM_API lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                              lowcommDataType_t datatype, int root,
                                              lowcommComm_t comm, lowcommRequest_t* request);
-/* lowcomm: the same operations on CUDA device buffers, shaped like NCCL's: the stream is the
- * last argument before the request (a cudaStream_t; NULL: the legacy default stream). The
- * operation reads its input after the work queued on `stream` before the call, and the work
- * queued on `stream` after the call waits for its result (a one-thread kernel that polls a
- * pinned flag; the host is not blocked, as with NCCL). request may be NULL; otherwise
- * lowcommWait / lowcommTest / lowcommWaitStats on it as for host buffers (on success the
- * results are in place). Every rank ends with the same bits as with host buffers, so a group may
- * mix host and device ranks. Compressed dense all-reduce and reduce-scatter encode and decode on
- * the GPU (only encoded bytes cross PCIe); the rest stage through pinned host memory
- * (lowcommOpStats' deviceToHostBytes / hostToDeviceBytes say which). A build without CUDA, or a
- * process without a device: lowcommUnsupported, nothing sent, the communicator usable; a host
- * pointer passed as a device buffer: lowcommInvalidArgument. Without a request, a failure of
- * the operation after the call shows in lowcommCommGetAsyncError (as NCCL's asynchronous
- * errors); the outputs are then untouched. errorFeedbackKey: NULL or "" for none. */
+/* lowcomm: the same operations on CUDA device buffers, with NCCL's argument order: the stream
+ * is the last argument before the request (a cudaStream_t; NULL: the legacy default stream).
+ * The operation reads its input after the work queued on `stream` before the call, and the
+ * call returns once the operation has completed, so the work queued on `stream` after it sees
+ * the result. Unlike NCCL, the host waits: lowcomm's collectives run on the host, and a
+ * device-side wait released by their completion could deadlock against a thread blocked in a
+ * CUDA call on that stream (docs/collectives.md, "CUDA buffers"); call from a thread of its own
+ * to overlap. request may be NULL (the call then returns the operation's result); otherwise
+ * lowcommWait / lowcommTest / lowcommWaitStats on it as for host buffers. Every rank ends with
+ * the same bits as with host buffers, so a group may mix host and device ranks. Compressed
+ * dense all-reduce and reduce-scatter encode and decode on the GPU (only encoded bytes cross
+ * PCIe); the rest stage through pinned host memory (lowcommOpStats' deviceToHostBytes /
+ * hostToDeviceBytes say which). A build without CUDA, or a process without a device:
+ * lowcommUnsupported, nothing sent, the communicator usable; a host pointer passed as a device
+ * buffer: lowcommInvalidArgument. A failed operation leaves the outputs untouched.
+ * errorFeedbackKey: NULL or "" for none. */
 #ifndef __DRIVER_TYPES_H__ /* CUDA's own declaration (driver_types.h), when not included */
 typedef struct CUstream_st* cudaStream_t;
 #endif

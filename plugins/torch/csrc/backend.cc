@@ -121,14 +121,14 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::launch(DeviceScope& dev, c10d::Op
                                                       std::vector<lowcomm::Work> works,
                                                       std::function<void()> finish,
                                                       std::optional<std::vector<at::Tensor>> inputs,
-                                                      const char* title, bool gated) {
+                                                      const char* title) {
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
       type != c10d::OpType::RECVANYSOURCE)
     ++seq_;
   if (!inputs) inputs = outputs;  // in-place operations: the same tensors
-  // CUDA: the copies back are issued now, behind the gate; the Work keeps `finish` (and the
-  // buffers it holds) until the operation completes, without running it.
-  std::shared_ptr<DeviceDone> device = dev.issue(works, finish, gated);
+  // The Work keeps `finish` (and the buffers it holds) until the operation completes, then runs
+  // it (for CUDA, on the side stream, unless there is nothing to copy back).
+  std::shared_ptr<DeviceDone> device = dev.done();
   auto w = c10::make_intrusive<LowcommWork>(type, rank_, std::move(outputs), std::move(finish),
                                             *inputs, title);
   if (device) w->set_device(std::move(device));
@@ -253,8 +253,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::allreduce_sparse(
                                          tensor.sizes(), c.options())
                        .coalesce();
   tensor.copy_(sum);
-  return launch(dev, c10d::OpType::ALLREDUCE, {tensor}, {}, {}, std::nullopt, nullptr,
-                /*gated=*/false);
+  return launch(dev, c10d::OpType::ALLREDUCE, {tensor}, {});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -371,7 +370,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::gather(std::vector<std::vector<at
                            [flat, outs, in] {
                              if (flat->defined()) unflatten(*flat, outs);
                            },
-                           inputs, nullptr, rank_ == root));
+                           inputs));
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::scatter(std::vector<at::Tensor>& outputs,

@@ -219,14 +219,13 @@ class LowcommBackend : public c10d::Backend {
   // A Work over `works` (completes when they all have; `finish` then runs); counts collectives.
   // `inputs`: the tensors the profiler records (unset: `outputs`, for in-place operations);
   // `title`: the profiler's event name (unset: the one `type` has). A CUDA operation (`dev`)
-  // issues `finish` (its copies back) now on the side stream, after a gate on `works` unless
-  // `gated` is false (nothing of the operation on the device after the host part: a send).
+  // runs `finish` (its copies back) on the side stream once it has completed.
   c10::intrusive_ptr<c10d::Work> launch(DeviceScope& dev, c10d::OpType type,
                                         std::vector<at::Tensor> outputs,
                                         std::vector<lowcomm::Work> works,
                                         std::function<void()> finish = {},
                                         std::optional<std::vector<at::Tensor>> inputs = {},
-                                        const char* title = nullptr, bool gated = true);
+                                        const char* title = nullptr);
   // The group's options for an all-reduce of the user's tensor `t` (contiguous or not: the
   // error-feedback key names it, not a staged copy): its codec and error-feedback key when the
   // group compresses such a call (a codec is set, a float dtype, SUM or AVG, at least

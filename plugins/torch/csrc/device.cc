@@ -41,6 +41,18 @@ c10::Device DeviceDone::device() const {
   return device_;
 }
 
+void DeviceDone::finish(const std::function<void()>& copy_back) {
+  if (!copy_back) return;
+  // On the thread completing the operation (often lowcomm's executor): guard the device and
+  // the stream, leaving the thread's own as they were.
+  c10::cuda::CUDAGuard guard(device_);
+  c10::cuda::CUDAStreamGuard on(side_);
+  copy_back();
+  c10::Event done(c10::DeviceType::CUDA);
+  done.record(side_);
+  done_ = std::move(done);
+}
+
 void DeviceDone::block_current_stream() const {
   if (!done_) return;
   c10::cuda::CUDAGuard guard(device_);
@@ -56,8 +68,9 @@ bool DeviceDone::query() const {
 }
 
 void DeviceDone::mark_completed(c10::ivalue::Future& future, const c10::IValue& value) const {
-  // On lowcomm's executor thread: its current device and stream are torch's defaults, so guard
-  // both; the future records its events on a pool stream that first waits for the results.
+  // Any thread (lowcomm's executor: its current device and stream are torch's defaults), so
+  // guard both; the future records its events on a pool stream that first waits for the
+  // copies back.
   c10::cuda::CUDAGuard guard(device_);
   c10::cuda::CUDAStream s = c10::cuda::getStreamFromPool(false, device_.index());
   if (done_) done_->block(s);
@@ -74,7 +87,7 @@ DeviceScope::DeviceScope(SideStreams& streams, Path path, const char* op,
   cuda_ = true;
   device_ = *device;
   guard_.emplace(device_);
-  // lowcomm's collectives run on the host: a capture would record a gate that no replay opens.
+  // lowcomm's collectives run on the host: a capture would record copies no replay orders.
   TORCH_CHECK(c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None,
               "lowcomm: ", op,
               " cannot be captured in a CUDA graph (its collectives run on the host); run it "
@@ -83,12 +96,12 @@ DeviceScope::DeviceScope(SideStreams& streams, Path path, const char* op,
   side_ = streams.get(device_.index());
   for (const auto& t : tensors)
     if (t.defined()) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *side_);
-  if (path_ == Path::kDevice) {
-    c10::Event ready(c10::DeviceType::CUDA);
-    ready.record(*caller_);
-    ready.block(*side_);
-    on_side_.emplace(*side_);
-  }
+  // The side stream follows the caller's: the plugin's copies there, the library's reads
+  // (kDevice) and the copies back see everything the caller queued before the call.
+  c10::Event ready(c10::DeviceType::CUDA);
+  ready.record(*caller_);
+  ready.block(*side_);
+  if (path_ == Path::kDevice) on_side_.emplace(*side_);
 }
 
 DeviceScope::~DeviceScope() = default;
@@ -135,28 +148,18 @@ at::Tensor DeviceScope::empty(int64_t n, at::ScalarType dtype) const {
   return at::empty({n}, at::TensorOptions().dtype(dtype).device(device_));
 }
 
-std::shared_ptr<DeviceDone> DeviceScope::issue(const std::vector<lowcomm::Work>& works,
-                                               const std::function<void()>& copy_back, bool gated) {
+std::shared_ptr<DeviceDone> DeviceScope::done() const {
   if (!cuda_) return nullptr;
-  if (!gated) return std::make_shared<DeviceDone>(device_, std::nullopt);
-  c10::cuda::CUDAStreamGuard on(*side_);
-  for (const auto& w : works) {
-    // A refused call has completed already (its Work raises); a gate on it is not needed.
-    if (w.refused()) continue;
-    // Should the library refuse the device-side wait, the host waits instead: the copies back
-    // must not run before the operation has completed.
-    if (!w.wait_on_stream(side_->stream()).is_ok()) (void)w.wait();
-  }
-  if (copy_back) copy_back();
-  c10::Event done(c10::DeviceType::CUDA);
-  done.record(*side_);
-  return std::make_shared<DeviceDone>(device_, std::move(done));
+  return std::make_shared<DeviceDone>(device_, *side_);
 }
 
 #else  // a build without CUDA: CPU tensors only
 
 c10::Device DeviceDone::device() const {
   return c10::kCPU;
+}
+void DeviceDone::finish(const std::function<void()>& copy_back) {
+  if (copy_back) copy_back();
 }
 void DeviceDone::block_current_stream() const {}
 void DeviceDone::synchronize() const {}
@@ -201,9 +204,7 @@ at::Tensor DeviceScope::empty(int64_t n, at::ScalarType dtype) const {
   return at::empty({n}, at::TensorOptions().dtype(dtype));
 }
 
-std::shared_ptr<DeviceDone> DeviceScope::issue(const std::vector<lowcomm::Work>& /*works*/,
-                                               const std::function<void()>& /*copy_back*/,
-                                               bool /*gated*/) {
+std::shared_ptr<DeviceDone> DeviceScope::done() const {
   return nullptr;
 }
 

@@ -1,7 +1,7 @@
 // Point-to-point operations (send, recv, any-source recv), the barrier and Gloo's monitored
 // barrier. CUDA tensors take the staged path (device.h): the library's point-to-point takes host
 // memory, so a send copies its tensor to pinned host memory first (the host waits for the
-// caller's stream) and a receive copies its result back on the side stream after the gate.
+// caller's stream) and a receive copies its result back on the side stream once it completes.
 
 #include <c10/util/Exception.h>
 
@@ -28,10 +28,8 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::send(std::vector<at::Tensor>& ten
   std::vector<lowcomm::Work> works{comm()->send(in->buf.data_ptr(), elems(in->buf),
                                                 to_dtype(in->buf.scalar_type()), dst,
                                                 static_cast<uint64_t>(tag))};
-  // Nothing on the device after the copy to the host: wait() has nothing to order.
-  return launch(
-      dev, c10d::OpType::SEND, tensors, std::move(works), [in] {}, std::nullopt, nullptr,
-      /*gated=*/false);
+  // Nothing to copy back: `finish` only holds the staged input until the send completes.
+  return launch(dev, c10d::OpType::SEND, tensors, std::move(works), [in] {});
 }
 
 c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& tensors, int src,
@@ -43,7 +41,7 @@ c10::intrusive_ptr<c10d::Work> LowcommBackend::recv(std::vector<at::Tensor>& ten
                                                 to_dtype(out->buf.scalar_type()), src,
                                                 static_cast<uint64_t>(tag))};
   std::function<void()> finish = [out] { out->write_back(); };
-  std::shared_ptr<DeviceDone> device = dev.issue(works, finish, true);
+  std::shared_ptr<DeviceDone> device = dev.done();
   auto w = c10::make_intrusive<LowcommWork>(c10d::OpType::RECV, rank_, tensors, std::move(finish),
                                             tensors);
   w->set_source_rank(src);

@@ -103,7 +103,11 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
   std::exception_ptr e;
   if (err.is_ok()) {
     try {
-      if (finish_ && !device_) finish_();  // a CUDA operation issued its copies back with it
+      if (finish_ && device_) {
+        device_->finish(finish_);  // the copies back, on the side stream
+      } else if (finish_) {
+        finish_();
+      }
     } catch (...) {
       e = std::current_exception();
     }
@@ -172,25 +176,17 @@ void LowcommWork::wait_works() const {
 }
 
 void LowcommWork::run_now() {
-  if (!device_) wait_works();
+  wait_works();
 }
 
 bool LowcommWork::wait(std::chrono::milliseconds timeout) {
-  if (!device_) {
-    // Only an unbounded wait may run the operation here (lowcomm::Work::wait; its deadline is
-    // the group's timeout); a wait with a timeout of its own must get control back by then.
-    if (timeout == kNoTimeout) wait_works();
-    wait_completed(timeout);
-    return true;
-  }
-  // NCCL's: the host blocks only for an explicit timeout.
-  if (timeout != kNoTimeout) {
-    wait_completed(timeout);
-  } else {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (completed_ && exception_) std::rethrow_exception(exception_);
-  }
-  device_->block_current_stream();
+  // Only an unbounded wait may run the operation here (lowcomm::Work::wait; its deadline is
+  // the group's timeout); a wait with a timeout of its own must get control back by then.
+  if (timeout == kNoTimeout) wait_works();
+  wait_completed(timeout);
+  // CUDA: the host has waited for the operation (device.h says why); the caller's current
+  // stream now waits for its copies back.
+  if (device_) device_->block_current_stream();
   return true;
 }
 

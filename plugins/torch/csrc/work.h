@@ -12,11 +12,11 @@
 // at once (torch's asyncOp = false: dist.all_reduce without async_op) starts that way inside
 // the backend's call (run_now), before torch's Python layer gets the Work back.
 //
-// A CUDA operation (set_device, device.h) has NCCL's semantics instead: its copies back were
-// issued with it on the backend's side stream, so completion runs no `finish`; wait() makes the
-// caller's current stream wait for the results and returns without blocking the host (raising
-// at once if the operation has already failed); synchronize() blocks the host; the future is
-// made for the device and completed with events ordered after the results.
+// A CUDA operation (set_device, device.h) has Gloo's semantics for CUDA tensors: completion
+// runs `finish` (the copies back) on the backend's side stream; wait() blocks the host until
+// completion, as for CPU tensors, then makes the caller's current stream wait for the copies
+// back; synchronize() also blocks the host for them; the future is made for the device and
+// completed with events ordered after them. (No device-side wait: device.h says why.)
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -47,7 +47,7 @@ class LowcommWork : public c10d::Work {
 
   // The caller waits for this operation next (torch's asyncOp = false): runs it as wait()
   // would (on this thread if it is small and next in line, else until it completes), leaving
-  // its error for wait() to raise. Nothing for a CUDA operation (wait() never blocks the host).
+  // its error for wait() to raise.
   void run_now();
 
   bool isCompleted() override;
