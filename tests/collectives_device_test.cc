@@ -383,6 +383,57 @@ TEST(CollectivesDevice, OrderedOnTheCallersStream) {
   expect_all_ok(res);
 }
 
+// The shape that deadlocked on the first GPU run (docs/gpu.md, "Second session"): the result
+// read by a blocking copy to pageable memory on the caller's stream right after
+// wait_on_stream (torch: `dist.all_reduce(t)`, then `t.cpu()`), and blocking copies on the
+// caller's stream while the operation still runs (its peer late). Such a copy holds the
+// driver's lock while it waits for its stream (the emulation models that); had wait_on_stream
+// left a device-side wait on the stream, the copy would wait for the executor and the
+// executor's next CUDA call for the lock, and the ranks would time out here.
+TEST(CollectivesDevice, BlockingCopiesOnTheCallersStreamDoNotDeadlock) {
+  REQUIRE_DEVICE();
+  auto res = run_ranks(
+      2,
+      [](int rank, const UniqueId& id) -> std::string {
+        auto dev = install_device();
+        auto comm = Communicator::init(id, rank, 2, test_options());
+        RANK_OK(comm.status());
+        auto stream = dev->runtime().create_stream();
+        RANK_OK(stream.status());
+        const uint64_t n = 50000;
+        for (const char* codec : {"q8", ""}) {
+          DeviceTensor x(*dev, n * 4), y(*dev, n * 4);
+          std::vector<float> v(n, 1.5f), seen(n, -1.0f), input(n, -1.0f);
+          dev->upload(x.p, v.data(), n * 4);
+          if (rank == 1) std::this_thread::sleep_for(300ms);  // rank 0's operation waits for it
+          AllReduceOptions o;
+          if (*codec) o.codec = *parse_codec_spec(codec);
+          o.memory = MemoryKind::kCuda;
+          o.cuda_stream = *stream;
+          Work w = (*comm)->all_reduce(x.p, y.p, n, DType::kFloat32, ReduceOp::kSum, o);
+          RANK_CHECK(!w.refused(), w.status().to_string());
+          // While it runs: the caller reads its own input back, blocking (an `.item()` of another
+          // tensor on the same stream).
+          for (int i = 0; i < 5 && !w.test(); ++i) {
+            dev->download_blocking(input.data(), x.p, n * 4, *stream);
+            RANK_CHECK(input[n - 1] == 1.5f, "input read back: " + std::to_string(input[n - 1]));
+            std::this_thread::sleep_for(20ms);
+          }
+          RANK_OK(w.wait_on_stream(*stream));
+          dev->download_blocking(seen.data(), y.p, n * 4, *stream);
+          RANK_OK(w.status());
+          for (uint64_t i = 0; i < n; ++i)
+            RANK_CHECK(std::fabs(seen[i] - 3.0f) <= (*codec ? 0.1f : 0.0f),
+                       std::string(codec) + " element " + std::to_string(i) + ": " +
+                           std::to_string(seen[i]));
+        }
+        dev->runtime().destroy_stream(*stream);
+        return "ok";
+      },
+      /*timeout_s=*/20);
+  expect_all_ok(res);
+}
+
 // A failed operation leaves the device outputs untouched; wait_on_stream returns once it has
 // failed.
 TEST(CollectivesDevice, FailureLeavesOutputsUntouched) {

@@ -36,6 +36,11 @@ class CudaTestDevice final : public TestDevice {
   void download(void* host, const void* dev, uint64_t bytes) override {
     check(cudaMemcpy(host, dev, bytes, cudaMemcpyDefault), "cudaMemcpy");
   }
+  void download_blocking(void* host, const void* dev, uint64_t bytes, device::Stream s) override {
+    // Pageable destination: the driver stages it and returns once the bytes have landed.
+    check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s)),
+          "cudaMemcpyAsync");
+  }
   void launch(device::Stream s, std::function<void()> work) override {
     auto* fn = new std::function<void()>(std::move(work));
     check(cudaLaunchHostFunc(

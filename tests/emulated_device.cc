@@ -66,6 +66,7 @@ EmulatedDevice::StreamImpl* EmulatedDevice::stream_of(device::Stream s) {
 }
 
 void EmulatedDevice::enqueue(device::Stream s, std::function<Status()> task) {
+  std::shared_lock<std::shared_mutex> driver(driver_);
   stream_of(s)->push(std::move(task));
 }
 
@@ -228,6 +229,19 @@ void EmulatedDevice::launch(device::Stream s, std::function<void()> kernel) {
     k();
     return Status::ok();
   });
+}
+
+void EmulatedDevice::download_blocking(void* host, const void* dev, uint64_t bytes,
+                                       device::Stream s) {
+  std::unique_lock<std::shared_mutex> driver(driver_);  // held while the stream gets here
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  stream_of(s)->push([=] {
+    std::memcpy(host, dev, bytes);
+    done->set_value();
+    return Status::ok();
+  });
+  f.wait();
 }
 
 void EmulatedDevice::upload(void* dev, const void* host, uint64_t bytes) {

@@ -7,6 +7,9 @@
 //     put slow "kernels" on the caller's stream to make such races certain, not likely);
 //   - events and waits behave as CUDA's: a wait on an event orders after its last record at
 //     the time of the wait;
+//   - the driver's lock: every call that enqueues work takes it shared, and a blocking copy to
+//     pageable memory (download_blocking, torch's `t.cpu()`) holds it exclusively while it
+//     waits for its stream, as the CUDA driver was seen to do;
 //   - "device memory" is memory only alloc_device / device_alloc handed out: device_of refuses
 //     any other pointer, and test code touches device memory only through copies or launch(),
 //     as a program would;
@@ -21,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 
 #include "device/runtime.h"
@@ -66,6 +70,7 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   void launch(device::Stream s, std::function<void()> kernel) override;
   void upload(void* dev, const void* host, uint64_t bytes) override;
   void download(void* host, const void* dev, uint64_t bytes) override;
+  void download_blocking(void* host, const void* dev, uint64_t bytes, device::Stream s) override;
   uint64_t pinned_allocations() const { return pinned_allocs_.load(); }
 
  private:
@@ -74,6 +79,7 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   StreamImpl* stream_of(device::Stream s);
   void enqueue(device::Stream s, std::function<Status()> task);
 
+  std::shared_mutex driver_;              // the driver's lock (download_blocking)
   std::unique_ptr<StreamImpl> legacy_;    // the null stream
   std::mutex mu_;                         // guards device_
   std::map<uintptr_t, uint64_t> device_;  // device allocations: begin -> bytes

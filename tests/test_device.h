@@ -22,6 +22,12 @@ class TestDevice {
   // Blocking copies (the legacy default stream, then synchronised).
   virtual void upload(void* dev, const void* host, uint64_t bytes) = 0;
   virtual void download(void* host, const void* dev, uint64_t bytes) = 0;
+  // A copy to pageable host memory ordered on `s`, blocking until it lands: torch's `t.cpu()`.
+  // The CUDA driver holds a lock of its own while such a copy waits for its stream, and every
+  // other call that enqueues work waits for that lock (seen on an H200: docs/gpu.md, "Second
+  // session"); the emulation models that, so a device-side wait on the executor's progress
+  // deadlocks here as it did there.
+  virtual void download_blocking(void* host, const void* dev, uint64_t bytes, device::Stream s) = 0;
   // Host work run in `s`'s order, as a kernel would (CUDA: cudaLaunchHostFunc).
   virtual void launch(device::Stream s, std::function<void()> work) = 0;
 };
