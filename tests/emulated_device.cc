@@ -140,12 +140,15 @@ void EmulatedDevice::destroy_event(device::Event e) {
 
 Status EmulatedDevice::record(device::Event e, device::Stream s) {
   std::shared_ptr<EventImpl> ev = *static_cast<std::shared_ptr<EventImpl>*>(e);
+  // The generation and its task under one hold of the driver lock: a wait() that sees the
+  // generation finds its task queued (not stuck behind a download_blocking).
+  std::shared_lock<std::shared_mutex> driver(driver_);
   uint64_t gen;
   {
     std::lock_guard<std::mutex> lock(ev->mu);
     gen = ++ev->recorded;
   }
-  enqueue(s, [ev, gen] {
+  stream_of(s)->push([ev, gen] {
     std::lock_guard<std::mutex> lock(ev->mu);
     ev->completed = std::max(ev->completed, gen);
     ev->cv.notify_all();
@@ -156,13 +159,14 @@ Status EmulatedDevice::record(device::Event e, device::Stream s) {
 
 Status EmulatedDevice::wait(device::Stream s, device::Event e) {
   std::shared_ptr<EventImpl> ev = *static_cast<std::shared_ptr<EventImpl>*>(e);
+  std::shared_lock<std::shared_mutex> driver(driver_);  // as record()
   uint64_t target;
   {
     std::lock_guard<std::mutex> lock(ev->mu);
     target = ev->recorded;
   }
   if (target == 0) return Status::ok();  // never recorded: no wait, as in CUDA
-  enqueue(s, [ev, target] {
+  stream_of(s)->push([ev, target] {
     std::unique_lock<std::mutex> lock(ev->mu);
     ev->cv.wait(lock, [&] { return ev->completed >= target; });
     return Status::ok();

@@ -114,7 +114,10 @@ lowcommResult_t finish(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* req
     *request = new lowcommRequest{std::move(w), comm->errors};
     return lowcommSuccess;
   }
-  return record(comm, w.wait());
+  // Another thread may abort and free the communicator while this one waits (a watchdog): only
+  // its error sink, held here, is touched after the wait.
+  std::shared_ptr<ErrorSink> sink = comm->errors;
+  return record_to(sink.get(), w.wait());
 }
 
 // A call on CUDA buffers: the host waits for the operation before the call returns, so the work
@@ -124,8 +127,15 @@ lowcommResult_t finish(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* req
 // then return at once) say how it ended.
 lowcommResult_t finish_on_stream(lowcommComm* comm, lowcomm::Work w, lowcommRequest_t* request) {
   if (w.refused()) return record(comm, w.status());
-  (void)w.wait();
-  return finish(comm, std::move(w), request);
+  // As finish(): after the wait only the error sink is touched (a watchdog may have aborted and
+  // freed the communicator meanwhile).
+  std::shared_ptr<ErrorSink> sink = comm->errors;
+  lowcomm::Status s = w.wait();
+  if (request) {
+    *request = new lowcommRequest{std::move(w), sink};
+    return lowcommSuccess;
+  }
+  return record_to(sink.get(), s);
 }
 
 uint64_t to_ns(std::chrono::nanoseconds d) {

@@ -161,8 +161,8 @@ struct CommOptions {
 //   - the operation reads its input after the work queued on that stream before the call
 //     (an event recorded on it at the call, waited for by the communicator's own stream);
 //   - when the Work completes, its results are in place on the device (the communicator's
-//     stream has been synchronised), so Work::wait() / lowcommWait on the host, or
-//     Work::wait_on_stream for a device-side wait that never blocks the host, order later work;
+//     stream has been synchronised), so Work::wait() / lowcommWait / Work::wait_on_stream, all
+//     on the host, order later work (no device-side wait: see wait_on_stream);
 //   - compressed dense all-reduce and reduce-scatter on the flat schedule encode on the GPU
 //     (error-feedback residuals in GPU memory), only the encoded bytes cross to pinned host
 //     memory, and the results are decoded on the GPU; every other operation stages its

@@ -7,9 +7,10 @@
  *   lowcommWait(req);                                       // frees req
  *   lowcommCommDestroy(comm);
  *
- * Every operation is asynchronous when `request` is non-NULL (complete it with lowcommWait, or
- * lowcommTest until done, which frees it) and blocking when it is NULL. Operations run in call
- * order. Buffers stay in use until the request completes. The first failure breaks the
+ * Every operation on host buffers is asynchronous when `request` is non-NULL (complete it with
+ * lowcommWait, or lowcommTest until done, which frees it) and blocking when it is NULL; the
+ * *OnStream calls on CUDA buffers return once their operation has completed, either way. Operations
+ * run in call order. Buffers stay in use until the request completes. The first failure breaks the
  * communicator (as in NCCL): later calls return the same error; lowcommGetLastError(comm) has
  * the text, naming the peer and the operation. No C++ exception crosses this API.
  *

@@ -4,8 +4,9 @@
 // under the group's prefix; the others read it. Every op maps onto one lowcomm collective over
 // host tensors (no copy for contiguous ones; non-contiguous inputs are staged, outputs copied
 // back at completion) or CUDA tensors of one device (device.h: the library's device path, or
-// staged through pinned host memory; NCCL's stream semantics). Exact by default; float sum/avg
-// all-reduces at or above codec_threshold bytes are compressed with `codec` when one is set.
+// staged through pinned host memory; Gloo's semantics for CUDA tensors: wait() blocks the host).
+// Exact by default; float sum/avg all-reduces at or above codec_threshold bytes are compressed with
+// `codec` when one is set.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -60,8 +60,8 @@ class SideStreams {
 };
 
 // What a CUDA operation's Work orders on: its device, its side stream, and the event recorded
-// there after the copies back, once the operation has completed (never recorded when it failed
-// or had nothing to copy back, e.g. a send: then nothing of it runs on the device afterwards).
+// there after the copies back once the operation has completed (never recorded when it failed:
+// nothing of it runs on the device afterwards).
 class DeviceDone {
  public:
 #ifdef LOWCOMM_WITH_CUDA

@@ -1,5 +1,7 @@
 #include "work.h"
 
+#include <ATen/ThreadLocalState.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 namespace lowcomm::torch_backend {
@@ -43,6 +45,20 @@ const char* profiling_title(c10d::OpType type) {
       return "lowcomm:op";
   }
 }
+
+// `finish` runs on the thread that completes the operation, often lowcomm's executor: with the
+// caller's thread-local state (grad and inference mode, the profiler's), as torch's own future
+// callbacks are, and without autograd: writing the results into the user's tensors is the
+// communication itself, as NCCL's in-place writes are (a recv into a leaf that requires grad,
+// under no_grad, must not fail because another thread runs the copy).
+std::function<void()> with_callers_state(std::function<void()> finish) {
+  if (!finish) return finish;
+  return at::wrapPropagateTLSState([f = std::move(finish)] {
+    at::NoGradGuard no_grad;
+    f();
+  });
+}
+
 }  // namespace
 
 LowcommWork::LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> outputs,
@@ -50,7 +66,7 @@ LowcommWork::LowcommWork(c10d::OpType type, int rank, std::vector<at::Tensor> ou
                          const std::optional<std::vector<at::Tensor>>& inputs, const char* title)
     : c10d::Work(rank, type, title != nullptr ? title : profiling_title(type), inputs),
       outputs_(std::move(outputs)),
-      finish_(std::move(finish)) {}
+      finish_(with_callers_state(std::move(finish))) {}
 
 c10::intrusive_ptr<c10::ivalue::Future> LowcommWork::getFuture() {
   std::lock_guard<std::mutex> lock(future_mu_);

@@ -6,7 +6,8 @@
 Rendezvous goes through the store torch hands the backend (torchrun, env://, tcp://, file://).
 Exact by default; `pg_options=lowcomm.torch.Options(codec="q4")` (or LOWCOMM_CODEC) compresses
 floating-point sum/avg all-reduces of at least `codec_threshold` bytes (default 1 MiB).
-CPU and CUDA tensors (the latter with NCCL's stream semantics: docs/torch.md, "CUDA tensors").
+CPU and CUDA tensors (the latter with Gloo's semantics: `wait()` blocks the host until the
+operation completes, then orders the current stream; docs/torch.md, "CUDA tensors").
 """
 from __future__ import annotations
 

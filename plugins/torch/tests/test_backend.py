@@ -178,6 +178,18 @@ def body(rank, world, lc):
             got = torch.empty(10)
             dist.recv(got, src=0, group=lc)
             assert torch.equal(got, torch.arange(10, dtype=torch.float32))
+        # Under no_grad, into a column (not contiguous: copied back at completion, on lowcomm's
+        # executor) of a leaf that requires grad: the copy back runs with the caller's grad
+        # mode, and without autograd, so it neither fails on another thread nor is recorded.
+        with torch.no_grad():
+            w = torch.zeros(10, 3, requires_grad=True)
+            if rank == 0:
+                dist.send(t, dst=1, group=lc)
+            elif rank == 1:
+                work = dist.irecv(w[:, 1], src=0, group=lc)
+                work.wait()
+                assert torch.equal(w[:, 1], torch.arange(10, dtype=torch.float32)), w[:, 1]
+                assert w.grad_fn is None and w.requires_grad
     # sparse COO all_reduce (SUM), as Gloo does it: indices may coincide across ranks
     def sparse_of(r):
         return torch.sparse_coo_tensor(torch.tensor([[r % 4, 2], [0, (r + 1) % 4]]),
