@@ -3,7 +3,10 @@
 // Plus the C API.
 
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -370,6 +373,78 @@ TEST(CollectivesFailure, KilledRankFailsEveryOtherRankNamingIt) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(res[r].ok()) << "rank " << r << ": " << res[r].text;
   }
+}
+
+// A frozen rank (SIGSTOP: its sockets stay open, its kernel even takes some bytes) fails the
+// others' collective within seconds, naming it, instead of at the 60 s deadline.
+TEST(CollectivesFailure, FrozenRankFailsEveryOtherRankNamingItWithinSeconds) {
+  auto* frozen_pid = static_cast<std::atomic<pid_t>*>(::mmap(nullptr, sizeof(std::atomic<pid_t>),
+                                                             PROT_READ | PROT_WRITE,
+                                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(frozen_pid, MAP_FAILED);
+  new (frozen_pid) std::atomic<pid_t>(0);
+  auto res = run_ranks(3, [&](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.timeout = std::chrono::seconds(60);
+    o.failure_timeout = std::chrono::milliseconds(600);
+    auto c = Communicator::init(id, rank, 3, o);
+    RANK_OK(c.status());
+    const uint64_t n = 1 << 20;
+    std::vector<float> x(n, 1.0f);
+    RANK_OK((*c)->all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum).wait());
+    if (rank == 2) {
+      frozen_pid->store(::getpid());
+      ::raise(SIGSTOP);  // until rank 0 kills it
+      return "resumed (wrong)";
+    }
+    auto t0 = Clock::now();
+    Status s = (*c)->all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum).wait();
+    std::string out =
+        expect_failure(s, StatusCode::kRemoteError, {"rank 2", "frozen or cut off"}, t0, 10);
+    if (rank == 0) {
+      while (frozen_pid->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ::kill(frozen_pid->load(), SIGKILL);
+    }
+    return out;
+  });
+  ASSERT_EQ(res.size(), 3u);
+  EXPECT_EQ(res[2].exit_code, 128 + SIGKILL) << res[2].text;
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(res[r].ok()) << "rank " << r << ": " << res[r].text;
+  ::munmap(frozen_pid, sizeof(std::atomic<pid_t>));
+}
+
+// A rank that is alive but late to the collective (still computing) is not silent: its progress
+// thread answers the pings, and the collective completes however short the failure timeout.
+TEST(CollectivesFailure, LateButAliveRankIsNotFailed) {
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.failure_timeout = std::chrono::milliseconds(200);
+    auto c = Communicator::init(id, rank, 3, o);
+    RANK_OK(c.status());
+    std::vector<float> x(1 << 16, 1.0f);
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // 10 timeouts
+    RANK_OK((*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+    RANK_CHECK(x[0] == 3.0f, "sum " + std::to_string(x[0]));
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+// The variable is read strictly, like every size and count: a typo is an error naming it, not
+// the default in silence.
+TEST(CollectivesInit, MalformedFailureTimeoutIsNamed) {
+  auto res = run_ranks(1, [](int, const UniqueId& id) -> std::string {
+    ::setenv("LOWCOMM_FAILURE_TIMEOUT_MS", "2s", 1);
+    auto c = Communicator::init(id, 0, 1, CommOptions{});
+    RANK_CHECK(!c.is_ok(), "init accepted LOWCOMM_FAILURE_TIMEOUT_MS=2s");
+    RANK_CHECK(contains(c.status().message(), "LOWCOMM_FAILURE_TIMEOUT_MS"),
+               c.status().to_string());
+    ::setenv("LOWCOMM_FAILURE_TIMEOUT_MS", "0", 1);  // off
+    auto d = Communicator::init(id, 0, 1, CommOptions{});
+    RANK_OK(d.status());
+    return "ok";
+  });
+  expect_all_ok(res);
 }
 
 TEST(CollectivesFailure, RankThatLeftWithoutTakingPartFailsTheCollective) {

@@ -115,6 +115,8 @@ inline CommOptions test_options() {
   o.timeout = std::chrono::milliseconds(20000);
   o.segment_bytes = 64 << 10;  // several pipeline segments even for small tensors
   o.codec_threads = 1;
+  // Generous: eight ranks of a sanitizer build share two cores (the default is 1500 ms).
+  o.failure_timeout = std::chrono::milliseconds(5000);
   return o;
 }
 

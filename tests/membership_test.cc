@@ -24,8 +24,8 @@
 #include "lowcomm/codec.h"
 #include "lowcomm/elastic.h"
 #include "lowcomm/lowcomm.h"
-#include "membership/failure_detector.h"
 #include "membership/message.h"
+#include "transport/failure_detector.h"
 
 namespace lowcomm {
 namespace {
@@ -1398,10 +1398,10 @@ TEST(MembershipMessage, RoundTripsAndRejectsMalformed) {
 }
 
 TEST(MembershipFailureDetector, TimeoutFollowsRtt) {
-  membership::FailureDetector lan(1500ms, 100ms);
+  transport::FailureDetector lan(1500ms, 100ms);
   for (int i = 0; i < 20; ++i) lan.rtt_sample(100us);
   EXPECT_EQ(lan.timeout(), std::chrono::nanoseconds(1500ms));  // the floor on a LAN
-  membership::FailureDetector wan(1500ms, 100ms);
+  transport::FailureDetector wan(1500ms, 100ms);
   for (int i = 0; i < 50; ++i) wan.rtt_sample(i % 2 ? 400ms : 200ms);  // 200 ms RTT, jittery
   EXPECT_GT(wan.timeout(), std::chrono::nanoseconds(2000ms));
   auto t0 = Clock::now();

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "tamper_proxy.h"
+#include "transport/chunk_header.h"
 #include "transport/payload_guard.h"
 #include "transport/peer_core.h"
 #include "transport/wan_link.h"
@@ -108,6 +109,27 @@ uint64_t resent_in(const std::vector<Request>& rs) {
 // 10,000 chunks with one payload bit flipped in transit: each is caught by its check, asked for
 // again and re-sent; every message arrives byte-exact, none fails, and the counts agree on both
 // ends and in the receives.
+// Control frames: ACK, NACK, PING and PONG parse (kind in `tag`, argument in `seq`); any other
+// kind is a malformed frame, refused before it is acted on.
+TEST(TransportIntegrity, ControlFramesOfTheFourKindsParseAndNoOther) {
+  uint8_t f[kChunkHeaderBytes];
+  for (uint64_t kind : {kControlAck, kControlNack, kControlPing, kControlPong}) {
+    write_control_frame(kind, 12345, f);
+    auto h = parse_chunk_header(f, "stream");
+    ASSERT_TRUE(h.is_ok()) << kind << ": " << h.status().to_string();
+    EXPECT_EQ(h->tag, kind);
+    EXPECT_EQ(h->seq, 12345u);
+    EXPECT_TRUE(h->flags & kChunkFlagControl);
+  }
+  for (uint64_t kind : {uint64_t{0}, uint64_t{5}, ~uint64_t{0}}) {
+    write_control_frame(kind, 1, f);
+    auto h = parse_chunk_header(f, "stream");
+    ASSERT_FALSE(h.is_ok()) << kind;
+    EXPECT_EQ(h.status().code(), StatusCode::kCorruptData);
+    EXPECT_NE(h.status().message().find("malformed control frame"), std::string::npos);
+  }
+}
+
 TEST(TransportIntegrity, TenThousandFlippedChunksAreEachSentAgainAndEveryMessageArrivesExact) {
   constexpr int kMessages = 7500;
   constexpr uint64_t kLen = 3 * 4096 - 100;  // three chunks, the last short

@@ -42,6 +42,8 @@ constexpr size_t kControlTextMax = 256 - kControlTextOffset;
 // How long a failing rank waits for its notices to reach the kernel before closing.
 constexpr auto kNoticeWait = std::chrono::milliseconds(500);
 constexpr auto kNoticeLinger = std::chrono::milliseconds(300);
+// CommOptions::failure_timeout's default (an elastic group's failure floor too).
+constexpr auto kDefaultFailureTimeout = std::chrono::milliseconds(1500);
 
 // A byte count from the environment variable `name` (a decimal integer of at least `min`), or
 // `fallback` where it is unset or empty.
@@ -151,6 +153,19 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
   if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
   if (options.encrypt >= 0) cfg.value().seal = options.encrypt > 0;
+  if (options.failure_timeout.count() != 0) {
+    cfg.value().failure_timeout = std::max(options.failure_timeout, std::chrono::milliseconds(0));
+  } else if (const char* v = std::getenv("LOWCOMM_FAILURE_TIMEOUT_MS"); v && *v) {
+    char* end = nullptr;
+    const long long ms = std::strtoll(v, &end, 10);
+    if (*end != '\0' || ms < 0)
+      return invalid_argument(std::string("init: LOWCOMM_FAILURE_TIMEOUT_MS must be a whole number "
+                                          "of milliseconds (0: off), got '") +
+                              v + "'");
+    cfg.value().failure_timeout = std::chrono::milliseconds(ms);
+  } else {
+    cfg.value().failure_timeout = kDefaultFailureTimeout;
+  }
 
   // Sites (collectives/sites.h): the option, LOWCOMM_SITES, the emulator's site= rules, flat.
   const char* env_sites = std::getenv("LOWCOMM_SITES");

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "lowcomm/elastic.h"
-#include "membership/failure_detector.h"
 #include "membership/message.h"
 #include "membership/state_buffer.h"
+#include "transport/failure_detector.h"
 #include "transport/listener.h"
 #include "transport/peer.h"
 
@@ -62,7 +62,7 @@ class ElasticImpl {
   struct Slot {  // one membership connection
     std::vector<uint8_t> rx;
     transport::Request rx_req;
-    membership::FailureDetector fd;
+    transport::FailureDetector fd;
     Clock::time_point last_ping{};
     // Declared last, so destroyed first: ~Peer shuts the connection down (on its engine thread,
     // synchronously), which ends the receive posted into `rx` before `rx` is freed. In the

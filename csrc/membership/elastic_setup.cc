@@ -51,6 +51,10 @@ Result<std::unique_ptr<transport::Peer>> connect_once(
 Status ElasticImpl::start(const UniqueId& id) {
   options_.comm.timeout =
       options_.comm.timeout.count() ? options_.comm.timeout : std::chrono::minutes(30);
+  // A frozen or cut-off member is the membership heartbeats' to find (it is evicted, and the
+  // view's communicator aborted): the views' communicators do not fail on a silent peer of
+  // their own accord.
+  options_.comm.failure_timeout = std::chrono::milliseconds(-1);
   failure_floor_ = options_.failure_timeout.count()
                        ? options_.failure_timeout
                        : env_ms("LOWCOMM_FAILURE_TIMEOUT_MS", std::chrono::milliseconds(1500));

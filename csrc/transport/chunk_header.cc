@@ -45,7 +45,7 @@ Result<ChunkHeader> parse_chunk_header(const uint8_t in[kChunkHeaderBytes],
                         std::to_string(h.msg_len) + " bytes (tag " + std::to_string(h.tag) + ")");
   }
   if ((h.flags & kChunkFlagControl) &&
-      (h.chunk_len != 0 || h.msg_len != 0 || (h.tag != kControlAck && h.tag != kControlNack)))
+      (h.chunk_len != 0 || h.msg_len != 0 || (h.tag < kControlAck || h.tag > kControlPong)))
     return corrupt_data(who + ": malformed control frame (kind " + std::to_string(h.tag) + ", " +
                         std::to_string(h.chunk_len) + " payload bytes)");
   return h;

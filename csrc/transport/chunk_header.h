@@ -27,6 +27,9 @@
 //                 on this stream before the n-th; the sender may drop its copies of them.
 //   kControlNack  seq = r: the r-th data chunk read on this stream (counting from 0) failed its
 //                 check: send it again (as a new chunk, on any stream).
+//   kControlPing  seq = the sender's clock (ns): an operation waits on the receiver, which has
+//                 been silent; answer at once.
+//   kControlPong  seq = the ping's: the answer (the receiver's engine runs), and a round trip.
 
 #include <cstdint>
 #include <string>
@@ -43,6 +46,8 @@ inline constexpr uint32_t kChunkFlagSealed = 1u;
 inline constexpr uint32_t kChunkFlagControl = 2u;
 inline constexpr uint64_t kControlAck = 1;
 inline constexpr uint64_t kControlNack = 2;
+inline constexpr uint64_t kControlPing = 3;
+inline constexpr uint64_t kControlPong = 4;
 
 struct ChunkHeader {
   uint32_t chunk_len = 0;

@@ -1,6 +1,7 @@
 #pragma once
 // PeerConfig: what both ends of a peer connection need to agree on or know locally.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -36,6 +37,11 @@ struct PeerConfig {
   // Buffered messages nobody has posted a receive for yet, per peer (LOWCOMM_UNEXPECTED_LIMIT):
   // eager sends to a receiver that lags behind; beyond it the peer fails with a clear error.
   uint64_t max_unexpected_bytes = 1ull << 30;
+  // The least silence after which a peer that an operation waits on is failed as frozen or cut
+  // off (peer_core.h, "Liveness"); the timeout in use grows with the measured round trip. 0:
+  // off (a closed connection is still noticed at once). Unsealed streams only: a sealed stream
+  // carries no control frames.
+  std::chrono::milliseconds failure_timeout{0};
 
   // streams from LOWCOMM_STREAMS (which also turns adapt_streams off), socket_buffer_bytes from
   // LOWCOMM_SOCKET_BUFFER (bytes, K/M/G suffixes of 1024, 0 = kernel autotuning),

@@ -66,6 +66,11 @@ PeerCore::PeerCore(ProgressEngine& engine, std::vector<StreamSocket> fds, int re
   }
   if (config_.chunk_bytes == 0) config_.chunk_bytes = 512 << 10;
   plan_streams();
+  if (config_.failure_timeout.count() > 0) {
+    ping_interval_ = std::clamp(config_.failure_timeout / 5, std::chrono::milliseconds(10),
+                                std::chrono::milliseconds(500));
+    alive_ = FailureDetector(config_.failure_timeout, ping_interval_);
+  }
 }
 
 void PeerCore::plan_streams() {
@@ -125,6 +130,52 @@ void PeerCore::start() {
     s.watch_id = *id;
     s.watching = true;
   }
+  if (ping_interval_.count() > 0 && !streams_.empty() && !streams_[0].opener.sealed()) {
+    alive_.heard(FailureDetector::Clock::now());
+    arm_alive_timer();
+  }
+}
+
+bool PeerCore::awaited() const {
+  for (const auto& [key, m] : in_msgs_)
+    if (m->req && !m->req->done()) return true;
+  for (const auto& s : streams_)
+    if (!s.sendq.empty()) return true;
+  return link_ && !link_->idle();
+}
+
+void PeerCore::arm_alive_timer() {
+  auto self = shared_from_this();
+  alive_timer_armed_ = true;
+  alive_timer_ = engine_.add_timer(PaceClock::now() + ping_interval_, [self] {
+    self->alive_timer_armed_ = false;
+    self->check_alive();
+  });
+}
+
+void PeerCore::check_alive() {
+  if (!failure_.is_ok() || shut_down_) return;
+  const auto now = FailureDetector::Clock::now();
+  if (!awaited()) {
+    alive_.heard(now);  // silence while nobody waits is no sign of anything
+  } else if (alive_.expired(now)) {
+    using std::chrono::duration_cast;
+    using std::chrono::milliseconds;
+    const auto silent = duration_cast<milliseconds>(alive_.silent_for(now)).count();
+    const auto limit = duration_cast<milliseconds>(alive_.timeout()).count();
+    fail(Status(StatusCode::kRemoteError,
+                name_ + " frozen or cut off: silent for " + std::to_string(silent) +
+                    " ms while an operation waits on it (no answer to " +
+                    std::to_string(pings_sent_.load(std::memory_order_relaxed)) +
+                    " pings; failure timeout " + std::to_string(limit) +
+                    " ms, LOWCOMM_FAILURE_TIMEOUT_MS)"));
+    return;
+  } else if (alive_.silent_for(now) >= ping_interval_) {
+    const auto t = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
+    pings_sent_.fetch_add(1, std::memory_order_relaxed);
+    send_control(streams_[0], kControlPing, static_cast<uint64_t>(t.count()));
+  }
+  arm_alive_timer();
 }
 
 void PeerCore::isend(uint64_t tag, const uint8_t* data, uint64_t len,
@@ -419,6 +470,19 @@ void PeerCore::maybe_ack(Stream& s, bool now) {
 Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
   if (s.opener.sealed())
     return corrupt_data(stream_name(s) + ": a control frame on a sealed stream");
+  if (h.tag == kControlPing) {
+    send_control(s, kControlPong, h.seq);
+    return Status::ok();
+  }
+  if (h.tag == kControlPong) {
+    const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        FailureDetector::Clock::now().time_since_epoch());
+    const auto sent = static_cast<int64_t>(h.seq);
+    // A round trip from this side's own clock; anything implausible is not a sample.
+    if (sent > 0 && sent <= now.count() && now.count() - sent < int64_t{60} * 1000000000)
+      alive_.rtt_sample(std::chrono::nanoseconds(now.count() - sent));
+    return Status::ok();  // heard: read_stream counted its bytes
+  }
   const uint64_t end = s.retained_base + s.retained.size();
   if (h.tag == kControlAck) {
     if (h.seq < s.retained_base || h.seq > end)
@@ -486,6 +550,7 @@ void PeerCore::note_received(Stream& s) {
 }
 
 void PeerCore::do_read(Stream& s) {
+  if (ping_interval_.count() > 0) alive_.heard(FailureDetector::Clock::now());
   read_stream(s);
   maybe_ack(s);
 }
@@ -848,6 +913,10 @@ void PeerCore::fail(Status why, bool keep_arrived) {
   if (link_timer_armed_) {
     engine_.cancel_timer(link_timer_);
     link_timer_armed_ = false;
+  }
+  if (alive_timer_armed_) {
+    engine_.cancel_timer(alive_timer_);
+    alive_timer_armed_ = false;
   }
   // After the peer's close or reset (keep_arrived), a message that arrived whole and that no
   // irecv has claimed yet stays: the peer sent it before it went, so an irecv posted later

@@ -37,6 +37,17 @@
 // stream; a buffered one never reaches the user buffer) and the connection carries on, its framing
 // intact. Control frames jump the data queue at chunk boundaries.
 //
+// Liveness (config.failure_timeout > 0, unsealed streams): a frozen process (SIGSTOP, a hung
+// host) or a cut path keeps its sockets open, and its kernel may even take our bytes, so no
+// error ever comes. While an operation waits on this peer (a posted receive not yet complete, or
+// data queued for it), the peer must be heard: any bytes it sends count, and when it has been
+// silent for an interval (a fifth of the floor, 10-500 ms) stream 0 carries a PING, which the
+// peer's engine answers with a PONG at once, whatever its caller is doing (a rank still busy
+// before its collective is alive). Silent past the FailureDetector's timeout (the floor, or more
+// on a slow round trip: failure_detector.h), the peer fails with kRemoteError "frozen or cut off:
+// silent for N ms while an operation waits on it". An idle peer is never pinged, and on a busy link
+// the data itself is the heartbeat: a ping goes out only after a silence.
+//
 // Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
 // latches in failure_; every
 // outstanding and later request fails with it (except, after the peer's close or reset, an
@@ -56,6 +67,7 @@
 #include "core/unique_fd.h"
 #include "transport/arrival_watch.h"
 #include "transport/chunk_header.h"
+#include "transport/failure_detector.h"
 #include "transport/link_emulator.h"
 #include "transport/out_chunk.h"
 #include "transport/peer_config.h"
@@ -232,6 +244,10 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::string stream_name(const Stream& s) const;
   // The stream window and stripe width for this peer's path (constructor).
   void plan_streams();
+  // Liveness: whether an operation waits on this peer, and the timer's tick (ping or fail).
+  bool awaited() const;
+  void check_alive();
+  void arm_alive_timer();
 
   ProgressEngine& engine_;
   PeerConfig config_;
@@ -270,6 +286,15 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::atomic<uint64_t> resent_chunks_{0};
   bool shut_down_ = false;
   bool closing_ = false;
+  // Liveness (config_.failure_timeout > 0 and unsealed; else never armed).
+  FailureDetector alive_{std::chrono::milliseconds(0), std::chrono::milliseconds(0)};
+  std::chrono::milliseconds ping_interval_{0};
+  uint64_t alive_timer_ = 0;
+  bool alive_timer_armed_ = false;
+  std::atomic<uint64_t> pings_sent_{0};
+
+ public:
+  uint64_t pings_sent() const { return pings_sent_.load(std::memory_order_relaxed); }
 };
 
 }  // namespace lowcomm::transport

@@ -118,6 +118,13 @@ struct CommOptions {
   // Deadline of init alone, when it must differ from the operations' (torch's reconfigure has a
   // timeout of its own); 0: `timeout`.
   std::chrono::milliseconds init_timeout{0};
+  // The least silence after which a peer that an operation waits on is failed as frozen or cut
+  // off (SIGSTOP, a hung host, a cut path keep sockets open: without this only `timeout` ends
+  // the wait). The peer's progress thread answers pings whatever its caller does, so a rank
+  // merely late to a collective is not silent; the timeout in use grows with the measured round
+  // trip. Every rank's operation then fails naming the peer. 0: LOWCOMM_FAILURE_TIMEOUT_MS
+  // (0 there: off), else 1500 ms; negative: off. Not on sealed connections (`encrypt`).
+  std::chrono::milliseconds failure_timeout{0};
   // This rank's listen address (numeric host, port 0 allowed). "": LOWCOMM_SOCKET_IFNAME when
   // set, else the local address that routes to the root.
   std::string listen_address;

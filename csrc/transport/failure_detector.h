@@ -1,18 +1,19 @@
 #pragma once
-// FailureDetector: when to declare a silent member failed, from the round trips of its
+// FailureDetector: when to declare a silent peer failed, from the round trips of its
 // heartbeats (RFC 6298's smoothed RTT and variance). A closed connection needs no detector;
-// this is for a member whose sockets stay open while it makes no progress (SIGSTOP, a hung
-// process, a cut path).
+// this is for a peer whose sockets stay open while it makes no progress (SIGSTOP, a hung
+// process, a cut path). Used by an elastic group's members (membership/) and by every peer
+// connection an operation waits on (peer_core.h).
 //
 // timeout = max(floor, 2 * interval + 4 * (srtt + 4 * rttvar)): at 200 ms RTT with jitter, a
 // lost heartbeat segment costs TCP one retransmission timeout (>= 200 ms), and the timeout
 // leaves room for two in a row before a slow, lossy link reads as a dead member.
 //
-// Thread safety: none; the membership thread owns it.
+// Thread safety: none; one thread owns it (the membership thread, or a peer's engine thread).
 
 #include <chrono>
 
-namespace lowcomm::membership {
+namespace lowcomm::transport {
 
 class FailureDetector {
  public:
@@ -38,4 +39,4 @@ class FailureDetector {
   int samples_ = 0;
 };
 
-}  // namespace lowcomm::membership
+}  // namespace lowcomm::transport

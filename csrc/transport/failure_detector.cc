@@ -1,8 +1,8 @@
-#include "membership/failure_detector.h"
+#include "transport/failure_detector.h"
 
 #include <algorithm>
 
-namespace lowcomm::membership {
+namespace lowcomm::transport {
 
 void FailureDetector::rtt_sample(std::chrono::nanoseconds rtt) {
   if (samples_++ == 0) {
@@ -19,4 +19,4 @@ std::chrono::nanoseconds FailureDetector::timeout() const {
   return std::max(floor_, 2 * interval_ + 4 * (srtt_ + 4 * rttvar_));
 }
 
-}  // namespace lowcomm::membership
+}  // namespace lowcomm::transport
