@@ -1,9 +1,10 @@
 """Failures through torch.distributed are exceptions within seconds, never hangs: a peer that
-dies, a peer that never calls (the group's timeout is every operation's deadline), mismatched
+dies, a peer that freezes (SIGSTOP), a peer that never calls (the group's timeout is every operation's deadline), mismatched
 collectives, a monitored barrier a rank misses, and abort(); getError() says what broke, and a
 broken group fails every later op at once."""
 import datetime
 import os
+import signal
 import sys
 import time
 import traceback
@@ -24,13 +25,20 @@ def put(results, item):
 
 def worker(rank, world, init_file, mode, results):
     try:
+        # "frozen": a long deadline, so that only the silence can end the wait in time
+        deadline = 60 if mode == "frozen" else 3
         dist.init_process_group("lowcomm", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=3))
+                                world_size=world, timeout=datetime.timedelta(seconds=deadline))
         x = torch.ones(1 << 20)
         dist.all_reduce(x)  # everyone healthy first
         if rank == 1:
             if mode == "killed":
                 os._exit(3)  # dies without a word, as a crash or an OOM kill
+            if mode == "frozen":  # SIGSTOP: its sockets stay open, nothing it sends says why
+                with open(init_file + ".frozen", "w") as f:
+                    f.write(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGSTOP)
+                os._exit(0)  # not reached: rank 0 kills it
             time.sleep(8)  # "deadline": never calls the next operation
             put(results, (rank, "slept", 0.0))
             os._exit(0)
@@ -42,6 +50,9 @@ def worker(rank, world, init_file, mode, results):
             put(results, (rank, f"DistBackendError: {e}", time.monotonic() - t0))
         except RuntimeError as e:
             put(results, (rank, f"RuntimeError: {e}", time.monotonic() - t0))
+        if mode == "frozen":
+            with open(init_file + ".frozen") as f:
+                os.kill(int(f.read()), signal.SIGKILL)
         os._exit(0)
     except Exception:  # noqa: BLE001
         put(results, (rank, traceback.format_exc(), -1.0))
@@ -130,6 +141,15 @@ def test_killed_peer_raises_within_seconds(tmp_path):
     text, took = out[0]
     assert text.startswith("DistBackendError") and "rank 1" in text, text
     assert 0 <= took < 5, took
+
+
+def test_frozen_peer_raises_within_seconds_not_at_the_deadline(tmp_path):
+    # The default failure timeout (1500 ms): the peer's silence, not the 60 s deadline, ends it.
+    out = run("frozen", tmp_path)
+    text, took = out[0]
+    assert text.startswith("DistBackendError") and "rank 1" in text, text
+    assert "frozen or cut off" in text, text
+    assert 1 <= took < 5, took
 
 
 def test_deadline_raises_naming_the_rank_that_never_started(tmp_path):
