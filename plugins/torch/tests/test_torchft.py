@@ -82,3 +82,63 @@ def test_torchft_manager_on_lowcomm(on_lowcomm, name):
     import torchft.manager_integ_test as mit
     _run(mit.ManagerIntegTest, name)
     assert on_lowcomm and set(on_lowcomm) == {"torchft-lowcomm"}, on_lowcomm
+
+
+def _rebuild_worker(rank, world, port, rebuilds, results):
+    """Rebuilds the group `rebuilds` times as torchft does (configure over a fresh prefix, the
+    old group aborted), an all-reduce in each; reports the process's descriptors, threads and
+    resident memory after the 20th rebuild and after the last."""
+    import os
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    def usage():
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task")), rss
+
+    try:
+        import torchft.process_group as tpg
+        from lowcomm.torchft import ProcessGroupLowcomm
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=60))
+        # One store client for every prefix, as torchft's would be for one Lighthouse.
+        tpg.create_store_client = lambda addr, timeout: dist.PrefixStore(addr.split("/", 1)[1],
+                                                                         store)
+        pg = ProcessGroupLowcomm(timeout=timedelta(seconds=30))
+        marks = {}
+        for k in range(rebuilds):
+            pg.configure(f"127.0.0.1:{port}/rebuild{k}", "test", rank, world)
+            x = torch.full((1000,), float(rank + 1))
+            pg.allreduce([x], dist.ReduceOp.SUM).wait()
+            assert x[0].item() == world * (world + 1) / 2, x[0].item()
+            if k + 1 in (20, rebuilds):
+                marks[k + 1] = usage()
+        pg.shutdown()
+        results.put((rank, marks))
+    except Exception:  # noqa: BLE001
+        results.put((rank, traceback.format_exc()))
+
+
+def test_two_hundred_rebuilds_leak_no_sockets_threads_or_memory():
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    world, rebuilds = 3, 200
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=timedelta(seconds=60),
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rebuild_worker, args=(r, world, store.port, rebuilds, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out = dict(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for rank, marks in out.items():
+        assert isinstance(marks, dict), marks  # a traceback
+        (fd20, th20, rss20), (fd, th, rss) = marks[20], marks[rebuilds]
+        assert fd == fd20, (rank, marks)  # each rebuild's sockets closed with its group
+        assert th == th20, (rank, marks)  # and its threads joined
+        assert rss - rss20 < 16 << 20, (rank, marks)  # 180 rebuilds: under 16 MiB (none here)
