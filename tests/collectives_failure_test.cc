@@ -376,8 +376,9 @@ TEST(CollectivesFailure, KilledRankFailsEveryOtherRankNamingIt) {
 }
 
 // A frozen rank (SIGSTOP: its sockets stay open, its kernel even takes some bytes) fails the
-// others' collective within seconds, naming it, instead of at the 60 s deadline.
-TEST(CollectivesFailure, FrozenRankFailsEveryOtherRankNamingItWithinSeconds) {
+// others' collective within seconds, naming it, instead of at the 60 s deadline; on plain and
+// on sealed connections.
+void frozen_rank_fails_the_others(bool encrypt) {
   auto* frozen_pid = static_cast<std::atomic<pid_t>*>(::mmap(nullptr, sizeof(std::atomic<pid_t>),
                                                              PROT_READ | PROT_WRITE,
                                                              MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -387,6 +388,7 @@ TEST(CollectivesFailure, FrozenRankFailsEveryOtherRankNamingItWithinSeconds) {
     CommOptions o = test_options();
     o.timeout = std::chrono::seconds(60);
     o.failure_timeout = std::chrono::milliseconds(600);
+    o.encrypt = encrypt ? 1 : 0;  // sealed streams: the PINGs and PONGs are sealed too
     auto c = Communicator::init(id, rank, 3, o);
     RANK_OK(c.status());
     const uint64_t n = 1 << 20;
@@ -413,21 +415,33 @@ TEST(CollectivesFailure, FrozenRankFailsEveryOtherRankNamingItWithinSeconds) {
   ::munmap(frozen_pid, sizeof(std::atomic<pid_t>));
 }
 
+TEST(CollectivesFailure, FrozenRankFailsEveryOtherRankNamingItWithinSeconds) {
+  frozen_rank_fails_the_others(/*encrypt=*/false);
+}
+
+TEST(CollectivesFailure, FrozenRankOnSealedConnectionsFailsEveryOtherRankWithinSeconds) {
+  frozen_rank_fails_the_others(/*encrypt=*/true);
+}
+
 // A rank that is alive but late to the collective (still computing) is not silent: its progress
 // thread answers the pings, and the collective completes however short the failure timeout.
 TEST(CollectivesFailure, LateButAliveRankIsNotFailed) {
-  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
-    CommOptions o = test_options();
-    o.failure_timeout = std::chrono::milliseconds(200);
-    auto c = Communicator::init(id, rank, 3, o);
-    RANK_OK(c.status());
-    std::vector<float> x(1 << 16, 1.0f);
-    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // 10 timeouts
-    RANK_OK((*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
-    RANK_CHECK(x[0] == 3.0f, "sum " + std::to_string(x[0]));
-    return "ok";
-  });
-  expect_all_ok(res);
+  for (int encrypt : {0, 1}) {
+    auto res = run_ranks(3, [encrypt](int rank, const UniqueId& id) -> std::string {
+      CommOptions o = test_options();
+      o.failure_timeout = std::chrono::milliseconds(200);
+      o.encrypt = encrypt;  // sealed: ten sealed PING/PONG exchanges at least
+      auto c = Communicator::init(id, rank, 3, o);
+      RANK_OK(c.status());
+      std::vector<float> x(1 << 16, 1.0f);
+      if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // 10 timeouts
+      RANK_OK(
+          (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+      RANK_CHECK(x[0] == 3.0f, "sum " + std::to_string(x[0]));
+      return "ok";
+    });
+    expect_all_ok(res);
+  }
 }
 
 // The variable is read strictly, like every size and count: a typo is an error naming it, not

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <future>
 #include <map>
 #include <mutex>
@@ -77,6 +78,60 @@ TEST(TransportIntegrity, PayloadGuardRoundTripsAndCatchesEveryFlipInBothModes) {
       EXPECT_EQ(wire, data);
     }
   }
+}
+
+// Sealed control frames (the liveness PING and PONG) are records of their own: authenticated,
+// counted apart from the chunks (so they may be written between chunks sealed earlier), and a
+// flipped bit, a replay or a frame from another key fails.
+TEST(TransportIntegrity, SealedControlFramesAuthenticateInTheirOwnOrder) {
+  StreamKeys k;
+  k.sealed = true;
+  for (size_t i = 0; i < k.send.size(); ++i) k.send[i] = k.recv[i] = static_cast<uint8_t>(i);
+  PayloadSealer tx;
+  PayloadOpener rx;
+  ASSERT_TRUE(tx.init(k).is_ok());
+  ASSERT_TRUE(rx.init(k).is_ok());
+  // A chunk sealed first, then two control frames written (and read) before it.
+  auto data = random_bytes(1000, 7);
+  std::vector<uint8_t> wire(data.size());
+  uint8_t chunk[kChunkHeaderBytes];
+  write_chunk_header({1000, 1, 0, 1000, 0, kChunkFlagSealed}, chunk);
+  ASSERT_TRUE(tx.protect(chunk, data.data(), wire.data(), data.size()).is_ok());
+  uint8_t ping[kChunkHeaderBytes], pong[kChunkHeaderBytes];
+  write_control_frame(kControlPing, 111, ping);
+  write_control_frame(kControlPong, 222, pong);
+  ASSERT_TRUE(tx.protect_control(ping).is_ok());
+  ASSERT_TRUE(tx.protect_control(pong).is_ok());
+  EXPECT_NE(std::vector<uint8_t>(ping + kChunkCheckOffset, ping + kChunkHeaderBytes),
+            std::vector<uint8_t>(kChunkCheckBytes, 0));
+  auto bad = [](Result<bool> r) { return r.is_ok() && !*r; };
+  uint8_t flipped[kChunkHeaderBytes];
+  std::memcpy(flipped, ping, sizeof(ping));
+  flipped[20] ^= 1;  // its argument
+  {
+    PayloadOpener other;  // the same frame checked on a fresh opener, altered: refused
+    ASSERT_TRUE(other.init(k).is_ok());
+    EXPECT_TRUE(bad(other.open_control(flipped)));
+  }
+  {
+    PayloadOpener other;  // the second frame first (the first dropped): refused
+    ASSERT_TRUE(other.init(k).is_ok());
+    EXPECT_TRUE(bad(other.open_control(pong)));
+  }
+  auto a = rx.open_control(ping);
+  ASSERT_TRUE(a.is_ok() && *a);
+  EXPECT_TRUE(bad(rx.open_control(ping)));  // replayed: the next nonce does not fit it
+  // The chunk still opens after the control frames, under its own nonce.
+  ASSERT_TRUE(rx.begin(chunk).is_ok());
+  ASSERT_TRUE(rx.update(wire.data(), wire.size()).is_ok());
+  auto c = rx.finish();
+  ASSERT_TRUE(c.is_ok() && *c);
+  EXPECT_EQ(wire, data);
+  StreamKeys other_key = k;
+  other_key.recv[0] ^= 1;
+  PayloadOpener stranger;
+  ASSERT_TRUE(stranger.init(other_key).is_ok());
+  EXPECT_TRUE(bad(stranger.open_control(ping)));
 }
 
 // A policy that flips one payload bit in the first transmission of about `permille` of the data

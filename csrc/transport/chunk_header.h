@@ -20,8 +20,9 @@
 // parse_chunk_header validates magic, checksum, flags and range (offset + chunk_len <= msg_len)
 // before anything is used.
 //
-// Control frames (unsealed streams only): a header with the control flag, chunk_len, msg_len
-// and offset zero, no payload and a zero check; `tag` is the kind and `seq` its argument. They
+// Control frames: a header with the control flag, chunk_len, msg_len and offset zero, no payload
+// and a zero check (on a sealed stream, where only PING and PONG travel, the check is the GCM
+// tag over bytes [0, 48): payload_guard.h); `tag` is the kind and `seq` its argument. They
 // travel in the direction opposite to the data they speak of, on the same stream:
 //   kControlAck   seq = n: the receiver has verified (or given up on) every data chunk it read
 //                 on this stream before the n-th; the sender may drop its copies of them.

@@ -18,7 +18,7 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x3148434Cu;      // "LCH1"
 constexpr uint32_t kChallengeMagic = 0x3153434Cu;  // "LCS1"
 constexpr uint32_t kAcceptMagic = 0x4B4F434Cu;     // "LCOK"
-constexpr uint16_t kProtocolVersion = 3;           // 3: control frames (re-sends) on data streams
+constexpr uint16_t kProtocolVersion = 4;  // 3: control frames (re-sends); 4: PING/PONG (liveness)
 constexpr uint16_t kFlagSeal = 1;
 constexpr size_t kChallengeSigned = 48;  // bytes of the challenge its MAC covers
 constexpr size_t kNonceBytes = 32;

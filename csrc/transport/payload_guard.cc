@@ -21,8 +21,14 @@ struct CtxFree {
 };
 using CtxPtr = std::unique_ptr<EVP_CIPHER_CTX, CtxFree>;
 
-void nonce_for(uint64_t record, uint8_t out[kNonceBytes]) {
-  store_le32(out, 0);
+// Chunk records and control frames count in nonce spaces of their own (the first 32 bits):
+// control frames jump the data queue, so they are written in another order than the chunks
+// were sealed in, and each space is read back in the order it was written.
+constexpr uint32_t kChunkNonces = 0;
+constexpr uint32_t kControlNonces = 1;
+
+void nonce_for(uint32_t space, uint64_t record, uint8_t out[kNonceBytes]) {
+  store_le32(out, space);
   store_le64(out + 4, record);
 }
 
@@ -72,7 +78,7 @@ Status PayloadSealer::protect(uint8_t* header, const uint8_t* in, uint8_t* out, 
   if (records_ == std::numeric_limits<uint64_t>::max())
     return internal_error("AES-256-GCM record counter exhausted on this stream");
   uint8_t nonce[kNonceBytes];
-  nonce_for(records_++, nonce);
+  nonce_for(kChunkNonces, records_++, nonce);
   EVP_CIPHER_CTX* c = cipher_->ctx.get();
   int n = 0;
   if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
@@ -85,6 +91,27 @@ Status PayloadSealer::protect(uint8_t* header, const uint8_t* in, uint8_t* out, 
   if (EVP_EncryptFinal_ex(c, tail, &n) != 1 ||
       EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kChunkCheckBytes), check) != 1)
     return crypto_error("AES-256-GCM encrypt (tag)");
+  return Status::ok();
+}
+
+Status PayloadSealer::protect_control(uint8_t* header) {
+  uint8_t* check = header + kChunkCheckOffset;
+  if (!sealed_) {
+    std::memset(check, 0, kChunkCheckBytes);
+    return Status::ok();
+  }
+  if (control_records_ == std::numeric_limits<uint64_t>::max())
+    return internal_error("AES-256-GCM control-frame counter exhausted on this stream");
+  uint8_t nonce[kNonceBytes];
+  nonce_for(kControlNonces, control_records_++, nonce);
+  EVP_CIPHER_CTX* c = cipher_->ctx.get();
+  int n = 0;
+  uint8_t tail[16];
+  if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
+      EVP_EncryptUpdate(c, nullptr, &n, header, as_int(kAadBytes)) != 1 ||
+      EVP_EncryptFinal_ex(c, tail, &n) != 1 ||
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kChunkCheckBytes), check) != 1)
+    return crypto_error("AES-256-GCM seal (control frame)");
   return Status::ok();
 }
 
@@ -124,7 +151,7 @@ Status PayloadOpener::begin(const uint8_t* header) {
   if (records_ == std::numeric_limits<uint64_t>::max())
     return internal_error("AES-256-GCM record counter exhausted on this stream");
   uint8_t nonce[kNonceBytes];
-  nonce_for(records_++, nonce);
+  nonce_for(kChunkNonces, records_++, nonce);
   EVP_CIPHER_CTX* c = state_->ctx.get();
   int n = 0;
   if (EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
@@ -145,6 +172,24 @@ Status PayloadOpener::update(uint8_t* data, size_t len) {
       static_cast<size_t>(n) != len)
     return crypto_error("AES-256-GCM decrypt (payload)");
   return Status::ok();
+}
+
+Result<bool> PayloadOpener::open_control(const uint8_t* header) {
+  if (!sealed_) return true;
+  if (control_records_ == std::numeric_limits<uint64_t>::max())
+    return internal_error("AES-256-GCM control-frame counter exhausted on this stream");
+  uint8_t nonce[kNonceBytes];
+  nonce_for(kControlNonces, control_records_++, nonce);
+  uint8_t tag[kChunkCheckBytes];
+  std::memcpy(tag, header + kChunkCheckOffset, kChunkCheckBytes);
+  EVP_CIPHER_CTX* c = state_->ctx.get();
+  int n = 0;
+  if (EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
+      EVP_DecryptUpdate(c, nullptr, &n, header, as_int(kAadBytes)) != 1 ||
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, static_cast<int>(kChunkCheckBytes), tag) != 1)
+    return crypto_error("AES-256-GCM open (control frame)");
+  uint8_t tail[16];
+  return EVP_DecryptFinal_ex(c, tail, &n) == 1;
 }
 
 Result<bool> PayloadOpener::finish() {

@@ -16,7 +16,10 @@
 // another stream or altered fails its tag. The associated data is the chunk header [0, 48), so
 // the header is authenticated too. The receiver decrypts in place as bytes arrive and verifies
 // the tag when the chunk's last byte is in; a failure fails the whole connection (someone is
-// tampering with it).
+// tampering with it). Control frames (chunk_header.h; only PING and PONG on a sealed stream)
+// are records of their own: no payload, the tag over their header, their nonces counted apart
+// (first 32 bits 1, not 0), since they jump the data queue and so are written in another order
+// than the chunks were sealed in; each kind of record is read back in the order it was written.
 //
 // Not thread-safe: each guard belongs to one stream on the engine thread.
 
@@ -51,11 +54,15 @@ class PayloadSealer {
   // fills its check [48, 64). Integrity: hashes `in`; `out` is unused. Sealed: encrypts `len`
   // bytes of `in` into `out` (which may equal `in`) under the next record's nonce.
   Status protect(uint8_t* header, const uint8_t* in, uint8_t* out, size_t len);
+  // A control frame's header (write_control_frame): sealed, its check becomes the tag over
+  // [0, 48) under the next control nonce; else it stays zero.
+  Status protect_control(uint8_t* header);
 
  private:
   struct Cipher;
   bool sealed_ = false;
   uint64_t records_ = 0;
+  uint64_t control_records_ = 0;
   std::unique_ptr<Cipher> cipher_;
 };
 
@@ -75,11 +82,15 @@ class PayloadOpener {
   Status update(uint8_t* data, size_t len);
   // Whether the payload matches the header's check (sealed: the tag verifies).
   Result<bool> finish();
+  // Whether a control frame's header is authentic (sealed: its tag verifies under the next
+  // control nonce; unsealed: always). Only between chunks (not inside begin() .. finish()).
+  Result<bool> open_control(const uint8_t* header);
 
  private:
   struct State;
   bool sealed_ = false;
   uint64_t records_ = 0;
+  uint64_t control_records_ = 0;
   std::unique_ptr<State> state_;
 };
 

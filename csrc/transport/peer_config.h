@@ -39,8 +39,7 @@ struct PeerConfig {
   uint64_t max_unexpected_bytes = 1ull << 30;
   // The least silence after which a peer that an operation waits on is failed as frozen or cut
   // off (peer_core.h, "Liveness"); the timeout in use grows with the measured round trip. 0:
-  // off (a closed connection is still noticed at once). Unsealed streams only: a sealed stream
-  // carries no control frames.
+  // off (a closed connection is still noticed at once).
   std::chrono::milliseconds failure_timeout{0};
 
   // streams from LOWCOMM_STREAMS (which also turns adapt_streams off), socket_buffer_bytes from

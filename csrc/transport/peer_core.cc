@@ -130,7 +130,7 @@ void PeerCore::start() {
     s.watch_id = *id;
     s.watching = true;
   }
-  if (ping_interval_.count() > 0 && !streams_.empty() && !streams_[0].opener.sealed()) {
+  if (ping_interval_.count() > 0 && !streams_.empty()) {
     alive_.heard(FailureDetector::Clock::now());
     arm_alive_timer();
   }
@@ -419,6 +419,10 @@ void PeerCore::detach_retained(const SendOp& op) {
 void PeerCore::send_control(Stream& s, uint64_t kind, uint64_t arg) {
   std::array<uint8_t, kChunkHeaderBytes> f;
   write_control_frame(kind, arg, f.data());
+  if (Status st = s.sealer.protect_control(f.data()); !st) {
+    fail(Status(st.code(), stream_name(s) + ": " + st.message()));
+    return;
+  }
   s.ctrlq.push_back(f);
   do_write(s);
 }
@@ -468,8 +472,21 @@ void PeerCore::maybe_ack(Stream& s, bool now) {
 }
 
 Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
-  if (s.opener.sealed())
-    return corrupt_data(stream_name(s) + ": a control frame on a sealed stream");
+  if (s.opener.sealed()) {
+    // Sealed streams carry only the liveness frames (no ACKs or NACKs: a sealed chunk that
+    // fails its tag fails the connection), each authenticated like a chunk.
+    if (h.tag != kControlPing && h.tag != kControlPong)
+      return corrupt_data(stream_name(s) + ": a control frame of kind " + std::to_string(h.tag) +
+                          " on a sealed stream");
+    auto authentic = s.opener.open_control(s.header);
+    if (!authentic)
+      return Status(authentic.status().code(),
+                    stream_name(s) + ": " + authentic.status().message());
+    if (!*authentic)
+      return corrupt_data(stream_name(s) +
+                          ": a control frame failed authentication (altered, dropped, repeated "
+                          "or reordered)");
+  }
   if (h.tag == kControlPing) {
     send_control(s, kControlPong, h.seq);
     return Status::ok();

@@ -37,16 +37,17 @@
 // stream; a buffered one never reaches the user buffer) and the connection carries on, its framing
 // intact. Control frames jump the data queue at chunk boundaries.
 //
-// Liveness (config.failure_timeout > 0, unsealed streams): a frozen process (SIGSTOP, a hung
-// host) or a cut path keeps its sockets open, and its kernel may even take our bytes, so no
-// error ever comes. While an operation waits on this peer (a posted receive not yet complete, or
-// data queued for it), the peer must be heard: any bytes it sends count, and when it has been
-// silent for an interval (a fifth of the floor, 10-500 ms) stream 0 carries a PING, which the
-// peer's engine answers with a PONG at once, whatever its caller is doing (a rank still busy
-// before its collective is alive). Silent past the FailureDetector's timeout (the floor, or more
-// on a slow round trip: failure_detector.h), the peer fails with kRemoteError "frozen or cut off:
-// silent for N ms while an operation waits on it". An idle peer is never pinged, and on a busy link
-// the data itself is the heartbeat: a ping goes out only after a silence.
+// Liveness (config.failure_timeout > 0; on sealed streams the PINGs and PONGs are sealed too): a
+// frozen process (SIGSTOP, a hung host) or a cut path keeps its sockets open, and its kernel may
+// even take our bytes, so no error ever comes. While an operation waits on this peer (a posted
+// receive not yet complete, or data queued for it), the peer must be heard: any bytes it sends
+// count, and when it has been silent for an interval (a fifth of the floor, 10-500 ms) stream 0
+// carries a PING, which the peer's engine answers with a PONG at once, whatever its caller is doing
+// (a rank still busy before its collective is alive). Silent past the FailureDetector's timeout
+// (the floor, or more on a slow round trip: failure_detector.h), the peer fails with kRemoteError
+// "frozen or cut off: silent for N ms while an operation waits on it". An idle peer is never
+// pinged, and on a busy link the data itself is the heartbeat: a ping goes out only after a
+// silence.
 //
 // Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
 // latches in failure_; every
@@ -286,7 +287,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::atomic<uint64_t> resent_chunks_{0};
   bool shut_down_ = false;
   bool closing_ = false;
-  // Liveness (config_.failure_timeout > 0 and unsealed; else never armed).
+  // Liveness (config_.failure_timeout > 0; else never armed).
   FailureDetector alive_{std::chrono::milliseconds(0), std::chrono::milliseconds(0)};
   std::chrono::milliseconds ping_interval_{0};
   uint64_t alive_timer_ = 0;

@@ -123,7 +123,7 @@ struct CommOptions {
   // the wait). The peer's progress thread answers pings whatever its caller does, so a rank
   // merely late to a collective is not silent; the timeout in use grows with the measured round
   // trip. Every rank's operation then fails naming the peer. 0: LOWCOMM_FAILURE_TIMEOUT_MS
-  // (0 there: off), else 1500 ms; negative: off. Not on sealed connections (`encrypt`).
+  // (0 there: off), else 1500 ms; negative: off.
   std::chrono::milliseconds failure_timeout{0};
   // This rank's listen address (numeric host, port 0 allowed). "": LOWCOMM_SOCKET_IFNAME when
   // set, else the local address that routes to the root.
