@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -147,6 +148,7 @@ bool PeerCore::awaited() const {
 void PeerCore::arm_alive_timer() {
   auto self = shared_from_this();
   alive_timer_armed_ = true;
+  alive_due_ = FailureDetector::Clock::now() + ping_interval_;
   alive_timer_ = engine_.add_timer(PaceClock::now() + ping_interval_, [self] {
     self->alive_timer_armed_ = false;
     self->check_alive();
@@ -156,9 +158,22 @@ void PeerCore::arm_alive_timer() {
 void PeerCore::check_alive() {
   if (!failure_.is_ok() || shut_down_) return;
   const auto now = FailureDetector::Clock::now();
+  // Bytes in a socket not read yet were heard: this engine is behind (a busy or starved
+  // thread), not the peer silent.
+  auto unread = [&] {
+    for (const auto& st : streams_) {
+      int n = 0;
+      if (st.fd && ::ioctl(st.fd.get(), FIONREAD, &n) == 0 && n > 0) return true;
+    }
+    return false;
+  };
   if (!awaited()) {
     alive_.heard(now);  // silence while nobody waits is no sign of anything
-  } else if (alive_.expired(now)) {
+  } else if (now - alive_due_ > ping_interval_) {
+    // This tick comes more than an interval late: this process was stopped or starved of CPU
+    // itself, and the silence it would read into the peer is its own. Start counting again.
+    alive_.heard(now);
+  } else if (alive_.expired(now) && !unread()) {
     using std::chrono::duration_cast;
     using std::chrono::milliseconds;
     const auto silent = duration_cast<milliseconds>(alive_.silent_for(now)).count();

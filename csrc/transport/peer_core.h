@@ -47,7 +47,9 @@
 // (the floor, or more on a slow round trip: failure_detector.h), the peer fails with kRemoteError
 // "frozen or cut off: silent for N ms while an operation waits on it". An idle peer is never
 // pinged, and on a busy link the data itself is the heartbeat: a ping goes out only after a
-// silence.
+// silence. Not while this side is behind itself: bytes waiting unread in a socket count as heard,
+// and a tick that comes more than an interval late (this process was stopped or starved of CPU)
+// starts the count again.
 //
 // Failure: the first error (EOF on every stream or inside a chunk, reset, bad header, abort)
 // latches in failure_; every
@@ -292,6 +294,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::chrono::milliseconds ping_interval_{0};
   uint64_t alive_timer_ = 0;
   bool alive_timer_armed_ = false;
+  FailureDetector::Clock::time_point alive_due_{};  // when the armed tick is due
   std::atomic<uint64_t> pings_sent_{0};
 
  public:
