@@ -45,11 +45,17 @@ PeerConfig small_chunks(int rank, bool seal, int streams) {
   return c;
 }
 
+// Keys of a stream whose two directions are the same (a guard's sealer and opener then pair).
+StreamKeys looped_keys(bool sealed) {
+  StreamKeys k;
+  k.sealed = sealed;
+  for (size_t i = 0; i < k.send.size(); ++i) k.send[i] = k.recv[i] = static_cast<uint8_t>(i);
+  return k;
+}
+
 TEST(TransportIntegrity, PayloadGuardRoundTripsAndCatchesEveryFlipInBothModes) {
   for (bool sealed : {false, true}) {
-    StreamKeys k;
-    k.sealed = sealed;
-    for (size_t i = 0; i < k.send.size(); ++i) k.send[i] = k.recv[i] = static_cast<uint8_t>(i);
+    const StreamKeys k = looped_keys(sealed);
     PayloadSealer tx;
     PayloadOpener rx;
     ASSERT_TRUE(tx.init(k).is_ok());
@@ -84,9 +90,7 @@ TEST(TransportIntegrity, PayloadGuardRoundTripsAndCatchesEveryFlipInBothModes) {
 // counted apart from the chunks (so they may be written between chunks sealed earlier), and a
 // flipped bit, a replay or a frame from another key fails.
 TEST(TransportIntegrity, SealedControlFramesAuthenticateInTheirOwnOrder) {
-  StreamKeys k;
-  k.sealed = true;
-  for (size_t i = 0; i < k.send.size(); ++i) k.send[i] = k.recv[i] = static_cast<uint8_t>(i);
+  const StreamKeys k = looped_keys(true);
   PayloadSealer tx;
   PayloadOpener rx;
   ASSERT_TRUE(tx.init(k).is_ok());

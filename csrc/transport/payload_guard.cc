@@ -46,6 +46,28 @@ int as_int(size_t n) {
   return n > static_cast<size_t>(std::numeric_limits<int>::max()) ? -1 : static_cast<int>(n);
 }
 
+// One sealed record: the next nonce of `space` (counted in *records), the header [0, 48) as
+// associated data, `len` bytes of `in` encrypted into `out`, the tag into `check`.
+Status seal_record(EVP_CIPHER_CTX* c, uint32_t space, uint64_t* records, const uint8_t* header,
+                   const uint8_t* in, uint8_t* out, size_t len, uint8_t* check) {
+  if (*records == std::numeric_limits<uint64_t>::max())
+    return internal_error("AES-256-GCM record counter exhausted on this stream");
+  uint8_t nonce[kNonceBytes];
+  nonce_for(space, (*records)++, nonce);
+  int n = 0;
+  if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
+      EVP_EncryptUpdate(c, nullptr, &n, header, as_int(kAadBytes)) != 1)
+    return crypto_error("AES-256-GCM encrypt (nonce, header)");
+  if (len > 0 && (as_int(len) < 0 || EVP_EncryptUpdate(c, out, &n, in, as_int(len)) != 1 ||
+                  static_cast<size_t>(n) != len))
+    return crypto_error("AES-256-GCM encrypt (payload)");
+  uint8_t tail[16];  // GCM writes nothing at the end; OpenSSL still wants a buffer
+  if (EVP_EncryptFinal_ex(c, tail, &n) != 1 ||
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kChunkCheckBytes), check) != 1)
+    return crypto_error("AES-256-GCM encrypt (tag)");
+  return Status::ok();
+}
+
 }  // namespace
 
 struct PayloadSealer::Cipher {
@@ -75,23 +97,7 @@ Status PayloadSealer::protect(uint8_t* header, const uint8_t* in, uint8_t* out, 
     store_xxh128(XXH3_128bits(in, len), check);
     return Status::ok();
   }
-  if (records_ == std::numeric_limits<uint64_t>::max())
-    return internal_error("AES-256-GCM record counter exhausted on this stream");
-  uint8_t nonce[kNonceBytes];
-  nonce_for(kChunkNonces, records_++, nonce);
-  EVP_CIPHER_CTX* c = cipher_->ctx.get();
-  int n = 0;
-  if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
-      EVP_EncryptUpdate(c, nullptr, &n, header, as_int(kAadBytes)) != 1)
-    return crypto_error("AES-256-GCM encrypt (nonce, header)");
-  if (len > 0 && (as_int(len) < 0 || EVP_EncryptUpdate(c, out, &n, in, as_int(len)) != 1 ||
-                  static_cast<size_t>(n) != len))
-    return crypto_error("AES-256-GCM encrypt (payload)");
-  uint8_t tail[16];  // GCM writes nothing at the end; OpenSSL still wants a buffer
-  if (EVP_EncryptFinal_ex(c, tail, &n) != 1 ||
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kChunkCheckBytes), check) != 1)
-    return crypto_error("AES-256-GCM encrypt (tag)");
-  return Status::ok();
+  return seal_record(cipher_->ctx.get(), kChunkNonces, &records_, header, in, out, len, check);
 }
 
 Status PayloadSealer::protect_control(uint8_t* header) {
@@ -100,19 +106,8 @@ Status PayloadSealer::protect_control(uint8_t* header) {
     std::memset(check, 0, kChunkCheckBytes);
     return Status::ok();
   }
-  if (control_records_ == std::numeric_limits<uint64_t>::max())
-    return internal_error("AES-256-GCM control-frame counter exhausted on this stream");
-  uint8_t nonce[kNonceBytes];
-  nonce_for(kControlNonces, control_records_++, nonce);
-  EVP_CIPHER_CTX* c = cipher_->ctx.get();
-  int n = 0;
-  uint8_t tail[16];
-  if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, nonce) != 1 ||
-      EVP_EncryptUpdate(c, nullptr, &n, header, as_int(kAadBytes)) != 1 ||
-      EVP_EncryptFinal_ex(c, tail, &n) != 1 ||
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, static_cast<int>(kChunkCheckBytes), check) != 1)
-    return crypto_error("AES-256-GCM seal (control frame)");
-  return Status::ok();
+  return seal_record(cipher_->ctx.get(), kControlNonces, &control_records_, header, nullptr,
+                     nullptr, 0, check);
 }
 
 struct PayloadOpener::State {
