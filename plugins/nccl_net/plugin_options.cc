@@ -88,6 +88,11 @@ Result<PluginOptions> PluginOptions::from_env() {
   auto handshake = env_number("LOWCOMM_HANDSHAKE_TIMEOUT_S", 10.0, 0.1, 3600.0);
   if (!handshake) return handshake.status();
   o.peer.handshake_timeout_s = *handshake;
+  // A frozen or cut-off peer fails the requests waiting on it (docs/collectives.md, "Failure
+  // semantics"), so NCCL sees an error instead of waiting for torch's watchdog; 0: off.
+  auto failure = env_number("LOWCOMM_FAILURE_TIMEOUT_MS", 1500.0, 0.0, 3600e3);
+  if (!failure) return failure.status();
+  o.peer.failure_timeout = std::chrono::milliseconds(static_cast<int64_t>(*failure));
 
   auto address = transport::select_listen_address();
   if (!address) return address.status();

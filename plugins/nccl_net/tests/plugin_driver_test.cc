@@ -511,6 +511,48 @@ TEST_F(NcclNetPlugin, AKilledPeerFailsTheRequestsInsteadOfHanging) {
   EXPECT_EQ(b, 128 + SIGKILL);
 }
 
+// A frozen peer (SIGSTOP: its sockets stay open) fails the receives waiting on it within
+// seconds (LOWCOMM_FAILURE_TIMEOUT_MS), where NCCL would otherwise wait for torch's watchdog.
+TEST_F(NcclNetPlugin, AFrozenPeerFailsTheRequestsWithinSeconds) {
+  auto survivor = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    const abi::NetV12* net = c.net();
+    std::vector<uint8_t> in(1 << 20);
+    void* r = nullptr;
+    DRIVER_CHECK(post_recv(net, c.recv, in.data(), in.size(), &r) == 0 && r);
+    char go = 1;
+    ch.send(&go, 1);
+    pid_t frozen = 0;
+    ch.recv(&frozen, sizeof(frozen));  // it stops itself right after
+    int got = 0, rc = 0;
+    auto t0 = Clock::now();
+    bool ok = wait_request(net, r, &got, &rc, std::chrono::seconds(30));
+    double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    ::kill(frozen, SIGKILL);
+    DRIVER_CHECK(!ok && rc != abi::kSuccess, "the receive %s", ok ? "completed" : "timed out");
+    DRIVER_CHECK(took < 10, "noticed only after %.1f s", took);
+    std::string why = take_last_warn();
+    DRIVER_CHECK(why.find("frozen or cut off") != std::string::npos, "WARN: %s", why.c_str());
+    DRIVER_CHECK(c.close() == 0);
+    return 0;
+  };
+  auto victim = [](Channel ch) {
+    RankComms c;
+    if (connect_ranks(ch, c)) return 1;
+    char go = 0;
+    ch.recv(&go, 1);
+    pid_t me = ::getpid();
+    ch.send(&me, sizeof(me));
+    ::raise(SIGSTOP);  // until the survivor kills it
+    return 1;
+  };
+  auto fast = [] { ::setenv("LOWCOMM_FAILURE_TIMEOUT_MS", "600", 1); };
+  auto [a, b] = run_two(survivor, victim, 60, fast, fast);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 128 + SIGKILL);
+}
+
 TEST_F(NcclNetPlugin, AWrongSecretIsRefusedOnBothSides) {
   auto listener = [](Channel ch) {
     PluginLib lib;
