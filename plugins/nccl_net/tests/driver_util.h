@@ -73,7 +73,8 @@ struct Channel {
 
 // Runs `a` and `b` in two forked processes joined by a Channel; returns their exit codes
 // (128 + signal when killed). Each rank is killed by SIGALRM after `limit_s`: a hang fails.
-// `env_a`/`env_b` run first in the child (setenv before the plugin is loaded).
+// `env_a`/`env_b` run first in the child (setenv before the plugin is loaded), after
+// LOWCOMM_FAILURE_TIMEOUT_MS=5000 unless the environment sets it.
 inline std::pair<int, int> run_two(const std::function<int(Channel)>& a,
                                    const std::function<int(Channel)>& b, int limit_s = 240,
                                    const std::function<void()>& env_a = {},
@@ -87,6 +88,10 @@ inline std::pair<int, int> run_two(const std::function<int(Channel)>& a,
     if (pids[r] == 0) {
       ::close(sv[1 - r]);
       ::alarm(static_cast<unsigned>(limit_s));
+      // Generous, as the collectives tests' options: a sanitizer build's peer on two shared
+      // cores was once silent for 1.7 s while alive (TSan, ten thousand transfers). A test of
+      // the timeout itself sets its own in env_a/env_b.
+      ::setenv("LOWCOMM_FAILURE_TIMEOUT_MS", "5000", 0);
       if (r == 0 && env_a) env_a();
       if (r == 1 && env_b) env_b();
       int rc = (r == 0 ? a : b)(Channel{sv[r]});
