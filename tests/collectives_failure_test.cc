@@ -444,6 +444,75 @@ TEST(CollectivesFailure, LateButAliveRankIsNotFailed) {
   }
 }
 
+// A join timeout (CommOptions::join_timeout) is for groups whose members are alive and start
+// together (torchft's quorums): a member frozen since before init (SIGSTOP: nothing of it
+// answers) fails the others' init within the join timeout, named, not at the 60 s deadline; and
+// so does a frozen root, whose listening socket still completes connections in the kernel.
+void frozen_member_fails_init(int frozen_rank) {
+  auto* frozen_pid = static_cast<std::atomic<pid_t>*>(::mmap(nullptr, sizeof(std::atomic<pid_t>),
+                                                             PROT_READ | PROT_WRITE,
+                                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(frozen_pid, MAP_FAILED);
+  new (frozen_pid) std::atomic<pid_t>(0);
+  auto res = run_ranks(3, [&](int rank, const UniqueId& id) -> std::string {
+    if (rank == frozen_rank) {
+      frozen_pid->store(::getpid());
+      ::raise(SIGSTOP);  // until another rank kills it
+      return "resumed (wrong)";
+    }
+    CommOptions o = test_options();
+    o.timeout = std::chrono::seconds(60);
+    o.join_timeout = std::chrono::milliseconds(500);
+    auto t0 = Clock::now();
+    auto c = Communicator::init(id, rank, 3, o);
+    std::string out;
+    if (frozen_rank == 0) {  // every other rank finds the root silent
+      out = expect_failure(c.status(), StatusCode::kTimeout,
+                           {"connecting to the root (rank 0)", "join timeout"}, t0, 5);
+    } else {  // the root names it; the other rank hears it from the root
+      out = expect_failure(c.status(), rank == 0 ? StatusCode::kTimeout : StatusCode::kRemoteError,
+                           {"rank(s) 2 did not join", "join timeout"}, t0, 5);
+    }
+    if (rank == 1) {
+      while (frozen_pid->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ::kill(frozen_pid->load(), SIGKILL);
+    }
+    return out;
+  });
+  ASSERT_EQ(res.size(), 3u);
+  EXPECT_EQ(res[frozen_rank].exit_code, 128 + SIGKILL) << res[frozen_rank].text;
+  for (int r = 0; r < 3; ++r) {
+    if (r == frozen_rank) continue;
+    EXPECT_TRUE(res[r].ok()) << "rank " << r << ": " << res[r].text;
+    std::printf("rank %d: %s\n", r, res[r].text.c_str());
+  }
+  ::munmap(frozen_pid, sizeof(std::atomic<pid_t>));
+}
+
+TEST(CollectivesInit, JoinTimeoutNamesAMemberFrozenBeforeInitWithinIt) {
+  frozen_member_fails_init(2);
+}
+
+TEST(CollectivesInit, JoinTimeoutNamesAFrozenRootWithinIt) {
+  frozen_member_fails_init(0);
+}
+
+// Ranks that start together form the group under a join timeout, a rank a little late included.
+TEST(CollectivesInit, JoinTimeoutLetsRanksThatStartTogetherFormTheGroup) {
+  auto res = run_ranks(4, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.join_timeout = std::chrono::milliseconds(1500);
+    if (rank == 3) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto c = Communicator::init(id, rank, 4, o);
+    RANK_OK(c.status());
+    std::vector<float> x(1024, 1.0f);
+    RANK_OK((*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+    RANK_CHECK(x[0] == 4.0f, "sum " + std::to_string(x[0]));
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
 // The variable is read strictly, like every size and count: a typo is an error naming it, not
 // the default in silence.
 TEST(CollectivesInit, MalformedFailureTimeoutIsNamed) {

@@ -34,6 +34,28 @@ constexpr auto kTableGrace = std::chrono::seconds(3);
 
 using Bytes = std::vector<uint8_t>;
 
+// The waits of init for other ranks: until the init deadline, or, with a join timeout
+// (CommOptions::join_timeout), until that long after the wait began, whichever is first. `why`
+// says which one ended a wait, for the error.
+struct InitClock {
+  Deadline init;
+  std::chrono::milliseconds join{0};
+
+  // A wait for others that begins now and may last `joins` join timeouts.
+  Deadline from_now(int joins = 1) const {
+    if (join.count() <= 0) return init;
+    Deadline d = Deadline::after(joins * join);
+    return d.time() < init.time() ? d : init;
+  }
+  // What ended a wait until `d` made by from_now(joins), for the error.
+  std::string why(const Deadline& d, int joins = 1) const {
+    if (join.count() <= 0 || d.time() >= init.time()) return "before the init deadline";
+    return "within " + std::to_string(joins * join.count()) + " ms (" +
+           (joins == 1 ? "" : std::to_string(joins) + "x ") +
+           "the join timeout; frozen, gone or late)";
+  }
+};
+
 Bytes make_entry(uint32_t magic, int rank, int nranks, const std::string& address) {
   Bytes b(kEntryBytes, 0);
   store_le32(b.data(), magic);
@@ -127,9 +149,11 @@ void poll_some(std::vector<pollfd> fds, const Deadline& deadline) {
 // Rank 0: accept every other rank, collect hellos, send the table.
 // ready[r]/ready_req[r]: rank r's ready message, posted with its hello so that a rank whose
 // connection ends at any point of init is noticed at once.
-Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
+Status root_gather(Listener& listener, int nranks, const InitClock& clock,
                    std::vector<std::unique_ptr<Peer>>& peers, std::vector<Bytes>& ready,
                    std::vector<Request>& ready_req, std::vector<std::string>& table_out) {
+  const Deadline& deadline = clock.init;
+  const Deadline join = clock.from_now();
   std::vector<Bytes> hello(nranks, Bytes(kEntryBytes));
   std::vector<Request> hello_req(nranks);
   std::string error;
@@ -166,13 +190,17 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
       }
     }
     if (missing.empty() || !error.empty()) break;
-    if (deadline.expired()) {
-      error = "rank(s) " + rank_list(missing) + " never joined (the root at " +
-              listener.address().to_string() + " waited until the init deadline)";
+    if (join.expired()) {
+      error = "rank(s) " + rank_list(missing) +
+              (join.time() < deadline.time()
+                   ? " did not join the root at " + listener.address().to_string() + " " +
+                         clock.why(join)
+                   : " never joined (the root at " + listener.address().to_string() +
+                         " waited until the init deadline)");
       code = StatusCode::kTimeout;
       break;
     }
-    poll_some(listener.poll_fds(), deadline);
+    poll_some(listener.poll_fds(), join);
   }
   std::vector<std::string> addresses(nranks);
   addresses[0] = listener.address().to_string();
@@ -236,9 +264,11 @@ Status root_gather(Listener& listener, int nranks, const Deadline& deadline,
 // built) and answers all of them with one verdict: go, or the first failure, naming the rank
 // and its cause. A rank that fails or dies while building its connections thereby reaches
 // every other rank at once instead of at their init deadline.
-Status root_confirm(Listener& listener, int nranks, const Deadline& deadline,
+Status root_confirm(Listener& listener, int nranks, const InitClock& clock,
                     std::vector<std::unique_ptr<Peer>>& peers, std::vector<Bytes>& ready,
                     std::vector<Request>& ready_req) {
+  const Deadline& deadline = clock.init;
+  const Deadline join = clock.from_now();
   Status verdict;
   while (verdict.is_ok()) {
     // Every rank has joined: anything completing a handshake now is not one of ours.
@@ -264,10 +294,9 @@ Status root_confirm(Listener& listener, int nranks, const Deadline& deadline,
       }
     }
     if (!verdict || waiting.empty()) break;
-    if (deadline.expired()) {
+    if (join.expired()) {
       verdict = Status(StatusCode::kTimeout, "rank(s) " + rank_list(waiting) +
-                                                 " did not finish connecting before the init "
-                                                 "deadline");
+                                                 " did not finish connecting " + clock.why(join));
       break;
     }
     (void)ready_req[waiting.front()].wait(Deadline::after(std::chrono::milliseconds(2)));
@@ -305,11 +334,16 @@ void take_accepted(std::unique_ptr<Peer> p, int rank, int nranks,
 Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, int nranks,
                                            const std::string& my_address,
                                            std::shared_ptr<ProgressEngine> engine,
-                                           const PeerConfig& config, const Deadline& deadline,
+                                           const PeerConfig& config, const InitClock& clock,
                                            Listener& listener,
                                            std::vector<std::unique_ptr<Peer>>& peers) {
+  const Deadline& deadline = clock.init;
   std::unique_ptr<Peer>& root_peer = peers[0];
-  auto p = connect_peer(std::move(engine), root, config, deadline);
+  const Deadline join = clock.from_now();
+  auto p = connect_peer(std::move(engine), root, config, join);
+  if (!p && p.status().code() == StatusCode::kTimeout && join.time() < deadline.time())
+    return Status(StatusCode::kTimeout, "connecting to the root (rank 0) at " + root.to_string() +
+                                            ": no answer " + clock.why(join));
   if (!p)
     return Status(p.status().code(), "connecting to the root (rank 0) at " + root.to_string() +
                                          ": " + p.status().message());
@@ -322,8 +356,13 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
   Bytes table(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks));
   Request s = root_peer->isend(tags::kBootstrap, hello.data(), hello.size());
   Request t = root_peer->irecv(tags::kBootstrap, table.data(), table.size());
-  // The root names missing ranks when the deadline passes; give its answer time to arrive.
+  // The root names missing ranks when the deadline passes; give its answer time to arrive. With
+  // a join timeout the root, which is up (it answered), names them within one join timeout of
+  // this connection: a second is its answer's grace.
   Deadline table_deadline = Deadline::at(deadline.resolve().time() + kTableGrace);
+  const Deadline table_join = clock.from_now(2);
+  if (clock.join.count() > 0 && table_join.time() < table_deadline.time())
+    table_deadline = table_join;
   while (!t.test() && !table_deadline.expired()) {
     auto acc = listener.test_accept();
     if (!acc) return acc.status();
@@ -339,7 +378,9 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
     root_peer->abort();
     if (st.code() == StatusCode::kTimeout)
       return Status(StatusCode::kTimeout,
-                    "no address table from the root (rank 0) before the init deadline");
+                    "no address table from the root (rank 0) " +
+                        (table_deadline.time() == table_join.time() ? clock.why(table_join, 2)
+                                                                    : "before the init deadline"));
     return Status(st.code(), "waiting for the address table from the root: " + st.message());
   }
   const uint8_t* h = table.data();
@@ -374,9 +415,12 @@ Status read_verdict(const Request& req, const Bytes& verdict) {
 // Rank r > 0: connect to 0 < j < r, accept r < j < nranks.
 Status build_mesh(Listener& listener, int rank, int nranks,
                   const std::vector<std::string>& addresses, std::shared_ptr<ProgressEngine> engine,
-                  const PeerConfig& config, const Deadline& deadline,
+                  const PeerConfig& config, const InitClock& clock,
                   std::vector<std::unique_ptr<Peer>>& peers, const Request& verdict_req,
                   const Bytes& verdict) {
+  // The root fails init within a join timeout of sending the table when a rank does not get
+  // connected; the second is its verdict's grace.
+  const Deadline deadline = clock.from_now(2);
   std::vector<std::unique_ptr<ConnectOp>> ops(nranks);
   for (int j = 1; j < rank; ++j) {
     auto a = SocketAddress::parse(addresses[j]);
@@ -426,7 +470,7 @@ Status build_mesh(Listener& listener, int rank, int nranks,
     if (deadline.expired())
       return Status(StatusCode::kTimeout, "rank(s) " + rank_list(missing) +
                                               " never connected to rank " + std::to_string(rank) +
-                                              " before the init deadline");
+                                              " " + clock.why(deadline, 2));
     poll_some(std::move(fds), deadline);
   }
 }
@@ -445,11 +489,12 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   auto listener = open_listener(id, rank, options, mesh.engine, config, *root);
   if (!listener) return listener.status();
   Listener& l = **listener;
+  const InitClock clock{deadline, options.join_timeout};
   if (rank == 0) {
     std::vector<Bytes> ready(nranks, Bytes(kTableHeaderBytes));
     std::vector<Request> ready_req(nranks);
-    LOWCOMM_CHECK(root_gather(l, nranks, deadline, mesh.peers, ready, ready_req, mesh.addresses));
-    LOWCOMM_CHECK(root_confirm(l, nranks, deadline, mesh.peers, ready, ready_req));
+    LOWCOMM_CHECK(root_gather(l, nranks, clock, mesh.peers, ready, ready_req, mesh.addresses));
+    LOWCOMM_CHECK(root_confirm(l, nranks, clock, mesh.peers, ready, ready_req));
     return mesh;
   }
   // A rank forked from the process that created the id holds a copy of the root's listening
@@ -457,7 +502,7 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   // refused.
   (void)take_root_socket(id.to_string());
   auto addresses = join_root(*root, rank, nranks, l.address().to_string(), mesh.engine, config,
-                             deadline, l, mesh.peers);
+                             clock, l, mesh.peers);
   if (!addresses) return addresses.status();
   mesh.addresses = *addresses;
   // The verdict's receive is posted before anything else can fail, so the root's word about
@@ -465,12 +510,15 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   Peer& root_peer = *mesh.peers[0];
   Bytes verdict(kTableHeaderBytes);
   Request verdict_req = root_peer.irecv(tags::kBootstrap, verdict.data(), verdict.size());
-  Status built = build_mesh(l, rank, nranks, *addresses, mesh.engine, config, deadline, mesh.peers,
+  Status built = build_mesh(l, rank, nranks, *addresses, mesh.engine, config, clock, mesh.peers,
                             verdict_req, verdict);
   // Tell the root either way; on failure it tells everyone, naming this rank and the cause.
   Bytes ready = make_status(kReadyMagic, built.is_ok() ? std::string() : built.message());
   Request sent = root_peer.isend(tags::kBootstrap, ready.data(), ready.size());
   Deadline grace = Deadline::at(deadline.resolve().time() + kTableGrace);
+  const Deadline verdict_join = clock.from_now(2);  // the root's verdict: see build_mesh
+  const bool by_join = clock.join.count() > 0 && verdict_join.time() < grace.time();
+  if (by_join) grace = verdict_join;
   if (!built) {
     (void)sent.wait(Deadline::after(std::chrono::seconds(1)));  // best effort
     for (auto& p : mesh.peers)
@@ -484,8 +532,9 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
     for (auto& p : mesh.peers)
       if (p) p->abort();  // no request may still reference `ready` or `verdict`
     if (st.code() == StatusCode::kTimeout)
-      return Status(StatusCode::kTimeout,
-                    "no word from the root (rank 0) before the init deadline");
+      return Status(StatusCode::kTimeout, "no word from the root (rank 0) " +
+                                              (by_join ? clock.why(verdict_join, 2)
+                                                       : std::string("before the init deadline")));
     return st;
   }
   return mesh;

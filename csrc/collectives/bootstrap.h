@@ -9,7 +9,9 @@
 //      each rank is the bootstrap connection itself).
 // Every connection runs the transport's HMAC handshake with the id's secret. Everything runs
 // on the caller's thread with non-blocking connect/accept, under one deadline; a missing rank
-// is named in the error.
+// is named in the error. With a join timeout (CommOptions::join_timeout) each wait for other
+// ranks is bounded by it as well: the root's for hellos and for ready messages, a rank's for the
+// root's answer (twice it: the root names the missing within one).
 
 #include <memory>
 #include <string>

@@ -125,6 +125,13 @@ struct CommOptions {
   // trip. Every rank's operation then fails naming the peer. 0: LOWCOMM_FAILURE_TIMEOUT_MS
   // (0 there: off), else 1500 ms; negative: off.
   std::chrono::milliseconds failure_timeout{0};
+  // How long init waits for the other ranks to join once it has started (the root: for every
+  // rank's hello, then for every rank's connections; the others: for the root's answer, twice
+  // this), before it fails naming the ranks missing as frozen, gone or late. For groups whose
+  // members are alive and start together, as torchft's quorums do: a member frozen since the
+  // quorum then fails init in seconds, not at its deadline. 0: none, init waits until its
+  // deadline (the ranks of a job may start minutes apart).
+  std::chrono::milliseconds join_timeout{0};
   // This rank's listen address (numeric host, port 0 allowed). "": LOWCOMM_SOCKET_IFNAME when
   // set, else the local address that routes to the root.
   std::string listen_address;

@@ -50,6 +50,20 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     const std::string text = id.to_string();
     store->set(kIdKey, std::vector<uint8_t>(text.begin(), text.end()));
   } else {
+    // Rank 0 writes the id as it starts: with a join timeout, a rank 0 that has not within it is
+    // frozen or gone (the store itself would wait for its own, longer, timeout).
+    if (config_.join_timeout.count() > 0) {
+      try {
+        store->wait({kIdKey}, config_.join_timeout);
+      } catch (const c10::DistStoreError& e) {
+        C10_THROW_ERROR(
+            DistBackendError,
+            "lowcomm: init rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                ": rank 0 did not publish the group's id within " +
+                std::to_string(config_.join_timeout.count()) +
+                " ms (the join timeout; frozen, gone or late): " + e.what_without_backtrace());
+      }
+    }
     std::vector<uint8_t> bytes = store->get(kIdKey);
     auto parsed = lowcomm::UniqueId::parse(std::string(bytes.begin(), bytes.end()));
     TORCH_CHECK(parsed.is_ok(), "lowcomm: the id in the store: ", parsed.status().to_string());
@@ -140,8 +154,11 @@ c10::intrusive_ptr<c10d::Backend> LowcommBackend::create(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     const std::chrono::duration<float>& timeout, const std::string& codec, int64_t codec_threshold,
     const std::string& error_feedback, int64_t direct_bytes, bool enable_reconfigure,
-    const std::string& sparse_schedule) {
+    const std::string& sparse_schedule, int64_t join_timeout_ms) {
+  TORCH_CHECK_VALUE(join_timeout_ms >= 0, "lowcomm: join_timeout must not be negative, got ",
+                    join_timeout_ms, " ms");
   BackendConfig config;
+  config.join_timeout = std::chrono::milliseconds(join_timeout_ms);
   config.direct_bytes = direct_bytes;
   TORCH_CHECK_VALUE(sparse_schedule.empty() || sparse_schedule == "auto" ||
                         sparse_schedule == "gather-all" || sparse_schedule == "owner",

@@ -40,6 +40,9 @@ struct BackendConfig {
   // A randk codec's all-reduce schedule (CommOptions::sparse_schedule); "": the core's default
   // (LOWCOMM_SPARSE_SCHEDULE, else auto).
   std::string sparse_schedule;
+  // CommOptions::join_timeout; 0: none. Non-root ranks wait this long for rank 0's id in the
+  // store too (torchft's ProcessGroupLowcomm sets it: its quorum's members start together).
+  std::chrono::milliseconds join_timeout{0};
 };
 
 class LowcommBackend : public c10d::Backend {
@@ -57,7 +60,8 @@ class LowcommBackend : public c10d::Backend {
       const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
       const std::chrono::duration<float>& timeout, const std::string& codec,
       int64_t codec_threshold, const std::string& error_feedback, int64_t direct_bytes,
-      bool enable_reconfigure = false, const std::string& sparse_schedule = "");
+      bool enable_reconfigure = false, const std::string& sparse_schedule = "",
+      int64_t join_timeout_ms = 0);
 
   const std::string getBackendName() const override { return "lowcomm"; }
 
@@ -208,6 +212,7 @@ class LowcommBackend : public c10d::Backend {
     o.timeout = timeout_;
     o.direct_bytes = config_.direct_bytes;
     o.sparse_schedule = config_.sparse_schedule;
+    o.join_timeout = config_.join_timeout;
     return o;
   }
 

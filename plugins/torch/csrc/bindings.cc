@@ -100,7 +100,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_backend", &LowcommBackend::create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("codec"), py::arg("codec_threshold"),
         py::arg("error_feedback"), py::arg("direct_bytes"), py::arg("enable_reconfigure") = false,
-        py::arg("sparse_schedule") = "", py::call_guard<py::gil_scoped_release>());
+        py::arg("sparse_schedule") = "", py::arg("join_timeout_ms") = 0,
+        py::call_guard<py::gil_scoped_release>());
   m.def("close_all_at_exit", &LowcommBackend::close_all_at_exit,
         py::call_guard<py::gil_scoped_release>());
   // Whether this extension was built to take CUDA tensors (setup.py: LOWCOMM_WITH_CUDA).

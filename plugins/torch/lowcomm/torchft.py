@@ -13,6 +13,12 @@ one is made: torch's ProcessGroup with the lowcomm c10d backend for CPU and CUDA
 codec here applies to the float sum/average all-reduces of at least codec_threshold bytes, as with
 init_process_group's lowcomm.torch.Options; torchft's Manager sends averages as sums and
 divides after, which lowcomm compresses alike. Needs torchft (PyPI `torchft`, tested with 0.2.0).
+
+A quorum's members are alive and configure together (the Lighthouse put them in it moments
+before), so a group is made with a join timeout (1.5 s by default): a member frozen since the
+quorum (SIGSTOP, a hung host) fails the others' configure in that time, naming it, and torchft
+moves on to a quorum without it, instead of waiting for `timeout`. A frozen member of a group
+already made fails the collective that waits on it (LOWCOMM_FAILURE_TIMEOUT_MS).
 """
 import weakref
 from datetime import timedelta
@@ -29,8 +35,13 @@ class ProcessGroupLowcomm(ProcessGroupWrapper):
     """A reconfigurable lowcomm process group for torchft (see the module doc)."""
 
     def __init__(self, timeout=timedelta(seconds=60), *, codec=None, codec_threshold=None,
-                 error_feedback=None, direct_bytes=None, sparse_schedule=None):
+                 error_feedback=None, direct_bytes=None, sparse_schedule=None,
+                 join_timeout=timedelta(milliseconds=1500)):
         super().__init__(timeout=timeout)
+        # None or 0: the members may arrive as late as `timeout` (no join timeout).
+        self._join_ms = 0 if join_timeout is None else int(join_timeout.total_seconds() * 1000)
+        if self._join_ms < 0:
+            raise ValueError(f"join_timeout must not be negative, got {join_timeout}")
         # Unset fields from the environment, as lowcomm.torch.Options does.
         self._opts = Options(codec, codec_threshold, error_feedback, direct_bytes,
                              sparse_schedule)
@@ -41,7 +52,8 @@ class ProcessGroupLowcomm(ProcessGroupWrapper):
         o = self._opts
         backend = _C.create_backend(store, rank, world_size, self._timeout, o.codec,
                                     o.codec_threshold, o.error_feedback, o.direct_bytes,
-                                    sparse_schedule=o.sparse_schedule)
+                                    sparse_schedule=o.sparse_schedule,
+                                    join_timeout_ms=self._join_ms)
         # One backend for both devices, as lowcomm.torch registers it (docs/torch.md, "CUDA
         # tensors").
         for device in ("cpu", "cuda"):

@@ -142,3 +142,65 @@ def test_two_hundred_rebuilds_leak_no_sockets_threads_or_memory():
         assert fd == fd20, (rank, marks)  # each rebuild's sockets closed with its group
         assert th == th20, (rank, marks)  # and its threads joined
         assert rss - rss20 < 16 << 20, (rank, marks)  # 180 rebuilds: under 16 MiB (none here)
+
+
+def _frozen_member_worker(rank, world, port, frozen, results):
+    """Configures a group of `world` as torchft does after a quorum; rank `frozen` stops itself
+    (SIGSTOP) first, as a replica frozen right after the quorum that still held it."""
+    import os
+    import signal
+    import time
+    import traceback
+
+    import torch.distributed as dist
+
+    try:
+        import torchft.process_group as tpg
+        from lowcomm.torchft import ProcessGroupLowcomm
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=60))
+        tpg.create_store_client = lambda addr, timeout: dist.PrefixStore(addr.split("/", 1)[1],
+                                                                         store)
+        pg = ProcessGroupLowcomm(timeout=timedelta(seconds=60),
+                                 join_timeout=timedelta(milliseconds=500))
+        if rank == frozen:  # until the test kills it (a queue's feeder thread would stop too)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        t0 = time.monotonic()
+        try:
+            pg.configure(f"127.0.0.1:{port}/quorum1", "test", rank, world)
+            results.put((rank, "configured with a frozen member (wrong)"))
+        except Exception as e:  # noqa: BLE001
+            results.put((rank, (time.monotonic() - t0, str(e))))
+    except Exception:  # noqa: BLE001
+        results.put((rank, traceback.format_exc()))
+
+
+@pytest.mark.parametrize("frozen", [0, 2])
+def test_a_member_frozen_since_the_quorum_fails_configure_within_the_join_timeout(frozen):
+    """torchft configures a group right after a quorum; a member frozen since (it never arrives,
+    its sockets stay open) fails the others' configure in about the join timeout, naming it,
+    instead of after the 60 s group timeout: torchft then moves on to a quorum without it."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    world = 3
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=timedelta(seconds=60),
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_frozen_member_worker,
+                         args=(r, world, store.port, frozen, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        out = dict(results.get(timeout=120) for _ in range(world - 1))
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(timeout=60)
+    want = "rank 0 did not publish" if frozen == 0 else "rank(s) 2 did not join"
+    assert sorted(out) == [r for r in range(world) if r != frozen], out
+    for rank, got in out.items():
+        assert isinstance(got, tuple), got  # a traceback, or configured
+        seconds, message = got
+        assert want in message and "join timeout" in message, message
+        assert seconds < 5, got  # 0.5 s join timeout; the group's own timeout is 60 s
