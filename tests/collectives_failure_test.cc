@@ -513,6 +513,29 @@ TEST(CollectivesInit, JoinTimeoutLetsRanksThatStartTogetherFormTheGroup) {
   expect_all_ok(res);
 }
 
+// On a long, jittery, lossy path the PINGs' round trip is long and uneven (the emulator delays
+// them like the data: LinkEmulator::control_arrival), and a late rank's peers ping it for
+// seconds: the default failure timeout adapts and fails nobody.
+TEST(CollectivesFailure, LateRanksOnA200msJitteryLossyPathAreNotFailed) {
+  auto res = run_ranks(3, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.wan = "bw=100mbit,rtt=200ms,jitter=20ms,loss=1%";
+    o.failure_timeout = std::chrono::milliseconds(1500);  // the default
+    auto c = Communicator::init(id, rank, 3, o);
+    RANK_OK(c.status());
+    std::vector<float> x(1 << 16);
+    for (int i = 0; i < 4; ++i) {
+      std::fill(x.begin(), x.end(), 1.0f);
+      if (rank == i % 3) std::this_thread::sleep_for(std::chrono::milliseconds(700));
+      RANK_OK(
+          (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+      RANK_CHECK(x[0] == 3.0f && x.back() == 3.0f, "sum " + std::to_string(x[0]));
+    }
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
 // The variable is read strictly, like every size and count: a typo is an error naming it, not
 // the default in silence.
 TEST(CollectivesInit, MalformedFailureTimeoutIsNamed) {

@@ -87,6 +87,47 @@ TEST(TransportParseWan, LossIsAPercentageOfSegments) {
 
 // A lost single-segment chunk (a heartbeat) waits for the retransmission timeout; one with
 // segments behind it for one RTT (fast retransmit); nothing is delivered out of order.
+// PINGs and PONGs cross the emulated link's delay, jitter and loss (so the failure detector
+// measures the emulated round trip), in order among themselves, and not behind held chunks.
+TEST(TransportLinkEmulator, ControlFramesCrossTheDelayJitterAndLossInOrder) {
+  WanLink link = *parse_wan("bw=10mbit,rtt=200ms,jitter=20ms,loss=1%");
+  LinkEmulator em(link, nullptr, 5, 1, 1 << 20);
+  auto t0 = Clock::now();
+  OutChunk big{};
+  big.len = 4 << 20;  // 3.4 s of the link: a control frame does not wait for it
+  em.submit(std::move(big), t0);
+  // A second apart (no head of line): the one-way delay and jitter, or a loss's recovery.
+  int lost = 0;
+  double lo = 1e9, hi = 0;
+  const int n = 5000;
+  for (int i = 0; i < n; ++i) {
+    double d = secs(em.control_arrival(t0 + std::chrono::seconds(i)) - t0) - i;
+    if (i == 0) {
+      EXPECT_LT(d, 3.0);  // not behind the 4 MiB chunk
+    }
+    if (d > 0.12 + 1e-6) {
+      ++lost;
+      EXPECT_GE(d, 0.08 + 0.2 - 1e-6);  // retransmitted a round trip later at the least
+    } else {
+      lo = std::min(lo, d);
+      hi = std::max(hi, d);
+    }
+  }
+  EXPECT_GE(lo, 0.08 - 1e-6);  // one-way 100 ms, jitter +-20 ms
+  EXPECT_LT(lo, 0.082);
+  EXPECT_GT(hi, 0.118);
+  EXPECT_GT(lost, 20);  // 1% of 5000: 50, sd 7
+  EXPECT_LT(lost, 90);
+  // 5 ms apart: in order, a recovering frame holding back those behind it, as TCP does.
+  auto t1 = t0 + std::chrono::seconds(n + 10);
+  double last = 0;
+  for (int i = 0; i < 2000; ++i) {
+    double at = secs(em.control_arrival(t1 + std::chrono::milliseconds(5 * i)) - t1);
+    EXPECT_GE(at, last);
+    last = at;
+  }
+}
+
 TEST(TransportLinkEmulator, LossDelaysByTcpRecoveryAndKeepsOrder) {
   WanLink link = *parse_wan("rtt=200ms,loss=1%");
   LinkEmulator em(link, nullptr, 7, 1, 1 << 20);

@@ -11,7 +11,8 @@ LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site,
       seed_(seed),
       streams_(streams),
       pacer_(link),
-      loss_rng_(seed ^ 0x6c6f737321ull) {
+      loss_rng_(seed ^ 0x6c6f737321ull),
+      control_rng_(seed ^ 0x70696e6721ull) {
   if (link_.model == WanModel::kSite && !site_) {
     // A shared site is set up by its creator (and read on the engine thread meanwhile: never
     // written here); a peer without one gets its own.
@@ -42,7 +43,7 @@ LinkEmulator::Clock::time_point LinkEmulator::submit(OutChunk c, Clock::time_poi
   Pacer::Slot slot = pacer_.submit(kChunkHeaderBytes + c.len, now);
   c.depart = slot.sent;
   c.release = slot.deliver;
-  if (link_.loss > 0) c.release += loss_penalty(kChunkHeaderBytes + c.len);
+  if (link_.loss > 0) c.release += loss_penalty(kChunkHeaderBytes + c.len, loss_rng_);
   // In order, as TCP delivers (a recovering segment holds back what follows it).
   c.release = std::max(c.release, last_release_);
   last_release_ = c.release;
@@ -51,10 +52,24 @@ LinkEmulator::Clock::time_point LinkEmulator::submit(OutChunk c, Clock::time_poi
   return slot.sent;
 }
 
-LinkEmulator::Clock::duration LinkEmulator::loss_penalty(uint64_t bytes) {
+LinkEmulator::Clock::time_point LinkEmulator::control_arrival(Clock::time_point now) {
+  double delay = link_.one_way_delay_s;
+  if (link_.jitter_s > 0.0) {
+    std::uniform_real_distribution<double> j(-link_.jitter_s, link_.jitter_s);
+    delay = std::max(0.0, delay + j(control_rng_));
+  }
+  Clock::time_point t =
+      now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay));
+  if (link_.loss > 0) t += loss_penalty(kChunkHeaderBytes, control_rng_);
+  t = std::max(t, last_control_);  // one TCP stream: in order
+  last_control_ = t;
+  return t;
+}
+
+LinkEmulator::Clock::duration LinkEmulator::loss_penalty(uint64_t bytes, std::mt19937_64& rng) {
   const uint64_t segments = (bytes + WanLink::kTcpSegmentBytes - 1) / WanLink::kTcpSegmentBytes;
   std::binomial_distribution<uint64_t> lost(segments, link_.loss);
-  uint64_t n = lost(loss_rng_);
+  uint64_t n = lost(rng);
   if (n == 0) return Clock::duration::zero();
   const double rtt = 2.0 * link_.one_way_delay_s;
   // Several losses in one window recover together (SACK): the slowest sets the delay. A segment
@@ -65,10 +80,10 @@ LinkEmulator::Clock::duration LinkEmulator::loss_penalty(uint64_t bytes) {
   const double rto = rtt + 0.2;
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (uint64_t i = 0; i < n; ++i) {
-    bool tail = at(loss_rng_) + 3 >= segments;
+    bool tail = at(rng) + 3 >= segments;
     double p = tail ? rto : rtt;
     // A lost retransmission waits for the timeout again, doubled each time (backoff).
-    for (double backoff = rto; u(loss_rng_) < link_.loss; backoff *= 2) p += backoff;
+    for (double backoff = rto; u(rng) < link_.loss; backoff *= 2) p += backoff;
     penalty = std::max(penalty, p);
   }
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(penalty));

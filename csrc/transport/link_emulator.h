@@ -14,6 +14,12 @@
 // Loss (loss=, wan_link.h): a chunk with a lost segment is released later by TCP's recovery
 // time, and no chunk after it is released before it (head of line).
 //
+// Liveness control frames (PING, PONG: peer_core.h) cross the link too: control_arrival() says
+// when one sent now reaches the far end (the one-way delay, jitter and loss of the link, in
+// order among themselves). Not its rate (a few bytes) and not behind queued chunks: control
+// frames jump lowcomm's send queue; on a real link they would still wait behind the kernel's
+// socket buffer, which is not modelled. ACKs and NACKs are not delayed.
+//
 // Receive side (site model): pass_downlink() says when a chunk that arrived now has passed the
 // rank's one downlink, shared by all its peers; the peer completes the message no earlier.
 //
@@ -55,6 +61,8 @@ class LinkEmulator {
   bool idle() const { return held_.empty(); }
   // Hands every held chunk to `fn` (to fail its send) and forgets them.
   void drain(const std::function<void(OutChunk&)>& fn);
+  // When a control frame sent now reaches the far end (see above).
+  Clock::time_point control_arrival(Clock::time_point now);
 
   // When a received chunk of `payload_bytes` (plus its header) arriving at `now` has passed the
   // downlink; `now` without one.
@@ -66,7 +74,8 @@ class LinkEmulator {
 
  private:
   void make_pacer(uint64_t window_bytes);
-  Clock::duration loss_penalty(uint64_t bytes);  // TCP's recovery of the chunk's lost segments
+  // TCP's recovery of the chunk's lost segments, drawn from `rng`.
+  Clock::duration loss_penalty(uint64_t bytes, std::mt19937_64& rng);
 
   WanLink link_;
   std::shared_ptr<SiteLinks> site_;
@@ -77,6 +86,8 @@ class LinkEmulator {
   size_t departed_ = 0;        // held_[0, departed_) have left the sender's end
   std::mt19937_64 loss_rng_;   // loss= draws, keyed by the seed
   Clock::time_point last_release_{};
+  std::mt19937_64 control_rng_;  // control frames' jitter and loss, apart from the chunks'
+  Clock::time_point last_control_{};
 };
 
 }  // namespace lowcomm::transport

@@ -432,6 +432,24 @@ void PeerCore::detach_retained(const SendOp& op) {
 }
 
 void PeerCore::send_control(Stream& s, uint64_t kind, uint64_t arg) {
+  // On an emulated link a PING or PONG crosses its delay, jitter and loss
+  // (LinkEmulator::control_arrival), so the failure detector sees the emulated round trip. It is
+  // sealed when it goes out, after any frame sent before it.
+  if (link_ && (kind == kControlPing || kind == kControlPong)) {
+    auto self = shared_from_this();
+    Stream* sp = &s;
+    auto id = std::make_shared<uint64_t>(0);
+    *id = engine_.add_timer(link_->control_arrival(PaceClock::now()), [self, sp, kind, arg, id] {
+      self->control_timers_.erase(*id);
+      if (self->failure_.is_ok() && !self->shut_down_) self->write_control(*sp, kind, arg);
+    });
+    control_timers_.insert(*id);
+    return;
+  }
+  write_control(s, kind, arg);
+}
+
+void PeerCore::write_control(Stream& s, uint64_t kind, uint64_t arg) {
   std::array<uint8_t, kChunkHeaderBytes> f;
   write_control_frame(kind, arg, f.data());
   if (Status st = s.sealer.protect_control(f.data()); !st) {
@@ -950,6 +968,8 @@ void PeerCore::fail(Status why, bool keep_arrived) {
     engine_.cancel_timer(alive_timer_);
     alive_timer_armed_ = false;
   }
+  for (uint64_t t : control_timers_) engine_.cancel_timer(t);
+  control_timers_.clear();
   // After the peer's close or reset (keep_arrived), a message that arrived whole and that no
   // irecv has claimed yet stays: the peer sent it before it went, so an irecv posted later
   // still receives it (a goodbye read after the connection's end). The rest fail or go, and

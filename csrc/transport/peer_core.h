@@ -63,6 +63,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -201,6 +202,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   Status on_control(Stream& s, const ChunkHeader& h);
   // Queues a control frame on s and tries to write it.
   void send_control(Stream& s, uint64_t kind, uint64_t arg);
+  void write_control(Stream& s, uint64_t kind, uint64_t arg);  // now, past any emulated link
   // After a read event: ACK the chunks finished since the last ACK, now if they are many (or
   // `now`), else from a short timer.
   void maybe_ack(Stream& s, bool now = false);
@@ -264,6 +266,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   int stripe_ = 1;            // unshaped sends use streams [0, stripe_)
   // The emulated link (LOWCOMM_WAN), null on a real one: the production path never enters it.
   std::unique_ptr<LinkEmulator> link_;
+  std::set<uint64_t> control_timers_;  // emulated: PINGs and PONGs crossing the link
   uint64_t link_timer_ = 0;
   bool link_timer_armed_ = false;
   PaceClock::time_point link_timer_at_{};       // when the armed timer fires
