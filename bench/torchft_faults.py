@@ -1,13 +1,25 @@
-"""torchft under faults, lowcomm's process group against Gloo's (docs/torch.md, "torchft").
+"""torchft's failure matrix, lowcomm's process group against Gloo's (docs/torch.md, "torchft").
 
-Three replicas (processes) run torchft's Manager (synchronous quorum, min_replica_size 2) over a
-Lighthouse in this process: each step starts a quorum, works `--inner-ms`, all-reduces a 4 MiB
-fp32 gradient and commits if the Manager says so. One replica is then frozen (SIGSTOP for
-`--freeze-s`, then SIGCONT) or killed (SIGKILL); the figure is the time from the fault to the
-survivors' next commit (the later of the two), and how many commits each side made in the
-window. The Lighthouse's heartbeat timeout (`--heartbeat-ms`) is the same for both groups.
+Three replicas (processes) train one small MLP with torchft's Lighthouse, Manager (synchronous
+quorum, min_replica_size 2) and DiLoCo (H inner AdamW steps of `--inner-ms` each, then the
+outer step: quorum, pseudo-gradient all-reduces through the process group, should_commit,
+outer Nesterov SGD). Replica 2 is then frozen (SIGSTOP for `--freeze-s`, then SIGCONT), killed
+(SIGKILL), or killed and restarted 3 s later; at a random moment, or at a fixed point it reaches
+itself: `inner` (among its inner steps), `quorum` (entering the outer step's quorum) or
+`allreduce` (its pseudo-gradient all-reduces issued, in flight). Per trial:
+
+  - first: fault -> the later survivor's first commit in a quorum without the victim;
+  - stall: the longest time a survivor went without a commit in the window after the fault
+    (the freeze's length, or 10 s after a kill), counted from the fault;
+  - lost: outer steps the survivors attempted and did not commit in that window;
+  - equal: whether every step committed by several replicas left them bitwise equal;
+  - rebuilds: process-group configures per minute, survivors' mean, over the whole trial;
+  - rejoin (restart): the restarted replica's start -> its first commit in a full quorum.
+
+The Lighthouse's heartbeat timeout (`--heartbeat-ms`) is the same for both groups.
 
     .venv/bin/python bench/torchft_faults.py --pg lowcomm,gloo --fault stop --trials 3
+    .venv/bin/python bench/torchft_faults.py --pg lowcomm,gloo --matrix --trials 2
 """
 import argparse
 import os
@@ -18,121 +30,242 @@ import time
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
+POINTS = {"inner": 1, "quorum": 2, "allreduce": 3}
+VICTIM = 2
+# The scenarios of --matrix: (fault, point).
+MATRIX = [("kill", "inner"), ("kill", "quorum"), ("kill", "allreduce"), ("kill", "random"),
+          ("stop", "inner"), ("stop", "quorum"), ("stop", "allreduce"), ("stop", "random"),
+          ("restart", "random")]
 
-def replica(idx, kind, lighthouse, inner_s, commits, stop):
+
+def replica(idx, kind, lighthouse, cfg, events, stop, fault_at, fault_sig, fault_time):
+    import hashlib
+
+    import torch.distributed as dist
+    import torchft.local_sgd as ls
     from torchft import Manager
+    from torchft.local_sgd import DiLoCo
+
+    torch.set_num_threads(1)
     if kind == "lowcomm":
         from lowcomm.torchft import ProcessGroupLowcomm
         pg = ProcessGroupLowcomm(timeout=timedelta(seconds=60))
     else:
         from torchft.process_group import ProcessGroupGloo
         pg = ProcessGroupGloo(timeout=timedelta(seconds=60))
+    rebuilds = [0]
+    real_configure = pg.configure
+
+    def configure(*args, **kwargs):
+        rebuilds[0] += 1
+        return real_configure(*args, **kwargs)
+
+    pg.configure = configure
+
+    def maybe_fault(point):  # the victim stops or kills itself where it was asked to
+        if fault_at.value == point:
+            fault_at.value = 0
+            fault_time.value = time.monotonic()
+            os.kill(os.getpid(), fault_sig.value)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 256))
+    teacher = torch.nn.Linear(256, 256)
+    gen = torch.Generator().manual_seed(100 + idx)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     store = dist.TCPStore("localhost", 0, 1, True, wait_for_workers=False)
-    w = torch.zeros(1 << 20)
-    manager = Manager(pg=pg, min_replica_size=2, use_async_quorum=False,
-                      load_state_dict=lambda sd: w.copy_(sd["w"]),
-                      state_dict=lambda: {"w": w}, replica_id=f"replica{idx}",
-                      store_addr="localhost", store_port=store.port, rank=0, world_size=1,
-                      lighthouse_addr=lighthouse, timeout=timedelta(seconds=60),
-                      quorum_timeout=timedelta(seconds=60))
-    while not stop.is_set():
-        manager.start_quorum()
-        time.sleep(inner_s)
-        g = torch.ones(1 << 20)
-        try:
-            manager.allreduce(g).wait()
-        except Exception:  # noqa: BLE001  (torchft reports it through should_commit)
-            pass
-        if manager.should_commit():
-            w.add_(g)
-            commits.put((idx, time.monotonic(), manager.num_participants()))
+
+    def load(sd):
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["inner"])
+
+    manager = Manager(pg=pg, min_replica_size=2, use_async_quorum=False, load_state_dict=load,
+                      state_dict=lambda: {"model": model.state_dict(),
+                                          "inner": inner.state_dict()},
+                      replica_id=f"replica{idx}", store_addr="localhost", store_port=store.port,
+                      rank=0, world_size=1, lighthouse_addr=lighthouse,
+                      timeout=timedelta(seconds=60), quorum_timeout=timedelta(seconds=60))
+    if idx == VICTIM:
+        real_quorum = manager.start_quorum
+
+        def start_quorum(*args, **kwargs):
+            maybe_fault(POINTS["quorum"])
+            return real_quorum(*args, **kwargs)
+
+        manager.start_quorum = start_quorum
+        frag = ls._StreamingDiLoCoFragment
+        real_average = frag._average_grads
+
+        def average(self):
+            real_average(self)
+            maybe_fault(POINTS["allreduce"])
+
+        frag._average_grads = average
+    t_start = time.monotonic()
+    with DiLoCo(manager, [model], inner, outer, sync_every=cfg["sync_every"]):
+        k = 0
+        while not stop.is_set():
+            x = torch.randn(64, 256, generator=gen)
+            loss = torch.nn.functional.mse_loss(model(x), teacher(x).detach())
+            inner.zero_grad()
+            loss.backward()
+            time.sleep(cfg["inner_s"])
+            k += 1
+            if idx == VICTIM and k % cfg["sync_every"] == 2:
+                maybe_fault(POINTS["inner"])
+            before = manager.current_step()
+            inner.step()  # DiLoCo's hook runs the outer step every sync_every-th call
+            if k % cfg["sync_every"] == 0:
+                committed = manager.current_step() > before
+                h = ""
+                if committed:
+                    m = hashlib.sha256()
+                    for p in model.parameters():
+                        m.update(p.detach().numpy().tobytes())
+                    h = m.hexdigest()[:16]
+                events.put(("step", idx, time.monotonic(), manager.num_participants(),
+                            committed, manager.current_step(), h))
+    events.put(("rebuilds", idx, rebuilds[0], time.monotonic() - t_start))
     manager.shutdown(wait=False)
 
 
-def trial(kind, fault, freeze_s, inner_s, heartbeat_ms, seed):
+def trial(kind, fault, point, a, seed):
     from torchft.coordination import LighthouseServer
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=100,
-                                  heartbeat_timeout_ms=heartbeat_ms)
+                                  heartbeat_timeout_ms=a.heartbeat_ms)
     ctx = mp.get_context("spawn")
-    commits, stop = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=replica, args=(i, kind, lighthouse.address(), inner_s, commits,
-                                               stop), daemon=True) for i in range(3)]
-    for p in procs:
+    events, stop = ctx.Queue(), ctx.Event()
+    fault_at, fault_sig, fault_time = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("d", 0.0)
+    cfg = {"inner_s": a.inner_ms / 1e3, "sync_every": a.sync_every}
+
+    def start(i):
+        p = ctx.Process(target=replica, args=(i, kind, lighthouse.address(), cfg, events, stop,
+                                              fault_at, fault_sig, fault_time), daemon=True)
         p.start()
-    seen = []
+        return p
+
+    procs = [start(i) for i in range(3)]
+    seen, rebuilds = [], {}
 
     def drain(until):
         while time.monotonic() < until:
             try:
-                seen.append(commits.get(timeout=max(0.01, until - time.monotonic())))
+                e = events.get(timeout=max(0.01, until - time.monotonic()))
             except Exception:  # noqa: BLE001  (queue.Empty)
-                pass
+                continue
+            if e[0] == "step":
+                seen.append(e[1:])
+            else:
+                rebuilds.setdefault(e[1], []).append(e[2] / e[3] * 60)
 
-    # Warm: every replica has committed a few steps.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and min(
-            [sum(1 for s in seen if s[0] == i) for i in range(3)]) < 5:
+    def commits(i, since=0.0):
+        return [s for s in seen if s[0] == i and s[3] and s[1] > since]
+
+    deadline = time.monotonic() + 180  # warm: every replica has committed a few outer steps
+    while time.monotonic() < deadline and min(len(commits(i)) for i in range(3)) < 3:
         drain(time.monotonic() + 0.1)
-    victim = 2
-    drain(time.monotonic() + (seed % 7) * inner_s / 7)  # somewhere in a step
-    t_fault = time.monotonic()
-    print(f"# {kind}: fault {fault} of replica {victim} at "
-          f"{time.strftime('%H:%M:%S', time.localtime())}.{int(time.time() * 1000) % 1000:03d}",
-          file=sys.stderr, flush=True)
-    os.kill(procs[victim].pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
-    drain(t_fault + (freeze_s if fault == "stop" else 10))
+    sig = signal.SIGSTOP if fault == "stop" else signal.SIGKILL
+    if point == "random":
+        drain(time.monotonic() + (seed % 7) / 7 * a.sync_every * a.inner_ms / 1e3)
+        t_fault = time.monotonic()
+        os.kill(procs[VICTIM].pid, sig)
+    else:
+        fault_sig.value = int(sig)
+        fault_at.value = POINTS[point]
+        until = time.monotonic() + 30
+        while fault_time.value == 0.0 and time.monotonic() < until:
+            drain(time.monotonic() + 0.005)
+        t_fault = fault_time.value or time.monotonic()
+    window = a.freeze_s if fault == "stop" else 10.0
+    t_restart = rejoin = None
     if fault == "stop":
-        os.kill(procs[victim].pid, signal.SIGCONT)
+        drain(t_fault + window)
+        os.kill(procs[VICTIM].pid, signal.SIGCONT)
         drain(time.monotonic() + 5)
+    elif fault == "restart":
+        drain(t_fault + 3.0)
+        procs[VICTIM].join()
+        t_restart = time.monotonic()
+        procs[VICTIM] = start(VICTIM)
+        until = t_restart + 60
+        while time.monotonic() < until and not [s for s in commits(VICTIM, t_restart)
+                                                if s[2] == 3]:
+            drain(time.monotonic() + 0.1)
+        full = [s for s in commits(VICTIM, t_restart) if s[2] == 3]
+        rejoin = full[0][1] - t_restart if full else None
+        drain(max(time.monotonic() + 2, t_fault + window))
+    else:
+        drain(t_fault + window)
     stop.set()
-    drain(time.monotonic() + 2)
+    drain(time.monotonic() + 5)
     for p in procs:
         p.kill()
         p.join()
     lighthouse.shutdown()
-    # Recovered: each survivor has committed a step of a quorum without the victim.
-    after = {i: [t for (j, t, n) in seen if j == i and t > t_fault] for i in range(3)}
-    without = {i: [t for (j, t, n) in seen if j == i and t > t_fault and n == 2]
-               for i in range(3)}
-    survivors = [i for i in range(3) if i != victim]
-    if not all(without[i] for i in survivors):
-        return None, 0
-    gap = max(without[i][0] for i in survivors) - t_fault
-    window = freeze_s if fault == "stop" else 10.0
-    done = min(sum(1 for t in after[i] if t < t_fault + window) for i in survivors)
-    return gap, done
+    survivors = [i for i in range(3) if i != VICTIM]
+    end = t_fault + window
+    without = [[s[1] for s in commits(i, t_fault) if s[2] == 2] for i in survivors]
+    first = max(w[0] for w in without) - t_fault if all(without) else None
+    stall = 0.0
+    for i in survivors:
+        ts = [t_fault] + [s[1] for s in commits(i, t_fault) if s[1] < end] + [end]
+        stall = max(stall, max(b - x for x, b in zip(ts, ts[1:])))
+    lost = sum(1 for s in seen if s[0] in survivors and t_fault < s[1] < end and not s[3])
+    by_step = {}
+    for s in seen:
+        if s[3]:
+            by_step.setdefault(s[4], set()).add(s[5])
+    shared = [h for h in by_step.values()]
+    equal = all(len(h) == 1 for h in shared)
+    rate = statistics.mean(statistics.mean(rebuilds[i]) for i in survivors if i in rebuilds) \
+        if any(i in rebuilds for i in survivors) else float("nan")
+    return {"first": first, "stall": stall, "lost": lost, "equal": equal, "rebuilds": rate,
+            "rejoin": rejoin, "restarted": t_restart is not None}
+
+
+def fmt(x, unit="s"):
+    return "never" if x is None else f"{x:.2f} {unit}".strip()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg", default="lowcomm,gloo")
-    ap.add_argument("--fault", default="stop", choices=["stop", "kill"])
+    ap.add_argument("--fault", default="stop", choices=["stop", "kill", "restart"])
+    ap.add_argument("--at", default="random", choices=["random"] + list(POINTS))
+    ap.add_argument("--matrix", action="store_true", help="every scenario of MATRIX")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--freeze-s", type=float, default=20.0)
-    ap.add_argument("--inner-ms", type=int, default=200)
+    ap.add_argument("--inner-ms", type=int, default=40)
+    ap.add_argument("--sync-every", type=int, default=5)
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--first-trial", type=int, default=0, help="seed of the first trial")
     a = ap.parse_args()
-    print(f"# torchft, 3 replicas, fault {a.fault}"
-          + (f" for {a.freeze_s:.0f} s" if a.fault == "stop" else "")
-          + f", {a.inner_ms} ms inner work per step, Lighthouse heartbeat timeout "
-          f"{a.heartbeat_ms} ms; torch {torch.__version__}")
-    for kind in a.pg.split(","):
-        gaps, steps = [], []
-        for t in range(a.first_trial, a.first_trial + a.trials):
-            gap, done = trial(kind, a.fault, a.freeze_s, a.inner_ms / 1e3, a.heartbeat_ms, t)
-            print(f"{kind:>8} trial {t}: fault -> survivors' next commit "
-                  + ("never" if gap is None else f"{gap:.2f} s")
-                  + f", survivors' commits in the window {done}", flush=True)
-            if gap is not None:
-                gaps.append(gap)
-                steps.append(done)
-        if gaps:
-            print(f"{kind:>8}: median {statistics.median(gaps):.2f} s, max {max(gaps):.2f} s; "
-                  f"commits in the window median {statistics.median(steps)}", flush=True)
+    scenarios = MATRIX if a.matrix else [(a.fault, a.at)]
+    print(f"# torchft DiLoCo, 3 replicas, H = {a.sync_every}, {a.inner_ms} ms inner steps, "
+          f"freeze {a.freeze_s:.0f} s, Lighthouse heartbeat timeout {a.heartbeat_ms} ms; "
+          f"torch {torch.__version__}", flush=True)
+    print("# scenario          group   first   stall  lost  equal  rebuilds/min  rejoin",
+          flush=True)
+    for fault, point in scenarios:
+        for kind in a.pg.split(","):
+            rows = []
+            for t in range(a.first_trial, a.first_trial + a.trials):
+                r = trial(kind, fault, point, a, t)
+                rows.append(r)
+                print(f"  {fault + '@' + point:<16} {kind:>7} {fmt(r['first']):>7} "
+                      f"{fmt(r['stall']):>7} {r['lost']:>5} {'yes' if r['equal'] else 'NO':>6} "
+                      f"{r['rebuilds']:>13.1f}  {fmt(r['rejoin']) if r['restarted'] else '-'}",
+                      flush=True)
+            firsts = [r["first"] for r in rows if r["first"] is not None]
+            print(f"= {fault + '@' + point:<16} {kind:>7} first median "
+                  f"{fmt(statistics.median(firsts) if firsts else None)}, stall median "
+                  f"{fmt(statistics.median(r['stall'] for r in rows))} max "
+                  f"{fmt(max(r['stall'] for r in rows))}, lost {sum(r['lost'] for r in rows)}, "
+                  f"equal {sum(r['equal'] for r in rows)}/{len(rows)}", flush=True)
 
 
 if __name__ == "__main__":

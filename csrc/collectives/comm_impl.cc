@@ -42,6 +42,10 @@ constexpr size_t kControlTextMax = 256 - kControlTextOffset;
 // How long a failing rank waits for its notices to reach the kernel before closing.
 constexpr auto kNoticeWait = std::chrono::milliseconds(500);
 constexpr auto kNoticeLinger = std::chrono::milliseconds(300);
+// abort() closes at once, as ncclCommAbort does: its notices go out with what the sockets take
+// in this long (a frozen peer's full buffers take nothing), and it does not linger. torchft
+// aborts its group at every quorum change, with a frozen replica among the peers.
+constexpr auto kAbortNoticeWait = std::chrono::milliseconds(20);
 // CommOptions::failure_timeout's default (an elastic group's failure floor too).
 constexpr auto kDefaultFailureTimeout = std::chrono::milliseconds(1500);
 
@@ -856,7 +860,9 @@ void CommImpl::fail(const Status& why, bool notify) {
   } else {
     LOWCOMM_LOG(kWarn, "%s", why.to_string().c_str());
   }
-  if (notify) {
+  if (notify && why.code() == StatusCode::kAborted) {
+    send_control(kControlAbort, why.message(), kAbortNoticeWait);  // asked for: no linger
+  } else if (notify) {
     send_control(kControlAbort, why.message(), kNoticeWait);
     // Linger briefly before closing: a peer whose engine sees our connections end before it
     // has read the notice (the notice and the end travel on different streams) would only
