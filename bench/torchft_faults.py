@@ -3,7 +3,8 @@
 Three replicas (processes) train one small MLP with torchft's Lighthouse, Manager (synchronous
 quorum, min_replica_size 2) and DiLoCo (H inner AdamW steps of `--inner-ms` each, then the
 outer step: quorum, pseudo-gradient all-reduces through the process group, should_commit,
-outer Nesterov SGD). Replica 2 is then frozen (SIGSTOP for `--freeze-s`, then SIGCONT), killed
+outer Nesterov SGD); or, with `--loop manager`, without DiLoCo: each step a quorum,
+`--inner-ms` of work and a 4 MiB all-reduce committed through the Manager. Replica 2 is then frozen (SIGSTOP for `--freeze-s`, then SIGCONT), killed
 (SIGKILL), or killed and restarted 3 s later; at a random moment, or at a fixed point it reaches
 itself: `inner` (among its inner steps), `quorum` (entering the outer step's quorum) or
 `allreduce` (its pseudo-gradient all-reduces issued, in flight). Per trial:
@@ -79,13 +80,16 @@ def replica(idx, kind, lighthouse, cfg, events, stop, fault_at, fault_sig, fault
     outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     store = dist.TCPStore("localhost", 0, 1, True, wait_for_workers=False)
 
+    w = torch.zeros(1 << 20)  # --loop manager's state
+
     def load(sd):
         model.load_state_dict(sd["model"])
         inner.load_state_dict(sd["inner"])
+        w.copy_(sd["w"])
 
     manager = Manager(pg=pg, min_replica_size=2, use_async_quorum=False, load_state_dict=load,
                       state_dict=lambda: {"model": model.state_dict(),
-                                          "inner": inner.state_dict()},
+                                          "inner": inner.state_dict(), "w": w},
                       replica_id=f"replica{idx}", store_addr="localhost", store_port=store.port,
                       rank=0, world_size=1, lighthouse_addr=lighthouse,
                       timeout=timedelta(seconds=60), quorum_timeout=timedelta(seconds=60))
@@ -106,6 +110,11 @@ def replica(idx, kind, lighthouse, cfg, events, stop, fault_at, fault_sig, fault
 
         frag._average_grads = average
     t_start = time.monotonic()
+    if cfg["loop"] == "manager":
+        manager_loop(idx, manager, w, cfg, events, stop, maybe_fault)
+        events.put(("rebuilds", idx, rebuilds[0], time.monotonic() - t_start))
+        manager.shutdown(wait=False)
+        return
     with DiLoCo(manager, [model], inner, outer, sync_every=cfg["sync_every"]):
         k = 0
         while not stop.is_set():
@@ -133,6 +142,33 @@ def replica(idx, kind, lighthouse, cfg, events, stop, fault_at, fault_sig, fault
     manager.shutdown(wait=False)
 
 
+def manager_loop(idx, manager, w, cfg, events, stop, maybe_fault):
+    """--loop manager: no DiLoCo; each step is a quorum, `--inner-ms` of work and a 4 MiB
+    all-reduce committed through the Manager into `w` (as a DDP step would be)."""
+    import hashlib
+    while not stop.is_set():
+        manager.start_quorum()
+        time.sleep(cfg["inner_s"] / 2)
+        if idx == VICTIM:
+            maybe_fault(POINTS["inner"])
+        time.sleep(cfg["inner_s"] / 2)
+        g = torch.ones(1 << 20)
+        work = manager.allreduce(g)
+        if idx == VICTIM:
+            maybe_fault(POINTS["allreduce"])
+        try:
+            work.wait()
+        except Exception:  # noqa: BLE001  (torchft reports it through should_commit)
+            pass
+        committed = manager.should_commit()
+        h = ""
+        if committed:
+            w.add_(g)
+            h = hashlib.sha256(w.numpy().tobytes()).hexdigest()[:16]
+        events.put(("step", idx, time.monotonic(), manager.num_participants(), committed,
+                    manager.current_step(), h))
+
+
 def trial(kind, fault, point, a, seed):
     from torchft.coordination import LighthouseServer
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=100,
@@ -140,7 +176,7 @@ def trial(kind, fault, point, a, seed):
     ctx = mp.get_context("spawn")
     events, stop = ctx.Queue(), ctx.Event()
     fault_at, fault_sig, fault_time = ctx.Value("i", 0), ctx.Value("i", 0), ctx.Value("d", 0.0)
-    cfg = {"inner_s": a.inner_ms / 1e3, "sync_every": a.sync_every}
+    cfg = {"inner_s": a.inner_ms / 1e3, "sync_every": a.sync_every, "loop": a.loop}
 
     def start(i):
         p = ctx.Process(target=replica, args=(i, kind, lighthouse.address(), cfg, events, stop,
@@ -170,7 +206,8 @@ def trial(kind, fault, point, a, seed):
         drain(time.monotonic() + 0.1)
     sig = signal.SIGSTOP if fault == "stop" else signal.SIGKILL
     if point == "random":
-        drain(time.monotonic() + (seed % 7) / 7 * a.sync_every * a.inner_ms / 1e3)
+        step_s = a.inner_ms / 1e3 * (a.sync_every if a.loop == "diloco" else 1)
+        drain(time.monotonic() + (seed % 7) / 7 * step_s)
         t_fault = time.monotonic()
         os.kill(procs[VICTIM].pid, sig)
     else:
@@ -239,13 +276,16 @@ def main():
     ap.add_argument("--matrix", action="store_true", help="every scenario of MATRIX")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--freeze-s", type=float, default=20.0)
-    ap.add_argument("--inner-ms", type=int, default=40)
+    ap.add_argument("--loop", default="diloco", choices=["diloco", "manager"])
+    ap.add_argument("--inner-ms", type=int, default=40, help="per inner step (diloco) or step")
     ap.add_argument("--sync-every", type=int, default=5)
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--first-trial", type=int, default=0, help="seed of the first trial")
     a = ap.parse_args()
     scenarios = MATRIX if a.matrix else [(a.fault, a.at)]
-    print(f"# torchft DiLoCo, 3 replicas, H = {a.sync_every}, {a.inner_ms} ms inner steps, "
+    what = (f"DiLoCo, H = {a.sync_every}, {a.inner_ms} ms inner steps" if a.loop == "diloco"
+            else f"Manager steps of {a.inner_ms} ms + a 4 MiB all-reduce")
+    print(f"# torchft {what}, 3 replicas, "
           f"freeze {a.freeze_s:.0f} s, Lighthouse heartbeat timeout {a.heartbeat_ms} ms; "
           f"torch {torch.__version__}", flush=True)
     print("# scenario          group   first   stall  lost  equal  rebuilds/min  rejoin",
