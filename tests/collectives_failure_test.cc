@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "collectives/descriptor.h"
@@ -375,16 +376,60 @@ TEST(CollectivesFailure, KilledRankFailsEveryOtherRankNamingIt) {
   }
 }
 
+// A rank of a run_ranks group that freezes itself (SIGSTOP) and is killed by the last of the
+// others to finish, so that no rank still waiting on it sees its connections close instead of
+// the silence the test is about. Shared memory: the frozen rank's pid and how many are done.
+class FrozenRank {
+ public:
+  FrozenRank() {
+    void* m =
+        ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m != MAP_FAILED) shared_ = new (m) Shared;
+  }
+  ~FrozenRank() {
+    if (shared_) ::munmap(shared_, sizeof(Shared));
+  }
+  bool ok() const { return shared_ != nullptr; }
+  void freeze() {
+    shared_->pid.store(::getpid());
+    ::raise(SIGSTOP);  // until the last other rank kills it
+  }
+  // In each of the `others` ranks: done with the frozen one when it leaves scope (on every
+  // return path); the last one kills it (once it has frozen: waits up to 10 s for that).
+  class Done {
+   public:
+    Done(FrozenRank& frozen, int others) : f_(frozen), others_(others) {}
+    Done(const Done&) = delete;
+    Done& operator=(const Done&) = delete;
+    ~Done() {
+      if (f_.shared_->done.fetch_add(1) + 1 != others_) return;
+      for (int i = 0; i < 10000 && f_.shared_->pid.load() == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (pid_t p = f_.shared_->pid.load(); p != 0) ::kill(p, SIGKILL);
+    }
+
+   private:
+    FrozenRank& f_;
+    int others_;
+  };
+
+ private:
+  struct Shared {
+    std::atomic<pid_t> pid{0};
+    std::atomic<int> done{0};
+  };
+  Shared* shared_ = nullptr;
+};
+
 // A frozen rank (SIGSTOP: its sockets stay open, its kernel even takes some bytes) fails the
 // others' collective within seconds, naming it, instead of at the 60 s deadline; on plain and
 // on sealed connections.
 void frozen_rank_fails_the_others(bool encrypt) {
-  auto* frozen_pid = static_cast<std::atomic<pid_t>*>(::mmap(nullptr, sizeof(std::atomic<pid_t>),
-                                                             PROT_READ | PROT_WRITE,
-                                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(frozen_pid, MAP_FAILED);
-  new (frozen_pid) std::atomic<pid_t>(0);
+  FrozenRank frozen;
+  ASSERT_TRUE(frozen.ok());
   auto res = run_ranks(3, [&](int rank, const UniqueId& id) -> std::string {
+    std::optional<FrozenRank::Done> done;
+    if (rank != 2) done.emplace(frozen, 2);
     CommOptions o = test_options();
     o.timeout = std::chrono::seconds(60);
     o.failure_timeout = std::chrono::milliseconds(600);
@@ -395,24 +440,16 @@ void frozen_rank_fails_the_others(bool encrypt) {
     std::vector<float> x(n, 1.0f);
     RANK_OK((*c)->all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum).wait());
     if (rank == 2) {
-      frozen_pid->store(::getpid());
-      ::raise(SIGSTOP);  // until rank 0 kills it
+      frozen.freeze();
       return "resumed (wrong)";
     }
     auto t0 = Clock::now();
     Status s = (*c)->all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum).wait();
-    std::string out =
-        expect_failure(s, StatusCode::kRemoteError, {"rank 2", "frozen or cut off"}, t0, 10);
-    if (rank == 0) {
-      while (frozen_pid->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      ::kill(frozen_pid->load(), SIGKILL);
-    }
-    return out;
+    return expect_failure(s, StatusCode::kRemoteError, {"rank 2", "frozen or cut off"}, t0, 10);
   });
   ASSERT_EQ(res.size(), 3u);
   EXPECT_EQ(res[2].exit_code, 128 + SIGKILL) << res[2].text;
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(res[r].ok()) << "rank " << r << ": " << res[r].text;
-  ::munmap(frozen_pid, sizeof(std::atomic<pid_t>));
 }
 
 TEST(CollectivesFailure, FrozenRankFailsEveryOtherRankNamingItWithinSeconds) {
@@ -449,35 +486,25 @@ TEST(CollectivesFailure, LateButAliveRankIsNotFailed) {
 // answers) fails the others' init within the join timeout, named, not at the 60 s deadline; and
 // so does a frozen root, whose listening socket still completes connections in the kernel.
 void frozen_member_fails_init(int frozen_rank) {
-  auto* frozen_pid = static_cast<std::atomic<pid_t>*>(::mmap(nullptr, sizeof(std::atomic<pid_t>),
-                                                             PROT_READ | PROT_WRITE,
-                                                             MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(frozen_pid, MAP_FAILED);
-  new (frozen_pid) std::atomic<pid_t>(0);
+  FrozenRank frozen;
+  ASSERT_TRUE(frozen.ok());
   auto res = run_ranks(3, [&](int rank, const UniqueId& id) -> std::string {
     if (rank == frozen_rank) {
-      frozen_pid->store(::getpid());
-      ::raise(SIGSTOP);  // until another rank kills it
+      frozen.freeze();
       return "resumed (wrong)";
     }
+    FrozenRank::Done done(frozen, 2);
     CommOptions o = test_options();
     o.timeout = std::chrono::seconds(60);
     o.join_timeout = std::chrono::milliseconds(500);
     auto t0 = Clock::now();
     auto c = Communicator::init(id, rank, 3, o);
-    std::string out;
-    if (frozen_rank == 0) {  // every other rank finds the root silent
-      out = expect_failure(c.status(), StatusCode::kTimeout,
-                           {"connecting to the root (rank 0)", "join timeout"}, t0, 5);
-    } else {  // the root names it; the other rank hears it from the root
-      out = expect_failure(c.status(), rank == 0 ? StatusCode::kTimeout : StatusCode::kRemoteError,
-                           {"rank(s) 2 did not join", "join timeout"}, t0, 5);
-    }
-    if (rank == 1) {
-      while (frozen_pid->load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      ::kill(frozen_pid->load(), SIGKILL);
-    }
-    return out;
+    if (frozen_rank == 0)  // every other rank finds the root silent
+      return expect_failure(c.status(), StatusCode::kTimeout,
+                            {"connecting to the root (rank 0)", "join timeout"}, t0, 5);
+    // The root names it; the other rank hears it from the root.
+    return expect_failure(c.status(), rank == 0 ? StatusCode::kTimeout : StatusCode::kRemoteError,
+                          {"rank(s) 2 did not join", "join timeout"}, t0, 5);
   });
   ASSERT_EQ(res.size(), 3u);
   EXPECT_EQ(res[frozen_rank].exit_code, 128 + SIGKILL) << res[frozen_rank].text;
@@ -486,7 +513,6 @@ void frozen_member_fails_init(int frozen_rank) {
     EXPECT_TRUE(res[r].ok()) << "rank " << r << ": " << res[r].text;
     std::printf("rank %d: %s\n", r, res[r].text.c_str());
   }
-  ::munmap(frozen_pid, sizeof(std::atomic<pid_t>));
 }
 
 TEST(CollectivesInit, JoinTimeoutNamesAMemberFrozenBeforeInitWithinIt) {
