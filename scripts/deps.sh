@@ -15,6 +15,7 @@ PACKAGES=(
   libucx-dev                       # UCX inside a site (optional in the build: LOWCOMM_UCX)
   iproute2 iperf3                  # scripts/wan_netns.sh: namespaces, veth, tbf; its selftest
   nftables                         # scripts/elastic_netns.sh: partitions between namespaces
+  iptables libnetfilter-queue-dev  # wan_netns.sh --delay without netem (lowcomm-wan-delay)
   openmpi-bin libopenmpi-dev       # Open MPI 4.1 baseline (scripts/baselines/mpi_allreduce.sh)
   python3-matplotlib               # lowcomm-bench --plot (bench/plot_bench.py)
 )

@@ -8,15 +8,17 @@
 #   scripts/wan_netns.sh down [--prefix lc]
 #   scripts/wan_netns.sh status [--prefix lc]
 #   scripts/wan_netns.sh exec [--prefix lc] K cmd...    # run cmd in namespace K
-#   scripts/wan_netns.sh selftest [--rates "1gbit 100mbit"] [--seconds 5]
+#   scripts/wan_netns.sh selftest [--rates "1gbit 100mbit"] [--seconds 5] [--delay 25ms]
 #
 # Layout for prefix P (default lc), subnet S (default 10.77.0), N ranks:
 #   namespaces P0..P{N-1}; in namespace k the interface Peth0 = S.{k+1}/24 and lo, both up;
 #   in the root namespace the bridge Pbr0 = S.254/24 and the other veth ends Ph0..Ph{N-1}.
 #   tbf on Peth0 (egress: rank k's upload) and on Ph{k} (egress: rank k's download), so each
 #   rank's link is limited to the rate in both directions, as an access link to the internet is.
-#   --delay D adds netem delay D on Peth0 (one-way delay D between any two ranks, RTT 2·D) where
-#   the kernel has netem; otherwise it says so and shapes the rate only.
+#   --delay D adds a one-way delay D on Peth0 (RTT 2·D between any two ranks): netem where the
+#   kernel has it, else lowcomm-wan-delay (bench/wan/wan_delay.cc, built with lowcomm where
+#   libnetfilter_queue is installed; LOWCOMM_WAN_DELAY names another binary) behind an iptables
+#   NFQUEUE rule in each namespace; without either it says so and shapes the rate only.
 #   --sites "A-B:RATE,...": the ranks A..B form one site: their veths join the site's bridge
 #   Ps{i} unshaped (the site's local network), and one veth pair joins Ps{i} to Pbr0 with tbf at
 #   RATE on both ends: Pu{i} egress is the site's uplink, Pd{i} egress its downlink, shared by
@@ -34,7 +36,7 @@ die() { echo "$PROG: error: $*" >&2; exit 1; }
 note() { echo "$PROG: $*" >&2; }
 
 usage() {
-  sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-2}"
 }
 
@@ -106,7 +108,53 @@ ns_exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$1"; }
 link_exists() { ip link show dev "$1" >/dev/null 2>&1; }
 
 # ---- qdiscs ----
-NETEM_STATE=""  # "", "applied", "unavailable"
+NETEM_STATE=""  # "", "applied", "unavailable", "nfqueue"
+NFQ_QUEUE=7     # the NFQUEUE number in each namespace (each namespace has its own queues)
+
+delayer_bin() {
+  local b=${LOWCOMM_WAN_DELAY:-$(cd "$(dirname "$0")/.." && pwd)/build/bin/lowcomm-wan-delay}
+  [ -x "$b" ] && echo "$b"
+}
+
+# Stops namespace $1's delayer and removes its rule (both may be absent).
+stop_delayer() {
+  local ns=$1 dev=$2 pidf="$STATE_DIR/$1.delay.pid"
+  if [ -f "$pidf" ]; then
+    kill "$(cat "$pidf")" 2>/dev/null || true
+    rm -f "$pidf"
+  fi
+  if ns_exists "$ns" && command -v iptables >/dev/null 2>&1; then
+    while ip netns exec "$ns" iptables -t mangle -D PREROUTING -i "$dev" -j NFQUEUE \
+      --queue-num "$NFQ_QUEUE" --queue-bypass 2>/dev/null; do :; done
+  fi
+}
+
+# One-way delay $DELAY_US on namespace $1's device $2 without netem: every packet arriving on $2
+# is queued to lowcomm-wan-delay, which lets it go on DELAY_US later, in order (on ingress: see
+# bench/wan/wan_delay.cc for why not on egress). --queue-bypass: while no
+# delayer holds the queue, packets pass undelayed rather than being dropped. Returns 1 (and
+# changes nothing) without iptables or the binary.
+start_delayer() {
+  local ns=$1 dev=$2 bin
+  bin=$(delayer_bin) || return 1
+  command -v iptables >/dev/null 2>&1 || return 1
+  stop_delayer "$ns" "$dev"
+  ip netns exec "$ns" iptables -t mangle -A PREROUTING -i "$dev" -j NFQUEUE \
+    --queue-num "$NFQ_QUEUE" --queue-bypass || return 1
+  ip netns exec "$ns" setsid "$bin" --queue "$NFQ_QUEUE" --delay-us "$DELAY_US" \
+    </dev/null >"$STATE_DIR/$ns.delay.log" 2>&1 9>&- &
+  echo $! >"$STATE_DIR/$ns.delay.pid"
+  # Bound to the queue before the caller measures anything through it.
+  local i
+  for ((i = 0; i < 100; i++)); do
+    grep -q "queue $NFQ_QUEUE" "$STATE_DIR/$ns.delay.log" 2>/dev/null && return 0
+    kill -0 "$(cat "$STATE_DIR/$ns.delay.pid")" 2>/dev/null || break
+    sleep 0.02
+  done
+  note "lowcomm-wan-delay in $ns did not start: $(cat "$STATE_DIR/$ns.delay.log" 2>/dev/null)"
+  stop_delayer "$ns" "$dev"
+  return 1
+}
 
 # tbf (and netem before it, if asked and available) on one device; $1: "" or "ip netns exec NS".
 shape_dev() {
@@ -114,7 +162,9 @@ shape_dev() {
   # shellcheck disable=SC2086
   $nsexec tc qdisc del dev "$dev" root >/dev/null 2>&1 || true
   local tbf=(tbf rate "$RATE" burst "$BURST" limit "$LIMIT")
-  if [ "$with_delay" = 1 ] && [ "$NETEM_STATE" != unavailable ]; then
+  local ns=${nsexec##* }
+  [ -n "$nsexec" ] && stop_delayer "$ns" "$dev"
+  if [ "$with_delay" = 1 ] && [ "$NETEM_STATE" != unavailable ] && [ "$NETEM_STATE" != nfqueue ]; then
     local err
     # netem as root, tbf as its child: the recipe of tc-netem(8). The netem queue must hold a
     # bandwidth-delay product of packets.
@@ -128,9 +178,16 @@ shape_dev() {
       return
     fi
     NETEM_STATE=unavailable
-    note "netem is not available on this kernel ($(uname -r): ${err//$'\n'/ })."
-    note "--delay $DELAY is NOT applied: the links are rate-limited only (no added delay)."
-    note "For delay use lowcomm's own emulator: LOWCOMM_WAN=\"bw=$RATE,rtt=$((2 * DELAY_US / 1000))ms\"."
+    if [ -n "$nsexec" ] && start_delayer "$ns" "$dev"; then
+      NETEM_STATE=nfqueue
+    else
+      note "netem is not available on this kernel ($(uname -r): ${err//$'\n'/ }), nor"
+      note "lowcomm-wan-delay with iptables (build lowcomm with libnetfilter-queue-dev installed)."
+      note "--delay $DELAY is NOT applied: the links are rate-limited only (no added delay)."
+      note "For delay use lowcomm's own emulator: LOWCOMM_WAN=\"bw=$RATE,rtt=$((2 * DELAY_US / 1000))ms\"."
+    fi
+  elif [ "$with_delay" = 1 ] && [ "$NETEM_STATE" = nfqueue ]; then
+    start_delayer "$ns" "$dev" || die "lowcomm-wan-delay failed in $ns"
   fi
   # shellcheck disable=SC2086
   $nsexec tc qdisc add dev "$dev" root handle 10: "${tbf[@]}"
@@ -265,6 +322,7 @@ cmd_up() {
   # Namespaces of this prefix beyond N, from an earlier, larger `up`.
   for k in $(ns_list); do
     if [ "$k" -ge "$N" ]; then
+      stop_delayer "$(ns_name "$k")" "${PREFIX}eth0"
       ip netns del "$(ns_name "$k")"
       link_exists "${PREFIX}h$k" && ip link del "${PREFIX}h$k"
     fi
@@ -294,6 +352,7 @@ cmd_down() {
   take_lock
   local k removed=0
   for k in $(ns_list); do
+    stop_delayer "$(ns_name "$k")" "${PREFIX}eth0"
     ip netns del "$(ns_name "$k")" && removed=$((removed + 1))
   done
   # Deleting a namespace deletes its veth end, and with it the pair; sweep any leftovers.
@@ -343,17 +402,17 @@ cmd_exec() {
 
 # Two namespaces with a private prefix and subnet, one TCP flow each way per rate; removed on exit.
 cmd_selftest() {
-  local rates=${SELFTEST_RATES:-"1gbit 100mbit"} secs=${SELFTEST_SECONDS:-5}
+  local rates=${SELFTEST_RATES:-"1gbit 100mbit"} secs=${SELFTEST_SECONDS:-5} delay=$DELAY
   PREFIX=lcst SUBNET=10.78.0
   trap 'PREFIX=lcst; cmd_down >/dev/null 2>&1 || true' EXIT
   trap 'exit 130' INT TERM
   local have_iperf=0
   command -v iperf3 >/dev/null 2>&1 && have_iperf=1
   [ $have_iperf = 1 ] || note "iperf3 not found; using a Python socket test (apt-get install iperf3 for iperf3)"
-  echo "rate,direction,tool,seconds,measured_mbit_s,percent_of_rate"
+  echo "rate,delay,direction,tool,seconds,measured_mbit_s,percent_of_rate"
   local r dir
   for r in $rates; do
-    N=2 RATE=$r BURST="" LIMIT="" DELAY=""
+    N=2 RATE=$r BURST="" LIMIT="" DELAY=$delay
     cmd_up 2>/dev/null
     for dir in "ns1->ns0" "ns0->ns1"; do
       local bps
@@ -373,8 +432,8 @@ cmd_selftest() {
         bps=$(selftest_python "lcst$dst" "lcst$src" "$SUBNET.$((dst + 1))" "$secs")
       fi
       awk -v r="$r" -v d="$dir" -v t="$([ $have_iperf = 1 ] && echo iperf3 || echo python)" \
-        -v s="$secs" -v b="$bps" -v rb="$RATE_BITS" \
-        'BEGIN { printf "%s,%s,%s,%s,%.1f,%.1f\n", r, d, t, s, b / 1e6, 100 * b / rb }'
+        -v s="$secs" -v b="$bps" -v rb="$RATE_BITS" -v dl="${delay:-0}" \
+        'BEGIN { printf "%s,%s,%s,%s,%s,%.1f,%.1f\n", r, dl, d, t, s, b / 1e6, 100 * b / rb }'
     done
   done
 }
