@@ -17,7 +17,8 @@ itself: `inner` (among its inner steps), `quorum` (entering the outer step's quo
   - rebuilds: process-group configures per minute, survivors' mean, over the whole trial;
   - rejoin (restart): the restarted replica's start -> its first commit in a full quorum.
 
-The Lighthouse's heartbeat timeout (`--heartbeat-ms`) is the same for both groups.
+The Lighthouse's heartbeat timeout (`--heartbeat-ms`) and join timeout (`--lighthouse-join-ms`)
+are the same for both groups.
 
     .venv/bin/python bench/torchft_faults.py --pg lowcomm,gloo --fault stop --trials 3
     .venv/bin/python bench/torchft_faults.py --pg lowcomm,gloo --matrix --trials 2
@@ -171,7 +172,8 @@ def manager_loop(idx, manager, w, cfg, events, stop, maybe_fault):
 
 def trial(kind, fault, point, a, seed):
     from torchft.coordination import LighthouseServer
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=100,
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2,
+                                  join_timeout_ms=a.lighthouse_join_ms,
                                   heartbeat_timeout_ms=a.heartbeat_ms)
     ctx = mp.get_context("spawn")
     events, stop = ctx.Queue(), ctx.Event()
@@ -280,6 +282,9 @@ def main():
     ap.add_argument("--inner-ms", type=int, default=40, help="per inner step (diloco) or step")
     ap.add_argument("--sync-every", type=int, default=5)
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
+    ap.add_argument("--lighthouse-join-ms", type=int, default=100,
+                    help="the Lighthouse's join timeout: how long a quorum waits for replicas "
+                         "beyond min_replicas")
     ap.add_argument("--first-trial", type=int, default=0, help="seed of the first trial")
     a = ap.parse_args()
     scenarios = MATRIX if a.matrix else [(a.fault, a.at)]

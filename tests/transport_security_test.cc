@@ -82,7 +82,7 @@ TEST(TransportSecurity, ServerRejectsAClientThatCannotProveTheSecret) {
   UniqueFd fd = raw_connect(f.listener->address());
   uint8_t hello[kHelloBytes] = {};
   store_le32(hello, 0x3148434Cu);  // "LCH1"
-  store_le16(hello + 4, 4);        // protocol version
+  store_le16(hello + 4, 5);        // protocol version
   store_le16(hello + 6, 0);
   store_le16(hello + 8, 1);
   store_le32(hello + 12, 7);

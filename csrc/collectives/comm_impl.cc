@@ -305,7 +305,12 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                                 env + "'");
       threshold = ms * 1e-3;
     }
-    auto rtt = collectives::measure_rtt_matrix(c->peers_, rank, deadline);
+    // The kernel sees the real path; an emulated link's delay is added (each way, as both ends
+    // of an emulated pair delay what they send).
+    std::vector<double> emulated(static_cast<size_t>(nranks), 0.0);
+    for (int r = 0; r < nranks; ++r)
+      emulated[static_cast<size_t>(r)] = 2 * c->links_[static_cast<size_t>(r)].one_way_delay_s;
+    auto rtt = collectives::measure_rtt_matrix(c->peers_, rank, emulated, deadline);
     if (!rtt)
       return Status(rtt.status().code(),
                     "init rank " + std::to_string(rank) + ": " + rtt.status().message());

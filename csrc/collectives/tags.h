@@ -20,10 +20,8 @@ namespace lowcomm::collectives::tags {
 inline constexpr uint64_t kBootstrap = 1;   // init: hello to the root, the address table back
 inline constexpr uint64_t kControl = 2;     // one message per peer and lifetime: abort or goodbye
 inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
-// Init, where the sites are measured (rtt_probe.h): pings, their echoes, and each rank's row of
-// round-trip times.
-inline constexpr uint64_t kRttPing = 7;
-inline constexpr uint64_t kRttPong = 8;
+// Init, where the sites are measured (rtt_probe.h): each rank's row of round-trip times. (7 and 8
+// were the pings and echoes of the probe before the kernel's figures replaced it.)
 inline constexpr uint64_t kRttRow = 9;
 // Init, between ranks of one site: each one's UCX worker address, or nothing
 // (transport/ucx_site.h).

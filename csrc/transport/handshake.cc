@@ -17,8 +17,8 @@ namespace {
 
 constexpr uint32_t kHelloMagic = 0x3148434Cu;      // "LCH1"
 constexpr uint32_t kChallengeMagic = 0x3153434Cu;  // "LCS1"
-constexpr uint32_t kAcceptMagic = 0x4B4F434Cu;     // "LCOK"
-constexpr uint16_t kProtocolVersion = 4;  // 3: control frames (re-sends); 4: PING/PONG (liveness)
+// 3: control frames (re-sends); 4: PING/PONG (liveness); 5: no Accept message (handshake.h).
+constexpr uint16_t kProtocolVersion = 5;
 constexpr uint16_t kFlagSeal = 1;
 constexpr size_t kChallengeSigned = 48;  // bytes of the challenge its MAC covers
 constexpr size_t kNonceBytes = 32;
@@ -113,7 +113,6 @@ short StreamHandshake::poll_events() const {
     case State::kSendHello:
     case State::kSendChallenge:
     case State::kSendProof:
-    case State::kSendAccept:
       return POLLOUT;
     default:
       return POLLIN;
@@ -304,8 +303,10 @@ Status StreamHandshake::advance() {
         Status s = write_pending(&complete);
         if (!s) return fail(s);
         if (!complete) return Status::ok();
-        in_done_ = 0;
-        state_ = State::kRecvAccept;
+        // Done: the server proved the secret in its challenge, and a server that rejects this
+        // proof closes the connection, which the data path reports (handshake.h).
+        if (Status k = derive_keys(); !k) return fail(k);
+        state_ = State::kDone;
         break;
       }
       case State::kRecvProof: {
@@ -319,25 +320,6 @@ Status StreamHandshake::advance() {
         if (CRYPTO_memcmp(expect, in_.data(), kMacBytes) != 0)
           return fail(Status(StatusCode::kRemoteError,
                              "client failed authentication (wrong communicator secret?)"));
-        store_le32(out_.data(), kAcceptMagic);
-        out_len_ = kAcceptBytes;
-        out_done_ = 0;
-        state_ = State::kSendAccept;
-        break;
-      }
-      case State::kSendAccept: {
-        Status s = write_pending(&complete);
-        if (!s) return fail(s);
-        if (!complete) return Status::ok();
-        if (Status k = derive_keys(); !k) return fail(k);
-        state_ = State::kDone;
-        break;
-      }
-      case State::kRecvAccept: {
-        Status s = read_exact(kAcceptBytes, &complete);
-        if (!s) return fail(Status(s.code(), s.message() + " (the server rejected this client?)"));
-        if (!complete) return Status::ok();
-        if (load_le32(in_.data()) != kAcceptMagic) return fail(corrupt_data("bad accept message"));
         if (Status k = derive_keys(); !k) return fail(k);
         state_ = State::kDone;
         break;

@@ -4,7 +4,7 @@
 // socket is ready (poll_events() says for what). Nothing here blocks or spawns threads.
 //
 // Protocol (all integers little-endian; docs/transport.md):
-//   client -> server  Hello      magic "LCH1", u16 version (3), u16 stream index, u16 streams,
+//   client -> server  Hello      magic "LCH1", u16 version (5), u16 stream index, u16 streams,
 //                                u16 flags, u32 client rank, u64 connection id, 32-byte nonce Nc
 //   server -> client  Challenge  magic "LCS1", u32 server rank, 32-byte nonce Ns, u16 flags,
 //                                u16 zero, u32 zero,
@@ -12,10 +12,17 @@
 //                                               Challenge bytes [0, 48))
 //   client -> server  Proof      32-byte MACc = HMAC-SHA256(secret, "lowcomm client" | Hello |
 //                                               Challenge)
-//   server -> client  Accept     magic "LCOK"
 // Each side proves knowledge of the secret over both nonces, so neither a replayed transcript
 // nor a reflected MAC (the labels differ) passes, and the secret itself never crosses the wire.
 // Any mismatch fails the handshake; the caller closes the socket and logs it.
+//
+// The client is done once its proof is sent, and may send data right behind it: a stream costs
+// the client two round trips (connect, hello/challenge) before its first data byte, not three.
+// The server reads nothing past the proof before it has checked it, so no data from a client
+// that cannot prove the secret is ever read. A server that rejects the proof closes the
+// connection, and the client learns it as that close on the data path, without the reason: a
+// client whose challenge check passed holds the right secret, so only a forged or corrupted
+// proof is rejected there (until version 4 the server answered an Accept, "LCOK", first).
 //
 // Flags bit 0 says the side seals its streams (LOWCOMM_ENCRYPT, payload_guard.h). Both sides
 // must agree: the server answers a mismatched hello with its own flags, so both ends fail with
@@ -41,7 +48,6 @@ namespace lowcomm::transport {
 inline constexpr size_t kHelloBytes = 56;
 inline constexpr size_t kChallengeBytes = 80;
 inline constexpr size_t kProofBytes = 32;
-inline constexpr size_t kAcceptBytes = 4;
 
 struct HelloInfo {
   uint32_t rank = 0;           // the client's rank
@@ -62,8 +68,6 @@ class StreamHandshake {
     kRecvChallenge,  // client
     kSendProof,      // client
     kRecvProof,      // server
-    kSendAccept,     // server
-    kRecvAccept,     // client
     kDone,
     kFailed,
   };

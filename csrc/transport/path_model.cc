@@ -1,7 +1,7 @@
 #include "transport/path_model.h"
 
+#include <linux/tcp.h>  // tcp_info with tcpi_min_rtt (glibc's ends before it)
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -42,6 +42,15 @@ double kernel_rtt_seconds(int fd) {
   socklen_t len = sizeof(info);
   if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return 0.0;
   return static_cast<double>(info.tcpi_rtt) * 1e-6;
+}
+
+double kernel_min_rtt_seconds(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return 0.0;
+  if (len < offsetof(tcp_info, tcpi_min_rtt) + sizeof(info.tcpi_min_rtt)) return 0.0;
+  // ~0u: no sample yet.
+  return info.tcpi_min_rtt == ~0u ? 0.0 : static_cast<double>(info.tcpi_min_rtt) * 1e-6;
 }
 
 int stripe_streams(double rate_bps, double rtt_s, uint64_t window_bytes, int opened) {

@@ -24,6 +24,9 @@ namespace lowcomm::transport {
 uint64_t stream_window_bytes(int fd, int requested_buffer_bytes);
 // The kernel's smoothed RTT of the connection on `fd` (TCP_INFO), seconds; 0 if unknown.
 double kernel_rtt_seconds(int fd);
+// The lowest RTT the kernel has measured on the connection on `fd` (TCP_INFO tcpi_min_rtt: the
+// SYN exchange and every acknowledged segment since), seconds; 0 if unknown.
+double kernel_min_rtt_seconds(int fd);
 // Streams to stripe over (see above); at least 1, at most `opened`.
 int stripe_streams(double rate_bps, double rtt_s, uint64_t window_bytes, int opened);
 

@@ -1,6 +1,7 @@
 #include "transport/peer.h"
 
 #include "core/log.h"
+#include "transport/path_model.h"
 #include "transport/peer_core.h"
 
 namespace lowcomm::transport {
@@ -12,6 +13,10 @@ Result<std::unique_ptr<Peer>> Peer::attach(std::shared_ptr<ProgressEngine> engin
   if (streams.empty()) return invalid_argument("Peer::attach: no streams");
   std::unique_ptr<Peer> p(new Peer());
   p->buffers_ = granted_socket_buffers(streams[0].fd.get());
+  for (const StreamSocket& s : streams) {
+    const double rtt = kernel_min_rtt_seconds(s.fd.get());
+    if (rtt > 0 && (p->setup_rtt_s_ == 0 || rtt < p->setup_rtt_s_)) p->setup_rtt_s_ = rtt;
+  }
   p->streams_ = static_cast<int>(streams.size());
   p->engine_ = std::move(engine);
   p->remote_rank_ = remote_rank;

@@ -99,6 +99,10 @@ class Peer {
   uint64_t resent_chunks() const;
   // The socket buffers the kernel granted on stream 0 (what was asked: config.socket_buffer_bytes).
   SocketBufferSizes socket_buffers() const { return buffers_; }
+  // The lowest round trip the kernel measured on this peer's streams while they were set up
+  // (the SYN exchange and the handshake's messages; path_model.h), seconds; 0 if unknown. The
+  // real path only: an emulated link's delay (set_link) is not in it.
+  double setup_rtt_seconds() const { return setup_rtt_s_; }
 
  private:
   Peer() = default;
@@ -109,6 +113,7 @@ class Peer {
   std::string name_;
   int streams_ = 0;
   SocketBufferSizes buffers_;
+  double setup_rtt_s_ = 0;
 };
 
 }  // namespace lowcomm::transport

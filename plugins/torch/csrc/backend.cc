@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -15,6 +16,25 @@ namespace lowcomm::torch_backend {
 namespace {
 
 constexpr const char* kIdKey = "lowcomm/unique_id";
+// Set right after the id, and what the others wait for: TCPStore's compareSet on a missing key
+// wakes every client waiting for that key (torch 2.15), so a wait on the id itself would end
+// early whenever another rank looked for it first.
+constexpr const char* kIdSetKey = "lowcomm/unique_id_set";
+
+// The value of `key` if it is in the store, in one round trip: TCPStore's get is a wait and then
+// a get, two round trips to a store across a WAN link. compareSet with an expected value no
+// unique id has (ids are text) reads without writing: it answers the expected value while the key
+// is missing, else the value. nullopt: missing, or a store without compareSet.
+std::optional<std::vector<uint8_t>> read_if_present(c10d::Store& store, const std::string& key) {
+  static const std::vector<uint8_t> kAbsent{0};
+  try {
+    std::vector<uint8_t> v = store.compareSet(key, kAbsent, {});
+    if (v == kAbsent) return std::nullopt;
+    return v;
+  } catch (const c10::NotImplementedError&) {
+    return std::nullopt;
+  }
+}
 
 // Every LowcommBackend alive in this process, for close_all_at_exit.
 std::mutex g_live_mu;
@@ -49,22 +69,32 @@ LowcommBackend::LowcommBackend(const c10::intrusive_ptr<c10d::Store>& store, int
     id = *made;
     const std::string text = id.to_string();
     store->set(kIdKey, std::vector<uint8_t>(text.begin(), text.end()));
+    store->set(kIdSetKey, std::vector<uint8_t>{1});  // after the id: a store keeps the order
   } else {
-    // Rank 0 writes the id as it starts: with a join timeout, a rank 0 that has not within it is
-    // frozen or gone (the store itself would wait for its own, longer, timeout).
-    if (config_.join_timeout.count() > 0) {
-      try {
-        store->wait({kIdKey}, config_.join_timeout);
-      } catch (const c10::DistStoreError& e) {
-        C10_THROW_ERROR(
-            DistBackendError,
-            "lowcomm: init rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                ": rank 0 did not publish the group's id within " +
-                std::to_string(config_.join_timeout.count()) +
-                " ms (the join timeout; frozen, gone or late): " + e.what_without_backtrace());
+    // Rank 0 writes the id as it starts, so the ranks of a group configured together usually
+    // find it at once (one round trip to the store). Else they wait for it: with a join timeout,
+    // a rank 0 that has not written it within that is frozen or gone (the store itself would
+    // wait for its own, longer, timeout).
+    std::optional<std::vector<uint8_t>> got = read_if_present(*store, kIdKey);
+    if (!got) {
+      if (config_.join_timeout.count() > 0) {
+        try {
+          store->wait({kIdSetKey}, config_.join_timeout);
+        } catch (const c10::DistStoreError& e) {
+          C10_THROW_ERROR(
+              DistBackendError,
+              "lowcomm: init rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                  ": rank 0 did not publish the group's id within " +
+                  std::to_string(config_.join_timeout.count()) +
+                  " ms (the join timeout; frozen, gone or late): " + e.what_without_backtrace());
+        }
+      } else {
+        store->wait({kIdSetKey});  // the store's own timeout
       }
+      got = read_if_present(*store, kIdKey);
     }
-    std::vector<uint8_t> bytes = store->get(kIdKey);
+    // A store without compareSet: the id is there (its set came first).
+    std::vector<uint8_t> bytes = got ? std::move(*got) : store->get(kIdKey);
     auto parsed = lowcomm::UniqueId::parse(std::string(bytes.begin(), bytes.end()));
     TORCH_CHECK(parsed.is_ok(), "lowcomm: the id in the store: ", parsed.status().to_string());
     id = *parsed;

@@ -84,6 +84,22 @@ def test_torchft_manager_on_lowcomm(on_lowcomm, name):
     assert on_lowcomm and set(on_lowcomm) == {"torchft-lowcomm"}, on_lowcomm
 
 
+def _start_workers(target, world, *args):
+    """A TCPStore (kept by the caller as long as the workers run) and `world` spawned processes
+    running target(rank, world, port, *args, results); returns (store, procs, results)."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=timedelta(seconds=60),
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, world, store.port, *args, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    return store, procs, results
+
+
 def _rebuild_worker(rank, world, port, rebuilds, results):
     """Rebuilds the group `rebuilds` times as torchft does (configure over a fresh prefix, the
     old group aborted), an all-reduce in each; reports the process's descriptors, threads and
@@ -122,17 +138,8 @@ def _rebuild_worker(rank, world, port, rebuilds, results):
 
 
 def test_two_hundred_rebuilds_leak_no_sockets_threads_or_memory():
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
     world, rebuilds = 3, 200
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=timedelta(seconds=60),
-                          wait_for_workers=False)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rebuild_worker, args=(r, world, store.port, rebuilds, results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
+    store, procs, results = _start_workers(_rebuild_worker, world, rebuilds)  # noqa: F841
     out = dict(results.get(timeout=300) for _ in procs)
     for p in procs:
         p.join(timeout=60)
@@ -142,6 +149,55 @@ def test_two_hundred_rebuilds_leak_no_sockets_threads_or_memory():
         assert fd == fd20, (rank, marks)  # each rebuild's sockets closed with its group
         assert th == th20, (rank, marks)  # and its threads joined
         assert rss - rss20 < 16 << 20, (rank, marks)  # 180 rebuilds: under 16 MiB (none here)
+
+
+def _late_root_worker(rank, world, port, rounds, results):
+    """Configures `rounds` groups as torchft does; rank 0 arrives 300 ms after the others each
+    time, so they look for the group's id before it is in the store and wait for it."""
+    import time
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        import torchft.process_group as tpg
+        from lowcomm.torchft import ProcessGroupLowcomm
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=60))
+        tpg.create_store_client = lambda addr, timeout: dist.PrefixStore(addr.split("/", 1)[1],
+                                                                         store)
+        pg = ProcessGroupLowcomm(timeout=timedelta(seconds=30))
+        for k in range(rounds):
+            store.add(f"round{k}", 1)
+            while int(store.add(f"round{k}", 0)) < world:
+                time.sleep(0.001)
+            if rank == 0:
+                time.sleep(0.3)
+            pg.configure(f"127.0.0.1:{port}/late{k}", "test", rank, world)
+            x = torch.full((10,), float(rank + 1))
+            pg.allreduce([x], dist.ReduceOp.SUM).wait()
+            assert x[0].item() == world * (world + 1) / 2, x[0].item()
+        pg.shutdown()
+        results.put((rank, "ok"))
+    except Exception:  # noqa: BLE001
+        results.put((rank, traceback.format_exc()))
+
+
+def test_ranks_that_look_for_the_id_before_rank_0_publishes_it_all_join():
+    """Ranks read the group's id with one compareSet (one round trip to the store) and wait for it
+    only when it is not there yet. TCPStore's compareSet on a missing key wakes every client
+    waiting for that key, so ranks waiting on the id itself woke each other and read nothing
+    ("missing 'lowcomm1:' prefix"); they wait on a key of their own instead."""
+    world, rounds = 4, 3
+    store, procs, results = _start_workers(_late_root_worker, world, rounds)  # noqa: F841
+    try:
+        out = dict(results.get(timeout=120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert all(v == "ok" for v in out.values()), out
 
 
 def _frozen_member_worker(rank, world, port, frozen, results):
@@ -180,17 +236,8 @@ def test_a_member_frozen_since_the_quorum_fails_configure_within_the_join_timeou
     """torchft configures a group right after a quorum; a member frozen since (it never arrives,
     its sockets stay open) fails the others' configure in about the join timeout, naming it,
     instead of after the 60 s group timeout: torchft then moves on to a quorum without it."""
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
     world = 3
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=timedelta(seconds=60),
-                          wait_for_workers=False)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_frozen_member_worker,
-                         args=(r, world, store.port, frozen, results)) for r in range(world)]
-    for p in procs:
-        p.start()
+    store, procs, results = _start_workers(_frozen_member_worker, world, frozen)  # noqa: F841
     try:
         out = dict(results.get(timeout=120) for _ in range(world - 1))
     finally:
