@@ -50,7 +50,9 @@ struct State {
 
 volatile sig_atomic_t g_stop = 0;
 
-void on_signal(int) { g_stop = 1; }
+void on_signal(int) {
+  g_stop = 1;
+}
 
 int on_packet(nfq_q_handle*, nfgenmsg*, nfq_data* nfa, void* data) {
   auto* state = static_cast<State*>(data);
@@ -70,8 +72,8 @@ long parse_long(std::string_view flag, const char* text, long lo, long hi) {
   errno = 0;
   const long v = std::strtol(text, &end, 10);
   if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
-    die(std::string(flag) + " '" + text + "' is not an integer in [" + std::to_string(lo) +
-        ", " + std::to_string(hi) + "]");
+    die(std::string(flag) + " '" + text + "' is not an integer in [" + std::to_string(lo) + ", " +
+        std::to_string(hi) + "]");
   }
   return v;
 }
@@ -84,8 +86,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if ((a == "--queue" || a == "--delay-us") && i + 1 < argc) {
-      if (a == "--queue") queue = parse_long(a, argv[++i], 0, 65535);
-      else delay_us = parse_long(a, argv[++i], 0, 10'000'000);
+      if (a == "--queue")
+        queue = parse_long(a, argv[++i], 0, 65535);
+      else
+        delay_us = parse_long(a, argv[++i], 0, 10'000'000);
     } else {
       std::fprintf(stderr, "usage: lowcomm-wan-delay --queue N --delay-us D\n");
       return 2;

@@ -642,7 +642,7 @@ void PeerCore::read_stream(Stream& s) {
       if (cut || ++ended_streams_ == streams_.size()) {
         Status closed(StatusCode::kRemoteError, stream_name(s) + ": connection closed by the peer");
         if (cut || held_.empty())
-          fail(std::move(closed), /*keep_arrived=*/true);
+          fail(std::move(closed), /*keep_arrived=*/true, /*orderly=*/!cut);
         else
           remote_closed_ = std::move(closed);
       }
@@ -842,7 +842,8 @@ void PeerCore::release_held(uint64_t key) {
   std::shared_ptr<InMsg> m = std::move(it->second.msg);
   held_.erase(it);
   m->req->complete(Status::ok(), m->msg_len);
-  if (!remote_closed_.is_ok() && held_.empty()) fail(remote_closed_, /*keep_arrived=*/true);
+  if (!remote_closed_.is_ok() && held_.empty())
+    fail(remote_closed_, /*keep_arrived=*/true, /*orderly=*/true);
 }
 
 void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
@@ -924,11 +925,13 @@ void PeerCore::reject_length(InMsg& m, uint64_t tag, uint64_t msg_len) {
   m.discard = true;
 }
 
-void PeerCore::fail(Status why, bool keep_arrived) {
+void PeerCore::fail(Status why, bool keep_arrived, bool orderly) {
   if (failure_.is_ok()) {
     failure_ = std::move(why);
-    // This side's own abort or close is not news; a failure of the connection is.
-    if (failure_.code() == StatusCode::kAborted || closing_) {
+    // This side's own abort or close is not news, nor the peer's orderly close (torchft aborts
+    // its group at every quorum change: a WARN on every peer each time); a failure of the
+    // connection is.
+    if (failure_.code() == StatusCode::kAborted || closing_ || orderly) {
       LOWCOMM_LOG(kInfo, "%s", failure_.to_string().c_str());
     } else {
       LOWCOMM_LOG(kWarn, "%s", failure_.to_string().c_str());

@@ -112,7 +112,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   void flush(std::shared_ptr<RequestState> req);
   // Latches `why` (if nothing is latched yet) and fails everything pending; idempotent.
   // keep_arrived (the peer closed or reset): whole messages no irecv claimed yet stay receivable.
-  void fail(Status why, bool keep_arrived = false);
+  // `orderly`: the peer closed every stream at a chunk boundary (its abort or destroy, whose
+  // reason the layer above reads from its notice): logged as INFO, not as a WARN.
+  void fail(Status why, bool keep_arrived = false, bool orderly = false);
   // A later failure is an agreed close: logged at INFO.
   void expect_close() { closing_ = true; }
   // fail(aborted) and release the sockets and timers; after it the engine holds no reference.
