@@ -47,7 +47,8 @@ struct InitClock {
     Deadline d = Deadline::after(joins * join);
     return d.time() < init.time() ? d : init;
   }
-  // What ended a wait until `d` made by from_now(joins), for the error.
+  // What ended a wait until `d` (from from_now(joins), or a grace past the init deadline), for
+  // the error.
   std::string why(const Deadline& d, int joins = 1) const {
     if (join.count() <= 0 || d.time() >= init.time()) return "before the init deadline";
     return "within " + std::to_string(joins * join.count()) + " ms (" +
@@ -378,9 +379,7 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
     root_peer->abort();
     if (st.code() == StatusCode::kTimeout)
       return Status(StatusCode::kTimeout,
-                    "no address table from the root (rank 0) " +
-                        (table_deadline.time() == table_join.time() ? clock.why(table_join, 2)
-                                                                    : "before the init deadline"));
+                    "no address table from the root (rank 0) " + clock.why(table_deadline, 2));
     return Status(st.code(), "waiting for the address table from the root: " + st.message());
   }
   const uint8_t* h = table.data();
@@ -517,8 +516,7 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   Request sent = root_peer.isend(tags::kBootstrap, ready.data(), ready.size());
   Deadline grace = Deadline::at(deadline.resolve().time() + kTableGrace);
   const Deadline verdict_join = clock.from_now(2);  // the root's verdict: see build_mesh
-  const bool by_join = clock.join.count() > 0 && verdict_join.time() < grace.time();
-  if (by_join) grace = verdict_join;
+  if (clock.join.count() > 0 && verdict_join.time() < grace.time()) grace = verdict_join;
   if (!built) {
     (void)sent.wait(Deadline::after(std::chrono::seconds(1)));  // best effort
     for (auto& p : mesh.peers)
@@ -532,9 +530,7 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
     for (auto& p : mesh.peers)
       if (p) p->abort();  // no request may still reference `ready` or `verdict`
     if (st.code() == StatusCode::kTimeout)
-      return Status(StatusCode::kTimeout, "no word from the root (rank 0) " +
-                                              (by_join ? clock.why(verdict_join, 2)
-                                                       : std::string("before the init deadline")));
+      return Status(StatusCode::kTimeout, "no word from the root (rank 0) " + clock.why(grace, 2));
     return st;
   }
   return mesh;
