@@ -26,8 +26,10 @@ constexpr uint32_t kTableMagic = 0x3154434Cu;  // "LCT1"
 constexpr uint32_t kReadyMagic =
     0x3152434Cu;  // "LCR1": a rank to the root, its mesh built or why not
 constexpr uint32_t kVerdictMagic = 0x3156434Cu;  // "LCV1": the root to every rank, go or why not
-constexpr size_t kEntryBytes = 128;              // hello: magic, rank, nranks, len, address
-constexpr size_t kAddressMax = kEntryBytes - 16;
+// hello and table entry: magic, rank, nranks, len, address, ..., u32 flags (the last 4 bytes)
+constexpr size_t kEntryBytes = 128;
+constexpr size_t kAddressMax = kEntryBytes - 20;
+constexpr size_t kFlagsOffset = kEntryBytes - 4;
 constexpr size_t kTableHeaderBytes = 256;  // magic, status, nranks, text length, text
 constexpr size_t kTableTextMax = kTableHeaderBytes - 16;
 constexpr auto kTableGrace = std::chrono::seconds(3);
@@ -57,7 +59,7 @@ struct InitClock {
   }
 };
 
-Bytes make_entry(uint32_t magic, int rank, int nranks, const std::string& address) {
+Bytes make_entry(uint32_t magic, int rank, int nranks, const std::string& address, uint32_t flags) {
   Bytes b(kEntryBytes, 0);
   store_le32(b.data(), magic);
   store_le32(b.data() + 4, static_cast<uint32_t>(rank));
@@ -65,6 +67,7 @@ Bytes make_entry(uint32_t magic, int rank, int nranks, const std::string& addres
   size_t len = std::min(address.size(), kAddressMax);
   store_le32(b.data() + 12, static_cast<uint32_t>(len));
   std::memcpy(b.data() + 16, address.data(), len);
+  store_le32(b.data() + kFlagsOffset, flags);
   return b;
 }
 
@@ -79,7 +82,7 @@ Result<std::string> entry_address(const uint8_t* e) {
 // length instead): bounds what a confused joiner can make the root allocate.
 constexpr uint32_t kMaxTableRanks = 1u << 16;
 
-Bytes make_table(int nranks, const std::string& error, const std::vector<std::string>& addresses) {
+Bytes make_table(int nranks, const std::string& error, const BootstrapTable& entries) {
   Bytes b(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks), 0);
   store_le32(b.data(), kTableMagic);
   store_le32(b.data() + 4, error.empty() ? 0 : 1);
@@ -87,8 +90,9 @@ Bytes make_table(int nranks, const std::string& error, const std::vector<std::st
   size_t tl = std::min(error.size(), kTableTextMax);
   store_le32(b.data() + 12, static_cast<uint32_t>(tl));
   std::memcpy(b.data() + 16, error.data(), tl);
-  for (size_t r = 0; r < addresses.size() && r < static_cast<size_t>(nranks); ++r) {
-    Bytes e = make_entry(kHelloMagic, static_cast<int>(r), nranks, addresses[r]);
+  for (size_t r = 0; r < entries.addresses.size() && r < static_cast<size_t>(nranks); ++r) {
+    Bytes e = make_entry(kHelloMagic, static_cast<int>(r), nranks, entries.addresses[r],
+                         entries.flags[r]);
     std::memcpy(b.data() + kTableHeaderBytes + r * kEntryBytes, e.data(), kEntryBytes);
   }
   return b;
@@ -152,7 +156,7 @@ void poll_some(std::vector<pollfd> fds, const Deadline& deadline) {
 // connection ends at any point of init is noticed at once.
 Status root_gather(Listener& listener, int nranks, const InitClock& clock,
                    std::vector<std::unique_ptr<Peer>>& peers, std::vector<Bytes>& ready,
-                   std::vector<Request>& ready_req, std::vector<std::string>& table_out) {
+                   std::vector<Request>& ready_req, uint32_t my_flags, BootstrapTable& table_out) {
   const Deadline& deadline = clock.init;
   const Deadline join = clock.from_now();
   std::vector<Bytes> hello(nranks, Bytes(kEntryBytes));
@@ -203,8 +207,11 @@ Status root_gather(Listener& listener, int nranks, const InitClock& clock,
     }
     poll_some(listener.poll_fds(), join);
   }
-  std::vector<std::string> addresses(nranks);
-  addresses[0] = listener.address().to_string();
+  BootstrapTable entries;
+  entries.addresses.resize(nranks);
+  entries.flags.assign(nranks, 0);
+  entries.addresses[0] = listener.address().to_string();
+  entries.flags[0] = my_flags;
   for (int r = 1; r < nranks && error.empty(); ++r) {
     Status s = hello_req[r].status();
     if (!s) {
@@ -221,17 +228,19 @@ Status root_gather(Listener& listener, int nranks, const InitClock& clock,
               std::to_string(load_le32(h + 8)) + ", the root with " + std::to_string(nranks);
     } else {
       auto a = entry_address(h);
-      if (!a)
+      if (!a) {
         error = a.status().message();
-      else
-        addresses[r] = *a;
+      } else {
+        entries.addresses[r] = *a;
+        entries.flags[r] = load_le32(h + kFlagsOffset);
+      }
     }
   }
-  if (error.empty()) table_out = addresses;
+  if (error.empty()) table_out = entries;
   // Tell everyone who is connected, the reason included, so nobody waits for its deadline.
   // Each joiner receives a table of the size it expects (its own nranks, from its hello), so
   // one started with another nranks reads the reason instead of failing on the length.
-  Bytes table = make_table(nranks, error, addresses);
+  Bytes table = make_table(nranks, error, entries);
   std::vector<Bytes> odd_tables(nranks);
   std::vector<Request> sends;
   for (int r = 1; r < nranks; ++r) {
@@ -332,12 +341,11 @@ void take_accepted(std::unique_ptr<Peer> p, int rank, int nranks,
 // While the table is on its way the listener is served too: foreign connections are
 // authenticated or dropped from the moment it opens, so its backlog never fills, and ranks
 // that got the table first may already connect.
-Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, int nranks,
-                                           const std::string& my_address,
-                                           std::shared_ptr<ProgressEngine> engine,
-                                           const PeerConfig& config, const InitClock& clock,
-                                           Listener& listener,
-                                           std::vector<std::unique_ptr<Peer>>& peers) {
+Result<BootstrapTable> join_root(const SocketAddress& root, int rank, int nranks,
+                                 const std::string& my_address, uint32_t my_flags,
+                                 std::shared_ptr<ProgressEngine> engine, const PeerConfig& config,
+                                 const InitClock& clock, Listener& listener,
+                                 std::vector<std::unique_ptr<Peer>>& peers) {
   const Deadline& deadline = clock.init;
   std::unique_ptr<Peer>& root_peer = peers[0];
   const Deadline join = clock.from_now();
@@ -353,7 +361,7 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
     return Status(StatusCode::kRemoteError, "the process at the root address " + root.to_string() +
                                                 " is rank " +
                                                 std::to_string(root_peer->remote_rank()));
-  Bytes hello = make_entry(kHelloMagic, rank, nranks, my_address);
+  Bytes hello = make_entry(kHelloMagic, rank, nranks, my_address, my_flags);
   Bytes table(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks));
   Request s = root_peer->isend(tags::kBootstrap, hello.data(), hello.size());
   Request t = root_peer->irecv(tags::kBootstrap, table.data(), table.size());
@@ -390,13 +398,15 @@ Result<std::vector<std::string>> join_root(const SocketAddress& root, int rank, 
         StatusCode::kRemoteError,
         "the root (rank 0) reports: " + std::string(reinterpret_cast<const char*>(h + 16), tl));
   }
-  std::vector<std::string> addresses(nranks);
+  BootstrapTable entries;
   for (int r = 0; r < nranks; ++r) {
-    auto a = entry_address(h + kTableHeaderBytes + static_cast<size_t>(r) * kEntryBytes);
+    const uint8_t* e = h + kTableHeaderBytes + static_cast<size_t>(r) * kEntryBytes;
+    auto a = entry_address(e);
     if (!a) return a.status();
-    addresses[r] = *a;
+    entries.addresses.push_back(*a);
+    entries.flags.push_back(load_le32(e + kFlagsOffset));
   }
-  return addresses;
+  return entries;
 }
 
 // A completed verdict receive: ok for the root's go, else the failure it names.
@@ -477,7 +487,7 @@ Status build_mesh(Listener& listener, int rank, int nranks,
 }  // namespace
 
 Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const CommOptions& options,
-                            const PeerConfig& config, Deadline deadline) {
+                            uint32_t flags, const PeerConfig& config, Deadline deadline) {
   auto root = SocketAddress::parse(id.root_address);
   if (!root) return root.status();
   Mesh mesh;
@@ -492,7 +502,7 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   if (rank == 0) {
     std::vector<Bytes> ready(nranks, Bytes(kTableHeaderBytes));
     std::vector<Request> ready_req(nranks);
-    LOWCOMM_CHECK(root_gather(l, nranks, clock, mesh.peers, ready, ready_req, mesh.addresses));
+    LOWCOMM_CHECK(root_gather(l, nranks, clock, mesh.peers, ready, ready_req, flags, mesh.table));
     LOWCOMM_CHECK(root_confirm(l, nranks, clock, mesh.peers, ready, ready_req));
     return mesh;
   }
@@ -500,17 +510,17 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   // socket: closed here, or connects would queue on it after rank 0 has gone instead of being
   // refused.
   (void)take_root_socket(id.to_string());
-  auto addresses = join_root(*root, rank, nranks, l.address().to_string(), mesh.engine, config,
-                             clock, l, mesh.peers);
-  if (!addresses) return addresses.status();
-  mesh.addresses = *addresses;
+  auto table = join_root(*root, rank, nranks, l.address().to_string(), flags, mesh.engine, config,
+                         clock, l, mesh.peers);
+  if (!table) return table.status();
+  mesh.table = *std::move(table);
   // The verdict's receive is posted before anything else can fail, so the root's word about
   // another rank's failure is seen while this one still builds its connections.
   Peer& root_peer = *mesh.peers[0];
   Bytes verdict(kTableHeaderBytes);
   Request verdict_req = root_peer.irecv(tags::kBootstrap, verdict.data(), verdict.size());
-  Status built = build_mesh(l, rank, nranks, *addresses, mesh.engine, config, clock, mesh.peers,
-                            verdict_req, verdict);
+  Status built = build_mesh(l, rank, nranks, mesh.table.addresses, mesh.engine, config, clock,
+                            mesh.peers, verdict_req, verdict);
   // Tell the root either way; on failure it tells everyone, naming this rank and the cause.
   Bytes ready = make_status(kReadyMagic, built.is_ok() ? std::string() : built.message());
   Request sent = root_peer.isend(tags::kBootstrap, ready.data(), ready.size());

@@ -228,7 +228,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   Deadline deadline = options.init_timeout.count() > 0
                           ? Deadline::after(Deadline::Clock::duration(options.init_timeout))
                           : Deadline::after(c->timeout_);
-  auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, *cfg, deadline);
+  const uint32_t hello_flags = intra_text == "ucx" ? collectives::kRankAsksForUcx : 0;
+  auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, hello_flags, *cfg, deadline);
   // Every rank of the site opened its clocks before bootstrapping: the name can go.
   for (const std::string& name : unlink_on_exit.names) transport::unlink_shared_site(name);
   unlink_on_exit.names.clear();
@@ -239,8 +240,9 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   }
   // Each rank's host, from the root's address table (the same on every rank); empty without one.
   std::vector<std::string> hosts;
-  if (mesh.value().addresses.size() == static_cast<size_t>(nranks))
-    for (const std::string& a : mesh.value().addresses) hosts.push_back(a.substr(0, a.rfind(':')));
+  const collectives::BootstrapTable& table = mesh.value().table;
+  if (table.addresses.size() == static_cast<size_t>(nranks))
+    for (const std::string& a : table.addresses) hosts.push_back(a.substr(0, a.rfind(':')));
   // Without a map, the ranks of one host are one site (every rank draws the same map).
   bool probe_rtt = false;
   if (sites_by_host && !hosts.empty()) {
@@ -337,6 +339,10 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     // host.
     collectives::IntraSiteRequest intra;
     intra.want_ucx = intra_text == "ucx";
+    for (int r = 0; r < nranks; ++r)
+      intra.asks_for_ucx.push_back(
+          static_cast<size_t>(r) < table.flags.size() &&
+          (table.flags[static_cast<size_t>(r)] & collectives::kRankAsksForUcx) != 0);
     intra.sealed = cfg->seal;
     for (int r = 0; r < nranks; ++r) {
       intra.emulated.push_back(r != rank && c->links_[static_cast<size_t>(r)].shaped());

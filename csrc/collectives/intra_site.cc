@@ -37,11 +37,16 @@ Result<IntraSite> connect_intra_site(std::vector<std::unique_ptr<transport::Peer
   const size_t P = peers.size();
   std::vector<char> partner(P, 0);
   for (int r : req.partners) partner[static_cast<size_t>(r)] = 1;
+  // The pairs that exchange: both asked (symmetric: every rank holds the same table).
+  std::vector<char> pair(P, 0);
+  for (size_t r = 0; r < P; ++r)
+    pair[r] = static_cast<int>(r) != rank && req.want_ucx && r < req.asks_for_ucx.size() &&
+              req.asks_for_ucx[r];
   std::vector<std::string> theirs(P);
   std::vector<transport::Request> recvs(P), sends(P);
   static constexpr char kNone = 0;
   for (size_t r = 0; r < P; ++r) {
-    if (static_cast<int>(r) == rank) continue;
+    if (!pair[r]) continue;
     theirs[r].assign(kMaxAddressBytes, '\0');
     recvs[r] = peers[r]->irecv_upto(tags::kUcxAddress, theirs[r].data(), kMaxAddressBytes);
     const bool offer = out.ucx && partner[r] && !req.emulated[r];
@@ -52,7 +57,7 @@ Result<IntraSite> connect_intra_site(std::vector<std::unique_ptr<transport::Peer
   // lost anyway), so no transfer outlives `theirs` or the worker's address.
   Status failed;
   for (size_t r = 0; r < P && failed.is_ok(); ++r) {
-    if (static_cast<int>(r) == rank) continue;
+    if (!pair[r]) continue;
     failed = sends[r].wait(deadline);
     if (failed.is_ok()) failed = recvs[r].wait(deadline);
   }
@@ -62,7 +67,7 @@ Result<IntraSite> connect_intra_site(std::vector<std::unique_ptr<transport::Peer
     return failed;
   }
   for (size_t r = 0; r < P; ++r) {
-    if (static_cast<int>(r) == rank) continue;
+    if (!pair[r]) continue;
     theirs[r].resize(recvs[r].received_bytes());
     const bool offered = out.ucx && partner[r] && !req.emulated[r];
     if (!offered || theirs[r].empty()) continue;
