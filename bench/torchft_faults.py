@@ -24,6 +24,7 @@ are the same for both groups.
     .venv/bin/python bench/torchft_faults.py --pg lowcomm,gloo --matrix --trials 2
 """
 import argparse
+import faulthandler
 import os
 import signal
 import statistics
@@ -51,6 +52,8 @@ def replica(idx, kind, lighthouse, cfg, events, stop, fault_at, fault_sig, fault
     from torchft.local_sgd import DiLoCo
 
     torch.set_num_threads(1)
+    # --dump-stalls: the parent asks a stalled survivor where its threads are.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if kind == "lowcomm":
         from lowcomm.torchft import ProcessGroupLowcomm
         pg = ProcessGroupLowcomm(timeout=timedelta(seconds=60))
@@ -222,6 +225,12 @@ def trial(kind, fault, point, a, seed):
     window = a.freeze_s if fault == "stop" else 10.0
     t_restart = rejoin = None
     if fault == "stop":
+        if a.dump_stalls > 0:
+            drain(t_fault + a.dump_stalls)
+            for i in (i for i in range(3) if i != VICTIM and not commits(i, t_fault)):
+                print(f"# replica {i}: no commit {a.dump_stalls:.0f} s after the freeze; its "
+                      f"threads' stacks follow (stderr)", flush=True)
+                os.kill(procs[i].pid, signal.SIGUSR1)
         drain(t_fault + window)
         os.kill(procs[VICTIM].pid, signal.SIGCONT)
         drain(time.monotonic() + 5)
@@ -286,6 +295,9 @@ def main():
                     help="the Lighthouse's join timeout: how long a quorum waits for replicas "
                          "beyond min_replicas")
     ap.add_argument("--first-trial", type=int, default=0, help="seed of the first trial")
+    ap.add_argument("--dump-stalls", type=float, default=0.0,
+                    help="with --fault stop: this long after the freeze, a survivor without a "
+                         "commit since prints its threads' Python stacks (0: never)")
     a = ap.parse_args()
     scenarios = MATRIX if a.matrix else [(a.fault, a.at)]
     what = (f"DiLoCo, H = {a.sync_every}, {a.inner_ms} ms inner steps" if a.loop == "diloco"
