@@ -126,6 +126,7 @@ double predicted_time(const SharePlan& plan, const std::vector<double>& rates) {
 void SharePlanner::measured(double bytes_per_second) {
   if (encode_rate(bytes_per_second) == 0) return;  // outside what is believed, NaN too
   recent_[next_++ % kRecent] = bytes_per_second;
+  measurements_ = std::min(measurements_ + 1, kRecent);
   rate_ = *std::max_element(recent_.begin(), recent_.end());
 }
 
@@ -137,8 +138,12 @@ bool SharePlanner::observe(const std::vector<uint16_t>& codes) {
     rates.push_back(decode_rate(c));
   }
   SharePlan next = plan_shares(rates);
+  if (predicted_time(SharePlan{}, rates) <= kPlanGain * predicted_time(next, rates)) next = {};
   if (next.parts == plan_.parts) return false;
-  if (predicted_time(plan_, rates) < kReplanGain * predicted_time(next, rates)) return false;
+  // To equal shares whenever they are faster; to a plan only for a clear gain.
+  if (predicted_time(plan_, rates) <=
+      (next.equal() ? 1.0 : kReplanGain) * predicted_time(next, rates))
+    return false;
   plan_ = std::move(next);
   rates_ = std::move(rates);
   return true;

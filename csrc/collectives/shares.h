@@ -15,8 +15,17 @@
 // its own in the descriptor of the next flat all-reduce (op_report.h: in the low half of the tag).
 // After an operation every rank holds the same P numbers and re-plans from them with the same code,
 // so the ranks agree without a message of their own; the plan's hash rides in the high half of the
-// tag and is checked like the rest of the descriptor. Hysteresis: a new plan replaces the current
-// one only when it is predicted at least kReplanGain faster under the new rates.
+// tag and is checked like the rest of the descriptor.
+//
+// The rates are measurements, and noisy ones: on four equal 1 Gbit/s links with 50 ms RTT the
+// ranks' first readings spread over 850-1040 Mbit/s (TCP still opening its windows) and later
+// ones over +-5%. The least-time plan follows every such difference (one rate 20% low takes
+// its rank's share from 0.25 to 0.16, and the plan stays), and the model is only a model: such
+// plans measured 10-57% slower than equal shares. So a rank's rate counts only from its
+// kRecent-th measurement on, a plan must be predicted kPlanGain faster than equal shares
+// (otherwise the rates are equal within what the meter can tell, and so are the shares), a plan
+// replaces another only when predicted kReplanGain faster, and a plan returns to equal shares
+// as soon as equal shares are predicted faster than it.
 
 #include <array>
 #include <cstdint>
@@ -33,6 +42,7 @@ inline constexpr uint32_t kShareUnits = 1u << 20;
 // contributions grows with its share ((P - 1) x its chunk), and a rank far faster than the rest
 // gains little beyond it.
 inline constexpr double kMaxShareFactor = 2.0;
+inline constexpr double kPlanGain = 1.25;
 inline constexpr double kReplanGain = 1.10;
 
 // Shares in parts of kShareUnits; empty: equal shares.
@@ -62,23 +72,27 @@ class SharePlanner {
   // What this rank measured during a flat all-reduce (outside [kMinRate, kMaxRate], NaN
   // included: not believed, ignored).
   void measured(double bytes_per_second);
-  // The code of this rank's rate, for its next descriptor.
-  uint16_t own_code() const { return encode_rate(rate_); }
+  // The code of this rank's rate, for its next descriptor; 0 (unknown) until kRecent
+  // measurements.
+  uint16_t own_code() const { return measurements_ < kRecent ? 0 : encode_rate(rate_); }
   double rate() const { return rate_; }
-  // Every rank's code from one operation's descriptors (by rank): re-plans with hysteresis;
-  // returns whether the plan changed. Any unknown code keeps the current plan.
+  // Every rank's code from one operation's descriptors (by rank): re-plans with hysteresis (the
+  // header's comment); returns whether the plan changed. Any unknown code keeps the current
+  // plan.
   bool observe(const std::vector<uint16_t>& codes);
   const SharePlan& plan() const { return plan_; }
   const std::vector<double>& rates() const { return rates_; }
 
   // The rate is the highest of the last kRecent measurements: a peak can only under-read the
-  // link (an operation that never fills it shows less), so the recent maximum is the estimate,
-  // and a link that slows down is seen after kRecent operations.
+  // link (an operation that never fills it shows less, the first one most of all, while TCP
+  // opens its windows), so the recent maximum is the estimate, and a link that slows down is
+  // seen after kRecent operations.
   static constexpr size_t kRecent = 2;
 
  private:
   std::array<double, kRecent> recent_{};
   size_t next_ = 0;
+  size_t measurements_ = 0;  // believed ones, saturating at kRecent
   double rate_ = 0;
   SharePlan plan_;
   std::vector<double> rates_;  // the rates the current plan was made from
