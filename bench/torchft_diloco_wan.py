@@ -5,7 +5,7 @@ R replicas (processes, one per network namespace of scripts/wan_netns.sh, or on 
 without --netns) train the same MLP on a regression task with torchft's Manager (synchronous
 quorum, every replica in it) and torchft.local_sgd.DiLoCo (inner AdamW, outer Nesterov SGD,
 sync every H inner steps, pseudo-gradients all-reduced per parameter through the process
-group). Every kind of group runs the same steps from the same seeds, one after the other; the
+group, or with --bucket-mb M in buckets of up to M MiB: torchft's use_bucketization). Every kind of group runs the same steps from the same seeds, one after the other; the
 figures per kind (the slowest replica's, median over the outer steps after the first): the
 outer step's wall time (H inner steps + the sync), the sync alone (the inner step that syncs:
 quorum, pseudo-gradients, all-reduces, should_commit, outer optimizer), the all-reduces alone
@@ -52,8 +52,10 @@ def replica_main(a):
     else:
         from lowcomm.torchft import ProcessGroupLowcomm
         codec = a.kind.split("-", 1)[1] if "-" in a.kind else None
-        pg = ProcessGroupLowcomm(timeout=timedelta(seconds=120), codec=codec,
-                                 error_feedback="address" if codec else None)
+        # Buckets are fresh tensors at every sync (torchft allocates them): their residuals are
+        # keyed by their place in the sequence of calls, not by their address.
+        ef = ("order" if a.bucket_mb else "address") if codec else None
+        pg = ProcessGroupLowcomm(timeout=timedelta(seconds=120), codec=codec, error_feedback=ef)
     torch.manual_seed(0)  # the same initial model on every replica
     model = build_model(a.hidden, a.layers, a.width)
     teacher = build_model(a.hidden // 4, 2, a.width)
@@ -90,7 +92,8 @@ def replica_main(a):
             comm_times.append(time.monotonic() - began[-1])
 
     frag._average_grads, frag.wait = average, wait
-    with DiLoCo(manager, [model], inner, outer, sync_every=a.sync_every):
+    buckets = dict(use_bucketization=True, bucket_cap_mb=a.bucket_mb) if a.bucket_mb else {}
+    with DiLoCo(manager, [model], inner, outer, sync_every=a.sync_every, **buckets):
         t_outer = time.monotonic()
         for step in range(a.outer_steps * a.sync_every):
             x = torch.randn(a.batch, a.width, generator=gen)
@@ -164,6 +167,9 @@ def main():
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--inner-lr", type=float, default=1e-3)
+    ap.add_argument("--bucket-mb", type=int, default=0,
+                    help="all-reduce the pseudo-gradients in buckets of up to this many MiB "
+                         "(torchft's use_bucketization; default 0: one call per parameter)")
     ap.add_argument("--kind-timeout", type=float, default=1800)
     # A replica (started by the launcher).
     ap.add_argument("--replica", type=int, default=-1, help=argparse.SUPPRESS)
@@ -175,13 +181,14 @@ def main():
         return replica_main(a)
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
                      ("replicas", "outer-steps", "sync-every", "hidden", "layers", "width",
-                      "batch", "inner-lr")]
+                      "batch", "inner-lr", "bucket-mb")]
     import torch
     n_params = sum(p.numel() for p in build_model(a.hidden, a.layers, a.width).parameters())
     link = f"tbf namespaces {a.netns}" if a.netns else "loopback"
     print(f"# torchft DiLoCo, {a.replicas} replicas, {link}, {n_params / 1e6:.1f} M parameters "
           f"({n_params * 4 / 2**20:.0f} MiB fp32), H = {a.sync_every}, {a.outer_steps} outer "
-          f"steps; torch {torch.__version__}", flush=True)
+          f"steps, {f'buckets of {a.bucket_mb} MiB' if a.bucket_mb else 'one call per parameter'}"
+          f"; torch {torch.__version__}", flush=True)
     print(f"# {'group':>12} {'outer step s':>12} {'sync s':>8} {'all-reduce s':>12} "
           f"{'eval loss':>10} same  commits")
     for kind in a.pg.split(","):
