@@ -903,6 +903,8 @@ struct SniffedJoin {
 };
 
 SniffedJoin join_sniffed(bool encrypt, const std::string& needle) {
+  // Only this run's frames on the loopback the sniffer reads (where the privilege allows).
+  testing::PrivateLoopback own_network;
   Fixture fx;
   ElasticOptions o = test_options();
   o.comm.encrypt = encrypt ? 1 : 0;
@@ -938,6 +940,8 @@ SniffedJoin join_sniffed(bool encrypt, const std::string& needle) {
   // After the forks (no thread of the parent's may hold a lock in a child), before the join.
   testing::LoopbackSniffer sniffer(needle);
   if (!sniffer.ok()) out.skip = sniffer.why();
+  if (!own_network.ok())
+    std::printf("sharing loopback with every other process (%s)\n", own_network.why().c_str());
   fx.shared->note = 1;
   collect(out.ps, 90);
   sniffer.stop();
