@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "collectives/root_socket.h"
+#include "core/params.h"
 #include "lowcomm/elastic.h"
 
 using namespace lowcomm;
@@ -293,11 +294,11 @@ int run_join(const Args& a) {
     waitpid(p, &st, 0);
     ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
   }
-  const char* wan = std::getenv("LOWCOMM_WAN");
+  const std::string wan = params::text("LOWCOMM_WAN").value_or("(none)");
   std::printf(
       "# lowcomm-elastic-bench --fault join: %d members + 1 joiner, %.0f MiB registered "
       "state, %.2f MiB %s all-reduce per round, %d ms between rounds, LOWCOMM_WAN=%s\n",
-      a.members, a.state_mib, a.mib, a.codec.c_str(), a.inner_ms, wan ? wan : "(none)");
+      a.members, a.state_mib, a.mib, a.codec.c_str(), a.inner_ms, wan.c_str());
   if (!ok) {
     std::printf("FAILED: a member or the joiner failed\n");
     return 1;

@@ -43,6 +43,7 @@
 #include "collectives/reduce_common.h"
 #include "collectives/shares.h"
 #include "collectives/sites.h"
+#include "core/params.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
 #include "transport/peer_config.h"
@@ -167,6 +168,8 @@ void usage() {
       "                           first): per-call latency without a barrier's skew, with\n"
       "                           its p50 and p99 on a line below each row\n"
       "      --check              exit 1 when a row's relative error is above the codec's bound\n"
+      "      --print-env          print every LOWCOMM_* variable with the value in force, and "
+      "exit\n"
       "Time is the slowest rank's time, median over the timed calls; each call starts after a\n"
       "barrier. Bandwidths in Gbit/s (10^9 bit/s, the unit of link rates).\n");
 }
@@ -183,6 +186,11 @@ Options parse_args(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);
+    } else if (a == "--print-env") {
+      std::fputs(params::describe().c_str(), stdout);
+      Status s = params::check_all();
+      if (!s) std::fprintf(stderr, "lowcomm-bench: %s\n", s.message().c_str());
+      std::exit(s.is_ok() ? 0 : 2);
     } else if (a == "-b" || a == "--minbytes")
       o.min_bytes = parse_bytes(need(i));
     else if (a == "-e" || a == "--maxbytes") {
@@ -576,7 +584,7 @@ int run_rank(const Options& o, int rank, int P) {
         if (r >= ns->sites[i].first && r <= ns->sites[i].last) label = static_cast<int>(i);
       ns_labels.push_back(label);
     }
-    if (co.sites.empty() && !std::getenv("LOWCOMM_SITES"))
+    if (co.sites.empty() && !params::text("LOWCOMM_SITES"))
       for (int r = 0; r < P; ++r)
         co.sites += (r ? "," : "") + std::to_string(ns_labels[static_cast<size_t>(r)]);
   }
@@ -614,8 +622,7 @@ int run_rank(const Options& o, int rank, int P) {
   std::optional<bench::SiteLinkModel> sites_model;
   collectives::SitePlan site_plan;
   {
-    const char* env_sites = std::getenv("LOWCOMM_SITES");
-    std::string text = !o.sites.empty() ? o.sites : env_sites ? env_sites : "";
+    std::string text = !o.sites.empty() ? o.sites : params::text("LOWCOMM_SITES").value_or("");
     std::optional<transport::WanPlan> wplan;
     if (!o.wan.empty()) wplan = *transport::parse_wan_plan(o.wan);
     if (!text.empty()) {
@@ -664,6 +671,8 @@ int run_rank(const Options& o, int rank, int P) {
         "wire_bytes_per_rank,compression_ratio,rel_err,limit_s,efficiency,cpu_ns_per_byte,link\n");
   }
   if (rank == 0) {
+    auto intra_set = params::choice("LOWCOMM_INTRA_SITE");  // init has checked it
+    const std::string intra_env = intra_set.is_ok() ? intra_set->value_or("tcp") : "tcp";
     std::printf(
         "# lowcomm-bench: %s, %d ranks, fp32 sum, warm-up %d, iterations %d, streams %s, socket "
         "buffers %s, inside a site %s\n",
@@ -672,9 +681,7 @@ int run_rank(const Options& o, int rank, int P) {
         o.sockbuf < 0   ? "kernel autotuning"
         : o.sockbuf > 0 ? std::to_string(o.sockbuf).c_str()
                         : "default",
-        !o.intra.empty()                    ? o.intra.c_str()
-        : std::getenv("LOWCOMM_INTRA_SITE") ? std::getenv("LOWCOMM_INTRA_SITE")
-                                            : "tcp");
+        !o.intra.empty() ? o.intra.c_str() : intra_env.c_str());
     std::printf("# link: %s\n", link.describe(o.wan, ns ? o.netns + "0.." + o.netns +
                                                               std::to_string(P - 1) + " " + ns->rate
                                                         : "")

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "codec/sparse_format.h"
+#include "core/params.h"
 #include "lowcomm/codec.h"
 
 namespace lowcomm {
@@ -356,10 +357,10 @@ std::string to_string(const CodecSpec& s) {
 }
 
 Result<CodecSpec> codec_spec_from_env(const char* name, std::string_view fallback) {
-  const char* value = std::getenv(name);
-  auto spec = parse_codec_spec(value ? std::string_view(value) : fallback);
+  const auto value = params::text(name);
+  auto spec = parse_codec_spec(value ? std::string_view(*value) : fallback);
   if (!spec.is_ok() && value) {
-    return invalid_argument(std::string(name) + "='" + value + "': " + spec.status().message());
+    return invalid_argument(std::string(name) + "='" + *value + "': " + spec.status().message());
   }
   return spec;
 }

@@ -10,6 +10,7 @@
 #include "collectives/root_socket.h"
 #include "collectives/tags.h"
 #include "core/log.h"
+#include "core/params.h"
 #include "core/sys_check.h"
 #include "transport/connector.h"
 #include "transport/listener.h"
@@ -138,7 +139,7 @@ Result<std::unique_ptr<Listener>> open_listener(const UniqueId& id, int rank,
                               "': " + a.status().message());
     return Listener::create(std::move(engine), config, *a);
   }
-  if (std::getenv("LOWCOMM_SOCKET_IFNAME")) return Listener::create(std::move(engine), config);
+  if (params::text("LOWCOMM_SOCKET_IFNAME")) return Listener::create(std::move(engine), config);
   auto a = route_to(root);
   if (!a) return a.status();
   return Listener::create(std::move(engine), config, *a);

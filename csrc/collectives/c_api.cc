@@ -16,6 +16,7 @@
 
 #include "collectives/c_conversions.h"
 #include "core/log.h"
+#include "core/params.h"
 #include "lowcomm/communicator.h"
 #include "lowcomm/version.h"
 
@@ -337,8 +338,8 @@ lowcommResult_t lowcommCommInitRank(lowcommComm_t* comm, int nranks, lowcommUniq
     auto id = lowcomm::UniqueId::from_bytes(commId.internal, sizeof(commId.internal));
     if (!id) return record(nullptr, id.status());
     lowcomm::CommOptions opts;
-    auto codec = lowcomm::codec_spec_from_env("LOWCOMM_CODEC", "");
-    if (const char* e = std::getenv("LOWCOMM_CODEC"); e && *e) {
+    if (lowcomm::params::text("LOWCOMM_CODEC")) {
+      auto codec = lowcomm::codec_spec_from_env("LOWCOMM_CODEC", "");
       if (!codec) return record(nullptr, codec.status());
       opts.codec = *codec;
     }

@@ -18,6 +18,7 @@
 #include "collectives/rtt_probe.h"
 #include "collectives/tags.h"
 #include "core/log.h"
+#include "core/params.h"
 #include "lowcomm/codec.h"
 #include "transport/little_endian.h"
 #include "transport/pacer.h"
@@ -49,18 +50,20 @@ constexpr auto kAbortNoticeWait = std::chrono::milliseconds(20);
 // CommOptions::failure_timeout's default (an elastic group's failure floor too).
 constexpr auto kDefaultFailureTimeout = std::chrono::milliseconds(1500);
 
-// A byte count from the environment variable `name` (a decimal integer of at least `min`), or
-// `fallback` where it is unset or empty.
-Result<int64_t> env_byte_count(const char* name, int64_t min, int64_t fallback) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(env, &end, 10);
-  if (end == env || *end != '\0' || errno == ERANGE || v < min)
-    return invalid_argument(std::string("init: ") + name + " must be a byte count of at least " +
-                            std::to_string(min) + ", got '" + env + "'");
-  return static_cast<int64_t>(v);
+// A byte count from the environment variable `name` (core/params.h), or `fallback` where it is
+// unset.
+Result<int64_t> env_byte_count(const char* name, int64_t fallback) {
+  auto v = params::bytes(name);
+  if (!v) return Status(v.status().code(), "init: " + v.status().message());
+  return v->has_value() ? static_cast<int64_t>(**v) : fallback;
+}
+
+// The value of a kText or kChoice variable, "" where unset.
+Result<std::string> env_word(const char* name) {
+  if (params::find(name).kind == params::Kind::kText) return params::text(name).value_or("");
+  auto v = params::choice(name);
+  if (!v) return Status(v.status().code(), "init: " + v.status().message());
+  return v->value_or("");
 }
 
 }  // namespace
@@ -74,26 +77,28 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                             std::to_string(nranks) + ")");
   if (options.segment_bytes < 4096)
     return invalid_argument("init: segment_bytes must be at least 4096");
+  // Every LOWCOMM_* variable that is set must parse, used here or not (a typo'd value of one
+  // read lazily elsewhere, like LOWCOMM_TIMEOUT_S, would otherwise be a silent default).
+  if (Status s = params::check_all(); !s) return Status(s.code(), "init: " + s.message());
   CommOptions opts = options;
   // Byte counts from the environment, where the options keep their defaults.
   if (options.segment_bytes == CommOptions{}.segment_bytes) {
-    auto v =
-        env_byte_count("LOWCOMM_SEGMENT_BYTES", 4096, static_cast<int64_t>(opts.segment_bytes));
+    auto v = env_byte_count("LOWCOMM_SEGMENT_BYTES", static_cast<int64_t>(opts.segment_bytes));
     if (!v) return v.status();
     opts.segment_bytes = static_cast<uint64_t>(v.value());
   }
   if (opts.direct_bytes < 0) {
-    auto v = env_byte_count("LOWCOMM_DIRECT_BYTES", 0, 0);
+    auto v = env_byte_count("LOWCOMM_DIRECT_BYTES", 0);
     if (!v) return v.status();
     opts.direct_bytes = v.value();
   }
   if (opts.inline_bytes < 0) {
-    auto v = env_byte_count("LOWCOMM_INLINE_BYTES", 0, 64 << 10);
+    auto v = env_byte_count("LOWCOMM_INLINE_BYTES", 64 << 10);
     if (!v) return v.status();
     opts.inline_bytes = v.value();
   }
   // The pinned host memory CUDA-buffer calls may stage through (device_op.h): 4 GiB unless set.
-  auto pinned_limit = env_byte_count("LOWCOMM_PINNED_BYTES", 0, int64_t{4} << 30);
+  auto pinned_limit = env_byte_count("LOWCOMM_PINNED_BYTES", int64_t{4} << 30);
   if (!pinned_limit) return pinned_limit.status();
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(rank, secret);
@@ -104,8 +109,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   }
   // The emulated WAN: this rank's site (shared by all its peers, site model) and, once the
   // mesh is up, each peer's delay from the per-pair rules.
-  const char* env_wan = std::getenv("LOWCOMM_WAN");
-  const std::string wan_text = !options.wan.empty() ? options.wan : env_wan ? env_wan : "";
+  const std::string wan_text =
+      !options.wan.empty() ? options.wan : params::text("LOWCOMM_WAN").value_or("");
   auto plan = transport::parse_wan_plan(wan_text);
   if (!plan)
     return invalid_argument(std::string("init: ") +
@@ -159,23 +164,15 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (options.encrypt >= 0) cfg.value().seal = options.encrypt > 0;
   if (options.failure_timeout.count() != 0) {
     cfg.value().failure_timeout = std::max(options.failure_timeout, std::chrono::milliseconds(0));
-  } else if (const char* v = std::getenv("LOWCOMM_FAILURE_TIMEOUT_MS"); v && *v) {
-    char* end = nullptr;
-    const long long ms = std::strtoll(v, &end, 10);
-    if (*end != '\0' || ms < 0)
-      return invalid_argument(std::string("init: LOWCOMM_FAILURE_TIMEOUT_MS must be a whole number "
-                                          "of milliseconds (0: off), got '") +
-                              v + "'");
-    cfg.value().failure_timeout = std::chrono::milliseconds(ms);
   } else {
-    cfg.value().failure_timeout = kDefaultFailureTimeout;
+    auto ms = params::integer("LOWCOMM_FAILURE_TIMEOUT_MS");  // checked above
+    cfg.value().failure_timeout =
+        ms.is_ok() && ms->has_value() ? std::chrono::milliseconds(**ms) : kDefaultFailureTimeout;
   }
 
   // Sites (collectives/sites.h): the option, LOWCOMM_SITES, the emulator's site= rules, flat.
-  const char* env_sites = std::getenv("LOWCOMM_SITES");
-  const std::string sites_text = !options.sites.empty() ? options.sites
-                                 : env_sites            ? env_sites
-                                                        : "";
+  const std::string sites_text =
+      !options.sites.empty() ? options.sites : params::text("LOWCOMM_SITES").value_or("");
   collectives::SitePlan sites;
   if (!sites_text.empty()) {
     auto parsed = collectives::parse_sites(sites_text, nranks);
@@ -188,18 +185,18 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     sites = collectives::plan_from_wan(*plan, nranks);
   }
   const bool sites_by_host = sites_text.empty() && sites.sites() == 0;
-  const char* env_shares = std::getenv("LOWCOMM_SHARES");
-  const std::string shares_text = !options.shares.empty() ? options.shares
-                                  : env_shares            ? env_shares
-                                                          : "";
+  auto env_shares = env_word("LOWCOMM_SHARES");
+  if (!env_shares) return env_shares.status();
+  const std::string shares_text = !options.shares.empty() ? options.shares : *env_shares;
   if (!shares_text.empty() && shares_text != "auto" && shares_text != "equal")
     return invalid_argument(std::string("init: ") +
                             (options.shares.empty() ? "LOWCOMM_SHARES" : "shares option") +
                             " must be auto or equal, got '" + shares_text + "'");
 
-  const char* env_sparse = std::getenv("LOWCOMM_SPARSE_SCHEDULE");
+  auto env_sparse = env_word("LOWCOMM_SPARSE_SCHEDULE");
+  if (!env_sparse) return env_sparse.status();
   opts.sparse_schedule = !options.sparse_schedule.empty() ? options.sparse_schedule
-                         : env_sparse && *env_sparse      ? env_sparse
+                         : !env_sparse->empty()           ? *env_sparse
                                                           : "auto";
   if (opts.sparse_schedule != "auto" && opts.sparse_schedule != "gather-all" &&
       opts.sparse_schedule != "owner")
@@ -208,10 +205,9 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
         (options.sparse_schedule.empty() ? "LOWCOMM_SPARSE_SCHEDULE" : "sparse_schedule option") +
         " must be auto, gather-all or owner, got '" + opts.sparse_schedule + "'");
 
-  const char* env_intra = std::getenv("LOWCOMM_INTRA_SITE");
-  const std::string intra_text = !options.intra_site.empty() ? options.intra_site
-                                 : env_intra                 ? env_intra
-                                                             : "";
+  auto env_intra = env_word("LOWCOMM_INTRA_SITE");
+  if (!env_intra) return env_intra.status();
+  const std::string intra_text = !options.intra_site.empty() ? options.intra_site : *env_intra;
   if (!intra_text.empty() && intra_text != "tcp" && intra_text != "ucx")
     return invalid_argument(
         std::string("init: ") +
@@ -298,15 +294,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     // Every rank on a host of its own: group them by round-trip time (rtt_probe.h). The same
     // matrix on every rank, so the same map.
     double threshold = collectives::kSiteRttSeconds;
-    if (const char* env = std::getenv("LOWCOMM_SITE_RTT_MS"); env && *env) {
-      char* end = nullptr;
-      const double ms = std::strtod(env, &end);
-      if (*end != '\0' || !(ms > 0))
-        return invalid_argument(std::string("init: LOWCOMM_SITE_RTT_MS must be a positive "
-                                            "number of milliseconds, got '") +
-                                env + "'");
-      threshold = ms * 1e-3;
-    }
+    auto site_ms = params::number("LOWCOMM_SITE_RTT_MS");  // checked at the start
+    if (site_ms.is_ok() && site_ms->has_value()) threshold = **site_ms * 1e-3;
     // The kernel sees the real path; an emulated link's delay is added (each way, as both ends
     // of an emulated pair delay what they send).
     std::vector<double> emulated(static_cast<size_t>(nranks), 0.0);

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "core/params.h"
+
 namespace lowcomm {
 
 using Clock = Deadline::Clock;
@@ -47,9 +49,9 @@ int Deadline::poll_timeout_ms(int cap_ms, Clock::time_point now) const {
 
 Clock::duration default_timeout() {
   static const Clock::duration value = [] {
-    const char* env = std::getenv("LOWCOMM_TIMEOUT_S");
-    double s = env ? std::strtod(env, nullptr) : 0.0;
-    if (!(s > 0.0)) s = 1800.0;
+    // Malformed: the default here, and init fails naming it (params::check_all).
+    auto set = params::number("LOWCOMM_TIMEOUT_S");
+    const double s = set.is_ok() && set->has_value() ? **set : 1800.0;
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }();
   return value;

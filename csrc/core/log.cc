@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/params.h"
+
 namespace lowcomm {
 
 namespace {
@@ -26,10 +28,9 @@ LogLevel log_threshold() {
   if (g_sink.load(std::memory_order_relaxed))
     return static_cast<LogLevel>(g_sink_threshold.load(std::memory_order_relaxed));
   static const LogLevel level = [] {
-    const char* env = std::getenv("LOWCOMM_DEBUG");
-    if (!env) return LogLevel::kWarn;
-    std::string v(env);
-    for (auto& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    auto set = params::choice("LOWCOMM_DEBUG");  // malformed: WARN here, and init says so
+    if (!set.is_ok() || !set->has_value()) return LogLevel::kWarn;
+    const std::string& v = **set;
     if (v == "NONE" || v == "OFF" || v == "0") return LogLevel::kNone;
     if (v == "INFO") return LogLevel::kInfo;
     if (v == "TRACE") return LogLevel::kTrace;

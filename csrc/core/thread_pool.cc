@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/params.h"
+
 namespace lowcomm {
 
 // One parallel_for call. Helpers take indices from `next` until none remain; `active` counts
@@ -92,8 +94,8 @@ void ThreadPool::parallel_for(uint64_t count, int max_threads,
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool([] {
-    const char* env = std::getenv("LOWCOMM_CODEC_THREADS");
-    int n = env ? std::atoi(env) : 0;
+    auto set = params::integer("LOWCOMM_CODEC_THREADS");  // malformed: init says so
+    int n = set.is_ok() && set->has_value() ? static_cast<int>(**set) : 0;
     if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
     return n > 0 ? n : 1;
   }());

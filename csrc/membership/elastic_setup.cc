@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/params.h"
 #include "membership/elastic_util.h"
 #include "transport/connector.h"
 #include "transport/route.h"
@@ -55,17 +56,21 @@ Status ElasticImpl::start(const UniqueId& id) {
   // view's communicator aborted): the views' communicators do not fail on a silent peer of
   // their own accord.
   options_.comm.failure_timeout = std::chrono::milliseconds(-1);
-  failure_floor_ = options_.failure_timeout.count()
-                       ? options_.failure_timeout
-                       : env_ms("LOWCOMM_FAILURE_TIMEOUT_MS", std::chrono::milliseconds(1500));
+  if (Status s = params::check_all(); !s) return s;
+  // The membership's failure floor: the option, else the variable where positive, else 1.5 s.
+  auto floor_ms = params::integer("LOWCOMM_FAILURE_TIMEOUT_MS");
+  failure_floor_ = options_.failure_timeout.count() ? options_.failure_timeout
+                   : floor_ms.is_ok() && floor_ms->value_or(0) > 0
+                       ? std::chrono::milliseconds(**floor_ms)
+                       : std::chrono::milliseconds(1500);
   change_timeout_ = options_.view_change_timeout.count() ? options_.view_change_timeout
                                                          : std::chrono::milliseconds(30000);
-  if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_CUT_AFTER_DONE"))
-    fault_cut_after_done_ = std::strtoull(v, nullptr, 10);
-  if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_DROP_RESULT"))
-    fault_drop_result_ = std::strtoull(v, nullptr, 10);
-  if (const char* v = std::getenv("LOWCOMM_ELASTIC_FAULT_DIE_AT_ADMIT"))
-    fault_die_at_admit_ = std::strcmp(v, "1") == 0;
+  auto cut = params::integer("LOWCOMM_ELASTIC_FAULT_CUT_AFTER_DONE");
+  if (cut.is_ok() && cut->has_value()) fault_cut_after_done_ = static_cast<uint64_t>(**cut);
+  auto drop = params::integer("LOWCOMM_ELASTIC_FAULT_DROP_RESULT");
+  if (drop.is_ok() && drop->has_value()) fault_drop_result_ = static_cast<uint64_t>(**drop);
+  auto die = params::choice("LOWCOMM_ELASTIC_FAULT_DIE_AT_ADMIT");
+  fault_die_at_admit_ = die.is_ok() && die->value_or("0") == "1";
   if (options_.heartbeat_interval.count() <= 0)
     return invalid_argument("ElasticOptions::heartbeat_interval must be positive");
   if (options_.retries < 0) return invalid_argument("ElasticOptions::retries must be >= 0");

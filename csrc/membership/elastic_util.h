@@ -21,16 +21,6 @@ inline std::string id_list(const std::set<uint32_t>& ids) {
   return id_list(std::vector<uint32_t>(ids.begin(), ids.end()));
 }
 
-// A positive whole number of milliseconds from the environment, else the fallback.
-inline std::chrono::milliseconds env_ms(const char* name, std::chrono::milliseconds fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  if (*end != '\0' || x <= 0) return fallback;
-  return std::chrono::milliseconds(x);
-}
-
 inline int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -40,7 +30,6 @@ inline int64_t steady_ns() {
 }  // namespace lowcomm::membership
 
 namespace lowcomm {
-using membership::env_ms;
 using membership::id_list;
 using membership::steady_ns;
 }  // namespace lowcomm

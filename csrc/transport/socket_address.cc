@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/params.h"
+
 namespace lowcomm::transport {
 
 Result<SocketAddress> SocketAddress::parse(std::string_view text) {
@@ -173,8 +175,7 @@ Result<SocketAddress> select_listen_address(std::string_view filter) {
 }
 
 Result<SocketAddress> select_listen_address() {
-  const char* env = std::getenv("LOWCOMM_SOCKET_IFNAME");
-  return select_listen_address(env ? env : "");
+  return select_listen_address(params::text("LOWCOMM_SOCKET_IFNAME").value_or(""));
 }
 
 }  // namespace lowcomm::transport

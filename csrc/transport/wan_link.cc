@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "core/params.h"
+
 namespace lowcomm::transport {
 namespace {
 
@@ -360,9 +362,9 @@ bool WanPlan::has_pair_rules() const {
 }
 
 Result<WanLink> wan_from_env() {
-  const char* env = std::getenv("LOWCOMM_WAN");
+  const auto env = params::text("LOWCOMM_WAN");
   if (!env) return WanLink{};
-  auto plan = parse_wan_plan(env);
+  auto plan = parse_wan_plan(*env);
   if (!plan) return Status(plan.status().code(), plan.status().message());
   return parse_wan(plan->defaults);
 }

@@ -9,28 +9,17 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/params.h"
 #include "transport/pacer.h"
 
 namespace lowcomm::nccl_net {
 namespace {
 
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : nullptr;
-}
-
-Result<double> env_number(const char* name, double fallback, double lo, double hi) {
-  const char* v = env(name);
-  if (!v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  double x = std::strtod(v, &end);
-  if (errno != 0 || *end != '\0' || !std::isfinite(x) || x < lo || x > hi) {
-    std::ostringstream o;
-    o << name << "='" << v << "': expected a number from " << lo << " to " << hi;
-    return invalid_argument(o.str());
-  }
-  return x;
+// A kNumber variable (core/params.h), or `fallback` where it is unset.
+Result<double> env_number(const char* name, double fallback) {
+  auto v = params::number(name);
+  if (!v) return v.status();
+  return v->value_or(fallback);
 }
 
 Result<std::string> read_secret_file(const std::string& path) {
@@ -56,18 +45,19 @@ Result<std::string> read_secret_file(const std::string& path) {
 
 Result<PluginOptions> PluginOptions::from_env() {
   PluginOptions o;
+  if (Status s = params::check_all(); !s) return s;
   std::string secret;
-  const char* inline_secret = env("LOWCOMM_SECRET");
-  const char* secret_file = env("LOWCOMM_SECRET_FILE");
+  const auto inline_secret = params::text("LOWCOMM_SECRET");
+  const auto secret_file = params::text("LOWCOMM_SECRET_FILE");
   if (inline_secret && secret_file)
     return invalid_argument("LOWCOMM_SECRET and LOWCOMM_SECRET_FILE are both set; set one");
   if (secret_file) {
-    auto s = read_secret_file(secret_file);
+    auto s = read_secret_file(*secret_file);
     if (!s) return s.status();
     secret = *s;
-    o.secret_source = std::string("LOWCOMM_SECRET_FILE=") + secret_file;
+    o.secret_source = "LOWCOMM_SECRET_FILE=" + *secret_file;
   } else if (inline_secret) {
-    secret = inline_secret;
+    secret = *inline_secret;
     o.secret_source = "LOWCOMM_SECRET";
   } else {
     return invalid_argument(
@@ -77,22 +67,22 @@ Result<PluginOptions> PluginOptions::from_env() {
   auto peer = transport::PeerConfig::from_env(0, std::move(secret));
   if (!peer) return peer.status();
   o.peer = std::move(peer).value();
-  if (const char* wan = env("LOWCOMM_WAN"); wan && std::strchr(wan, ';'))
-    return invalid_argument(std::string("LOWCOMM_WAN='") + wan +
+  if (const auto wan = params::text("LOWCOMM_WAN"); wan && wan->find(';') != std::string::npos)
+    return invalid_argument("LOWCOMM_WAN='" + *wan +
                             "': the NCCL plugin takes one section (no per-rank rules: it does "
                             "not know ranks)");
   if (o.peer.wan.shaped() && o.peer.wan.model == transport::WanModel::kSite) {
     o.peer.site = std::make_shared<transport::SiteLinks>();
     o.peer.site->down.bits_per_second = o.peer.wan.down_bits_per_second;
   }
-  auto handshake = env_number("LOWCOMM_HANDSHAKE_TIMEOUT_S", 10.0, 0.1, 3600.0);
+  auto handshake = env_number("LOWCOMM_HANDSHAKE_TIMEOUT_S", 10.0);
   if (!handshake) return handshake.status();
   o.peer.handshake_timeout_s = *handshake;
   // A frozen or cut-off peer fails the requests waiting on it (docs/collectives.md, "Failure
   // semantics"), so NCCL sees an error instead of waiting for torch's watchdog; 0: off.
-  auto failure = env_number("LOWCOMM_FAILURE_TIMEOUT_MS", 1500.0, 0.0, 3600e3);
+  auto failure = params::integer("LOWCOMM_FAILURE_TIMEOUT_MS");
   if (!failure) return failure.status();
-  o.peer.failure_timeout = std::chrono::milliseconds(static_cast<int64_t>(*failure));
+  o.peer.failure_timeout = std::chrono::milliseconds(failure->value_or(1500));
 
   auto address = transport::select_listen_address();
   if (!address) return address.status();
@@ -102,46 +92,38 @@ Result<PluginOptions> PluginOptions::from_env() {
   if (auto colon = o.device_name.rfind(':'); colon != std::string::npos)
     o.device_name.resize(colon);
 
-  if (const char* c = env("LOWCOMM_NCCL_COMPRESS")) {
-    o.compress_auto = std::string_view(c) == "auto";
-    auto parsed = parse_lossless(o.compress_auto ? "zstd:1" : c);
+  if (const auto c = params::text("LOWCOMM_NCCL_COMPRESS")) {
+    o.compress_auto = *c == "auto";
+    auto parsed = parse_lossless(o.compress_auto ? "zstd:1" : *c);
     if (!parsed)
       return invalid_argument(std::string("LOWCOMM_NCCL_COMPRESS: ") + parsed.status().message() +
                               " or auto");
     o.lossless = *parsed;
   }
-  auto shuffle = env_number("LOWCOMM_NCCL_SHUFFLE", 0, 0, 8);
+  auto shuffle = params::choice("LOWCOMM_NCCL_SHUFFLE");  // 0, 1, 2 or 4 bytes per element
   if (!shuffle) return shuffle.status();
-  o.lossless.shuffle = static_cast<int>(*shuffle);
-  if (o.lossless.shuffle != 0 && o.lossless.shuffle != 1 && o.lossless.shuffle != 2 &&
-      o.lossless.shuffle != 4)
-    return invalid_argument("LOWCOMM_NCCL_SHUFFLE='" + std::to_string(o.lossless.shuffle) +
-                            "': expected 0, 2 or 4 (bytes per element)");
+  o.lossless.shuffle = std::stoi(shuffle->value_or("0"));
 
   // What NCCL's tuner is told: the emulated link when there is one (its uplink rate and
   // one-way delay), else 10 Gbit/s and no extra latency, unless set explicitly.
   const double wan_mbps = o.peer.wan.bits_per_second / 1e6;
-  auto speed = env_number("LOWCOMM_NCCL_SPEED_MBPS", wan_mbps > 0 ? wan_mbps : 10000.0, 1, 1e7);
+  auto speed = env_number("LOWCOMM_NCCL_SPEED_MBPS", wan_mbps > 0 ? wan_mbps : 10000.0);
   if (!speed) return speed.status();
   o.speed_mbps = std::max(1, static_cast<int>(std::lround(*speed)));
-  auto latency = env_number("LOWCOMM_NCCL_LATENCY_US", o.peer.wan.one_way_delay_s * 1e6, 0, 1e8);
+  auto latency = env_number("LOWCOMM_NCCL_LATENCY_US", o.peer.wan.one_way_delay_s * 1e6);
   if (!latency) return latency.status();
   o.latency_us = static_cast<float>(*latency);
   // Two bandwidth-delay products of the link NCCL is told about: a round trip's worth in
   // flight while the last round trip's receives are posted.
   const double bdp_bytes = o.speed_mbps * 1e6 / 8 * (2 * o.latency_us * 1e-6);
   o.eager_bytes = std::max<uint64_t>(16u << 20, static_cast<uint64_t>(2 * bdp_bytes));
-  if (const char* e = env("LOWCOMM_NCCL_EAGER_BYTES")) {
-    auto bytes = transport::parse_byte_size(e, o.peer.max_unexpected_bytes);
-    if (!bytes)
-      return invalid_argument(std::string("LOWCOMM_NCCL_EAGER_BYTES='") + e +
-                              "': " + bytes.status().message() +
-                              " (at most LOWCOMM_UNEXPECTED_LIMIT, the receiver's allowance)");
-    o.eager_bytes = *bytes;
-  }
+  auto eager = params::bytes("LOWCOMM_NCCL_EAGER_BYTES");
+  if (!eager) return eager.status();
+  if (eager->has_value()) o.eager_bytes = **eager;
   if (o.eager_bytes > o.peer.max_unexpected_bytes)
     return invalid_argument("the eager window (" + std::to_string(o.eager_bytes) +
-                            " bytes) exceeds LOWCOMM_UNEXPECTED_LIMIT");
+                            " bytes, LOWCOMM_NCCL_EAGER_BYTES) exceeds LOWCOMM_UNEXPECTED_LIMIT, "
+                            "the receiver's allowance");
   return o;
 }
 

@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "codec_bindings.h"
 #include "elastic_bindings.h"
+#include "lowcomm/env.h"
 
 namespace py = pybind11;
 using lowcomm::torch_backend::LowcommBackend;
@@ -102,6 +103,17 @@ PYBIND11_MODULE(_C, m) {
         py::arg("error_feedback"), py::arg("direct_bytes"), py::arg("enable_reconfigure") = false,
         py::arg("sparse_schedule") = "", py::arg("join_timeout_ms") = 0,
         py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "env_value",
+      [](const std::string& name) -> py::object {
+        auto v = lowcomm::env_value(name);
+        if (!v) throw py::value_error(v.status().message());
+        if (!v->has_value()) return py::none();
+        return py::str(**v);
+      },
+      py::arg("name"),
+      "A LOWCOMM_* variable as the library reads it (README, 'Environment'): None when unset, a "
+      "byte count in bytes, a choice as declared; ValueError naming it when malformed.");
   m.def("close_all_at_exit", &LowcommBackend::close_all_at_exit,
         py::call_guard<py::gil_scoped_release>());
   // Whether this extension was built to take CUDA tensors (setup.py: LOWCOMM_WITH_CUDA).

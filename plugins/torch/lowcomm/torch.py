@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import os
 from typing import Callable
 
 import torch
@@ -50,12 +49,13 @@ class Options:
 
     def __init__(self, codec=None, codec_threshold=None, error_feedback=None,
                  direct_bytes=None, sparse_schedule=None):
-        env = os.environ
-        self.codec = codec if codec is not None else env.get("LOWCOMM_CODEC", "")
+        # The variables as the library parses them (README, "Environment"): sizes take 4M.
+        env = _C.env_value
+        self.codec = codec if codec is not None else (env("LOWCOMM_CODEC") or "")
         self.codec_threshold = int(codec_threshold if codec_threshold is not None
-                                   else env.get("LOWCOMM_CODEC_THRESHOLD", 1 << 20))
-        ef = error_feedback if error_feedback is not None else env.get(
-            "LOWCOMM_ERROR_FEEDBACK", "")
+                                   else (env("LOWCOMM_CODEC_THRESHOLD") or 1 << 20))
+        ef = error_feedback if error_feedback is not None else (
+            env("LOWCOMM_ERROR_FEEDBACK") or "")
         self.error_feedback = _ef_mode(ef)
         self.direct_bytes = -1 if direct_bytes is None else int(direct_bytes)
         self.sparse_schedule = "" if sparse_schedule is None else str(sparse_schedule)
