@@ -128,7 +128,6 @@ std::vector<RankResult> run_group(int P, int storm_connects) {
       ::close(p[0]);
       raise_fd_limit();
       lowcomm::CommOptions o;
-      o.streams = 0;
       o.timeout = std::chrono::milliseconds(60000);
       RankResult res;
       long rss0 = status_kb("VmRSS");

@@ -568,8 +568,8 @@ int run_rank(const Options& o, int rank, int P) {
   UniqueId id = exchange_id(o, rank, bind);
 
   CommOptions co;
-  co.streams = o.streams;
-  co.socket_buffer_bytes = o.sockbuf;
+  if (o.streams > 0) co.streams = o.streams;
+  if (o.sockbuf != 0) co.socket_buffer_bytes = std::max(o.sockbuf, 0);  // -1 (auto): 0
   co.wan = o.wan;
   co.sites = o.sites;
   co.shares = o.shares;
@@ -593,6 +593,10 @@ int run_rank(const Options& o, int rank, int P) {
   auto comm_r = Communicator::init(id, rank, P, co);
   if (!comm_r) die("rank " + std::to_string(rank) + ": init: " + comm_r.status().to_string());
   std::unique_ptr<Communicator> comm = std::move(comm_r.value());
+  // The segment size in force (init has checked the variable), for the traffic model.
+  auto segment_env = params::bytes("LOWCOMM_SEGMENT_BYTES");
+  const uint64_t segment_bytes =
+      segment_env.is_ok() ? segment_env->value_or(uint64_t{4} << 20) : uint64_t{4} << 20;
   auto check = [&](const Status& s, const char* what) {
     if (!s) die("rank " + std::to_string(rank) + ": " + what + ": " + s.to_string());
   };
@@ -810,9 +814,8 @@ int run_rank(const Options& o, int rank, int P) {
           size_t m = per_iter.size();
           double t = m % 2 ? per_iter[m / 2] : 0.5 * (per_iter[m / 2 - 1] + per_iter[m / 2]);
 
-          bench::Traffic tr = bench::traffic(o.collective, sh, P, spec, co.segment_bytes);
-          bench::Traffic plain =
-              bench::traffic(o.collective, sh, P, std::nullopt, co.segment_bytes);
+          bench::Traffic tr = bench::traffic(o.collective, sh, P, spec, segment_bytes);
+          bench::Traffic plain = bench::traffic(o.collective, sh, P, std::nullopt, segment_bytes);
           Row row;
           row.codec = codec_text;
           row.bytes = sh.total_elems * 4;

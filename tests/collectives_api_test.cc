@@ -489,13 +489,15 @@ TEST(CollectivesApi, OnResultReportsEachPartOnceWithItsFinalValue) {
   }));
 }
 
-// LOWCOMM_SEGMENT_BYTES replaces segment_bytes' default: a value below 4096 fails init; ranks
-// that set different values cut different segments and fail the descriptor check, naming it.
+// LOWCOMM_SEGMENT_BYTES decides where segment_bytes is not given: a value below 4096 fails init;
+// ranks that set different values cut different segments and fail the descriptor check, naming
+// it. A segment_bytes given beats the variable, even when it is the default's 4 MiB (until
+// options had one "unset", an explicit 4 MiB was taken for unset and replaced).
 TEST(CollectivesApi, SegmentBytesFromTheEnvironment) {
   expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
     ::setenv("LOWCOMM_SEGMENT_BYTES", "1000", 1);
     CommOptions o = test_options();
-    o.segment_bytes = CommOptions{}.segment_bytes;  // the default, which the variable replaces
+    o.segment_bytes.reset();  // not given: the variable decides
     auto bad = Communicator::init(id, rank, 2, o);
     RANK_CHECK(!bad.status().is_ok() &&
                    bad.status().message().find("LOWCOMM_SEGMENT_BYTES") != std::string::npos,
@@ -503,9 +505,9 @@ TEST(CollectivesApi, SegmentBytesFromTheEnvironment) {
     return "ok";
   }));
   expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
-    ::setenv("LOWCOMM_SEGMENT_BYTES", rank == 0 ? "65536" : "1048576", 1);
+    ::setenv("LOWCOMM_SEGMENT_BYTES", rank == 0 ? "64K" : "1048576", 1);
     CommOptions o = test_options();
-    o.segment_bytes = CommOptions{}.segment_bytes;
+    o.segment_bytes.reset();
     auto c = Communicator::init(id, rank, 2, o);
     RANK_OK(c.status());
     std::vector<float> x(1 << 20, 1.0f);
@@ -514,6 +516,17 @@ TEST(CollectivesApi, SegmentBytesFromTheEnvironment) {
     RANK_CHECK(s.code() == StatusCode::kInvalidArgument &&
                    s.to_string().find("mismatched operations") != std::string::npos,
                s.to_string());
+    return "ok";
+  }));
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    ::setenv("LOWCOMM_SEGMENT_BYTES", rank == 0 ? "64K" : "1M", 1);
+    CommOptions o = test_options();
+    o.segment_bytes = uint64_t{4} << 20;  // given: the variables differ, the ranks do not
+    auto c = Communicator::init(id, rank, 2, o);
+    RANK_OK(c.status());
+    std::vector<float> x(1 << 20, 1.0f);
+    RANK_OK((*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+    RANK_CHECK(x[0] == 2.0f, "sum " + std::to_string(x[0]));
     return "ok";
   }));
 }

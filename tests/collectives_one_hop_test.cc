@@ -9,7 +9,7 @@
 namespace lowcomm::testing {
 namespace {
 
-CommOptions one_hop(int64_t direct_bytes) {
+CommOptions one_hop(uint64_t direct_bytes) {
   CommOptions o = test_options();
   o.direct_bytes = direct_bytes;
   return o;

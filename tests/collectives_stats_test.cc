@@ -153,9 +153,9 @@ TEST(CollectivesStats, AllReduceCountsExactlyTheAlgorithmsBytes) {
     RANK_OK(sq.status());
     RANK_OK(sp.status());
     RANK_CHECK(sq->sequence == 0 && sp->sequence == 1 && sq->count == n, describe(*sq));
-    RANK_PASS(check_all_reduce(*sq, all_reduce_bytes(3, rank, n, q4, o.segment_bytes), true));
+    RANK_PASS(check_all_reduce(*sq, all_reduce_bytes(3, rank, n, q4, *o.segment_bytes), true));
     RANK_PASS(
-        check_all_reduce(*sp, all_reduce_bytes(3, rank, n, std::nullopt, o.segment_bytes), false));
+        check_all_reduce(*sp, all_reduce_bytes(3, rank, n, std::nullopt, *o.segment_bytes), false));
     // The communicator's last operation is the uncompressed one.
     OpStats last = comm.last_op_stats();
     RANK_CHECK(last.sequence == 1 && last.bytes_sent == sp->bytes_sent && last.wall == sp->wall &&
@@ -170,7 +170,7 @@ TEST(CollectivesStats, AllReduceCountsExactlyTheAlgorithmsBytes) {
     RANK_OK(wr.wait());
     auto sr = wr.stats();
     RANK_OK(sr.status());
-    const Expected er = reduce_scatter_bytes(3, rank, rc, q4, o.segment_bytes);
+    const Expected er = reduce_scatter_bytes(3, rank, rc, q4, *o.segment_bytes);
     RANK_CHECK(sr->kind == "reduce_scatter" && sr->count == rc && sr->codec == "q4", describe(*sr));
     RANK_CHECK(sr->bytes_sent == er.sent && sr->bytes_received == er.received &&
                    sr->payload_bytes_sent == er.payload &&
@@ -197,7 +197,7 @@ TEST(CollectivesStats, LinkEfficiencyOverAnEmulatedLink) {
     RANK_OK(w.wait());
     auto s = w.stats();
     RANK_OK(s.status());
-    const Expected e = all_reduce_bytes(3, rank, n, std::nullopt, o.segment_bytes);
+    const Expected e = all_reduce_bytes(3, rank, n, std::nullopt, *o.segment_bytes);
     RANK_CHECK(s->bytes_sent == e.sent && s->bytes_received == e.received, describe(*s));
     // The link carries 66 bytes of TCP/IP framing per 1448-byte segment (frame= default).
     const double limit_s =

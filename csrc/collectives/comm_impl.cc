@@ -75,27 +75,22 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (rank < 0 || rank >= nranks)
     return invalid_argument("init: rank " + std::to_string(rank) + " is outside [0, " +
                             std::to_string(nranks) + ")");
-  if (options.segment_bytes < 4096)
+  if (options.segment_bytes && *options.segment_bytes < 4096)
     return invalid_argument("init: segment_bytes must be at least 4096");
   // Every LOWCOMM_* variable that is set must parse, used here or not (a typo'd value of one
   // read lazily elsewhere, like LOWCOMM_TIMEOUT_S, would otherwise be a silent default).
   if (Status s = params::check_all(); !s) return Status(s.code(), "init: " + s.message());
+  // `opts`: every option the communicator keeps, set (what was not given, from the
+  // environment or the default).
   CommOptions opts = options;
-  // Byte counts from the environment, where the options keep their defaults.
-  if (options.segment_bytes == CommOptions{}.segment_bytes) {
-    auto v = env_byte_count("LOWCOMM_SEGMENT_BYTES", static_cast<int64_t>(opts.segment_bytes));
+  for (auto [field, name, fallback] :
+       {std::tuple{&opts.segment_bytes, "LOWCOMM_SEGMENT_BYTES", uint64_t{4} << 20},
+        std::tuple{&opts.direct_bytes, "LOWCOMM_DIRECT_BYTES", uint64_t{0}},
+        std::tuple{&opts.inline_bytes, "LOWCOMM_INLINE_BYTES", uint64_t{64} << 10}}) {
+    if (field->has_value()) continue;
+    auto v = env_byte_count(name, static_cast<int64_t>(fallback));
     if (!v) return v.status();
-    opts.segment_bytes = static_cast<uint64_t>(v.value());
-  }
-  if (opts.direct_bytes < 0) {
-    auto v = env_byte_count("LOWCOMM_DIRECT_BYTES", 0);
-    if (!v) return v.status();
-    opts.direct_bytes = v.value();
-  }
-  if (opts.inline_bytes < 0) {
-    auto v = env_byte_count("LOWCOMM_INLINE_BYTES", 64 << 10);
-    if (!v) return v.status();
-    opts.inline_bytes = v.value();
+    *field = static_cast<uint64_t>(v.value());
   }
   // The pinned host memory CUDA-buffer calls may stage through (device_op.h): 4 GiB unless set.
   auto pinned_limit = env_byte_count("LOWCOMM_PINNED_BYTES", int64_t{4} << 30);
@@ -103,8 +98,12 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
   auto cfg = transport::PeerConfig::from_env(rank, secret);
   if (!cfg) return cfg.status();
-  if (options.streams > 0) {
-    cfg.value().streams = options.streams;
+  if (options.streams) {
+    if (*options.streams < 1 || *options.streams > transport::kMaxStreams)
+      return invalid_argument("init: streams must be 1 to " +
+                              std::to_string(transport::kMaxStreams) + ", got " +
+                              std::to_string(*options.streams));
+    cfg.value().streams = *options.streams;
     cfg.value().adapt_streams = false;
   }
   // The emulated WAN: this rank's site (shared by all its peers, site model) and, once the
@@ -158,12 +157,15 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     paths[id_path] = *clock;
     unlink_on_exit.names.push_back(name);
   }
-  if (options.socket_buffer_bytes > 0)
-    cfg.value().socket_buffer_bytes = options.socket_buffer_bytes;
-  if (options.socket_buffer_bytes < 0) cfg.value().socket_buffer_bytes = 0;  // kernel autotuning
-  if (options.encrypt >= 0) cfg.value().seal = options.encrypt > 0;
-  if (options.failure_timeout.count() != 0) {
-    cfg.value().failure_timeout = std::max(options.failure_timeout, std::chrono::milliseconds(0));
+  if (options.socket_buffer_bytes) {
+    if (*options.socket_buffer_bytes < 0 || *options.socket_buffer_bytes > (1 << 30))
+      return invalid_argument("init: socket_buffer_bytes must be 0 (autotuning) to 1 GiB, got " +
+                              std::to_string(*options.socket_buffer_bytes));
+    cfg.value().socket_buffer_bytes = *options.socket_buffer_bytes;  // 0: kernel autotuning
+  }
+  if (options.encrypt) cfg.value().seal = *options.encrypt;
+  if (options.failure_timeout) {
+    cfg.value().failure_timeout = std::max(*options.failure_timeout, std::chrono::milliseconds(0));
   } else {
     auto ms = params::integer("LOWCOMM_FAILURE_TIMEOUT_MS");  // checked above
     cfg.value().failure_timeout =
@@ -219,10 +221,11 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   c->rank_ = rank;
   c->nranks_ = nranks;
   c->options_ = opts;
-  c->timeout_ =
-      options.timeout.count() > 0 ? Deadline::Clock::duration(options.timeout) : default_timeout();
-  Deadline deadline = options.init_timeout.count() > 0
-                          ? Deadline::after(Deadline::Clock::duration(options.init_timeout))
+  c->timeout_ = options.timeout && options.timeout->count() > 0
+                    ? Deadline::Clock::duration(*options.timeout)
+                    : default_timeout();
+  Deadline deadline = options.init_timeout && options.init_timeout->count() > 0
+                          ? Deadline::after(Deadline::Clock::duration(*options.init_timeout))
                           : Deadline::after(c->timeout_);
   const uint32_t hello_flags = intra_text == "ucx" ? collectives::kRankAsksForUcx : 0;
   auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, hello_flags, *cfg, deadline);
@@ -356,7 +359,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                 c->sites_.two_level()
                     ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
                     : " (flat: two levels need equal sites of two or more ranks)");
-  c->inline_bytes_ = static_cast<uint64_t>(opts.inline_bytes);
+  c->inline_bytes_ = *opts.inline_bytes;
   c->pinned_limit_ = static_cast<uint64_t>(*pinned_limit);
   c->gate_->comm = c.get();
   c->control_ = std::vector<Control>(nranks);

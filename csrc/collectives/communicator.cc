@@ -66,7 +66,7 @@ Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> code
   d.algorithm = algorithm;
   if (algorithm == collectives::Algorithm::kTwoLevel) mark_two_level(d, impl);
   d.segment_elems = one_hop ? 0
-                            : collectives::reduce_segment_elems(impl.options().segment_bytes,
+                            : collectives::reduce_segment_elems(*impl.options().segment_bytes,
                                                                 a.dtype, d.codec, chunk_elems);
   a.codec = d.codec;
   return impl.submit_collective(d, [a, step, body = std::move(body)](OpRun& run) mutable {
@@ -266,8 +266,7 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
     return refused(invalid_argument("all_reduce: schedule two-level takes dense codecs; sparse " +
                                     to_string(*codec) + " runs gather-all (one-hop)"));
   const bool one_hop =
-      sparse || (size() > 1 &&
-                 count * dtype_size(dtype) <= static_cast<uint64_t>(impl_->options().direct_bytes));
+      sparse || (size() > 1 && count * dtype_size(dtype) <= *impl_->options().direct_bytes);
   collectives::Algorithm alg =
       one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
   using Schedule = AllReduceOptions::Schedule;

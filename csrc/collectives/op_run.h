@@ -52,7 +52,7 @@ class OpRun {
   const OpDescriptor& desc() const { return desc_; }
   const std::vector<int>& peers() const { return peers_; }
   CpuOptions cpu() const { return CpuOptions{comm_.options().codec_threads, true}; }
-  uint64_t segment_bytes() const { return comm_.options().segment_bytes; }
+  uint64_t segment_bytes() const { return *comm_.options().segment_bytes; }  // set at init
   ErrorFeedbackStore& ef() { return comm_.ef(); }
 
   // 8-byte aligned scratch memory living as long as this OpRun; not zeroed (reused across

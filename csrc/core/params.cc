@@ -62,8 +62,7 @@ const std::vector<Param> kTable = {
      "testing hook: drop the finished result of that elastic collective"},
     {"LOWCOMM_ELASTIC_FAULT_DIE_AT_ADMIT", Kind::kChoice, "0", 0, 0, "0|1",
      "testing hook: 1: die before the data of a collective that admits a member"},
-    {"LOWCOMM_DEBUG", Kind::kChoice, "WARN", 0, 0, "NONE|OFF|0|WARN|INFO|TRACE",
-     "log level"},
+    {"LOWCOMM_DEBUG", Kind::kChoice, "WARN", 0, 0, "NONE|OFF|0|WARN|INFO|TRACE", "log level"},
     {"LOWCOMM_SECRET", Kind::kText, "", 0, 0, "", "NCCL plugin: the shared secret"},
     {"LOWCOMM_SECRET_FILE", Kind::kText, "", 0, 0, "",
      "NCCL plugin: a file (mode 600) holding the shared secret"},
@@ -116,7 +115,9 @@ std::optional<std::string> raw(std::string_view name, Kind kind) {
 
 }  // namespace
 
-const std::vector<Param>& table() { return kTable; }
+const std::vector<Param>& table() {
+  return kTable;
+}
 
 const Param& find(std::string_view name) {
   for (const Param& p : kTable)
@@ -126,7 +127,9 @@ const Param& find(std::string_view name) {
   std::abort();
 }
 
-std::optional<std::string> text(std::string_view name) { return raw(name, Kind::kText); }
+std::optional<std::string> text(std::string_view name) {
+  return raw(name, Kind::kText);
+}
 
 Result<std::optional<std::string>> choice(std::string_view name) {
   const auto v = raw(name, Kind::kChoice);
@@ -283,6 +286,8 @@ Result<std::optional<std::string>> env_value(std::string_view name) {
   return std::optional<std::string>();
 }
 
-std::string env_describe() { return params::describe(); }
+std::string env_describe() {
+  return params::describe();
+}
 
 }  // namespace lowcomm

@@ -50,12 +50,12 @@ Result<std::unique_ptr<transport::Peer>> connect_once(
 }  // namespace
 
 Status ElasticImpl::start(const UniqueId& id) {
-  options_.comm.timeout =
-      options_.comm.timeout.count() ? options_.comm.timeout : std::chrono::minutes(30);
+  if (options_.comm.timeout.value_or(std::chrono::milliseconds(0)).count() <= 0)
+    options_.comm.timeout = std::chrono::minutes(30);
   // A frozen or cut-off member is the membership heartbeats' to find (it is evicted, and the
   // view's communicator aborted): the views' communicators do not fail on a silent peer of
   // their own accord.
-  options_.comm.failure_timeout = std::chrono::milliseconds(-1);
+  options_.comm.failure_timeout = std::chrono::milliseconds(0);  // off
   if (Status s = params::check_all(); !s) return s;
   // The membership's failure floor: the option, else the variable where positive, else 1.5 s.
   auto floor_ms = params::integer("LOWCOMM_FAILURE_TIMEOUT_MS");
@@ -87,7 +87,7 @@ Result<transport::PeerConfig> ElasticImpl::membership_config(const UniqueId& id,
   if (!cfg) return cfg.status();
   // Sealed as the data connections are (CommOptions::encrypt, else LOWCOMM_ENCRYPT): a
   // joiner's state stripes (the model) cross these connections.
-  if (options_.comm.encrypt >= 0) cfg.value().seal = options_.comm.encrypt > 0;
+  if (options_.comm.encrypt) cfg.value().seal = *options_.comm.encrypt;
   // One stream; the socket buffers (the window) of a data stream, since a joiner's state
   // stripes come over these connections (1 MiB windows held a 50 ms path to 168 Mbit/s each).
   // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
@@ -131,7 +131,7 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::found(const UniqueId& id, int 
   std::memcpy(own.data(), mine.data(), mine.size());
   LOWCOMM_CHECK(data->all_gather(own.data(), all.data(), kAddr, DType::kUInt8).wait());
   // The higher id connects to the lower; the lower accepts.
-  Deadline deadline = Deadline::after(e->options_.comm.timeout);
+  Deadline deadline = Deadline::after(*e->options_.comm.timeout);  // set by start()
   for (int r = 0; r < nranks; ++r) {
     std::string a(all.data() + kAddr * static_cast<size_t>(r));
     e->addresses_[static_cast<uint32_t>(r)] = a;

@@ -79,10 +79,15 @@ enum class ReduceOp : uint8_t {
 inline constexpr uint8_t kMaxReduceOp = 7;
 LOWCOMM_API const char* reduce_op_name(ReduceOp op);
 
+// The communicator's options. One convention for "not given": an empty std::optional, or an
+// empty string for the text fields; then the LOWCOMM_* variable named (README, "Environment")
+// decides, else the default. A value given, whatever it is, is used as given: an explicit 4 MiB
+// segment is not taken for the default.
 struct CommOptions {
-  // TCP streams per peer, all striped; 0: LOWCOMM_STREAMS, else 4 opened and as many striped
-  // as the path needs (one on a LAN, four at 100 ms RTT with 32 MiB buffers; docs/transport.md).
-  int streams = 0;
+  // TCP streams per peer, all striped; unset: LOWCOMM_STREAMS, else 4 opened and as many
+  // striped as the path needs (one on a LAN, four at 100 ms RTT with 32 MiB buffers;
+  // docs/transport.md).
+  std::optional<int> streams;
   std::string wan;  // emulated link of this rank's sends (LOWCOMM_WAN syntax); "": LOWCOMM_WAN
   // Which ranks share a site (a fast local network behind one WAN link): one label per rank,
   // comma-separated ("0,0,0,0,1,1,1,1"), or "flat". "": LOWCOMM_SITES, else the site= rules of
@@ -112,19 +117,19 @@ struct CommOptions {
   // that size, both tried first; docs/sparse.md). "": LOWCOMM_SPARSE_SCHEDULE, else auto. Every
   // rank must pass the same. Top-k always gathers (its positions differ by rank).
   std::string sparse_schedule;
-  // Deadline of init and of every operation (from when it starts running); 0: LOWCOMM_TIMEOUT_S,
-  // else 30 minutes.
-  std::chrono::milliseconds timeout{0};
+  // Deadline of init and of every operation (from when it starts running); unset:
+  // LOWCOMM_TIMEOUT_S, else 30 minutes.
+  std::optional<std::chrono::milliseconds> timeout;
   // Deadline of init alone, when it must differ from the operations' (torch's reconfigure has a
-  // timeout of its own); 0: `timeout`.
-  std::chrono::milliseconds init_timeout{0};
+  // timeout of its own); unset: `timeout`.
+  std::optional<std::chrono::milliseconds> init_timeout;
   // The least silence after which a peer that an operation waits on is failed as frozen or cut
   // off (SIGSTOP, a hung host, a cut path keep sockets open: without this only `timeout` ends
   // the wait). The peer's progress thread answers pings whatever its caller does, so a rank
   // merely late to a collective is not silent; the timeout in use grows with the measured round
-  // trip. Every rank's operation then fails naming the peer. 0: LOWCOMM_FAILURE_TIMEOUT_MS
-  // (0 there: off), else 1500 ms; negative: off.
-  std::chrono::milliseconds failure_timeout{0};
+  // trip. Every rank's operation then fails naming the peer. 0: off; unset:
+  // LOWCOMM_FAILURE_TIMEOUT_MS (0 there: off), else 1500 ms.
+  std::optional<std::chrono::milliseconds> failure_timeout;
   // How long init waits for the other ranks to join once it has started (the root: for every
   // rank's hello, then for every rank's connections; the others: for the root's answer, twice
   // this), before it fails naming the ranks missing as frozen, gone or late. For groups whose
@@ -142,32 +147,33 @@ struct CommOptions {
   // latency-bound: compressing them saves nothing). 0: every size.
   uint64_t codec_min_bytes = 0;
   // The reduce algorithms' largest pipelining unit (input bytes): segments are an eighth of an
-  // owner chunk, at least 64 KiB, at most this. LOWCOMM_SEGMENT_BYTES replaces the default
-  // (ranks must agree: the descriptor check says so).
-  uint64_t segment_bytes = 4u << 20;
+  // owner chunk, at least 64 KiB, at most this (at least 4096); unset: LOWCOMM_SEGMENT_BYTES,
+  // else 4 MiB (ranks must agree: the descriptor check says so).
+  std::optional<uint64_t> segment_bytes;
   // All-reduces of at most this many input bytes take the one-hop algorithm: every rank sends
   // its (encoded) tensor to every other and reduces the P contributions itself, in rank order.
   // One one-way delay instead of two, (P-1)·n·w bytes sent instead of 2(P-1)/P·n·w, one
   // quantization instead of two (uncompressed: the same bits as the owner reduction). For
   // small tensors on long links, e.g. a trainer that all-reduces each parameter synchronously.
-  // -1: LOWCOMM_DIRECT_BYTES, else 0 (never). Ranks must agree (the descriptor check says so).
-  int64_t direct_bytes = -1;
+  // 0: never; unset: LOWCOMM_DIRECT_BYTES, else 0. Ranks must agree (the descriptor check says
+  // so).
+  std::optional<uint64_t> direct_bytes;
   int codec_threads = 0;  // CpuOptions::threads for encode/decode
-  // SO_SNDBUF/SO_RCVBUF per stream; 0: LOWCOMM_SOCKET_BUFFER, else 32 MiB; -1: the kernel's
-  // autotuning (a default TCP socket).
-  int socket_buffer_bytes = 0;
+  // SO_SNDBUF/SO_RCVBUF per stream, at most 1 GiB; 0: the kernel's autotuning (a default TCP
+  // socket); unset: LOWCOMM_SOCKET_BUFFER, else 32 MiB.
+  std::optional<int> socket_buffer_bytes;
   // Every payload byte carries a check either way (XXH3-128 per chunk; a corrupted chunk fails
   // its operation with kCorruptData naming the peer). 1: also encrypt and authenticate every
   // stream with AES-256-GCM (keys derived from the id's secret in each stream's handshake;
-  // docs/transport.md); 0: integrity only; -1: LOWCOMM_ENCRYPT (0 or 1), else 0. All ranks must
-  // agree: a rank that differs fails init naming the mismatch.
-  int encrypt = -1;
+  // docs/transport.md); false: integrity only; unset: LOWCOMM_ENCRYPT (0 or 1), else false. All
+  // ranks must agree: a rank that differs fails init naming the mismatch.
+  std::optional<bool> encrypt;
   // A collective of at most this many input bytes may run on the thread that waits for it
   // (Work::wait, lowcommWait, torch's wait) when it is next in line and the communicator's
   // thread has not started it: the hand-off to that thread and back leaves the critical path.
-  // Calls still return at once; wait_for and test never run anything. -1: LOWCOMM_INLINE_BYTES,
-  // else 64 KiB; 0: never.
-  int64_t inline_bytes = -1;
+  // Calls still return at once; wait_for and test never run anything. 0: never; unset:
+  // LOWCOMM_INLINE_BYTES, else 64 KiB.
+  std::optional<uint64_t> inline_bytes;
 };
 
 // Where an operation's buffers live. kCuda: device pointers of one CUDA device, the work

@@ -210,7 +210,7 @@ class LowcommBackend : public c10d::Backend {
   lowcomm::CommOptions comm_options() const {
     lowcomm::CommOptions o;
     o.timeout = timeout_;
-    o.direct_bytes = config_.direct_bytes;
+    if (config_.direct_bytes >= 0) o.direct_bytes = static_cast<uint64_t>(config_.direct_bytes);
     o.sparse_schedule = config_.sparse_schedule;
     o.join_timeout = config_.join_timeout;
     return o;
