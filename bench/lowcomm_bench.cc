@@ -392,7 +392,7 @@ double cpu_seconds() {
 
 std::string job_token() {
   for (const char* k : {"OMPI_MCA_orte_ess_jobid", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
-                        "LOWCOMM_BENCH_TOKEN"})
+                        "LCBENCH_JOB_TOKEN"})
     if (const char* v = std::getenv(k)) return v;
   return "none";
 }
@@ -980,7 +980,7 @@ int launch_ranks(const Options& o, int argc, char** argv) {
   exe[len] = '\0';
   std::string token =
       std::to_string(::getpid()) + "-" + std::to_string(Clock::now().time_since_epoch().count());
-  ::setenv("LOWCOMM_BENCH_TOKEN", token.c_str(), 1);
+  ::setenv("LCBENCH_JOB_TOKEN", token.c_str(), 1);
   std::string id_file = o.id_file.empty() ? "/tmp/lowcomm-bench-" + token + ".id" : o.id_file;
   std::remove(id_file.c_str());
   std::fflush(stdout);

@@ -237,40 +237,67 @@ TEST(CollectivesMismatch, DescriptorFieldsRoundTripEachInItsOwnPlace) {
   seg.segment_elems = 64 * 1001;
   EXPECT_FALSE(collectives::same_operation(d, seg));
 
-  OpDescriptor send;
-  send.kind = OpKind::kSend;
-  send.count = 10;
-  send.root = 1;
+  OpDescriptor send =
+      collectives::p2p_descriptor(OpKind::kSend, 10, DType::kFloat32, 1, (uint64_t{1} << 60) - 1);
   send.nranks = 2;
-  send.tag = (uint64_t{1} << 60) - 1;
   auto sb = send.encode();
   for (int i = 56; i < 60; ++i) EXPECT_EQ(sb[i], 0) << "segment byte " << i;
   auto sback = OpDescriptor::decode(sb.data(), "test");
   ASSERT_TRUE(sback.is_ok()) << sback.status().to_string();
-  EXPECT_EQ(sback->tag, send.tag);
+  EXPECT_EQ(sback->user_tag, send.user_tag);
+  EXPECT_EQ(sback->agree_hash, 0u);
+  EXPECT_EQ(sback->report, 0u);
   EXPECT_EQ(sback->segment_elems, 0u);
   EXPECT_EQ(sback->algorithm, Algorithm::kDefault);
   OpDescriptor other_tag = send;
-  other_tag.tag = 5;
+  other_tag.user_tag = 5;
   EXPECT_FALSE(collectives::same_operation(send, other_tag));
 
-  // The two-level all-reduce carries its site map's hash in the tag field.
+  // The two-level all-reduce carries its site map's hash (folded to 32 bits) and the sender's
+  // report: in the tag word's high and low halves, as before the fields had names of their own.
   OpDescriptor two = d;
   two.algorithm = Algorithm::kTwoLevel;
-  two.tag = 0x1234567890abcdefull;
-  auto tback = OpDescriptor::decode(two.encode().data(), "test");
+  const uint64_t sites = 0x0badf00d19a5c0deull;
+  collectives::stamp_agreement(two, sites, 0x5ea5ea5e, 0x90abcdef);
+  EXPECT_EQ(two.agree_hash, (sites ^ (sites >> 32)) & 0xffffffffu);
+  EXPECT_EQ(two.report, 0x90abcdefu);
+  auto tb = two.encode();
+  uint64_t word = 0;
+  for (int i = 0; i < 8; ++i) word |= static_cast<uint64_t>(tb[48 + i]) << (8 * i);
+  EXPECT_EQ(word, two.agree_hash << 32 | 0x90abcdefull);
+  auto tback = OpDescriptor::decode(tb.data(), "test");
   ASSERT_TRUE(tback.is_ok()) << tback.status().to_string();
   EXPECT_EQ(tback->algorithm, Algorithm::kTwoLevel);
-  EXPECT_EQ(tback->tag, two.tag);
-  // An all-reduce's low half is the sender's report (op_report.h): printed and compared without.
-  EXPECT_NE(tback->to_string().find("two-level, sites 12345678,"), std::string::npos)
+  EXPECT_EQ(tback->agree_hash, two.agree_hash);
+  EXPECT_EQ(tback->report, two.report);
+  // The report is the sender's alone (op_report.h): printed and compared without.
+  char sites_text[16];
+  std::snprintf(sites_text, sizeof(sites_text), "%08llx",
+                static_cast<unsigned long long>(two.agree_hash));
+  EXPECT_NE(tback->to_string().find(std::string("two-level, sites ") + sites_text + ","),
+            std::string::npos)
       << tback->to_string();
   EXPECT_FALSE(collectives::same_operation(d, two));
   OpDescriptor other_report = two;
-  other_report.tag = 0x1234567800000001ull;
+  other_report.report = 1;
   EXPECT_TRUE(collectives::same_operation(two, other_report));
-  other_report.tag = 0x1234567900abcdefull;
+  other_report.agree_hash ^= 1;
   EXPECT_FALSE(collectives::same_operation(two, other_report));
+  // A two-level all-gather (no report) agrees on the whole 64-bit site hash.
+  OpDescriptor gather;
+  gather.kind = OpKind::kAllGather;
+  gather.algorithm = Algorithm::kTwoLevel;
+  collectives::stamp_agreement(gather, sites, 0, 0x90abcdef);
+  EXPECT_EQ(gather.agree_hash, sites);
+  EXPECT_EQ(gather.report, 0u);
+  // A flat all-reduce agrees on its owner shares, a randk one on its positions.
+  OpDescriptor flat = d;
+  collectives::stamp_agreement(flat, sites, 0x5ea5ea5e, 7);
+  EXPECT_EQ(flat.agree_hash, 0x5ea5ea5eu);
+  // A send keeps its user tag and nothing else.
+  OpDescriptor stamped_send = send;
+  collectives::stamp_agreement(stamped_send, sites, 0x5ea5ea5e, 7);
+  EXPECT_EQ(stamped_send.encode(), send.encode());
 
   // An algorithm this build does not know is refused as damaged, not read as another one.
   bytes[34] = 3;

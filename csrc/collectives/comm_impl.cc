@@ -508,7 +508,7 @@ Work CommImpl::submit_p2p(OpDescriptor desc, int peer, Body body) {
   op.peers = {peer};
   op.body = std::move(body);
   std::lock_guard<std::mutex> lock(mu_);
-  desc.seq = p2p_seq_[{peer, desc.tag, is_send}]++;
+  desc.seq = p2p_seq_[{peer, desc.user_tag, is_send}]++;
   op.p2p_index =
       is_send ? p2p_sent_[static_cast<size_t>(peer)]++ : p2p_received_[static_cast<size_t>(peer)]++;
   op.work = std::make_shared<WorkState>(desc.seq, collectives::identity_stats(desc));
@@ -599,26 +599,18 @@ void CommImpl::run_one(Op& op) {
   if (op.desc.auto_schedule)
     op.desc.algorithm = schedule_.pick(collectives::SchedulePicker::size_class(
         op_bytes, sparse, sparse ? op.desc.codec->keep : 0));
-  // A flat or two-level all-reduce names its owner shares or its sites in the high half of the
-  // tag, and carries this rank's report (op_report.h) in the low half: its rate (shares.h; the
-  // large flat ones measure it) and the time of its previous such call.
+  // What the ranks agree on (the sites, the owner shares, a randk call's positions) and, where
+  // the operation carries one, this rank's report (op_report.h): its rate (shares.h; the large
+  // flat all-reduces measure it) and the time of its previous such call.
   const bool reports = op.desc.carries_report();
   const bool flat = op.desc.algorithm == collectives::Algorithm::kDefault;
   // A sparse all-reduce's traffic is too small to measure a link by.
   const bool rated = reports && flat && shares_auto_ && !sparse;
   collectives::OpReport mine;
-  if (reports) {
-    mine.rate = shares_auto_ ? shares_.own_code() : 0;
-    mine.time = collectives::encode_time(last_report_seconds_);
-    const uint64_t site_hash = sites_.hash ^ (sites_.hash >> 32);
-    // A sparse all-reduce keeps what the call put there (randk: its positions' seed).
-    const uint64_t high = sparse ? op.desc.tag >> 32
-                          : flat ? (shares_auto_ ? shares_.plan().hash() : 0)
-                          : op.desc.algorithm == collectives::Algorithm::kTwoLevel
-                              ? site_hash & 0xffffffffu
-                              : 0;
-    op.desc.tag = high << 32 | mine.pack();
-  }
+  mine.rate = shares_auto_ ? shares_.own_code() : 0;
+  mine.time = collectives::encode_time(last_report_seconds_);
+  collectives::stamp_agreement(op.desc, sites_.hash, shares_auto_ ? shares_.plan().hash() : 0,
+                               mine.pack());
   const auto measure_from = transport::PaceClock::now();
   std::string what = op.desc.to_string();
   {

@@ -41,11 +41,11 @@ CompressionPolicy policy_of(const CommImpl& impl) {
   return CompressionPolicy{impl.options().codec, impl.options().codec_min_bytes};
 }
 
-// A two-level operation's descriptor: the algorithm and the site map's hash, so ranks that
-// disagree about the sites fail the check instead of mixing schedules.
-void mark_two_level(OpDescriptor& d, const CommImpl& impl) {
+// A two-level operation's descriptor (the site map's hash joins it when it runs:
+// stamp_agreement), so ranks that disagree about the sites fail the check instead of mixing
+// schedules.
+void mark_two_level(OpDescriptor& d) {
   d.algorithm = collectives::Algorithm::kTwoLevel;
-  d.tag = impl.sites().hash;
 }
 
 // What all_reduce, reduce_scatter and reduce share once their arguments are checked: the
@@ -64,7 +64,7 @@ Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> code
   d.codec = std::move(codec);
   if (collectives::plain_codec(d.codec, a.dtype)) d.codec.reset();
   d.algorithm = algorithm;
-  if (algorithm == collectives::Algorithm::kTwoLevel) mark_two_level(d, impl);
+  if (algorithm == collectives::Algorithm::kTwoLevel) mark_two_level(d);
   d.segment_elems = one_hop ? 0
                             : collectives::reduce_segment_elems(*impl.options().segment_bytes,
                                                                 a.dtype, d.codec, chunk_elems);
@@ -272,16 +272,9 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   using Schedule = AllReduceOptions::Schedule;
   if (sparse) {
     // Random-k: gather-all or the owner reduction over the shared positions (docs/sparse.md).
-    // Its positions follow (seed, step): their hash rides in the high half of the tag (the
-    // low half is the sender's report), so ranks that would keep different positions fail the
-    // descriptor check instead of summing values of different elements.
-    if (codec->kind == CodecKind::kRandk) {
-      uint8_t key[17] = {};
-      std::memcpy(key, &options.seed, 8);
-      key[8] = options.step ? 1 : 0;
-      if (options.step) std::memcpy(key + 9, &*options.step, 8);
-      d.tag = static_cast<uint64_t>(fnv1a32(key, sizeof(key)) | 1u) << 32;
-    }
+    // Its positions follow (seed, step): ranks must agree on them (stamp_agreement).
+    if (codec->kind == CodecKind::kRandk)
+      d.positions = collectives::positions_hash(options.seed, options.step);
     using Sparse = AllReduceOptions::SparseSchedule;
     const bool can = collectives::can_share_positions(codec, dtype, op);
     if (options.sparse_schedule == Sparse::kOwner && !can)
@@ -417,7 +410,7 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
   // Sites: two levels for a large result (the map's hash in the descriptor, as all_reduce's).
   if (collectives::use_two_level_gather(
           impl_->sites(), send_count * dtype_size(dtype) * static_cast<uint64_t>(size()))) {
-    mark_two_level(d, *impl_);
+    mark_two_level(d);
   }
   CommImpl* impl = impl_.get();
   auto body = [=](OpRun& run, const void* in, void* out) {
@@ -536,7 +529,7 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
   d.dtype = dtype;
   d.root = root;
   if (collectives::use_two_level_gather(impl_->sites(), count * dtype_size(dtype))) {
-    mark_two_level(d, *impl_);
+    mark_two_level(d);
   }
   CommImpl* impl = impl_.get();
   auto body = [=](OpRun& run, const void* in, void* out) {
@@ -559,12 +552,7 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
 Work Communicator::send(const void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
   if (Status s = check_p2p("send", buf, count, dtype, peer, tag, rank(), size()); !s)
     return refused(s);
-  OpDescriptor d;
-  d.kind = OpKind::kSend;
-  d.count = count;
-  d.dtype = dtype;
-  d.root = rank();
-  d.tag = tag;
+  OpDescriptor d = collectives::p2p_descriptor(OpKind::kSend, count, dtype, rank(), tag);
   return impl_->submit_p2p(
       d, peer, [=](OpRun& run) { return collectives::send(run, buf, count, dtype, peer, tag); });
 }
@@ -572,23 +560,14 @@ Work Communicator::send(const void* buf, uint64_t count, DType dtype, int peer, 
 Work Communicator::recv(void* buf, uint64_t count, DType dtype, int peer, uint64_t tag) {
   if (Status s = check_p2p("recv", buf, count, dtype, peer, tag, rank(), size()); !s)
     return refused(s);
-  OpDescriptor d;
-  d.kind = OpKind::kRecv;
-  d.count = count;
-  d.dtype = dtype;
-  d.root = peer;
-  d.tag = tag;
+  OpDescriptor d = collectives::p2p_descriptor(OpKind::kRecv, count, dtype, peer, tag);
   return impl_->submit_p2p(
       d, peer, [=](OpRun& run) { return collectives::recv(run, buf, count, dtype, peer, tag); });
 }
 
 Work Communicator::recv_any(void* buf, uint64_t count, DType dtype, uint64_t tag) {
   if (Status s = check_recv_any(buf, count, dtype, tag, rank(), size()); !s) return refused(s);
-  OpDescriptor d;
-  d.kind = OpKind::kRecv;
-  d.count = count;
-  d.dtype = dtype;
-  d.tag = tag;
+  OpDescriptor d = collectives::p2p_descriptor(OpKind::kRecv, count, dtype, -1, tag);
   return impl_->submit_recv_any(
       d, [=](OpRun& run) { return collectives::recv_any(run, buf, count, dtype, tag); });
 }

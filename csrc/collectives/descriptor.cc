@@ -1,6 +1,7 @@
 #include "collectives/descriptor.h"
 
 #include <cstdio>
+#include <cstring>
 
 #include "collectives/partition.h"
 #include "core/fnv1a.h"
@@ -78,7 +79,11 @@ std::array<uint8_t, kDescriptorBytes> OpDescriptor::encode() const {
   }
   p[34] = static_cast<uint8_t>(algorithm);
   store_le32(p + 36, nranks);
-  store_le64(p + 48, tag);
+  // The tag word (the header's comment).
+  const uint64_t word = kind == OpKind::kSend || kind == OpKind::kRecv ? user_tag
+                        : carries_report() ? (agree_hash & 0xffffffffu) << 32 | report
+                                           : agree_hash;
+  store_le64(p + 48, word);
   // In scale groups: segment_elems is a multiple of the granule (reduce_segment_elems).
   store_le32(p + 56, static_cast<uint32_t>(segment_elems / granule(codec)));
   store_le32(p + 60, fnv1a32(p, 60));
@@ -101,7 +106,6 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
   d.count = load_le64(p + 16);
   d.root = static_cast<int32_t>(load_le32(p + 24));
   d.nranks = load_le32(p + 36);
-  d.tag = load_le64(p + 48);
   d.algorithm = static_cast<Algorithm>(p[34]);
   if (p[7] != 0xFF) {
     CodecSpec s;
@@ -125,6 +129,16 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
   if (groups > UINT64_MAX / g)
     return corrupt_data(who + ": operation descriptor has out-of-range fields");
   d.segment_elems = groups * g;
+  // The tag word, by kind (carries_report() needs the codec and algorithm, read above).
+  const uint64_t word = load_le64(p + 48);
+  if (d.kind == OpKind::kSend || d.kind == OpKind::kRecv) {
+    d.user_tag = word;
+  } else if (d.carries_report()) {
+    d.agree_hash = word >> 32;
+    d.report = static_cast<uint32_t>(word);
+  } else {
+    d.agree_hash = word;
+  }
   return d;
 }
 
@@ -139,39 +153,73 @@ std::string OpDescriptor::to_string() const {
   if (algorithm == Algorithm::kTwoLevel) {
     // An all-reduce's low half is the sender's report, not part of the operation.
     char h[24];
-    if (carries_report())
-      std::snprintf(h, sizeof(h), "%08llx", static_cast<unsigned long long>(tag >> 32));
-    else
-      std::snprintf(h, sizeof(h), "%016llx", static_cast<unsigned long long>(tag));
+    std::snprintf(h, sizeof(h), carries_report() ? "%08llx" : "%016llx",
+                  static_cast<unsigned long long>(agree_hash));
     s += std::string(", two-level, sites ") + h;
   }
   const bool sparse = codec && codec->sparse();
-  if (carries_report() && (algorithm == Algorithm::kDefault || sparse) && (tag >> 32) != 0) {
-    char h[16];
-    std::snprintf(h, sizeof(h), "%08llx", static_cast<unsigned long long>(tag >> 32));
+  if (carries_report() && (algorithm == Algorithm::kDefault || sparse) && agree_hash != 0) {
+    char h[24];
+    std::snprintf(h, sizeof(h), "%08llx", static_cast<unsigned long long>(agree_hash));
     s += std::string(sparse ? ", positions " : ", shares ") + h;
   }
   if (kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
       kind == OpKind::kScatter)
     s += ", root " + std::to_string(root);
   if (kind == OpKind::kSend)
-    s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(tag);
+    s += ", from rank " + std::to_string(root) + ", tag " + std::to_string(user_tag);
   if (kind == OpKind::kRecv)
     s += (root < 0 ? std::string(", from any rank") : ", from rank " + std::to_string(root)) +
-         ", tag " + std::to_string(tag);
+         ", tag " + std::to_string(user_tag);
   s += ", " + std::to_string(nranks) + " ranks)";
   return s;
 }
 
 OpDescriptor OpDescriptor::agreed() const {
   OpDescriptor d = *this;
-  if (d.carries_report()) d.tag &= ~uint64_t{0xffffffff};
+  d.report = 0;
   d.auto_schedule = false;
+  d.positions = 0;
   return d;
 }
 
 bool same_operation(const OpDescriptor& a, const OpDescriptor& b) {
   return a.agreed().encode() == b.agreed().encode();
+}
+
+OpDescriptor p2p_descriptor(OpKind kind, uint64_t count, DType dtype, int32_t root,
+                            uint64_t user_tag) {
+  OpDescriptor d;
+  d.kind = kind;
+  d.count = count;
+  d.dtype = dtype;
+  d.root = root;
+  d.user_tag = user_tag;
+  return d;
+}
+
+uint32_t positions_hash(uint64_t seed, std::optional<uint64_t> step) {
+  uint8_t key[17] = {};
+  std::memcpy(key, &seed, 8);
+  key[8] = step ? 1 : 0;
+  if (step) std::memcpy(key + 9, &*step, 8);
+  return fnv1a32(key, sizeof(key)) | 1u;
+}
+
+void stamp_agreement(OpDescriptor& d, uint64_t sites_hash, uint32_t shares_hash, uint32_t report) {
+  if (d.kind == OpKind::kSend || d.kind == OpKind::kRecv) return;
+  const bool sparse = d.codec && d.codec->sparse();
+  if (!d.carries_report()) {
+    d.agree_hash = d.algorithm == Algorithm::kTwoLevel ? sites_hash : 0;
+    return;
+  }
+  d.report = report;
+  if (sparse)
+    d.agree_hash = d.positions;  // randk; 0 for top-k
+  else if (d.algorithm == Algorithm::kTwoLevel)
+    d.agree_hash = (sites_hash ^ (sites_hash >> 32)) & 0xffffffffu;
+  else
+    d.agree_hash = shares_hash;
 }
 
 }  // namespace lowcomm::collectives

@@ -10,8 +10,11 @@
 //   0 "LCD1" | 4 kind u8, dtype u8, op u8, codec kind u8 | 8 seq u64 | 16 count u64
 //   24 root i32 | 28 codec bits u8, wire dtype u8, grouping u8, rounding u8
 //   32 block u16 (block-grouped codecs; else 0) | 34 algorithm u8 | 35 reserved u8 0
-//   36 nranks u32 | 40 cols u64 | 48 p2p tag u64 | 56 segment u32 | 60 FNV-1a 32 of [0, 60)
-// Each field has one meaning whatever the kind (0 where it does not apply). The algorithm and
+//   36 nranks u32 | 40 cols u64 | 48 tag word u64 | 56 segment u32 | 60 FNV-1a 32 of [0, 60)
+// The tag word holds, by kind: a send's or receive's user_tag; an operation that carries a
+// report (carries_report()), agree_hash in its high 32 bits and the report in the low 32;
+// any other, agree_hash. Only encode() and decode() pack and unpack it: in memory each field
+// has one meaning whatever the kind (0 where it does not apply). The algorithm and
 // the segment got fields of their own within the fixed 64 bytes: the block takes 16 bits (a
 // valid block is at most 4096) and the segment is counted in the codec's scale groups
 // (granule(): the block, the column count, or one element), so 32 bits hold any segment
@@ -50,7 +53,7 @@ enum class Algorithm : uint8_t {
   kDefault = 0,   // the kind's own schedule (all-reduce, reduce-scatter, reduce: owner reduction)
   kOneHop = 1,    // all-reduce: every contribution to every rank (one_hop_reduce.cc)
   kTwoLevel = 2,  // all-reduce (two_level.cc), all-gather (two_level_all_gather.cc) over sites;
-                  // the tag field carries the site map's hash (SitePlan::hash): ranks must agree
+                  // agree_hash carries the site map's hash (SitePlan::hash): ranks must agree
 };
 
 inline constexpr size_t kDescriptorBytes = 64;
@@ -66,14 +69,18 @@ struct OpDescriptor {
   std::optional<CodecSpec> codec;  // reductions only; unset: uncompressed
   int32_t root = -1;               // broadcast: the root; send: the sending rank
   uint32_t nranks = 0;
-  // send/recv: the user's tag (below tags::kMaxUserTag); a two-level all-gather, broadcast or
-  // reduce-scatter: the hash of its site map; an all-reduce, flat or two-level: in the high 32
-  // bits the hash of its owner shares (shares.h) or of its site map (folded to 32 bits), in
-  // the low 32 the sender's report (op_report.h: its rate, its last call's time), the one
-  // field a rank's peers need not agree with (agreed() clears it); a sparse all-reduce: the
-  // report likewise, and for randk the hash of its positions' (seed, step) in the high half;
-  // 0 otherwise
-  uint64_t tag = 0;
+  // send/recv: the user's tag (below tags::kMaxUserTag); 0 otherwise. Set by p2p_descriptor.
+  uint64_t user_tag = 0;
+  // What else the ranks must agree on, set when the operation runs (stamp_agreement): a
+  // two-level all-gather, broadcast or reduce-scatter, its site map's hash; a two-level
+  // all-reduce, the site map's hash folded to 32 bits; a flat all-reduce, its owner shares'
+  // hash (shares.h; 0: equal); a randk all-reduce, its positions' hash (positions_hash); 0
+  // otherwise. 32 bits where the operation carries a report.
+  uint64_t agree_hash = 0;
+  // The sender's report (op_report.h: its rate, its last call's time) where carries_report():
+  // the one field a rank's peers need not agree with (agreed() clears it). Set by
+  // stamp_agreement.
+  uint32_t report = 0;
   Algorithm algorithm = Algorithm::kDefault;
   // The owner reduction: elements per pipeline segment (reduce_segment_elems: a multiple of
   // granule(codec), at most kMaxSegmentGroups groups); 0 otherwise.
@@ -84,6 +91,9 @@ struct OpDescriptor {
   // flat or two levels (a randk codec: owner or gather-all) when the operation runs
   // (schedule_picker.h).
   bool auto_schedule = false;
+  // Local, never on the wire: a randk all-reduce's positions' hash (positions_hash), which
+  // stamp_agreement makes its agree_hash.
+  uint32_t positions = 0;
 
   // Whether the low half of the tag is the sender's report (a flat or two-level all-reduce, or
   // a sparse one, whose schedule the picker may choose too).
@@ -92,7 +102,6 @@ struct OpDescriptor {
            (algorithm == Algorithm::kDefault || algorithm == Algorithm::kTwoLevel ||
             (codec && codec->sparse()));
   }
-  uint32_t report() const { return carries_report() ? static_cast<uint32_t>(tag) : 0; }
   // This descriptor less what only the sender decides (the rate): what peers must agree on.
   OpDescriptor agreed() const;
   // kCorruptData naming `who` when the bytes are not a descriptor.
@@ -102,5 +111,21 @@ struct OpDescriptor {
 };
 
 bool same_operation(const OpDescriptor& a, const OpDescriptor& b);
+
+// A send's (kSend: root is the sender) or a receive's (kRecv: root is the source, -1 any)
+// descriptor.
+OpDescriptor p2p_descriptor(OpKind kind, uint64_t count, DType dtype, int32_t root,
+                            uint64_t user_tag);
+
+// The hash a randk all-reduce's positions follow from (its seed, and its step where given):
+// ranks that would keep different positions fail the descriptor check instead of summing
+// values of different elements. Never 0.
+uint32_t positions_hash(uint64_t seed, std::optional<uint64_t> step);
+
+// What the ranks agree on besides the operation itself, and this rank's report, stamped when
+// the operation runs (its schedule is chosen then): the one writer of agree_hash and report
+// (besides decode). `sites_hash`: SitePlan::hash; `shares_hash`: the owner shares' plan hash in
+// use (0: equal); `report`: OpReport::pack() of this rank.
+void stamp_agreement(OpDescriptor& d, uint64_t sites_hash, uint32_t shares_hash, uint32_t report);
 
 }  // namespace lowcomm::collectives

@@ -212,8 +212,8 @@ Status OpRun::check_descriptors() {
 
 std::vector<Range> OpRun::share_chunks(uint64_t n, uint64_t g) const {
   const SharePlan& plan = comm_.share_plan();
-  if (desc_.carries_report() && desc_.algorithm == Algorithm::kDefault && (desc_.tag >> 32) != 0 &&
-      (desc_.tag >> 32) == plan.hash())
+  if (desc_.carries_report() && desc_.algorithm == Algorithm::kDefault && desc_.agree_hash != 0 &&
+      desc_.agree_hash == plan.hash())
     return plan.chunks(n, size(), g);
   return owner_chunks(n, size(), g);
 }
@@ -223,7 +223,7 @@ std::vector<uint32_t> OpRun::reports() const {
   if (!desc_checked_ || !desc_result_.is_ok()) return codes;
   for (const auto& [p, r] : desc_recvs_) {
     auto d = OpDescriptor::decode(desc_in_ + kDescriptorBytes * static_cast<uint64_t>(p), "");
-    if (d) codes[static_cast<size_t>(p)] = d->report();
+    if (d) codes[static_cast<size_t>(p)] = d->report;
   }
   return codes;
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/params.h"
 #include "driver_util.h"
 
 using namespace lowcomm::nccl_net::testing;  // NOLINT: a program of its own
@@ -143,7 +144,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!std::getenv("LOWCOMM_SECRET") && !std::getenv("LOWCOMM_SECRET_FILE"))
+  if (!lowcomm::params::text("LOWCOMM_SECRET") && !lowcomm::params::text("LOWCOMM_SECRET_FILE"))
     ::setenv("LOWCOMM_SECRET", "link-bench", 1);
   if (a.inflight < 1 || a.inflight > abi::kMaxRequests || a.bytes == 0) {
     std::fprintf(stderr, "--inflight 1..32, --bytes > 0\n");
