@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "transport/emulated_links.h"
 #include "transport/pacer.h"
 #include "transport_test_util.h"
 
@@ -387,8 +388,7 @@ TEST(TransportPeer, AnOrderlyCloseLosesNothingStillCrossingTheEmulatedDownlink) 
   auto cfg_a = test_config(0), cfg_b = test_config(1);
   for (auto* c : {&cfg_a, &cfg_b}) {
     c->wan = *parse_wan("bw=200mbit");
-    c->site = std::make_shared<SiteLinks>();
-    c->site->down.bits_per_second = 200e6;
+    c->site = own_site_links(c->wan);
   }
   auto p = connect_pair(cfg_a, cfg_b);
   ASSERT_TRUE(p.a && p.b);

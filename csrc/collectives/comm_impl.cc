@@ -4,7 +4,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,10 +19,10 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "lowcomm/codec.h"
+#include "transport/emulated_links.h"
 #include "transport/little_endian.h"
 #include "transport/pacer.h"
 #include "transport/peer_config.h"
-#include "transport/shared_site.h"
 
 namespace lowcomm {
 namespace {
@@ -118,45 +117,12 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   auto own = plan->link(rank, -1);
   if (!own) return invalid_argument("init: wan: " + own.status().message());
   cfg.value().wan = *own;
-  // A site of several ranks (site= rules) shares one uplink and downlink across its processes:
-  // their clocks live in shared memory named after the communicator's root (unique on the host
-  // while the communicator forms) and the site.
-  std::string site_name;
-  // The names below are removed once the mesh is up, or on any return before that.
-  struct Unlink {
-    std::vector<std::string> names;
-    ~Unlink() {
-      for (const std::string& n : names) transport::unlink_shared_site(n);
-    }
-  } unlink_on_exit;
-  if (own->shaped() && own->model == transport::WanModel::kSite) {
-    if (plan->site_size(rank, nranks) > 1) {
-      site_name = "/lowcomm-site-";
-      for (char ch : id.root_address)
-        site_name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-      site_name += "-" + std::to_string(plan->site_of(rank));
-      auto site = transport::open_shared_site(site_name, own->down_bits_per_second);
-      if (!site) return site.status();
-      unlink_on_exit.names.push_back(site_name);
-      cfg.value().site = *site;
-    } else {
-      cfg.value().site = std::make_shared<transport::SiteLinks>();
-      cfg.value().site->down.bits_per_second = own->down_bits_per_second;
-    }
-  }
-  // Paths (pair= rules with bw= in the site model): each link this rank sends on has its clock
-  // in shared memory, shared by the ranks of the sending set, opened before bootstrapping like
-  // the site's.
-  std::map<int, std::shared_ptr<transport::SiteLinks>> paths;
-  for (int id_path : plan->paths_from(rank)) {
-    std::string name = "/lowcomm-path-";
-    for (char ch : id.root_address) name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-    name += "-" + std::to_string(id_path);
-    auto clock = transport::open_shared_site(name, 0);
-    if (!clock) return clock.status();
-    paths[id_path] = *clock;
-    unlink_on_exit.names.push_back(name);
-  }
+  // The emulated links' clocks (emulated_links.h): opened before bootstrapping, their
+  // shared-memory names released once the mesh is up or on any return before that.
+  auto opened = transport::EmulatedLinks::open(*plan, *own, rank, nranks, id.root_address);
+  if (!opened) return opened.status();
+  transport::EmulatedLinks emulated = std::move(opened).value();
+  cfg.value().site = emulated.site();
   if (options.socket_buffer_bytes) {
     if (*options.socket_buffer_bytes < 0 || *options.socket_buffer_bytes > (1 << 30))
       return invalid_argument("init: socket_buffer_bytes must be 0 (autotuning) to 1 GiB, got " +
@@ -229,9 +195,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
                           : Deadline::after(c->timeout_);
   const uint32_t hello_flags = intra_text == "ucx" ? collectives::kRankAsksForUcx : 0;
   auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, hello_flags, *cfg, deadline);
-  // Every rank of the site opened its clocks before bootstrapping: the name can go.
-  for (const std::string& name : unlink_on_exit.names) transport::unlink_shared_site(name);
-  unlink_on_exit.names.clear();
+  // Every rank of the site opened its clocks before bootstrapping: the names can go.
+  emulated.release_names();
   if (!mesh) {
     Status s = mesh.status();
     return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
@@ -282,13 +247,9 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (plan->has_pair_rules()) {
     for (int r = 0; r < nranks; ++r) {
       if (r == rank) continue;
-      auto got = plan->link(rank, r);
+      auto got = emulated.link_to(*plan, rank, r);
       if (!got) return invalid_argument("init: wan: " + got.status().message());
-      transport::WanLink l = *got;
-      if (l.path >= 0) {
-        auto& links = paths.at(l.path);
-        l.path_clock = std::shared_ptr<transport::LinkClock>(links, &links->up);
-      }
+      const transport::WanLink& l = *got;
       c->peers_[r]->set_link(l);
       c->links_[static_cast<size_t>(r)] = l;
     }
@@ -301,10 +262,10 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     if (site_ms.is_ok() && site_ms->has_value()) threshold = **site_ms * 1e-3;
     // The kernel sees the real path; an emulated link's delay is added (each way, as both ends
     // of an emulated pair delay what they send).
-    std::vector<double> emulated(static_cast<size_t>(nranks), 0.0);
+    std::vector<double> emulated_rtt(static_cast<size_t>(nranks), 0.0);
     for (int r = 0; r < nranks; ++r)
-      emulated[static_cast<size_t>(r)] = 2 * c->links_[static_cast<size_t>(r)].one_way_delay_s;
-    auto rtt = collectives::measure_rtt_matrix(c->peers_, rank, emulated, deadline);
+      emulated_rtt[static_cast<size_t>(r)] = 2 * c->links_[static_cast<size_t>(r)].one_way_delay_s;
+    auto rtt = collectives::measure_rtt_matrix(c->peers_, rank, emulated_rtt, deadline);
     if (!rtt)
       return Status(rtt.status().code(),
                     "init rank " + std::to_string(rank) + ": " + rtt.status().message());

@@ -13,6 +13,7 @@
 #include "core/params.h"
 #include "membership/elastic_util.h"
 #include "transport/connector.h"
+#include "transport/emulated_links.h"
 #include "transport/route.h"
 
 namespace lowcomm {
@@ -93,10 +94,7 @@ Result<transport::PeerConfig> ElasticImpl::membership_config(const UniqueId& id,
   // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
   // membership connections, as by its data connections (not with them: a separate site).
   cfg.value().streams = 1;
-  if (cfg.value().wan.shaped() && cfg.value().wan.model == transport::WanModel::kSite) {
-    cfg.value().site = std::make_shared<transport::SiteLinks>();
-    cfg.value().site->down.bits_per_second = cfg.value().wan.down_bits_per_second;
-  }
+  cfg.value().site = transport::own_site_links(cfg.value().wan);
   return cfg;
 }
 

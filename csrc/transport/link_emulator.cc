@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "transport/emulated_links.h"
+
 namespace lowcomm::transport {
 
 LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site, uint64_t seed,
@@ -15,9 +17,8 @@ LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site,
       control_rng_(seed ^ 0x70696e6721ull) {
   if (link_.model == WanModel::kSite && !site_) {
     // A shared site is set up by its creator (and read on the engine thread meanwhile: never
-    // written here); a peer without one gets its own.
-    site_ = std::make_shared<SiteLinks>();
-    site_->down.bits_per_second = link_.down_bits_per_second;
+    // written here); a peer without one gets its own (only shaped links are emulated).
+    site_ = own_site_links(link_);
   }
   make_pacer(window_bytes);
 }

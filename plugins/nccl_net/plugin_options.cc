@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/params.h"
+#include "transport/emulated_links.h"
 #include "transport/pacer.h"
 
 namespace lowcomm::nccl_net {
@@ -71,10 +72,7 @@ Result<PluginOptions> PluginOptions::from_env() {
     return invalid_argument("LOWCOMM_WAN='" + *wan +
                             "': the NCCL plugin takes one section (no per-rank rules: it does "
                             "not know ranks)");
-  if (o.peer.wan.shaped() && o.peer.wan.model == transport::WanModel::kSite) {
-    o.peer.site = std::make_shared<transport::SiteLinks>();
-    o.peer.site->down.bits_per_second = o.peer.wan.down_bits_per_second;
-  }
+  o.peer.site = transport::own_site_links(o.peer.wan);
   auto handshake = env_number("LOWCOMM_HANDSHAKE_TIMEOUT_S", 10.0);
   if (!handshake) return handshake.status();
   o.peer.handshake_timeout_s = *handshake;
