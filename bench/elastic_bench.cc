@@ -29,9 +29,9 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/root_socket.h"
 #include "core/params.h"
 #include "lowcomm/elastic.h"
+#include "rendezvous/root_socket.h"
 
 using namespace lowcomm;
 using Clock = std::chrono::steady_clock;
@@ -277,7 +277,7 @@ int run_join(const Args& a) {
     if (p == 0) join_member(sh, *id, r, a);
     pids.push_back(p);
   }
-  (void)collectives::take_root_socket(id->to_string());
+  (void)rendezvous::take_root_socket(id->to_string());
   for (;;) {
     bool ready = true;
     for (int r = 0; r < a.members; ++r)
@@ -411,8 +411,8 @@ int main(int argc, char** argv) {
       if (p == 0) member(sh, *id, *sid, r, a, a.fault == "none" ? -1 : victim, delay);
       pids.push_back(p);
     }
-    (void)collectives::take_root_socket(id->to_string());
-    (void)collectives::take_root_socket(sid->to_string());
+    (void)rendezvous::take_root_socket(id->to_string());
+    (void)rendezvous::take_root_socket(sid->to_string());
     for (int r = 0; r < a.members; ++r) {
       if (r == victim && a.fault == "stop") continue;
       int st = 0;

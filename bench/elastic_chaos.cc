@@ -40,10 +40,10 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/root_socket.h"
 #include "elastic_rounds.h"
 #include "lowcomm/elastic.h"
 #include "netns.h"
+#include "rendezvous/root_socket.h"
 
 using namespace lowcomm;
 using Clock = std::chrono::steady_clock;
@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
     return s;
   };
   for (int r = 0; r < a.members; ++r) spawn(r);
-  (void)collectives::take_root_socket(id->to_string());
+  (void)rendezvous::take_root_socket(id->to_string());
 
   std::mt19937 rng(a.seed);
   auto start = Clock::now();

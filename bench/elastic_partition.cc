@@ -34,10 +34,10 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/root_socket.h"
 #include "elastic_rounds.h"
 #include "lowcomm/elastic.h"
 #include "netns.h"
+#include "rendezvous/root_socket.h"
 
 using namespace lowcomm;
 using Clock = std::chrono::steady_clock;
@@ -154,7 +154,7 @@ bool run_case(const Args& a, int split) {
     pid[s] = p;
   };
   for (int k = 0; k < kMembers; ++k) spawn(k, k, k);
-  (void)collectives::take_root_socket(id->to_string());
+  (void)rendezvous::take_root_socket(id->to_string());
   std::vector<int> left, right;
   for (int k = 0; k < kMembers; ++k) (k < split ? left : right).push_back(k);
   std::string name = std::to_string(split) + "|" + std::to_string(kMembers - split);

@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/root_socket.h"
 #include "lowcomm/communicator.h"
+#include "rendezvous/root_socket.h"
 #include "transport/socket_address.h"
 
 namespace {
@@ -155,7 +155,7 @@ std::vector<RankResult> run_group(int P, int storm_connects) {
     storm_pid = ::fork();
     if (storm_pid == 0) storm(id->root_address, storm_connects, start);
   }
-  (void)lowcomm::collectives::take_root_socket(id->to_string());
+  (void)lowcomm::rendezvous::take_root_socket(id->to_string());
   std::vector<RankResult> out(P);
   for (int r = 0; r < P; ++r) {
     std::string text;

@@ -26,7 +26,7 @@ TEST(CollectivesUniqueId, RoundTripsThroughBytesAndText) {
   EXPECT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().message().find(t.substr(t.size() - 10)), std::string::npos)
       << "the error must not echo the secret";
-  (void)collectives::take_root_socket(id->to_string());
+  (void)rendezvous::take_root_socket(id->to_string());
 }
 
 // torch's reconfigure: one root address, one communicator per context (uuid); a rank with

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/root_socket.h"
 #include "lowcomm/communicator.h"
+#include "rendezvous/root_socket.h"
 
 namespace lowcomm::testing {
 
@@ -64,7 +64,7 @@ inline std::vector<RankResult> run_ranks(int nranks, const RankFn& fn, double ti
     pids[r] = pid;
     fds[r] = p[0];
   }
-  (void)collectives::take_root_socket(id->to_string());  // the parent's copy: close it
+  (void)rendezvous::take_root_socket(id->to_string());  // the parent's copy: close it
   auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   int open = nranks;
   while (open > 0 && Clock::now() < deadline) {

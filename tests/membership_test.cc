@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "collectives/ef_store.h"
-#include "collectives/root_socket.h"
 #include "loopback_sniffer.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/elastic.h"
 #include "lowcomm/lowcomm.h"
 #include "membership/message.h"
+#include "rendezvous/root_socket.h"
 #include "transport/failure_detector.h"
 
 namespace lowcomm {
@@ -144,7 +144,7 @@ struct Fixture {
     id = *r;
   }
   ~Fixture() { ::munmap(shared, sizeof(Shared)); }
-  void parent_done_forking() { (void)collectives::take_root_socket(id.to_string()); }
+  void parent_done_forking() { (void)rendezvous::take_root_socket(id.to_string()); }
 };
 
 // Member r of n founds the group and publishes its membership address (for joiners' seeds).

@@ -11,7 +11,6 @@
 #include <map>
 #include <set>
 
-#include "collectives/bootstrap.h"
 #include "collectives/intra_site.h"
 #include "collectives/op_run.h"
 #include "collectives/rtt_probe.h"
@@ -19,6 +18,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "lowcomm/codec.h"
+#include "rendezvous/bootstrap.h"
 #include "transport/emulated_links.h"
 #include "transport/little_endian.h"
 #include "transport/pacer.h"
@@ -193,8 +193,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   Deadline deadline = options.init_timeout && options.init_timeout->count() > 0
                           ? Deadline::after(Deadline::Clock::duration(*options.init_timeout))
                           : Deadline::after(c->timeout_);
-  const uint32_t hello_flags = intra_text == "ucx" ? collectives::kRankAsksForUcx : 0;
-  auto mesh = collectives::bootstrap_mesh(id, rank, nranks, options, hello_flags, *cfg, deadline);
+  const uint32_t hello_flags = intra_text == "ucx" ? rendezvous::kRankAsksForUcx : 0;
+  auto mesh = rendezvous::bootstrap_mesh(id, rank, nranks, options, hello_flags, *cfg, deadline);
   // Every rank of the site opened its clocks before bootstrapping: the names can go.
   emulated.release_names();
   if (!mesh) {
@@ -204,7 +204,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   }
   // Each rank's host, from the root's address table (the same on every rank); empty without one.
   std::vector<std::string> hosts;
-  const collectives::BootstrapTable& table = mesh.value().table;
+  const rendezvous::BootstrapTable& table = mesh.value().table;
   if (table.addresses.size() == static_cast<size_t>(nranks))
     for (const std::string& a : table.addresses) hosts.push_back(a.substr(0, a.rfind(':')));
   // Without a map, the ranks of one host are one site (every rank draws the same map).
@@ -295,7 +295,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
     for (int r = 0; r < nranks; ++r)
       intra.asks_for_ucx.push_back(
           static_cast<size_t>(r) < table.flags.size() &&
-          (table.flags[static_cast<size_t>(r)] & collectives::kRankAsksForUcx) != 0);
+          (table.flags[static_cast<size_t>(r)] & rendezvous::kRankAsksForUcx) != 0);
     intra.sealed = cfg->seal;
     for (int r = 0; r < nranks; ++r) {
       intra.emulated.push_back(r != rank && c->links_[static_cast<size_t>(r)].shaped());

@@ -15,9 +15,11 @@
 
 #include <cstdint>
 
+#include "rendezvous/bootstrap.h"
+
 namespace lowcomm::collectives::tags {
 
-inline constexpr uint64_t kBootstrap = 1;   // init: hello to the root, the address table back
+inline constexpr uint64_t kBootstrap = rendezvous::kBootstrapTag;  // init (rendezvous/bootstrap.h)
 inline constexpr uint64_t kControl = 2;     // one message per peer and lifetime: abort or goodbye
 inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
 // Init, where the sites are measured (rtt_probe.h): each rank's row of round-trip times. (7 and 8

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "collectives/root_socket.h"
 #include "core/log.h"
 #include "membership/elastic_util.h"
+#include "rendezvous/root_socket.h"
 #include "transport/little_endian.h"
 
 namespace lowcomm {
@@ -81,10 +81,10 @@ Result<std::string> ElasticImpl::open_data_root(uint64_t view,
   host = host.substr(0, host.rfind(':'));
   auto id = create_unique_id(host);
   if (!id) return id.status();
-  UniqueFd fd = collectives::take_root_socket(id->to_string());
+  UniqueFd fd = rendezvous::take_root_socket(id->to_string());
   UniqueId keyed = *id;
   keyed.secret = view_secret(view, members);
-  collectives::register_root_socket(keyed.to_string(), std::move(fd));
+  rendezvous::register_root_socket(keyed.to_string(), std::move(fd));
   return id->root_address;
 }
 

@@ -12,9 +12,9 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "membership/elastic_util.h"
+#include "rendezvous/listen_address.h"
 #include "transport/connector.h"
 #include "transport/emulated_links.h"
-#include "transport/route.h"
 
 namespace lowcomm {
 
@@ -23,13 +23,6 @@ using membership::Message;
 using membership::MsgType;
 
 namespace {
-
-// Where to listen to be reachable from `remote` (an address in text).
-Result<transport::SocketAddress> route_to(const std::string& remote) {
-  auto r = transport::SocketAddress::parse(remote);
-  if (!r) return r.status();
-  return transport::route_to(*r);
-}
 
 // One connection attempt: a refused or unreachable seed fails at once (connect_peer retries
 // refusals until its deadline, for ranks whose listener is not up yet; a seed's is).
@@ -113,9 +106,7 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::found(const UniqueId& id, int 
   std::shared_ptr<Communicator> data(std::move(comm).value());
   auto cfg = e->membership_config(id, rank);
   if (!cfg) return cfg.status();
-  auto bind = options.listen_address.empty()
-                  ? route_to(id.root_address)
-                  : transport::SocketAddress::parse(options.listen_address);
+  auto bind = rendezvous::listen_address_for(options.listen_address, id.root_address);
   if (!bind) return bind.status();
   auto listener = transport::Listener::create(e->engine_, *cfg, *bind);
   if (!listener) return listener.status();
@@ -174,9 +165,7 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   LOWCOMM_CHECK(e->start(id));
   auto cfg = e->membership_config(id, static_cast<int>(temp));
   if (!cfg) return cfg.status();
-  auto bind = options.listen_address.empty()
-                  ? route_to(seeds.front())
-                  : transport::SocketAddress::parse(options.listen_address);
+  auto bind = rendezvous::listen_address_for(options.listen_address, seeds.front());
   if (!bind) return bind.status();
   auto listener = transport::Listener::create(e->engine_, *cfg, *bind);
   if (!listener) return listener.status();

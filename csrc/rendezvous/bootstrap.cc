@@ -1,4 +1,4 @@
-#include "collectives/bootstrap.h"
+#include "rendezvous/bootstrap.h"
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -7,17 +7,15 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "collectives/root_socket.h"
-#include "collectives/tags.h"
 #include "core/log.h"
-#include "core/params.h"
 #include "core/sys_check.h"
+#include "rendezvous/listen_address.h"
+#include "rendezvous/root_socket.h"
 #include "transport/connector.h"
 #include "transport/listener.h"
 #include "transport/little_endian.h"
-#include "transport/route.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::rendezvous {
 namespace {
 
 using namespace transport;  // NOLINT
@@ -131,16 +129,7 @@ Result<std::unique_ptr<Listener>> open_listener(const UniqueId& id, int rank,
     if (pre) return Listener::adopt(std::move(engine), config, std::move(pre));
     return Listener::create(std::move(engine), config, root);
   }
-  if (!options.listen_address.empty()) {
-    auto a = SocketAddress::parse(options.listen_address);
-    if (!a) a = SocketAddress::parse(options.listen_address + ":0");
-    if (!a)
-      return invalid_argument("listen_address '" + options.listen_address +
-                              "': " + a.status().message());
-    return Listener::create(std::move(engine), config, *a);
-  }
-  if (params::text("LOWCOMM_SOCKET_IFNAME")) return Listener::create(std::move(engine), config);
-  auto a = route_to(root);
+  auto a = listen_address_for(options.listen_address, id.root_address);
   if (!a) return a.status();
   return Listener::create(std::move(engine), config, *a);
 }
@@ -177,8 +166,8 @@ Status root_gather(Listener& listener, int nranks, const InitClock& clock,
                   std::to_string(nranks) + " ranks" + (r > 0 && r < nranks ? " twice" : "");
       } else {
         peers[r] = std::move(p).value();
-        hello_req[r] = peers[r]->irecv(tags::kBootstrap, hello[r].data(), kEntryBytes);
-        ready_req[r] = peers[r]->irecv(tags::kBootstrap, ready[r].data(), ready[r].size());
+        hello_req[r] = peers[r]->irecv(kBootstrapTag, hello[r].data(), kEntryBytes);
+        ready_req[r] = peers[r]->irecv(kBootstrapTag, ready[r].data(), ready[r].size());
       }
       continue;
     }
@@ -254,7 +243,7 @@ Status root_gather(Listener& listener, int nranks, const InitClock& clock,
         t = &odd_tables[r];
       }
     }
-    sends.push_back(peers[r]->isend(tags::kBootstrap, t->data(), t->size()));
+    sends.push_back(peers[r]->isend(kBootstrapTag, t->data(), t->size()));
   }
   for (auto& s : sends) {
     Status st = s.wait(deadline);
@@ -315,7 +304,7 @@ Status root_confirm(Listener& listener, int nranks, const InitClock& clock,
   Bytes msg = make_status(kVerdictMagic, verdict.is_ok() ? std::string() : verdict.message());
   std::vector<Request> sends;
   for (int r = 1; r < nranks; ++r)
-    sends.push_back(peers[r]->isend(tags::kBootstrap, msg.data(), msg.size()));
+    sends.push_back(peers[r]->isend(kBootstrapTag, msg.data(), msg.size()));
   for (auto& s : sends) {
     Status st = s.wait(Deadline::at(deadline.resolve().time() + kTableGrace));
     if (!st && verdict.is_ok()) verdict = st;
@@ -364,8 +353,8 @@ Result<BootstrapTable> join_root(const SocketAddress& root, int rank, int nranks
                                                 std::to_string(root_peer->remote_rank()));
   Bytes hello = make_entry(kHelloMagic, rank, nranks, my_address, my_flags);
   Bytes table(kTableHeaderBytes + kEntryBytes * static_cast<size_t>(nranks));
-  Request s = root_peer->isend(tags::kBootstrap, hello.data(), hello.size());
-  Request t = root_peer->irecv(tags::kBootstrap, table.data(), table.size());
+  Request s = root_peer->isend(kBootstrapTag, hello.data(), hello.size());
+  Request t = root_peer->irecv(kBootstrapTag, table.data(), table.size());
   // The root names missing ranks when the deadline passes; give its answer time to arrive. With
   // a join timeout the root, which is up (it answered), names them within one join timeout of
   // this connection: a second is its answer's grace.
@@ -519,12 +508,12 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   // another rank's failure is seen while this one still builds its connections.
   Peer& root_peer = *mesh.peers[0];
   Bytes verdict(kTableHeaderBytes);
-  Request verdict_req = root_peer.irecv(tags::kBootstrap, verdict.data(), verdict.size());
+  Request verdict_req = root_peer.irecv(kBootstrapTag, verdict.data(), verdict.size());
   Status built = build_mesh(l, rank, nranks, mesh.table.addresses, mesh.engine, config, clock,
                             mesh.peers, verdict_req, verdict);
   // Tell the root either way; on failure it tells everyone, naming this rank and the cause.
   Bytes ready = make_status(kReadyMagic, built.is_ok() ? std::string() : built.message());
-  Request sent = root_peer.isend(tags::kBootstrap, ready.data(), ready.size());
+  Request sent = root_peer.isend(kBootstrapTag, ready.data(), ready.size());
   Deadline grace = Deadline::at(deadline.resolve().time() + kTableGrace);
   const Deadline verdict_join = clock.from_now(2);  // the root's verdict: see build_mesh
   if (clock.join.count() > 0 && verdict_join.time() < grace.time()) grace = verdict_join;
@@ -547,4 +536,4 @@ Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const Comm
   return mesh;
 }
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::rendezvous

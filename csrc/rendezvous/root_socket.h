@@ -11,10 +11,10 @@
 
 #include "core/unique_fd.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::rendezvous {
 
 void register_root_socket(const std::string& id_text, UniqueFd fd);
 // The socket registered for this id, or an invalid fd (rank 0 then binds the address itself).
 UniqueFd take_root_socket(const std::string& id_text);
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::rendezvous

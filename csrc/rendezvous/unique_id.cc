@@ -14,10 +14,10 @@
 #include <map>
 #include <mutex>
 
-#include "collectives/root_socket.h"
 #include "core/fnv1a.h"
 #include "core/sys_check.h"
 #include "lowcomm/communicator.h"
+#include "rendezvous/root_socket.h"
 #include "transport/little_endian.h"
 #include "transport/socket_address.h"
 #include "transport/socket_options.h"
@@ -159,7 +159,7 @@ Result<UniqueId> create_unique_id(std::string_view bind) {
   id.root_address = actual->to_string();
   if (RAND_bytes(id.secret.data(), static_cast<int>(id.secret.size())) != 1)
     return internal_error("create_unique_id: OpenSSL RAND_bytes failed");
-  collectives::register_root_socket(id.to_string(), std::move(fd).value());
+  rendezvous::register_root_socket(id.to_string(), std::move(fd).value());
   return id;
 }
 
@@ -169,12 +169,12 @@ UniqueId derive_unique_id(const UniqueId& id, std::string_view context) {
   HMAC(EVP_sha256(), id.secret.data(), static_cast<int>(id.secret.size()),
        reinterpret_cast<const unsigned char*>(context.data()), context.size(), out.secret.data(),
        &len);
-  UniqueFd kept = collectives::take_root_socket(id.to_string());
-  if (kept) collectives::register_root_socket(out.to_string(), std::move(kept));
+  UniqueFd kept = rendezvous::take_root_socket(id.to_string());
+  if (kept) rendezvous::register_root_socket(out.to_string(), std::move(kept));
   return out;
 }
 
-namespace collectives {
+namespace rendezvous {
 
 void register_root_socket(const std::string& id_text, UniqueFd fd) {
   std::lock_guard<std::mutex> lock(g_root_mu);
@@ -190,5 +190,5 @@ UniqueFd take_root_socket(const std::string& id_text) {
   return fd;
 }
 
-}  // namespace collectives
+}  // namespace rendezvous
 }  // namespace lowcomm

@@ -13,6 +13,7 @@
 // ranks is bounded by it as well: the root's for hellos and for ready messages, a rank's for the
 // root's answer (twice it: the root names the missing within one).
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,7 +22,11 @@
 #include "lowcomm/communicator.h"
 #include "transport/peer.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::rendezvous {
+
+// The transport tag of init's messages: the hellos to the root, the table, the ready and verdict
+// messages (collectives/tags.h keeps it out of the collectives' tags).
+inline constexpr uint64_t kBootstrapTag = 1;
 
 // A rank's flags in its hello, and so in the table every rank holds.
 inline constexpr uint32_t kRankAsksForUcx = 1;  // intra_site "ucx" (intra_site.h)
@@ -43,4 +48,4 @@ struct Mesh {
 Result<Mesh> bootstrap_mesh(const UniqueId& id, int rank, int nranks, const CommOptions& options,
                             uint32_t flags, const transport::PeerConfig& config, Deadline deadline);
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::rendezvous
