@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "collectives_test_util.h"
-#include "transport/ucx_site.h"
+#include "transport/ucx_transport.h"
 
 namespace lowcomm::testing {
 namespace {
@@ -17,7 +17,7 @@ namespace {
 constexpr uint64_t kN = 300007;  // ~1.2 MB fp32: several segments, a tail everywhere
 
 #define SKIP_WITHOUT_UCX() \
-  if (!transport::UcxSite::built_with_ucx()) GTEST_SKIP() << "built without UCX"
+  if (!transport::UcxTransport::built_with_ucx()) GTEST_SKIP() << "built without UCX"
 
 // "ok <ucx bytes sent> <hash>..." for one set of collectives (the reduce-scatter's, this rank's
 // slice, last); `own_hosts`: rank r listens on

@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/little_endian.h"
 #include "transport/chunk_header.h"
 #include "transport/handshake.h"
-#include "transport/little_endian.h"
 #include "transport/socket_address.h"
 
 namespace lowcomm::transport::testing {

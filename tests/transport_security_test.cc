@@ -10,9 +10,9 @@
 #include <future>
 #include <thread>
 
+#include "core/little_endian.h"
 #include "transport/chunk_header.h"
 #include "transport/handshake.h"
-#include "transport/little_endian.h"
 #include "transport/socket_options.h"
 #include "transport_test_util.h"
 

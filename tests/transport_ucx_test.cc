@@ -1,5 +1,5 @@
-// UcxSite (transport/ucx_site.h): two workers in this process (and one in a forked child, for a
-// partner that dies), connected by the address blobs, as the communicator connects a site.
+// UcxTransport (transport/ucx_transport.h): two workers in this process (and one in a forked child,
+// for a partner that dies), connected by the address blobs, as the communicator connects a site.
 // Messages of every protocol size arrive whole and in order per tag, lengths must match, a
 // failure sticks, abort releases every buffer, a killed partner fails the requests waiting on it.
 
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "transport/ucx_site.h"
+#include "transport/ucx_transport.h"
 
 namespace lowcomm::transport {
 namespace {
@@ -23,13 +23,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Pair {
-  std::unique_ptr<UcxSite> a, b;  // ranks 0 and 1
+  std::unique_ptr<UcxTransport> a, b;  // ranks 0 and 1
 };
 
 Pair connected_pair(bool checked = true) {
   Pair p;
-  auto a = UcxSite::create(0);
-  auto b = UcxSite::create(1);
+  auto a = UcxTransport::create(0);
+  auto b = UcxTransport::create(1);
   EXPECT_TRUE(a.is_ok()) << a.status().to_string();
   EXPECT_TRUE(b.is_ok()) << b.status().to_string();
   if (!a || !b) return p;
@@ -48,11 +48,11 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
 }
 
 #define SKIP_WITHOUT_UCX() \
-  if (!UcxSite::built_with_ucx()) GTEST_SKIP() << "built without UCX"
+  if (!UcxTransport::built_with_ucx()) GTEST_SKIP() << "built without UCX"
 
 TEST(TransportUcx, WithoutUcxCreateSaysSo) {
-  if (UcxSite::built_with_ucx()) GTEST_SKIP() << "built with UCX";
-  auto s = UcxSite::create(0);
+  if (UcxTransport::built_with_ucx()) GTEST_SKIP() << "built with UCX";
+  auto s = UcxTransport::create(0);
   ASSERT_FALSE(s.is_ok());
   EXPECT_EQ(s.status().code(), StatusCode::kUnsupported);
 }
@@ -94,7 +94,7 @@ TEST_P(TransportUcxChecked, ManyMessagesBothWaysOnSeveralTagsMatchInSendOrder) {
   Pair p = connected_pair(GetParam());
   ASSERT_TRUE(p.a && p.b);
   constexpr int kPerTag = 40;
-  const std::vector<uint64_t> tags = {1, 7, UcxSite::kMaxTag};
+  const std::vector<uint64_t> tags = {1, 7, UcxTransport::kMaxTag};
   struct Msg {
     std::vector<uint8_t> out, in;
     Request s, r;
@@ -109,8 +109,8 @@ TEST_P(TransportUcxChecked, ManyMessagesBothWaysOnSeveralTagsMatchInSendOrder) {
         Msg m;
         m.out = pattern(n, static_cast<uint32_t>(dir * 100000 + tag * 100 + k));
         m.in.assign(n, 0);
-        UcxSite& from = dir ? *p.b : *p.a;
-        UcxSite& to = dir ? *p.a : *p.b;
+        UcxTransport& from = dir ? *p.b : *p.a;
+        UcxTransport& to = dir ? *p.a : *p.b;
         m.s = from.isend(dir ? 0 : 1, tag, m.out.data(), n);
         m.r = to.irecv(dir ? 1 : 0, tag, m.in.data(), n);
         msgs.push_back(std::move(m));
@@ -227,14 +227,14 @@ TEST(TransportUcx, ConcurrentAbortsAllReturnWithTheBuffersFree) {
 
 TEST(TransportUcx, UnconnectedRankAndOutOfRangeTagFailClearly) {
   SKIP_WITHOUT_UCX();
-  auto a = UcxSite::create(0);
+  auto a = UcxTransport::create(0);
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
   std::vector<uint8_t> buf(8);
   Status s = (*a)->isend(5, 1, buf.data(), buf.size()).wait(Deadline::after_seconds(5));
   EXPECT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("not connected"), std::string::npos) << s.message();
-  Status t =
-      (*a)->irecv(5, UcxSite::kMaxTag + 1, buf.data(), buf.size()).wait(Deadline::after_seconds(5));
+  Status t = (*a)->irecv(5, UcxTransport::kMaxTag + 1, buf.data(), buf.size())
+                 .wait(Deadline::after_seconds(5));
   EXPECT_NE(t.message().find("out of range"), std::string::npos) << t.message();
 }
 
@@ -250,7 +250,7 @@ TEST(TransportUcx, KilledPartnerFailsTheRequestsWaitingOnIt) {
   if (child == 0) {
     close(to_child[1]);
     close(to_parent[0]);
-    auto b = UcxSite::create(1);
+    auto b = UcxTransport::create(1);
     if (!b) _exit(2);
     const std::string& addr = (*b)->address();
     const uint32_t len = static_cast<uint32_t>(addr.size());
@@ -273,7 +273,7 @@ TEST(TransportUcx, KilledPartnerFailsTheRequestsWaitingOnIt) {
   }
   close(to_child[0]);
   close(to_parent[1]);
-  auto a = UcxSite::create(0);
+  auto a = UcxTransport::create(0);
   ASSERT_TRUE(a.is_ok()) << a.status().to_string();
   uint32_t len = 0;
   ASSERT_EQ(read(to_parent[0], &len, 4), 4);

@@ -17,7 +17,7 @@
 #include "transport/pacer.h"
 #include "transport/path_model.h"
 #include "transport/peer_config.h"
-#include "transport/shared_site.h"
+#include "transport/shared_clocks.h"
 #include "transport/wan_link.h"
 
 namespace lowcomm::transport {
@@ -324,9 +324,9 @@ TEST(TransportParseWan, PathsJoinSitesAndASpecComesFromAFile) {
 // (as two ranks of the site hold) serialise their pacers' chunks on one uplink and one downlink.
 TEST(TransportPacer, SharedSiteClocksSerialiseAcrossMappings) {
   const std::string name = "/lowcomm-test-site-" + std::to_string(::getpid());
-  auto a = open_shared_site(name, 8e6);
-  auto b = open_shared_site(name, 8e6);
-  unlink_shared_site(name);
+  auto a = open_shared_clocks(name, 8e6);
+  auto b = open_shared_clocks(name, 8e6);
+  unlink_shared_clocks(name);
   ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string();
   ASSERT_NE(a.value().get(), b.value().get());
   const auto link = *parse_wan("bw=8mbit,frame=0");  // 1 byte per microsecond

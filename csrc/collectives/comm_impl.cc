@@ -15,12 +15,12 @@
 #include "collectives/op_run.h"
 #include "collectives/rtt_probe.h"
 #include "collectives/tags.h"
+#include "core/little_endian.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "lowcomm/codec.h"
 #include "rendezvous/bootstrap.h"
 #include "transport/emulated_links.h"
-#include "transport/little_endian.h"
 #include "transport/pacer.h"
 #include "transport/peer_config.h"
 
@@ -734,10 +734,10 @@ Status CommImpl::check_health(const std::vector<int>& involved) {
       continue;
     }
     const uint8_t* m = control_[r].in.data();
-    if (transport::load_le32(m) != kControlMagic)
+    if (lowcomm::load_le32(m) != kControlMagic)
       return corrupt_data("rank " + std::to_string(r) + " sent a malformed control message");
-    uint32_t type = transport::load_le32(m + 4);
-    uint32_t len = std::min<uint32_t>(transport::load_le32(m + 8), kControlTextMax);
+    uint32_t type = lowcomm::load_le32(m + 4);
+    uint32_t len = std::min<uint32_t>(lowcomm::load_le32(m + 8), kControlTextMax);
     std::string text(reinterpret_cast<const char*>(m + kControlTextOffset), len);
     if (type == kControlAbort)
       return Status(StatusCode::kRemoteError, "rank " + std::to_string(r) + " failed: " + text);
@@ -753,9 +753,9 @@ Status CommImpl::check_health(const std::vector<int>& involved) {
 
 CommImpl::Departure CommImpl::parse_departure(const uint8_t* m) {
   Departure d;
-  d.collectives = transport::load_le64(m + 12);
-  d.sent_to_us = transport::load_le64(m + 20);
-  d.received_from_us = transport::load_le64(m + 28);
+  d.collectives = lowcomm::load_le64(m + 12);
+  d.sent_to_us = lowcomm::load_le64(m + 20);
+  d.received_from_us = lowcomm::load_le64(m + 28);
   return d;
 }
 
@@ -788,12 +788,12 @@ void CommImpl::send_control(uint32_t type, const std::string& text,
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
     uint8_t* m = control_[r].out.data();
-    transport::store_le32(m, kControlMagic);
-    transport::store_le32(m + 4, type);
-    transport::store_le32(m + 8, static_cast<uint32_t>(len));
-    transport::store_le64(m + 12, collectives);
-    transport::store_le64(m + 20, sent_to[static_cast<size_t>(r)]);
-    transport::store_le64(m + 28, received_from[static_cast<size_t>(r)]);
+    lowcomm::store_le32(m, kControlMagic);
+    lowcomm::store_le32(m + 4, type);
+    lowcomm::store_le32(m + 8, static_cast<uint32_t>(len));
+    lowcomm::store_le64(m + 12, collectives);
+    lowcomm::store_le64(m + 20, sent_to[static_cast<size_t>(r)]);
+    lowcomm::store_le64(m + 28, received_from[static_cast<size_t>(r)]);
     std::memcpy(m + kControlTextOffset, text.data(), len);
     control_[r].out_req = peers_[r]->isend(collectives::tags::kControl, m, control_[r].out.size());
     sent.push_back(control_[r].out_req);

@@ -49,7 +49,7 @@
 #include "core/deadline.h"
 #include "lowcomm/communicator.h"
 #include "transport/peer.h"
-#include "transport/ucx_site.h"
+#include "transport/ucx_transport.h"
 
 namespace lowcomm {
 namespace collectives {
@@ -93,7 +93,7 @@ class CommImpl {
   // Whether collective payloads to/from rank r travel over UCX (intra_site.h), and the UCX
   // transport when any do.
   bool over_ucx(int r) const { return ucx_ && over_ucx_[static_cast<size_t>(r)]; }
-  transport::UcxSite& ucx() { return *ucx_; }
+  transport::UcxTransport& ucx() { return *ucx_; }
   collectives::ErrorFeedbackStore& ef() { return ef_; }
   // The device side of CUDA-buffer calls (collectives/device_op.h), made at the first one;
   // kUnsupported naming why when the process has no device runtime. Any thread.
@@ -190,7 +190,7 @@ class CommImpl {
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank
-  std::unique_ptr<transport::UcxSite> ucx_;              // null: every peer on TCP
+  std::unique_ptr<transport::UcxTransport> ucx_;         // null: every peer on TCP
   std::vector<char> over_ucx_;                           // by rank
   std::mutex device_mu_;
   std::unique_ptr<collectives::DeviceContext> device_;  // before ef_: its residuals use it

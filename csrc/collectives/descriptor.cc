@@ -5,12 +5,10 @@
 
 #include "collectives/partition.h"
 #include "core/fnv1a.h"
-#include "transport/little_endian.h"
+#include "core/little_endian.h"
 
 namespace lowcomm::collectives {
 namespace {
-
-using namespace transport;  // NOLINT: the little-endian helpers
 
 constexpr uint32_t kDescriptorMagic = 0x3144434Cu;  // "LCD1"
 constexpr uint8_t kMaxAlgorithm = static_cast<uint8_t>(Algorithm::kTwoLevel);

@@ -3,15 +3,15 @@
 #include <cstring>
 
 #include "core/fnv1a.h"
-#include "transport/little_endian.h"
+#include "core/little_endian.h"
 
 namespace lowcomm::collectives {
 namespace {
 
-using transport::load_le32;
-using transport::load_le64;
-using transport::store_le32;
-using transport::store_le64;
+using lowcomm::load_le32;
+using lowcomm::load_le64;
+using lowcomm::store_le32;
+using lowcomm::store_le64;
 
 constexpr uint32_t kStoreMagic = 0x4645434Cu;  // "LCEF"
 constexpr uint32_t kStoreVersion = 1;

@@ -18,7 +18,7 @@ Result<IntraSite> connect_intra_site(std::vector<std::unique_ptr<transport::Peer
   if (req.want_ucx && req.sealed) {
     why_not = "streams are sealed (LOWCOMM_ENCRYPT): UCX would carry the payload unsealed";
   } else if (req.want_ucx) {
-    auto site = transport::UcxSite::create(rank);
+    auto site = transport::UcxTransport::create(rank);
     if (site) {
       out.ucx = std::move(site).value();
     } else {

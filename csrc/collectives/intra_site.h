@@ -17,13 +17,13 @@
 
 #include "core/deadline.h"
 #include "transport/peer.h"
-#include "transport/ucx_site.h"
+#include "transport/ucx_transport.h"
 
 namespace lowcomm::collectives {
 
 struct IntraSite {
-  std::unique_ptr<transport::UcxSite> ucx;  // null: every peer on TCP
-  std::vector<char> over_ucx;               // by rank: collective payloads travel over UCX
+  std::unique_ptr<transport::UcxTransport> ucx;  // null: every peer on TCP
+  std::vector<char> over_ucx;                    // by rank: collective payloads travel over UCX
 };
 
 struct IntraSiteRequest {

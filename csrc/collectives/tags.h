@@ -26,7 +26,7 @@ inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
 // were the pings and echoes of the probe before the kernel's figures replaced it.)
 inline constexpr uint64_t kRttRow = 9;
 // Init, between ranks of one site: each one's UCX worker address, or nothing
-// (transport/ucx_site.h).
+// (transport/ucx_transport.h).
 inline constexpr uint64_t kUcxAddress = 10;
 // Payload channels (only inside payload()).
 inline constexpr uint64_t kReduce = 4;   // contributions to an owner chunk

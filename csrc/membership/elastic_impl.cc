@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/little_endian.h"
 #include "core/log.h"
 #include "membership/elastic_util.h"
 #include "rendezvous/root_socket.h"
-#include "transport/little_endian.h"
 
 namespace lowcomm {
 
@@ -64,9 +64,9 @@ std::array<uint8_t, UniqueId::kSecretBytes> ElasticImpl::view_secret(
   // of the view the change formed instead (the same view id, other members).
   std::vector<uint8_t> msg = {'l', 'o', 'w', 'c', 'o', 'm', 'm', ' ', 'v', 'i', 'e', 'w'};
   msg.resize(20 + 4 * members.size());
-  transport::store_le64(msg.data() + 12, view);
+  lowcomm::store_le64(msg.data() + 12, view);
   for (size_t i = 0; i < members.size(); ++i)
-    transport::store_le32(msg.data() + 20 + 4 * i, members[i]);
+    lowcomm::store_le32(msg.data() + 20 + 4 * i, members[i]);
   std::array<uint8_t, UniqueId::kSecretBytes> out{};
   unsigned int len = 0;
   HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()), msg.data(), msg.size(),

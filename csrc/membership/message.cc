@@ -2,14 +2,14 @@
 
 #include <cstring>
 
-#include "transport/little_endian.h"
+#include "core/little_endian.h"
 
 namespace lowcomm::membership {
 namespace {
 
-using transport::load_le16;
-using transport::load_le32;
-using transport::load_le64;
+using lowcomm::load_le16;
+using lowcomm::load_le32;
+using lowcomm::load_le64;
 
 // One body layout for every type (unused fields are zero or empty): a handful of bytes more on
 // a heartbeat, one decoder to check.
@@ -20,11 +20,11 @@ class Writer {
   Writer() { b_.reserve(256); }
   void u32(uint32_t v) {
     size_t o = grow(4);
-    transport::store_le32(b_.data() + o, v);
+    lowcomm::store_le32(b_.data() + o, v);
   }
   void u64(uint64_t v) {
     size_t o = grow(8);
-    transport::store_le64(b_.data() + o, v);
+    lowcomm::store_le64(b_.data() + o, v);
   }
   void str(const std::string& s) {
     u32(static_cast<uint32_t>(s.size()));

@@ -7,13 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/little_endian.h"
 #include "core/log.h"
 #include "core/sys_check.h"
 #include "rendezvous/listen_address.h"
 #include "rendezvous/root_socket.h"
 #include "transport/connector.h"
 #include "transport/listener.h"
-#include "transport/little_endian.h"
 
 namespace lowcomm::rendezvous {
 namespace {

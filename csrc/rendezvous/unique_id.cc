@@ -15,20 +15,20 @@
 #include <mutex>
 
 #include "core/fnv1a.h"
+#include "core/little_endian.h"
 #include "core/sys_check.h"
 #include "lowcomm/communicator.h"
 #include "rendezvous/root_socket.h"
-#include "transport/little_endian.h"
 #include "transport/socket_address.h"
 #include "transport/socket_options.h"
 
 namespace lowcomm {
 namespace {
 
-using transport::load_le16;
-using transport::load_le32;
-using transport::store_le16;
-using transport::store_le32;
+using lowcomm::load_le16;
+using lowcomm::load_le32;
+using lowcomm::store_le16;
+using lowcomm::store_le32;
 
 constexpr uint32_t kIdMagic = 0x4449434Cu;  // "LCID"
 constexpr uint16_t kIdVersion = 1;

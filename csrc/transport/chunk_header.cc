@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "core/fnv1a.h"
-#include "transport/little_endian.h"
+#include "core/little_endian.h"
 
 namespace lowcomm::transport {
 

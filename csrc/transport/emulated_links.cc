@@ -3,7 +3,7 @@
 #include <cctype>
 #include <utility>
 
-#include "transport/shared_site.h"
+#include "transport/shared_clocks.h"
 
 namespace lowcomm::transport {
 namespace {
@@ -18,9 +18,9 @@ std::string shared_name(std::string_view kind, std::string_view root_address, in
 
 }  // namespace
 
-std::shared_ptr<SiteLinks> own_site_links(const WanLink& link) {
+std::shared_ptr<LinkClocks> own_site_links(const WanLink& link) {
   if (!link.shaped() || link.model != WanModel::kSite) return nullptr;
-  auto site = std::make_shared<SiteLinks>();
+  auto site = std::make_shared<LinkClocks>();
   site->down.bits_per_second = link.down_bits_per_second;
   return site;
 }
@@ -46,7 +46,7 @@ Result<EmulatedLinks> EmulatedLinks::open(const WanPlan& plan, const WanLink& ow
   if (own.shaped() && own.model == WanModel::kSite) {
     if (plan.site_size(rank, nranks) > 1) {
       const std::string name = shared_name("site", root_address, plan.site_of(rank));
-      auto site = open_shared_site(name, own.down_bits_per_second);
+      auto site = open_shared_clocks(name, own.down_bits_per_second);
       if (!site) return site.status();
       e.names_.push_back(name);
       e.site_ = *site;
@@ -56,7 +56,7 @@ Result<EmulatedLinks> EmulatedLinks::open(const WanPlan& plan, const WanLink& ow
   }
   for (int id : plan.paths_from(rank)) {
     const std::string name = shared_name("path", root_address, id);
-    auto clock = open_shared_site(name, 0);
+    auto clock = open_shared_clocks(name, 0);
     if (!clock) return clock.status();
     e.names_.push_back(name);
     e.paths_[id] = *clock;
@@ -78,7 +78,7 @@ Result<WanLink> EmulatedLinks::link_to(const WanPlan& plan, int rank, int peer) 
 }
 
 void EmulatedLinks::release_names() {
-  for (const std::string& n : names_) unlink_shared_site(n);
+  for (const std::string& n : names_) unlink_shared_clocks(n);
   names_.clear();
 }
 

@@ -9,8 +9,8 @@
 
 #include <cstring>
 
+#include "core/little_endian.h"
 #include "core/sys_check.h"
-#include "transport/little_endian.h"
 
 namespace lowcomm::transport {
 namespace {

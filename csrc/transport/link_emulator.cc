@@ -6,7 +6,7 @@
 
 namespace lowcomm::transport {
 
-LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site, uint64_t seed,
+LinkEmulator::LinkEmulator(const WanLink& link, std::shared_ptr<LinkClocks> site, uint64_t seed,
                            int streams, uint64_t window_bytes)
     : link_(link),
       site_(std::move(site)),

@@ -44,13 +44,13 @@ class LinkEmulator {
 
   // `site`: the rank's shared site links (site model; created here when null). `streams` of
   // `window_bytes` each are modelled; `seed` keys the jitter.
-  LinkEmulator(const WanLink& link, std::shared_ptr<SiteLinks> site, uint64_t seed, int streams,
+  LinkEmulator(const WanLink& link, std::shared_ptr<LinkClocks> site, uint64_t seed, int streams,
                uint64_t window_bytes);
 
   // A new link from now on (a per-pair rule): chunks already submitted keep their times.
   void set_link(const WanLink& link, uint64_t window_bytes);
   const WanLink& link() const { return link_; }
-  const std::shared_ptr<SiteLinks>& site() const { return site_; }
+  const std::shared_ptr<LinkClocks>& site() const { return site_; }
 
   // Returns when the chunk's last bit leaves this end of the emulated link.
   Clock::time_point submit(OutChunk c, Clock::time_point now);
@@ -78,7 +78,7 @@ class LinkEmulator {
   Clock::duration loss_penalty(uint64_t bytes, std::mt19937_64& rng);
 
   WanLink link_;
-  std::shared_ptr<SiteLinks> site_;
+  std::shared_ptr<LinkClocks> site_;
   uint64_t seed_;
   int streams_;
   Pacer pacer_;

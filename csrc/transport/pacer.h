@@ -26,7 +26,7 @@
 // through the rank's one Downlink. Pair model: each pacer has its own clock; no downlink.
 //
 // Not thread-safe: one pacer belongs to one peer's send side, used on its engine thread; the
-// SiteLinks of a rank are used only on the engine thread all its peers share.
+// LinkClocks of a rank are used only on the engine thread all its peers share.
 
 #include <atomic>
 #include <chrono>
@@ -45,7 +45,7 @@ using PaceClock = std::chrono::steady_clock;
 // A link's serialisation clock: when it has sent everything submitted so far, in nanoseconds of
 // the steady clock (CLOCK_MONOTONIC, the same in every process of a host). Atomic, and at an
 // address that may be another process's too: the ranks of one emulated site (site= rules,
-// wan_link.h) are separate processes sharing one uplink and one downlink (shared_site.h), and
+// wan_link.h) are separate processes sharing one uplink and one downlink (shared_clocks.h), and
 // each reserves its time on them with a compare-and-swap.
 struct LinkClock {
   LinkClock() = default;
@@ -73,7 +73,7 @@ struct Downlink {
 // One site's access link, shared by its peers (site model): by one rank's peers, or, for a
 // site of several ranks, by every peer of each of them (the clocks in shared memory, `mapping`
 // keeps it mapped).
-struct SiteLinks {
+struct LinkClocks {
   LinkClock up;
   Downlink down;
   std::shared_ptr<void> mapping;

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/little_endian.h"
 #include "transport/chunk_header.h"
-#include "transport/little_endian.h"
 
 namespace lowcomm::transport {
 namespace {

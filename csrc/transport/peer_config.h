@@ -11,7 +11,7 @@
 
 namespace lowcomm::transport {
 
-struct SiteLinks;  // pacer.h
+struct LinkClocks;  // pacer.h
 
 struct PeerConfig {
   int local_rank = 0;
@@ -28,7 +28,7 @@ struct PeerConfig {
   // Site model: the rank's uplink and downlink, shared by every peer created with this config
   // (they must share one engine thread); its creator sets the downlink's rate. Null: the peer
   // has a site of its own.
-  std::shared_ptr<SiteLinks> site;
+  std::shared_ptr<LinkClocks> site;
   // Seal every stream with AES-256-GCM (LOWCOMM_ENCRYPT=1; payload_guard.h). Both ends of a
   // connection must agree or the handshake fails naming the mismatch. Off: payloads still carry
   // an XXH3-128 integrity check.

@@ -10,9 +10,9 @@
 #include <cstring>
 #include <set>
 
+#include "core/little_endian.h"
 #include "core/log.h"
 #include "core/sys_check.h"
-#include "transport/little_endian.h"
 #include "transport/path_model.h"
 
 namespace lowcomm::transport {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-#include "transport/little_endian.h"
+#include "core/little_endian.h"
 
 namespace lowcomm::nccl_net {
 namespace {
@@ -39,11 +39,11 @@ void unshuffle(const uint8_t* in, size_t n, int width, uint8_t* out) {
 }
 
 void write_header(uint8_t* out, LosslessMethod m, int shuffle_width, uint64_t raw) {
-  transport::store_le32(out, kMagic);
+  lowcomm::store_le32(out, kMagic);
   out[4] = static_cast<uint8_t>(m);
   out[5] = static_cast<uint8_t>(shuffle_width);
   out[6] = out[7] = 0;
-  transport::store_le64(out + 8, raw);
+  lowcomm::store_le64(out + 8, raw);
 }
 
 }  // namespace
@@ -137,12 +137,12 @@ Result<size_t> lossless_decode(const void* in, size_t n, void* out, size_t capac
   };
   if (n < kLosslessHeaderBytes) return bad("shorter than its header");
   const auto* src = static_cast<const uint8_t*>(in);
-  if (transport::load_le32(src) != kMagic) return bad("bad magic");
+  if (lowcomm::load_le32(src) != kMagic) return bad("bad magic");
   const auto method = static_cast<LosslessMethod>(src[4]);
   const int width = src[5];
   if (src[6] != 0 || src[7] != 0) return bad("reserved bytes set");
   if (!valid_shuffle(width)) return bad("shuffle width " + std::to_string(width));
-  const uint64_t raw = transport::load_le64(src + 8);
+  const uint64_t raw = lowcomm::load_le64(src + 8);
   if (raw > capacity)
     return bad("raw length " + std::to_string(raw) + " exceeds the receive of " +
                std::to_string(capacity) + " bytes");

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <thread>
 
+#include "core/little_endian.h"
 #include "plugin_log.h"
-#include "transport/little_endian.h"
 
 namespace lowcomm::nccl_net {
 namespace {
@@ -71,8 +71,8 @@ SendComm::SendComm(std::shared_ptr<NetShared> shared, std::unique_ptr<transport:
 std::unique_ptr<SendComm> SendComm::start(std::shared_ptr<NetShared> shared,
                                           std::unique_ptr<transport::Peer> peer) {
   std::unique_ptr<SendComm> c(new SendComm(std::move(shared), std::move(peer)));
-  transport::store_le32(c->preamble_.data(), kPreambleMagic);
-  transport::store_le16(c->preamble_.data() + 4, kPreambleVersion);
+  lowcomm::store_le32(c->preamble_.data(), kPreambleMagic);
+  lowcomm::store_le16(c->preamble_.data() + 4, kPreambleVersion);
   c->preamble_[6] = c->framed_ ? 1 : 0;
   c->preamble_sent_ = c->peer_->isend(kPreambleTag, c->preamble_.data(), c->preamble_.size());
   for (int i = 0; i < kCreditWindow; ++i)
@@ -290,10 +290,10 @@ Result<std::unique_ptr<RecvComm>> ListenComm::accept() {
   std::unique_ptr<transport::Peer> peer = std::move(pending_);
   Status s = preamble_recv_.status();
   if (!s.is_ok()) return Status(s.code(), "accept: reading the preamble: " + s.message());
-  if (transport::load_le32(preamble_.data()) != kPreambleMagic)
+  if (lowcomm::load_le32(preamble_.data()) != kPreambleMagic)
     return Status(StatusCode::kCorruptData,
                   "accept from " + peer->name() + ": not a lowcomm NCCL plugin connection");
-  if (uint16_t v = transport::load_le16(preamble_.data() + 4); v != kPreambleVersion)
+  if (uint16_t v = lowcomm::load_le16(preamble_.data() + 4); v != kPreambleVersion)
     return Status(StatusCode::kCorruptData,
                   "accept from " + peer->name() + ": plugin protocol version " + std::to_string(v) +
                       ", this side speaks " + std::to_string(kPreambleVersion));

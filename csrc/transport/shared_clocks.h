@@ -16,11 +16,11 @@
 
 namespace lowcomm::transport {
 
-// A SiteLinks whose up and down clocks live in the segment `name` ("/..."); down_bits_per_second
+// A LinkClocks whose up and down clocks live in the segment `name` ("/..."); down_bits_per_second
 // is this rank's (every rank of a site has the same rates).
-Result<std::shared_ptr<SiteLinks>> open_shared_site(const std::string& name,
-                                                    double down_bits_per_second);
+Result<std::shared_ptr<LinkClocks>> open_shared_clocks(const std::string& name,
+                                                       double down_bits_per_second);
 // Removes the name (ENOENT is fine: another rank of the site removed it first).
-void unlink_shared_site(const std::string& name);
+void unlink_shared_clocks(const std::string& name);
 
 }  // namespace lowcomm::transport

@@ -1,4 +1,4 @@
-#include "transport/shared_site.h"
+#include "transport/shared_clocks.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -20,8 +20,8 @@ static_assert(std::atomic<int64_t>::is_always_lock_free, "site clocks need lock-
 
 }  // namespace
 
-Result<std::shared_ptr<SiteLinks>> open_shared_site(const std::string& name,
-                                                    double down_bits_per_second) {
+Result<std::shared_ptr<LinkClocks>> open_shared_clocks(const std::string& name,
+                                                       double down_bits_per_second) {
   UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid())
     return Status(StatusCode::kSystem,
@@ -34,7 +34,7 @@ Result<std::shared_ptr<SiteLinks>> open_shared_site(const std::string& name,
     return Status(StatusCode::kSystem, "mmap " + name + ": " + std::strerror(errno));
   auto* clocks = static_cast<SharedClocks*>(p);
   std::shared_ptr<void> mapping(p, [](void* q) { ::munmap(q, sizeof(SharedClocks)); });
-  auto site = std::make_shared<SiteLinks>();
+  auto site = std::make_shared<LinkClocks>();
   site->up.ns = &clocks->up;
   site->down.clock.ns = &clocks->down;
   site->down.bits_per_second = down_bits_per_second;
@@ -42,7 +42,7 @@ Result<std::shared_ptr<SiteLinks>> open_shared_site(const std::string& name,
   return site;
 }
 
-void unlink_shared_site(const std::string& name) {
+void unlink_shared_clocks(const std::string& name) {
   (void)::shm_unlink(name.c_str());
 }
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace lowcomm::transport {
+namespace lowcomm {
 
 inline void store_le16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v);
@@ -30,4 +30,4 @@ inline uint64_t load_le64(const uint8_t* p) {
   return v;
 }
 
-}  // namespace lowcomm::transport
+}  // namespace lowcomm

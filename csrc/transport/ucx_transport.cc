@@ -1,6 +1,6 @@
-// UcxSite over UCP 1.13 (ucx_site.h has the contract). Everything that touches the worker runs
-// on the progress thread: operations arrive through queue_, completions come back through UCP's
-// callbacks inside ucp_worker_progress, and finished operations are freed at the end of each
+// UcxTransport over UCP 1.13 (ucx_transport.h has the contract). Everything that touches the worker
+// runs on the progress thread: operations arrive through queue_, completions come back through
+// UCP's callbacks inside ucp_worker_progress, and finished operations are freed at the end of each
 // turn of the loop (a callback may finish one while another callback's caller still holds it).
 //
 // The first failure tears the whole site down (teardown()): unmatched receives are cancelled,
@@ -12,7 +12,7 @@
 // then). A request UCX never completes (10 s) no longer hands its buffer back while UCX holds
 // it: the worker is destroyed under it first.
 
-#include "transport/ucx_site.h"
+#include "transport/ucx_transport.h"
 
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -59,7 +59,7 @@ std::array<uint8_t, kDigestBytes> digest_of(const void* data, uint64_t len) {
 
 }  // namespace
 
-struct UcxSite::Impl {
+struct UcxTransport::Impl {
   struct Op;
   // One UCP request of an operation: the message (0) or its digest (1).
   struct Half {
@@ -477,13 +477,13 @@ struct UcxSite::Impl {
   std::vector<std::unique_ptr<std::pair<Impl*, int>>> error_args;
 };
 
-bool UcxSite::built_with_ucx() {
+bool UcxTransport::built_with_ucx() {
   return true;
 }
 
-UcxSite::UcxSite(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxTransport::UcxTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::unique_ptr<UcxSite>> UcxSite::create(int rank) {
+Result<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank) {
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
   ucp_config_t* config = nullptr;
@@ -528,10 +528,10 @@ Result<std::unique_ptr<UcxSite>> UcxSite::create(int rank) {
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
     raw->main_loop();
   });
-  return std::unique_ptr<UcxSite>(new UcxSite(std::move(impl)));
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(impl)));
 }
 
-UcxSite::~UcxSite() {
+UcxTransport::~UcxTransport() {
   if (!impl_) return;
   abort(Status(StatusCode::kAborted, "UCX rank " + std::to_string(impl_->rank) + ": closed"));
   {
@@ -542,11 +542,11 @@ UcxSite::~UcxSite() {
   impl_->thread.join();
 }
 
-const std::string& UcxSite::address() const {
+const std::string& UcxTransport::address() const {
   return impl_->address;
 }
 
-Status UcxSite::connect(int rank, const std::string& address, bool checked) {
+Status UcxTransport::connect(int rank, const std::string& address, bool checked) {
   auto op = std::make_unique<Impl::Op>();
   op->kind = Impl::Op::kConnect;
   op->owner = impl_.get();
@@ -559,15 +559,15 @@ Status UcxSite::connect(int rank, const std::string& address, bool checked) {
   return state->wait(Deadline::none());
 }
 
-Request UcxSite::isend(int rank, uint64_t tag, const void* data, uint64_t len) {
+Request UcxTransport::isend(int rank, uint64_t tag, const void* data, uint64_t len) {
   return impl_->transfer(Impl::Op::kSend, rank, tag, const_cast<void*>(data), len);
 }
 
-Request UcxSite::irecv(int rank, uint64_t tag, void* data, uint64_t len) {
+Request UcxTransport::irecv(int rank, uint64_t tag, void* data, uint64_t len) {
   return impl_->transfer(Impl::Op::kRecv, rank, tag, data, len);
 }
 
-void UcxSite::abort(const Status& why) {
+void UcxTransport::abort(const Status& why) {
   auto op = std::make_unique<Impl::Op>();
   op->kind = Impl::Op::kAbort;
   op->owner = impl_.get();

@@ -1,5 +1,5 @@
 #pragma once
-// UcxSite: the second transport, for ranks of one site. One UCP context and worker per
+// UcxTransport: the second transport, for ranks of one site. One UCP context and worker per
 // communicator (ucp_init, ucp_worker_create), an endpoint per partner created from the address
 // blob the partner sent over lowcomm's own authenticated TCP connection, and tagged messages
 // with the same contract as Peer's (peer.h): the k-th isend to a rank on a tag meets that rank's
@@ -7,7 +7,7 @@
 // between hosts; on one host, since endpoints ask for peer failure reporting, which UCX 1.13's
 // shared-memory transports lack, its TCP transport over loopback.
 //
-//   auto site = UcxSite::create(rank);              // unavailable: built without UCX
+//   auto site = UcxTransport::create(rank);              // unavailable: built without UCX
 //   send site->address() to each partner, receive theirs; site->connect(r, theirs);
 //   Request q = site->irecv(r, tag, out, len);      // tag < kMaxTag
 //   Request s = site->isend(r, tag, in, len);
@@ -44,7 +44,7 @@
 
 namespace lowcomm::transport {
 
-class UcxSite {
+class UcxTransport {
  public:
   static constexpr uint64_t kMaxTag = (uint64_t{1} << 24) - 1;
 
@@ -52,10 +52,10 @@ class UcxSite {
   static bool built_with_ucx();
   // The context, the worker and its progress thread; kUnsupported without UCX, kSystem when UCX
   // fails to start (the message says why).
-  static Result<std::unique_ptr<UcxSite>> create(int rank);
-  ~UcxSite();
-  UcxSite(const UcxSite&) = delete;
-  UcxSite& operator=(const UcxSite&) = delete;
+  static Result<std::unique_ptr<UcxTransport>> create(int rank);
+  ~UcxTransport();
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
 
   // This worker's address, to send to the partners.
   const std::string& address() const;
@@ -73,7 +73,7 @@ class UcxSite {
 
  private:
   struct Impl;
-  explicit UcxSite(std::unique_ptr<Impl> impl);
+  explicit UcxTransport(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
