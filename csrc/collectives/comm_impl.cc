@@ -225,8 +225,8 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   // Owner shares (shares.h): the option, LOWCOMM_SHARES, else auto across hosts or an emulated
   // WAN, unless a site holds several ranks: they share one WAN link, which per-rank rates
   // cannot see (each rank alone reads the whole link), and shares planned from them starve the
-  // site (2 sites x 4 ranks, 1 Gbit/s and 100 Mbit/s, 64 MiB q4, flat: 3.81 s against 3.00 s
-  // with equal shares; docs/sites.md). Two levels are the schedule for sites.
+  // site (measured: docs/sites.md, "Owner shares with sites"). Two levels are the schedule for
+  // sites.
   if (!shares_text.empty()) {
     c->shares_auto_ = shares_text == "auto";
   } else {

@@ -14,13 +14,10 @@
 // The tag word holds, by kind: a send's or receive's user_tag; an operation that carries a
 // report (carries_report()), agree_hash in its high 32 bits and the report in the low 32;
 // any other, agree_hash. Only encode() and decode() pack and unpack it: in memory each field
-// has one meaning whatever the kind (0 where it does not apply). The algorithm and
-// the segment got fields of their own within the fixed 64 bytes: the block takes 16 bits (a
-// valid block is at most 4096) and the segment is counted in the codec's scale groups
+// has one meaning whatever the kind (0 where it does not apply). The block takes 16
+// bits (a valid block is at most 4096) and the segment is counted in the codec's scale groups
 // (granule(): the block, the column count, or one element), so 32 bits hold any segment
-// reduce_segment_elems makes. (Until issue 21 the segment travelled in the tag field, 0 meaning
-// one hop, and bytes 32-35 and 56-59 were a u32 block and a reserved 0; descriptors without a
-// codec or a segment are unchanged byte for byte.)
+// reduce_segment_elems makes (the layout's history: docs/collectives.md).
 
 #include <array>
 #include <cstdint>

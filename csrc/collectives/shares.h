@@ -17,11 +17,10 @@
 // so the ranks agree without a message of their own; the plan's hash rides in the high half of the
 // tag and is checked like the rest of the descriptor.
 //
-// The rates are measurements, and noisy ones: on four equal 1 Gbit/s links with 50 ms RTT the
-// ranks' first readings spread over 850-1040 Mbit/s (TCP still opening its windows) and later
-// ones over +-5%. The least-time plan follows every such difference (one rate 20% low takes
-// its rank's share from 0.25 to 0.16, and the plan stays), and the model is only a model: such
-// plans measured 10-57% slower than equal shares. So a rank's rate counts only from its
+// The rates are measurements, and noisy ones (the first most: TCP is still opening its
+// windows), the least-time plan follows every difference, and the model is only a model: on
+// equal links such plans measured slower than equal shares (docs/sites.md, "Shares that follow
+// the links"). So a rank's rate counts only from its
 // kRecent-th measurement on, a plan must be predicted kPlanGain faster than equal shares
 // (otherwise the rates are equal within what the meter can tell, and so are the shares), a plan
 // replaces another only when predicted kReplanGain faster, and a plan returns to equal shares

@@ -54,8 +54,7 @@ struct SitePlan {
 // The cost model: an all-reduce runs in two levels when the plan has them, it is an fp32 sum or
 // average of at least kTwoLevelMinBytes, and every rank of every column owns at least one scale
 // group of the slice. Below that size the call is a few one-way delays either way and the
-// local phases are pure cost (2 sites x 2 ranks, q8, 256 KiB over a 200 Mbit/s site: flat
-// 0.015 s, two levels 0.019 s; at 1 MiB two levels win, 0.023 s against 0.029 s). Flat
+// local phases are pure cost (the measurement that set kTwoLevelMinBytes: docs/sites.md). Flat
 // otherwise. (Not yet from measured rates: docs/sites.md.)
 inline constexpr uint64_t kTwoLevelMinBytes = 1 << 20;
 bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp op,

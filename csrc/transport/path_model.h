@@ -11,7 +11,7 @@
 // Striping: a message is spread over as many streams as the path needs to carry `rate` bits/s,
 //   k = clamp(ceil(rate * rtt / window), 1, streams opened),
 // and no more: on a short path one stream already fills the link, and every extra flow only
-// competes for the same bottleneck queue (measured: ~5% slower on tbf-shaped 1 Gbit/s links,
+// competes for the same bottleneck queue (measured slower on tbf-shaped links:
 // docs/benchmarks-collectives.md). The emulated WAN (pacer.h) models the window itself and
 // always spreads chunks over every stream.
 

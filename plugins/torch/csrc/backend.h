@@ -1,5 +1,5 @@
 #pragma once
-// LowcommBackend: the c10d::Backend named "lowcomm" (issue 9). Rendezvous through the Store
+// LowcommBackend: the c10d::Backend named "lowcomm". Rendezvous through the Store
 // torch hands the backend: rank 0 creates the communicator id (address and secret) and sets it
 // under the group's prefix; the others read it. Every op maps onto one lowcomm collective over
 // host tensors (no copy for contiguous ones; non-contiguous inputs are staged, outputs copied
