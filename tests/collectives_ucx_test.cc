@@ -229,7 +229,7 @@ TEST(CollectivesUcx, UnknownSettingIsRefused) {
     o.intra_site = "rdma";
     auto c = Communicator::init(id, rank, 1, o);
     if (c.is_ok()) return "accepted intra_site=rdma";
-    if (c.status().message().find("intra_site option must be tcp or ucx, got 'rdma'") ==
+    if (c.status().message().find("intra_site option must be one of tcp, ucx, got 'rdma'") ==
         std::string::npos)
       return "unclear error: " + c.status().to_string();
     return "ok";

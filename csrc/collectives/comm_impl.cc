@@ -20,7 +20,6 @@
 #include "core/params.h"
 #include "lowcomm/codec.h"
 #include "rendezvous/bootstrap.h"
-#include "transport/emulated_links.h"
 #include "transport/pacer.h"
 #include "transport/peer_config.h"
 
@@ -46,282 +45,50 @@ constexpr auto kNoticeLinger = std::chrono::milliseconds(300);
 // in this long (a frozen peer's full buffers take nothing), and it does not linger. torchft
 // aborts its group at every quorum change, with a frozen replica among the peers.
 constexpr auto kAbortNoticeWait = std::chrono::milliseconds(20);
-// CommOptions::failure_timeout's default (an elastic group's failure floor too).
-constexpr auto kDefaultFailureTimeout = std::chrono::milliseconds(1500);
-
-// A byte count from the environment variable `name` (core/params.h), or `fallback` where it is
-// unset.
-Result<int64_t> env_byte_count(const char* name, int64_t fallback) {
-  auto v = params::bytes(name);
-  if (!v) return Status(v.status().code(), "init: " + v.status().message());
-  return v->has_value() ? static_cast<int64_t>(**v) : fallback;
-}
-
-// The value of a kText or kChoice variable, "" where unset.
-Result<std::string> env_word(const char* name) {
-  if (params::find(name).kind == params::Kind::kText) return params::text(name).value_or("");
-  auto v = params::choice(name);
-  if (!v) return Status(v.status().code(), "init: " + v.status().message());
-  return v->value_or("");
-}
-
 }  // namespace
 
 Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank, int nranks,
                                                    const CommOptions& options) {
-  if (nranks < 1)
-    return invalid_argument("init: nranks must be at least 1, got " + std::to_string(nranks));
-  if (rank < 0 || rank >= nranks)
-    return invalid_argument("init: rank " + std::to_string(rank) + " is outside [0, " +
-                            std::to_string(nranks) + ")");
-  if (options.segment_bytes && *options.segment_bytes < 4096)
-    return invalid_argument("init: segment_bytes must be at least 4096");
-  // Every LOWCOMM_* variable that is set must parse, used here or not (a typo'd value of one
-  // read lazily elsewhere, like LOWCOMM_TIMEOUT_S, would otherwise be a silent default).
-  if (Status s = params::check_all(); !s) return Status(s.code(), "init: " + s.message());
-  // `opts`: every option the communicator keeps, set (what was not given, from the
-  // environment or the default).
-  CommOptions opts = options;
-  for (auto [field, name, fallback] :
-       {std::tuple{&opts.segment_bytes, "LOWCOMM_SEGMENT_BYTES", uint64_t{4} << 20},
-        std::tuple{&opts.direct_bytes, "LOWCOMM_DIRECT_BYTES", uint64_t{0}},
-        std::tuple{&opts.inline_bytes, "LOWCOMM_INLINE_BYTES", uint64_t{64} << 10}}) {
-    if (field->has_value()) continue;
-    auto v = env_byte_count(name, static_cast<int64_t>(fallback));
-    if (!v) return v.status();
-    *field = static_cast<uint64_t>(v.value());
-  }
-  // The pinned host memory CUDA-buffer calls may stage through (device_op.h): 4 GiB unless set.
-  auto pinned_limit = env_byte_count("LOWCOMM_PINNED_BYTES", int64_t{4} << 30);
-  if (!pinned_limit) return pinned_limit.status();
-  std::string secret(reinterpret_cast<const char*>(id.secret.data()), id.secret.size());
-  auto cfg = transport::PeerConfig::from_env(rank, secret);
-  if (!cfg) return cfg.status();
-  if (options.streams) {
-    if (*options.streams < 1 || *options.streams > transport::kMaxStreams)
-      return invalid_argument("init: streams must be 1 to " +
-                              std::to_string(transport::kMaxStreams) + ", got " +
-                              std::to_string(*options.streams));
-    cfg.value().streams = *options.streams;
-    cfg.value().adapt_streams = false;
-  }
-  // The emulated WAN: this rank's site (shared by all its peers, site model) and, once the
-  // mesh is up, each peer's delay from the per-pair rules.
-  const std::string wan_text =
-      !options.wan.empty() ? options.wan : params::text("LOWCOMM_WAN").value_or("");
-  auto plan = transport::parse_wan_plan(wan_text);
-  if (!plan)
-    return invalid_argument(std::string("init: ") +
-                            (options.wan.empty() ? "LOWCOMM_WAN: " : "wan option: ") +
-                            plan.status().message());
-  auto own = plan->link(rank, -1);
-  if (!own) return invalid_argument("init: wan: " + own.status().message());
-  cfg.value().wan = *own;
-  // The emulated links' clocks (emulated_links.h): opened before bootstrapping, their
-  // shared-memory names released once the mesh is up or on any return before that.
-  auto opened = transport::EmulatedLinks::open(*plan, *own, rank, nranks, id.root_address);
-  if (!opened) return opened.status();
-  transport::EmulatedLinks emulated = std::move(opened).value();
-  cfg.value().site = emulated.site();
-  if (options.socket_buffer_bytes) {
-    if (*options.socket_buffer_bytes < 0 || *options.socket_buffer_bytes > (1 << 30))
-      return invalid_argument("init: socket_buffer_bytes must be 0 (autotuning) to 1 GiB, got " +
-                              std::to_string(*options.socket_buffer_bytes));
-    cfg.value().socket_buffer_bytes = *options.socket_buffer_bytes;  // 0: kernel autotuning
-  }
-  if (options.encrypt) cfg.value().seal = *options.encrypt;
-  if (options.failure_timeout) {
-    cfg.value().failure_timeout = std::max(*options.failure_timeout, std::chrono::milliseconds(0));
-  } else {
-    auto ms = params::integer("LOWCOMM_FAILURE_TIMEOUT_MS");  // checked above
-    cfg.value().failure_timeout =
-        ms.is_ok() && ms->has_value() ? std::chrono::milliseconds(**ms) : kDefaultFailureTimeout;
-  }
-
-  // Sites (collectives/sites.h): the option, LOWCOMM_SITES, the emulator's site= rules, flat.
-  const std::string sites_text =
-      !options.sites.empty() ? options.sites : params::text("LOWCOMM_SITES").value_or("");
-  collectives::SitePlan sites;
-  if (!sites_text.empty()) {
-    auto parsed = collectives::parse_sites(sites_text, nranks);
-    if (!parsed)
-      return invalid_argument(std::string("init: ") +
-                              (options.sites.empty() ? "LOWCOMM_SITES: " : "sites option: ") +
-                              parsed.status().message());
-    sites = std::move(parsed).value();
-  } else {
-    sites = collectives::plan_from_wan(*plan, nranks);
-  }
-  const bool sites_by_host = sites_text.empty() && sites.sites() == 0;
-  auto env_shares = env_word("LOWCOMM_SHARES");
-  if (!env_shares) return env_shares.status();
-  const std::string shares_text = !options.shares.empty() ? options.shares : *env_shares;
-  if (!shares_text.empty() && shares_text != "auto" && shares_text != "equal")
-    return invalid_argument(std::string("init: ") +
-                            (options.shares.empty() ? "LOWCOMM_SHARES" : "shares option") +
-                            " must be auto or equal, got '" + shares_text + "'");
-
-  auto env_sparse = env_word("LOWCOMM_SPARSE_SCHEDULE");
-  if (!env_sparse) return env_sparse.status();
-  opts.sparse_schedule = !options.sparse_schedule.empty() ? options.sparse_schedule
-                         : !env_sparse->empty()           ? *env_sparse
-                                                          : "auto";
-  if (opts.sparse_schedule != "auto" && opts.sparse_schedule != "gather-all" &&
-      opts.sparse_schedule != "owner")
-    return invalid_argument(
-        std::string("init: ") +
-        (options.sparse_schedule.empty() ? "LOWCOMM_SPARSE_SCHEDULE" : "sparse_schedule option") +
-        " must be auto, gather-all or owner, got '" + opts.sparse_schedule + "'");
-
-  auto env_intra = env_word("LOWCOMM_INTRA_SITE");
-  if (!env_intra) return env_intra.status();
-  const std::string intra_text = !options.intra_site.empty() ? options.intra_site : *env_intra;
-  if (!intra_text.empty() && intra_text != "tcp" && intra_text != "ucx")
-    return invalid_argument(
-        std::string("init: ") +
-        (options.intra_site.empty() ? "LOWCOMM_INTRA_SITE" : "intra_site option") +
-        " must be tcp or ucx, got '" + intra_text + "'");
-
+  auto settings = collectives::read_init_settings(id, rank, nranks, options);
+  if (!settings) return settings.status();
+  collectives::InitSettings& s = settings.value();
   std::unique_ptr<CommImpl> c(new CommImpl());
-  c->sites_ = std::move(sites);
+  c->sites_ = s.sites;
   c->rank_ = rank;
   c->nranks_ = nranks;
-  c->options_ = opts;
+  c->options_ = s.options;
   c->timeout_ = options.timeout && options.timeout->count() > 0
                     ? Deadline::Clock::duration(*options.timeout)
                     : default_timeout();
   Deadline deadline = options.init_timeout && options.init_timeout->count() > 0
                           ? Deadline::after(Deadline::Clock::duration(*options.init_timeout))
                           : Deadline::after(c->timeout_);
-  const uint32_t hello_flags = intra_text == "ucx" ? rendezvous::kRankAsksForUcx : 0;
-  auto mesh = rendezvous::bootstrap_mesh(id, rank, nranks, options, hello_flags, *cfg, deadline);
+  const uint32_t hello_flags = s.want_ucx ? rendezvous::kRankAsksForUcx : 0;
+  auto mesh = rendezvous::bootstrap_mesh(id, rank, nranks, options, hello_flags, s.peer, deadline);
   // Every rank of the site opened its clocks before bootstrapping: the names can go.
-  emulated.release_names();
-  if (!mesh) {
-    Status s = mesh.status();
-    return Status(s.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
-                                ": " + s.message());
-  }
-  // Each rank's host, from the root's address table (the same on every rank); empty without one.
-  std::vector<std::string> hosts;
-  const rendezvous::BootstrapTable& table = mesh.value().table;
-  if (table.addresses.size() == static_cast<size_t>(nranks))
-    for (const std::string& a : table.addresses) hosts.push_back(a.substr(0, a.rfind(':')));
-  // Without a map, the ranks of one host are one site (every rank draws the same map).
-  bool probe_rtt = false;
-  if (sites_by_host && !hosts.empty()) {
-    std::map<std::string, int> host_label;
-    std::vector<int> labels;
-    for (const std::string& h : hosts)
-      labels.push_back(
-          host_label.try_emplace(h, static_cast<int>(host_label.size())).first->second);
-    collectives::SitePlan by_host = collectives::plan_from_labels(labels);
-    if (by_host.sites() > 1 && by_host.sites() < nranks) {
-      c->sites_ = std::move(by_host);
-    } else if (by_host.sites() == nranks && nranks >= 4) {
-      probe_rtt = true;  // below, once the emulated links (if any) are in place
-    }
-  }
-  // Owner shares (shares.h): the option, LOWCOMM_SHARES, else auto across hosts or an emulated
-  // WAN, unless a site holds several ranks: they share one WAN link, which per-rank rates
-  // cannot see (each rank alone reads the whole link), and shares planned from them starve the
-  // site (measured: docs/sites.md, "Owner shares with sites"). Two levels are the schedule for
-  // sites.
-  if (!shares_text.empty()) {
-    c->shares_auto_ = shares_text == "auto";
-  } else {
-    c->shares_auto_ =
-        (!wan_text.empty() || std::set<std::string>(hosts.begin(), hosts.end()).size() > 1) &&
-        !c->sites_.shares_a_link();
-  }
+  s.emulated.release_names();
+  auto in_init = [&](const Status& e) {
+    return Status(e.code(), "init rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
+                                ": " + e.message());
+  };
+  if (!mesh) return in_init(mesh.status());
   c->engine_ = std::move(mesh.value().engine);
   c->peers_ = std::move(mesh.value().peers);
-  // What a kernel socket receives is sampled for the rank's rate only where the rate is used,
-  // and not from a peer on this rank's host (its bytes never cross a link).
-  for (int r = 0; r < nranks; ++r)
-    if (r != rank && (!c->shares_auto_ || (!hosts.empty() && hosts[static_cast<size_t>(r)] ==
-                                                                 hosts[static_cast<size_t>(rank)])))
-      c->peers_[r]->set_metered(false);
-  c->chunk_bytes_ = cfg->chunk_bytes;
-  c->links_.assign(static_cast<size_t>(nranks), *own);
-  if (plan->has_pair_rules()) {
-    for (int r = 0; r < nranks; ++r) {
-      if (r == rank) continue;
-      auto got = emulated.link_to(*plan, rank, r);
-      if (!got) return invalid_argument("init: wan: " + got.status().message());
-      const transport::WanLink& l = *got;
-      c->peers_[r]->set_link(l);
-      c->links_[static_cast<size_t>(r)] = l;
-    }
-  }
-  if (probe_rtt) {
-    // Every rank on a host of its own: group them by round-trip time (rtt_probe.h). The same
-    // matrix on every rank, so the same map.
-    double threshold = collectives::kSiteRttSeconds;
-    auto site_ms = params::number("LOWCOMM_SITE_RTT_MS");  // checked at the start
-    if (site_ms.is_ok() && site_ms->has_value()) threshold = **site_ms * 1e-3;
-    // The kernel sees the real path; an emulated link's delay is added (each way, as both ends
-    // of an emulated pair delay what they send).
-    std::vector<double> emulated_rtt(static_cast<size_t>(nranks), 0.0);
-    for (int r = 0; r < nranks; ++r)
-      emulated_rtt[static_cast<size_t>(r)] = 2 * c->links_[static_cast<size_t>(r)].one_way_delay_s;
-    auto rtt = collectives::measure_rtt_matrix(c->peers_, rank, emulated_rtt, deadline);
-    if (!rtt)
-      return Status(rtt.status().code(),
-                    "init rank " + std::to_string(rank) + ": " + rtt.status().message());
-    c->sites_ = collectives::plan_from_rtt(*rtt, threshold);
-    if (shares_text.empty() && c->sites_.shares_a_link()) {
-      c->shares_auto_ = false;  // as above; nothing reads the rates then
-      for (int r = 0; r < nranks; ++r)
-        if (r != rank) c->peers_[r]->set_metered(false);
-    }
-    if (log_enabled(LogLevel::kInfo)) {
-      std::string row;
-      for (double t : (*rtt)[static_cast<size_t>(rank)]) {
-        char ms[24];
-        std::snprintf(ms, sizeof ms, "%s%.2f", row.empty() ? "" : ",", t * 1e3);
-        row += ms;
-      }
-      LOWCOMM_LOG(kInfo, "rank %d: round trips (ms) %s: sites from those under %.2f ms: %s", rank,
-                  row.c_str(), threshold * 1e3,
-                  c->sites_.sites() > 1 ? c->sites_.to_string().c_str() : "flat");
-    }
-  }
-  {
-    // The transport inside the site (intra_site.h): the ranks of this rank's site, else of its
-    // host.
-    collectives::IntraSiteRequest intra;
-    intra.want_ucx = intra_text == "ucx";
-    for (int r = 0; r < nranks; ++r)
-      intra.asks_for_ucx.push_back(
-          static_cast<size_t>(r) < table.flags.size() &&
-          (table.flags[static_cast<size_t>(r)] & rendezvous::kRankAsksForUcx) != 0);
-    intra.sealed = cfg->seal;
-    for (int r = 0; r < nranks; ++r) {
-      intra.emulated.push_back(r != rank && c->links_[static_cast<size_t>(r)].shaped());
-      const bool together =
-          c->sites_.sites() > 1
-              ? c->sites_.site_of[static_cast<size_t>(r)] ==
-                    c->sites_.site_of[static_cast<size_t>(rank)]
-              : !hosts.empty() && hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)];
-      if (r != rank && together) intra.partners.push_back(r);
-      intra.same_host.push_back(!hosts.empty() &&
-                                hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)]);
-    }
-    auto site = collectives::connect_intra_site(c->peers_, rank, intra, deadline);
-    if (!site)
-      return Status(site.status().code(),
-                    "init rank " + std::to_string(rank) + ": " + site.status().message());
-    c->ucx_ = std::move(site.value().ucx);
-    c->over_ucx_ = std::move(site.value().over_ucx);
-  }
+  c->chunk_bytes_ = s.peer.chunk_bytes;
+  const rendezvous::BootstrapTable& table = mesh.value().table;
+  // Each rank's host, from the root's address table (the same on every rank); empty without one.
+  std::vector<std::string> hosts;
+  if (table.addresses.size() == static_cast<size_t>(nranks))
+    for (const std::string& a : table.addresses) hosts.push_back(a.substr(0, a.rfind(':')));
+  if (Status e = c->discover_topology(s, hosts, deadline); !e) return in_init(e);
+  if (Status e = c->open_intra_site(s, table, hosts, deadline); !e) return in_init(e);
   if (c->sites_.sites() > 1)
     LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, c->sites_.to_string().c_str(),
                 c->sites_.two_level()
                     ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
                     : " (flat: two levels need equal sites of two or more ranks)");
-  c->inline_bytes_ = *opts.inline_bytes;
-  c->pinned_limit_ = static_cast<uint64_t>(*pinned_limit);
+  c->inline_bytes_ = *s.options.inline_bytes;
+  c->pinned_limit_ = s.pinned_limit;
   c->gate_->comm = c.get();
   c->control_ = std::vector<Control>(nranks);
   c->p2p_sent_.assign(static_cast<size_t>(nranks), 0);
@@ -338,6 +105,114 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   });
   LOWCOMM_LOG(kInfo, "rank %d of %d: communicator ready", rank, nranks);
   return c;
+}
+
+Status CommImpl::discover_topology(const collectives::InitSettings& s,
+                                   const std::vector<std::string>& hosts, Deadline deadline) {
+  const int rank = rank_, nranks = nranks_;
+  auto same_host = [&](int r) {
+    return !hosts.empty() && hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)];
+  };
+  // Without a map, the ranks of one host are one site (every rank draws the same map).
+  bool probe_rtt = false;
+  if (!s.sites_given && s.sites.sites() == 0 && !hosts.empty()) {
+    std::map<std::string, int> host_label;
+    std::vector<int> labels;
+    for (const std::string& h : hosts)
+      labels.push_back(
+          host_label.try_emplace(h, static_cast<int>(host_label.size())).first->second);
+    collectives::SitePlan by_host = collectives::plan_from_labels(labels);
+    if (by_host.sites() > 1 && by_host.sites() < nranks) {
+      sites_ = std::move(by_host);
+    } else if (by_host.sites() == nranks && nranks >= 4) {
+      probe_rtt = true;  // below, once the emulated links (if any) are in place
+    }
+  }
+  // Owner shares (shares.h): the option, LOWCOMM_SHARES, else auto across hosts or an emulated
+  // WAN, unless a site holds several ranks: they share one WAN link, which per-rank rates
+  // cannot see (each rank alone reads the whole link), and shares planned from them starve the
+  // site (measured: docs/sites.md, "Owner shares with sites"). Two levels are the schedule for
+  // sites.
+  if (!s.shares.empty()) {
+    shares_auto_ = s.shares == "auto";
+  } else {
+    shares_auto_ =
+        (!s.wan_text.empty() || std::set<std::string>(hosts.begin(), hosts.end()).size() > 1) &&
+        !sites_.shares_a_link();
+  }
+  // What a kernel socket receives is sampled for the rank's rate only where the rate is used,
+  // and not from a peer on this rank's host (its bytes never cross a link).
+  for (int r = 0; r < nranks; ++r)
+    if (r != rank && (!shares_auto_ || same_host(r))) peers_[r]->set_metered(false);
+  links_.assign(static_cast<size_t>(nranks), s.own);
+  if (s.wan.has_pair_rules()) {
+    for (int r = 0; r < nranks; ++r) {
+      if (r == rank) continue;
+      auto got = s.emulated.link_to(s.wan, rank, r);
+      if (!got) return invalid_argument("wan: " + got.status().message());
+      peers_[r]->set_link(*got);
+      links_[static_cast<size_t>(r)] = *got;
+    }
+  }
+  if (!probe_rtt) return Status::ok();
+  // Every rank on a host of its own: group them by round-trip time (rtt_probe.h). The same
+  // matrix on every rank, so the same map.
+  double threshold = collectives::kSiteRttSeconds;
+  auto site_ms = params::number("LOWCOMM_SITE_RTT_MS");  // checked by read_init_settings
+  if (site_ms.is_ok() && site_ms->has_value()) threshold = **site_ms * 1e-3;
+  // The kernel sees the real path; an emulated link's delay is added (each way, as both ends
+  // of an emulated pair delay what they send).
+  std::vector<double> emulated_rtt(static_cast<size_t>(nranks), 0.0);
+  for (int r = 0; r < nranks; ++r)
+    emulated_rtt[static_cast<size_t>(r)] = 2 * links_[static_cast<size_t>(r)].one_way_delay_s;
+  auto rtt = collectives::measure_rtt_matrix(peers_, rank, emulated_rtt, deadline);
+  if (!rtt) return rtt.status();
+  sites_ = collectives::plan_from_rtt(*rtt, threshold);
+  if (s.shares.empty() && sites_.shares_a_link()) {
+    shares_auto_ = false;  // as above; nothing reads the rates then
+    for (int r = 0; r < nranks; ++r)
+      if (r != rank) peers_[r]->set_metered(false);
+  }
+  if (log_enabled(LogLevel::kInfo)) {
+    std::string row;
+    for (double t : (*rtt)[static_cast<size_t>(rank)]) {
+      char ms[24];
+      std::snprintf(ms, sizeof ms, "%s%.2f", row.empty() ? "" : ",", t * 1e3);
+      row += ms;
+    }
+    LOWCOMM_LOG(kInfo, "rank %d: round trips (ms) %s: sites from those under %.2f ms: %s", rank,
+                row.c_str(), threshold * 1e3,
+                sites_.sites() > 1 ? sites_.to_string().c_str() : "flat");
+  }
+  return Status::ok();
+}
+
+Status CommImpl::open_intra_site(const collectives::InitSettings& s,
+                                 const rendezvous::BootstrapTable& table,
+                                 const std::vector<std::string>& hosts, Deadline deadline) {
+  // The transport inside the site (intra_site.h): the ranks of this rank's site, else of its
+  // host.
+  const int rank = rank_;
+  collectives::IntraSiteRequest intra;
+  intra.want_ucx = s.want_ucx;
+  intra.sealed = s.peer.seal;
+  for (int r = 0; r < nranks_; ++r) {
+    const auto i = static_cast<size_t>(r);
+    intra.asks_for_ucx.push_back(i < table.flags.size() &&
+                                 (table.flags[i] & rendezvous::kRankAsksForUcx) != 0);
+    intra.emulated.push_back(r != rank && links_[i].shaped());
+    const bool same_host = !hosts.empty() && hosts[i] == hosts[static_cast<size_t>(rank)];
+    const bool together = sites_.sites() > 1
+                              ? sites_.site_of[i] == sites_.site_of[static_cast<size_t>(rank)]
+                              : same_host;
+    if (r != rank && together) intra.partners.push_back(r);
+    intra.same_host.push_back(same_host);
+  }
+  auto site = collectives::connect_intra_site(peers_, rank, intra, deadline);
+  if (!site) return site.status();
+  ucx_ = std::move(site.value().ucx);
+  over_ucx_ = std::move(site.value().over_ucx);
+  return Status::ok();
 }
 
 Result<collectives::DeviceContext*> CommImpl::device_context() {

@@ -40,6 +40,7 @@
 
 #include "collectives/descriptor.h"
 #include "collectives/ef_store.h"
+#include "collectives/init_settings.h"
 #include "collectives/op_stats.h"
 #include "collectives/schedule_picker.h"
 #include "collectives/scratch_pool.h"
@@ -48,6 +49,7 @@
 #include "collectives/work_state.h"
 #include "core/deadline.h"
 #include "lowcomm/communicator.h"
+#include "rendezvous/bootstrap.h"
 #include "transport/peer.h"
 #include "transport/ucx_transport.h"
 
@@ -115,6 +117,14 @@ class CommImpl {
   void run_overtaking_sends();
 
  private:
+  // Init's steps once the mesh is up (create): the site map from the hosts or the round trips,
+  // the owner shares' mode and metering, each peer's emulated link; then the transport inside
+  // the site.
+  Status discover_topology(const collectives::InitSettings& s,
+                           const std::vector<std::string>& hosts, Deadline deadline);
+  Status open_intra_site(const collectives::InitSettings& s,
+                         const rendezvous::BootstrapTable& table,
+                         const std::vector<std::string>& hosts, Deadline deadline);
   struct Op {
     collectives::OpDescriptor desc;
     std::vector<int> peers;
