@@ -13,7 +13,9 @@ namespace {
 // CommOptions::failure_timeout's default (an elastic group's failure floor too).
 constexpr auto kDefaultFailureTimeout = std::chrono::milliseconds(1500);
 
-Status init_error(const Status& s) { return Status(s.code(), "init: " + s.message()); }
+Status init_error(const Status& s) {
+  return Status(s.code(), "init: " + s.message());
+}
 
 // A byte count from the environment variable `name` (core/params.h), or `fallback` where it is
 // unset.

@@ -22,7 +22,7 @@ struct InitSettings {
   transport::PeerConfig peer;  // streams, buffers, sealing, failure timeout, this rank's link
   std::string wan_text;        // the emulated WAN's spec ("" : none)
   transport::WanPlan wan;
-  transport::WanLink own;            // this rank's link (wan.link(rank, -1))
+  transport::WanLink own;             // this rank's link (wan.link(rank, -1))
   transport::EmulatedLinks emulated;  // its clocks, opened before bootstrapping
   SitePlan sites;                     // from the option, LOWCOMM_SITES or the plan's site= rules
   bool sites_given = false;           // by the option or LOWCOMM_SITES

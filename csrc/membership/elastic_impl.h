@@ -99,6 +99,10 @@ class ElasticImpl {
   void poll_slot(uint32_t id, Slot& s, Clock::time_point now);
   void accept_pending();
   void handle(const membership::Message& m, uint32_t via);
+  // handle()'s longer cases (view_protocol.cc).
+  void on_done(const membership::Message& m);
+  void on_commit(const membership::Message& m);
+  void on_start(const membership::Message& m);
   void lose(uint32_t id, const std::string& why);
   void begin_change(const std::string& why);
   void report_to_coordinator();

@@ -531,6 +531,87 @@ void ElasticImpl::answer_stale(const Message& m) {
   send_to(m.from, last_transition_);
 }
 
+// A member's done of the collective in flight (or of the one this member committed last).
+void ElasticImpl::on_done(const Message& m) {
+  if (m.view == view_.id && m.seq == committed_ && committed_ > 0) {
+    settled_.insert(m.from);  // it holds what this member committed
+    cv_.notify_all();
+    return;
+  }
+  if (m.view != view_.id || m.seq != committed_ + 1) return;
+  done_[m.from] = m.hash;
+  if (changing_) {
+    // Kept during a change too: a done that trailed the change (a member that committed
+    // and left, or was cut off, right after) proves what the change must commit.
+    commit_on_proof();
+    return;
+  }
+  if (m.from == view_.coordinator() && m.text == "admit") admission_ = true;
+  try_commit();
+}
+
+// The coordinator's commit: of the collective in flight, and with members, the next view.
+void ElasticImpl::on_commit(const Message& m) {
+  if (me_ & 0x80000000u) {
+    // A joiner learns its admission from a relayed commit.
+    if (m.members.empty()) return;
+  } else if (m.view != view_.id ||
+             (changing_ && (m.members.empty() || (staged_ != m.seq && committed_ < m.seq) ||
+                            m.from != coordinator_candidate()))) {
+    // Changing: this member's report is out and the new view decides what commits. Except
+    // an admission's commit naming the next view, for a collective this member holds, from
+    // the member its report went to: the coordinator sent it once every member's done was
+    // in, and the others apply it and move on (ignoring this view's reports), so a change
+    // begun here just before it came gives way to it instead of stalling until the change
+    // timeout and fencing while the group went on. Its decider is the one this member
+    // reports to, so no other view can be decided on this member's report. (From another
+    // member, a candidate this member does not report to decides: ignored, as before.) In
+    // the next view this member starts the change again if its cause holds.
+    return;
+  } else {
+    if (m.seq > committed_) {
+      if (staged_ != m.seq) {
+        fence(Status(StatusCode::kInternal, "commit of collective " + std::to_string(m.seq) +
+                                                " that this member does not hold"));
+        return;
+      }
+      commit_locally(m.seq);
+      commit_hashes_ = m.hashes;
+    }
+  }
+  if (m.members.empty()) return;
+  if (me_ & 0x80000000u) {
+    for (const auto& a : m.members)
+      if (a.address == listener_->address().to_string()) me_ = a.id;
+    if (me_ & 0x80000000u) return;  // another joiner's admission
+    committed_ = m.seq;
+    stats_.committed = 0;
+  } else if (m.from != me_) {
+    for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners entering here
+  }
+  apply_view(m.view + 1, m.members, m.data_root, committed_, m.next_id, m.failed);
+  if (view_.id == m.view + 1) {
+    last_transition_ = m;  // relayed as its decider's (the acceptance rule above reads it)
+  }
+}
+
+// A member started a collective (an admitting one names the view it admits into).
+void ElasticImpl::on_start(const Message& m) {
+  // An admitting start names that view again (begun at its kAdmit: no second build).
+  if (me_ & 0x80000000u) {
+    if (m.text == "admit" && !m.members.empty()) prepare_admission(m);
+    return;
+  }
+  // Kept for a later view too: a member that applied the next view first may start there
+  // before this member has applied it.
+  if (m.view < view_.id || (m.view == view_.id && m.seq <= committed_)) return;
+  if (starts_.size() >= 64) starts_.erase(starts_.begin());  // bounded: members only
+  starts_[{m.view, m.seq}][m.from] = m.hash;
+  if (m.text == "admit") admit_starts_.insert({m.view, m.seq});
+  if (m.text == "admit" && !m.members.empty()) prepare_admission(m);
+  cv_.notify_all();
+}
+
 void ElasticImpl::handle(const Message& m, uint32_t via) {
   if (!fence_.is_ok()) return;
   switch (m.type) {
@@ -566,66 +647,11 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       }
       return;
     case MsgType::kDone:
-      if (m.view == view_.id && m.seq == committed_ && committed_ > 0) {
-        settled_.insert(m.from);  // it holds what this member committed
-        cv_.notify_all();
-        return;
-      }
-      if (m.view != view_.id || m.seq != committed_ + 1) return;
-      done_[m.from] = m.hash;
-      if (changing_) {
-        // Kept during a change too: a done that trailed the change (a member that committed
-        // and left, or was cut off, right after) proves what the change must commit.
-        commit_on_proof();
-        return;
-      }
-      if (m.from == view_.coordinator() && m.text == "admit") admission_ = true;
-      try_commit();
+      on_done(m);
       return;
-    case MsgType::kCommit: {
-      if (me_ & 0x80000000u) {
-        // A joiner learns its admission from a relayed commit.
-        if (m.members.empty()) return;
-      } else if (m.view != view_.id ||
-                 (changing_ && (m.members.empty() || (staged_ != m.seq && committed_ < m.seq) ||
-                                m.from != coordinator_candidate()))) {
-        // Changing: this member's report is out and the new view decides what commits. Except
-        // an admission's commit naming the next view, for a collective this member holds, from
-        // the member its report went to: the coordinator sent it once every member's done was
-        // in, and the others apply it and move on (ignoring this view's reports), so a change
-        // begun here just before it came gives way to it instead of stalling until the change
-        // timeout and fencing while the group went on. Its decider is the one this member
-        // reports to, so no other view can be decided on this member's report. (From another
-        // member, a candidate this member does not report to decides: ignored, as before.) In
-        // the next view this member starts the change again if its cause holds.
-        return;
-      } else {
-        if (m.seq > committed_) {
-          if (staged_ != m.seq) {
-            fence(Status(StatusCode::kInternal, "commit of collective " + std::to_string(m.seq) +
-                                                    " that this member does not hold"));
-            return;
-          }
-          commit_locally(m.seq);
-          commit_hashes_ = m.hashes;
-        }
-      }
-      if (m.members.empty()) return;
-      if (me_ & 0x80000000u) {
-        for (const auto& a : m.members)
-          if (a.address == listener_->address().to_string()) me_ = a.id;
-        if (me_ & 0x80000000u) return;  // another joiner's admission
-        committed_ = m.seq;
-        stats_.committed = 0;
-      } else if (m.from != me_) {
-        for (auto& [tid, s] : joiner_slots_) send_to(tid, m);  // relay to joiners entering here
-      }
-      apply_view(m.view + 1, m.members, m.data_root, committed_, m.next_id, m.failed);
-      if (view_.id == m.view + 1) {
-        last_transition_ = m;  // relayed as its decider's (the acceptance rule above reads it)
-      }
+    case MsgType::kCommit:
+      on_commit(m);
       return;
-    }
     case MsgType::kNoQuorum:
       // It may carry the proof that every member of the view held the collective in flight
       // (some member may have committed it): commit it before going on.
@@ -667,22 +693,9 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       // has a root and a secret of its own).
       prepare_admission(m);
       return;
-    case MsgType::kStart: {
-      // An admitting start names that view again (begun at its kAdmit: no second build).
-      if (me_ & 0x80000000u) {
-        if (m.text == "admit" && !m.members.empty()) prepare_admission(m);
-        return;
-      }
-      // Kept for a later view too: a member that applied the next view first may start there
-      // before this member has applied it.
-      if (m.view < view_.id || (m.view == view_.id && m.seq <= committed_)) return;
-      if (starts_.size() >= 64) starts_.erase(starts_.begin());  // bounded: members only
-      starts_[{m.view, m.seq}][m.from] = m.hash;
-      if (m.text == "admit") admit_starts_.insert({m.view, m.seq});
-      if (m.text == "admit" && !m.members.empty()) prepare_admission(m);
-      cv_.notify_all();
+    case MsgType::kStart:
+      on_start(m);
       return;
-    }
     case MsgType::kPing:
     case MsgType::kPong:
       return;

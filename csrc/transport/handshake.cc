@@ -191,144 +191,153 @@ Status StreamHandshake::read_exact(size_t want, bool* complete) {
   return Status::ok();
 }
 
+Status StreamHandshake::connected(bool* done) {
+  *done = false;
+  pollfd p{fd_.get(), POLLOUT, 0};
+  int r = static_cast<int>(LOWCOMM_SYS_RETRY(::poll(&p, 1, 0)));
+  if (r < 0) return sys_error("poll", peer_name_, errno);
+  if (r == 0) return Status::ok();
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err != 0) return sys_error("connect", peer_name_, err);
+  *done = true;
+  return Status::ok();
+}
+
+Status StreamHandshake::take_hello() {
+  std::memcpy(hello_bytes_.data(), in_.data(), kHelloBytes);
+  const uint8_t* p = hello_bytes_.data();
+  if (load_le32(p) != kHelloMagic) return corrupt_data("not a lowcomm client (bad hello magic)");
+  if (load_le16(p + 4) != kProtocolVersion)
+    return corrupt_data("protocol version " + std::to_string(load_le16(p + 4)) +
+                        ", this build speaks " + std::to_string(kProtocolVersion));
+  hello_.stream_index = load_le16(p + 6);
+  hello_.streams = load_le16(p + 8);
+  hello_.rank = load_le32(p + 12);
+  hello_.connection_id = load_le64(p + 16);
+  const uint16_t flags = load_le16(p + 10);
+  if ((flags & ~kFlagSeal) != 0)
+    return corrupt_data("hello has unknown flags " + std::to_string(flags));
+  hello_.seal = (flags & kFlagSeal) != 0;
+  seal_mismatch_ = hello_.seal != seal_;
+  // Build the challenge: magic, rank, nonce, flags, then the MAC over hello and those.
+  uint8_t* c = challenge_bytes_.data();
+  store_le32(c, kChallengeMagic);
+  store_le32(c + 4, local_rank_);
+  if (RAND_bytes(c + 8, static_cast<int>(kNonceBytes)) != 1)
+    return internal_error("OpenSSL RAND_bytes failed");
+  store_le16(c + 40, seal_ ? kFlagSeal : 0);
+  store_le16(c + 42, 0);
+  store_le32(c + 44, 0);
+  Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c, kChallengeSigned,
+                   c + kChallengeSigned);
+  if (!m) return m;
+  std::memcpy(out_.data(), c, kChallengeBytes);
+  out_len_ = kChallengeBytes;
+  out_done_ = 0;
+  return Status::ok();
+}
+
+Status StreamHandshake::take_challenge() {
+  std::memcpy(challenge_bytes_.data(), in_.data(), kChallengeBytes);
+  const uint8_t* c = challenge_bytes_.data();
+  if (load_le32(c) != kChallengeMagic)
+    return corrupt_data("not a lowcomm server (bad challenge magic)");
+  uint8_t expect[kMacBytes];
+  Status m =
+      hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c, kChallengeSigned, expect);
+  if (!m) return m;
+  if (CRYPTO_memcmp(expect, c + kChallengeSigned, kMacBytes) != 0)
+    return Status(StatusCode::kRemoteError,
+                  "server failed authentication (wrong communicator secret?)");
+  const uint16_t flags = load_le16(c + 40);
+  if ((flags & ~kFlagSeal) != 0 || load_le16(c + 42) != 0 || load_le32(c + 44) != 0)
+    return corrupt_data("challenge has unknown flags or reserved fields set");
+  if (((flags & kFlagSeal) != 0) != seal_)
+    return Status(StatusCode::kInvalidArgument, seal_mismatch((flags & kFlagSeal) != 0));
+  server_rank_ = load_le32(c + 4);
+  Status p = hmac3(secret_, kClientLabel, hello_bytes_.data(), kHelloBytes, c, kChallengeBytes,
+                   out_.data());
+  if (!p) return p;
+  out_len_ = kProofBytes;
+  out_done_ = 0;
+  return Status::ok();
+}
+
+Status StreamHandshake::take_proof() {
+  uint8_t expect[kMacBytes];
+  Status m = hmac3(secret_, kClientLabel, hello_bytes_.data(), kHelloBytes, challenge_bytes_.data(),
+                   kChallengeBytes, expect);
+  if (!m) return m;
+  if (CRYPTO_memcmp(expect, in_.data(), kMacBytes) != 0)
+    return Status(StatusCode::kRemoteError,
+                  "client failed authentication (wrong communicator secret?)");
+  return derive_keys();
+}
+
 Status StreamHandshake::advance() {
   bool complete = false;
+  // Each state does its I/O and returns while the socket would block; a message complete, the
+  // take_* step checks it and prepares the answer.
   while (true) {
     if (state_ != State::kDone && state_ != State::kFailed && deadline_.expired())
       return fail(Status(StatusCode::kTimeout, "not completed before its deadline"));
+    Status s;
+    State next = state_;
     switch (state_) {
-      case State::kConnecting: {
-        pollfd p{fd_.get(), POLLOUT, 0};
-        int r = static_cast<int>(LOWCOMM_SYS_RETRY(::poll(&p, 1, 0)));
-        if (r < 0) return fail(sys_error("poll", peer_name_, errno));
-        if (r == 0) return Status::ok();
-        int err = 0;
-        socklen_t len = sizeof(err);
-        if (::getsockopt(fd_.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-        if (err != 0) return fail(sys_error("connect", peer_name_, err));
-        std::memcpy(out_.data(), hello_bytes_.data(), kHelloBytes);
-        out_len_ = kHelloBytes;
-        out_done_ = 0;
-        state_ = State::kSendHello;
+      case State::kConnecting:
+        s = connected(&complete);
+        if (s && complete) {
+          std::memcpy(out_.data(), hello_bytes_.data(), kHelloBytes);
+          out_len_ = kHelloBytes;
+          out_done_ = 0;
+        }
+        next = State::kSendHello;
         break;
-      }
-      case State::kSendHello: {
-        Status s = write_pending(&complete);
-        if (!s) return fail(s);
-        if (!complete) return Status::ok();
-        in_done_ = 0;
-        state_ = State::kRecvChallenge;
+      case State::kSendHello:
+        s = write_pending(&complete);
+        if (s && complete) in_done_ = 0;
+        next = State::kRecvChallenge;
         break;
-      }
-      case State::kRecvHello: {
-        Status s = read_exact(kHelloBytes, &complete);
-        if (!s) return fail(s);
-        if (!complete) return Status::ok();
-        std::memcpy(hello_bytes_.data(), in_.data(), kHelloBytes);
-        const uint8_t* p = hello_bytes_.data();
-        if (load_le32(p) != kHelloMagic)
-          return fail(corrupt_data("not a lowcomm client (bad hello magic)"));
-        if (load_le16(p + 4) != kProtocolVersion)
-          return fail(corrupt_data("protocol version " + std::to_string(load_le16(p + 4)) +
-                                   ", this build speaks " + std::to_string(kProtocolVersion)));
-        hello_.stream_index = load_le16(p + 6);
-        hello_.streams = load_le16(p + 8);
-        hello_.rank = load_le32(p + 12);
-        hello_.connection_id = load_le64(p + 16);
-        const uint16_t flags = load_le16(p + 10);
-        if ((flags & ~kFlagSeal) != 0)
-          return fail(corrupt_data("hello has unknown flags " + std::to_string(flags)));
-        hello_.seal = (flags & kFlagSeal) != 0;
-        seal_mismatch_ = hello_.seal != seal_;
-        // Build the challenge: magic, rank, nonce, flags, then the MAC over hello and those.
-        uint8_t* c = challenge_bytes_.data();
-        store_le32(c, kChallengeMagic);
-        store_le32(c + 4, local_rank_);
-        if (RAND_bytes(c + 8, static_cast<int>(kNonceBytes)) != 1)
-          return fail(internal_error("OpenSSL RAND_bytes failed"));
-        store_le16(c + 40, seal_ ? kFlagSeal : 0);
-        store_le16(c + 42, 0);
-        store_le32(c + 44, 0);
-        Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c,
-                         kChallengeSigned, c + kChallengeSigned);
-        if (!m) return fail(m);
-        std::memcpy(out_.data(), c, kChallengeBytes);
-        out_len_ = kChallengeBytes;
-        out_done_ = 0;
-        state_ = State::kSendChallenge;
+      case State::kRecvHello:
+        s = read_exact(kHelloBytes, &complete);
+        if (s && complete) s = take_hello();
+        next = State::kSendChallenge;
         break;
-      }
-      case State::kSendChallenge: {
-        Status s = write_pending(&complete);
-        if (!s) return fail(s);
-        if (!complete) return Status::ok();
+      case State::kSendChallenge:
+        s = write_pending(&complete);
         // The client learns the mismatch from our flags; we learned it from its hello.
-        if (seal_mismatch_)
-          return fail(Status(StatusCode::kInvalidArgument, seal_mismatch(hello_.seal)));
-        in_done_ = 0;
-        state_ = State::kRecvProof;
+        if (s && complete && seal_mismatch_)
+          s = Status(StatusCode::kInvalidArgument, seal_mismatch(hello_.seal));
+        if (s && complete) in_done_ = 0;
+        next = State::kRecvProof;
         break;
-      }
-      case State::kRecvChallenge: {
-        Status s = read_exact(kChallengeBytes, &complete);
-        if (!s) return fail(s);
-        if (!complete) return Status::ok();
-        std::memcpy(challenge_bytes_.data(), in_.data(), kChallengeBytes);
-        const uint8_t* c = challenge_bytes_.data();
-        if (load_le32(c) != kChallengeMagic)
-          return fail(corrupt_data("not a lowcomm server (bad challenge magic)"));
-        uint8_t expect[kMacBytes];
-        Status m = hmac3(secret_, kServerLabel, hello_bytes_.data(), kHelloBytes, c,
-                         kChallengeSigned, expect);
-        if (!m) return fail(m);
-        if (CRYPTO_memcmp(expect, c + kChallengeSigned, kMacBytes) != 0)
-          return fail(Status(StatusCode::kRemoteError,
-                             "server failed authentication (wrong communicator secret?)"));
-        const uint16_t flags = load_le16(c + 40);
-        if ((flags & ~kFlagSeal) != 0 || load_le16(c + 42) != 0 || load_le32(c + 44) != 0)
-          return fail(corrupt_data("challenge has unknown flags or reserved fields set"));
-        if (((flags & kFlagSeal) != 0) != seal_)
-          return fail(
-              Status(StatusCode::kInvalidArgument, seal_mismatch((flags & kFlagSeal) != 0)));
-        server_rank_ = load_le32(c + 4);
-        Status p = hmac3(secret_, kClientLabel, hello_bytes_.data(), kHelloBytes, c,
-                         kChallengeBytes, out_.data());
-        if (!p) return fail(p);
-        out_len_ = kProofBytes;
-        out_done_ = 0;
-        state_ = State::kSendProof;
+      case State::kRecvChallenge:
+        s = read_exact(kChallengeBytes, &complete);
+        if (s && complete) s = take_challenge();
+        next = State::kSendProof;
         break;
-      }
-      case State::kSendProof: {
-        Status s = write_pending(&complete);
-        if (!s) return fail(s);
-        if (!complete) return Status::ok();
+      case State::kSendProof:
+        s = write_pending(&complete);
         // Done: the server proved the secret in its challenge, and a server that rejects this
         // proof closes the connection, which the data path reports (handshake.h).
-        if (Status k = derive_keys(); !k) return fail(k);
-        state_ = State::kDone;
+        if (s && complete) s = derive_keys();
+        next = State::kDone;
         break;
-      }
-      case State::kRecvProof: {
-        Status s = read_exact(kProofBytes, &complete);
-        if (!s) return fail(s);
-        if (!complete) return Status::ok();
-        uint8_t expect[kMacBytes];
-        Status m = hmac3(secret_, kClientLabel, hello_bytes_.data(), kHelloBytes,
-                         challenge_bytes_.data(), kChallengeBytes, expect);
-        if (!m) return fail(m);
-        if (CRYPTO_memcmp(expect, in_.data(), kMacBytes) != 0)
-          return fail(Status(StatusCode::kRemoteError,
-                             "client failed authentication (wrong communicator secret?)"));
-        if (Status k = derive_keys(); !k) return fail(k);
-        state_ = State::kDone;
+      case State::kRecvProof:
+        s = read_exact(kProofBytes, &complete);
+        if (s && complete) s = take_proof();
+        next = State::kDone;
         break;
-      }
       case State::kDone:
         return Status::ok();
       case State::kFailed:
         return Status(StatusCode::kInternal, "handshake with " + peer_name_ + " already failed");
     }
+    if (!s) return fail(s);
+    if (!complete) return Status::ok();
+    state_ = next;
   }
 }
 

@@ -118,6 +118,13 @@ class StreamHandshake {
   // The flags mismatch message, from this side's point of view.
   std::string seal_mismatch(bool remote_seals) const;
   Status derive_keys();
+  // The steps between messages (advance): the client's connect finished (*done false: not
+  // yet); a whole hello read, checked, and the challenge built; a whole challenge read,
+  // checked, and the proof built; a whole proof read and checked. An error fails the handshake.
+  Status connected(bool* done);
+  Status take_hello();
+  Status take_challenge();
+  Status take_proof();
 
   Role role_;
   State state_;
