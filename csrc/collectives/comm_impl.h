@@ -41,6 +41,7 @@
 #include "collectives/descriptor.h"
 #include "collectives/ef_store.h"
 #include "collectives/init_settings.h"
+#include "collectives/op_context.h"
 #include "collectives/op_stats.h"
 #include "collectives/schedule_picker.h"
 #include "collectives/scratch_pool.h"
@@ -59,7 +60,7 @@ class OpRun;
 class DeviceContext;
 }  // namespace collectives
 
-class CommImpl {
+class CommImpl final : public collectives::OpContext {
  public:
   using Body = std::function<Status(collectives::OpRun&)>;
 
@@ -67,11 +68,11 @@ class CommImpl {
                                                   const CommOptions& options);
   ~CommImpl();
 
-  int rank() const { return rank_; }
-  int size() const { return nranks_; }
-  const CommOptions& options() const { return options_; }
-  Deadline::Clock::duration timeout() const { return timeout_; }
-  uint64_t chunk_bytes() const { return chunk_bytes_; }  // the transport's chunk size
+  int rank() const override { return rank_; }
+  int size() const override { return nranks_; }
+  const CommOptions& options() const override { return options_; }
+  Deadline::Clock::duration timeout() const override { return timeout_; }
+  uint64_t chunk_bytes() const override { return chunk_bytes_; }  // the transport's chunk size
   OpStats last_op_stats() const;
 
   // Queues a collective (desc.seq assigned here) over every peer.
@@ -90,31 +91,31 @@ class CommImpl {
   void abort();
   Status status() const;
 
-  // --- for OpRun, on the executor thread ---
-  transport::Peer& peer(int r) { return *peers_[r]; }
+  // --- for OpRun (collectives::OpContext), on the executor thread ---
+  transport::Peer& peer(int r) override { return *peers_[r]; }
   // Whether collective payloads to/from rank r travel over UCX (intra_site.h), and the UCX
   // transport when any do.
-  bool over_ucx(int r) const { return ucx_ && over_ucx_[static_cast<size_t>(r)]; }
-  transport::UcxTransport& ucx() { return *ucx_; }
-  collectives::ErrorFeedbackStore& ef() { return ef_; }
+  bool over_ucx(int r) const override { return ucx_ && over_ucx_[static_cast<size_t>(r)]; }
+  transport::UcxTransport& ucx() override { return *ucx_; }
+  collectives::ErrorFeedbackStore& ef() override { return ef_; }
   // The device side of CUDA-buffer calls (collectives/device_op.h), made at the first one;
   // kUnsupported naming why when the process has no device runtime. Any thread.
   Result<collectives::DeviceContext*> device_context();
   const collectives::SitePlan& sites() const { return sites_; }
   // The owner shares of flat all-reduces (shares.h): the plan the running operation's
   // descriptor names.
-  const collectives::SharePlan& share_plan() const { return shares_.plan(); }
-  collectives::ScratchPool& scratch_pool() { return scratch_pool_; }
+  const collectives::SharePlan& share_plan() const override { return shares_.plan(); }
+  collectives::ScratchPool& scratch_pool() override { return scratch_pool_; }
   // ok, or why the running operation (involving `involved` peers) must stop now.
-  Status check_health(const std::vector<int>& involved);
+  Status check_health(const std::vector<int>& involved) override;
   // The sender's per (peer, tag) number the next receive from `peer` matches; counts the
   // receive (goodbye's totals include any-source receives once their sender is known).
-  uint64_t take_recv_seq(int peer, uint64_t tag);
+  uint64_t take_recv_seq(int peer, uint64_t tag) override;
   // While a receive waits: runs the sends queued behind it that have only point-to-point
   // operations ahead of them, in queue order (a send may overtake receives, as an eager send
   // does in MPI, never a collective or a local operation, which may write its buffer). So
   // "irecv from p; isend to p" on both sides cannot deadlock on the one executor.
-  void run_overtaking_sends();
+  void run_overtaking_sends() override;
 
  private:
   // Init's steps once the mesh is up (create): the site map from the hosts or the round trips,

@@ -26,7 +26,7 @@ uint64_t shape_hash(const OpDescriptor& desc) {
 
 }  // namespace
 
-OpRun::OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline)
+OpRun::OpRun(OpContext& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline)
     : comm_(comm),
       desc_(desc),
       peers_(std::move(peers)),
@@ -99,7 +99,7 @@ Status OpRun::explain(Status failure) {
 }
 
 Status OpRun::wait_one(const transport::Request& r) {
-  // A receive looks for sends queued behind it every millisecond (CommImpl::run_overtaking_sends).
+  // A receive looks for sends queued behind it every millisecond (OpContext::run_overtaking_sends).
   const bool receive = desc_.kind == OpKind::kRecv;
   while (true) {
     if (receive) comm_.run_overtaking_sends();

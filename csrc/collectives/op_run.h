@@ -9,7 +9,7 @@
 // same point.
 //
 // Waits: wait() waits for one request in slices of a few milliseconds; between slices it checks
-// the operation's deadline and CommImpl::check_health (abort, a peer's failure notice, a
+// the operation's deadline and OpContext::check_health (abort, a peer's failure notice, a
 // broken or departed peer this operation needs), so a wait returns within a slice of the first
 // of those.
 //
@@ -30,8 +30,8 @@
 #include <utility>
 #include <vector>
 
-#include "collectives/comm_impl.h"
 #include "collectives/descriptor.h"
+#include "collectives/op_context.h"
 #include "collectives/op_stats.h"
 #include "collectives/partition.h"
 #include "collectives/scratch_pool.h"
@@ -42,7 +42,7 @@ namespace lowcomm::collectives {
 
 class OpRun {
  public:
-  OpRun(CommImpl& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline);
+  OpRun(OpContext& comm, const OpDescriptor& desc, std::vector<int> peers, Deadline deadline);
   ~OpRun();  // returns the scratch blocks to the communicator's pool
   OpRun(const OpRun&) = delete;
   OpRun& operator=(const OpRun&) = delete;
@@ -116,7 +116,7 @@ class OpRun {
   // else the rank `r` waits on.
   Status deadline_error(const transport::Request& r) const;
 
-  CommImpl& comm_;
+  OpContext& comm_;
   OpDescriptor desc_;
   std::vector<int> peers_;
   Deadline deadline_;
