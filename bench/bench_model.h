@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "collectives/algorithms.h"
-#include "collectives/partition.h"
 #include "lowcomm/codec.h"
+#include "topology/partition.h"
 
 namespace lowcomm::bench {
 
@@ -93,11 +93,11 @@ struct Traffic {
   uint64_t total_bytes = 0;     // all ranks together per call
 };
 
-inline uint64_t encoded_chunk(const std::optional<CodecSpec>& spec, collectives::Range chunk,
+inline uint64_t encoded_chunk(const std::optional<CodecSpec>& spec, topology::Range chunk,
                               uint64_t seg) {
   if (!spec) return chunk.count * 4;
   uint64_t b = 0;
-  for (const auto& s : collectives::split_segments(chunk, seg)) b += encoded_size(*spec, s.count);
+  for (const auto& s : topology::split_segments(chunk, seg)) b += encoded_size(*spec, s.count);
   return b;
 }
 
@@ -111,10 +111,10 @@ inline Traffic traffic(Collective c, const Shape& sh, int P, const std::optional
       // chunk's result to everyone.
       std::optional<CodecSpec> s = spec;
       if (s && !s->quantized() && s->wire_dtype == DType::kFloat32) s.reset();
-      uint64_t g = collectives::granule(s);
+      uint64_t g = topology::granule(s);
       uint64_t seg =
           collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, s, sh.total_elems / p);
-      auto chunks = collectives::owner_chunks(sh.total_elems, P, g);
+      auto chunks = topology::owner_chunks(sh.total_elems, P, g);
       std::vector<uint64_t> enc(p);
       for (uint64_t j = 0; j < p; ++j) enc[j] = encoded_chunk(s, chunks[j], seg);
       uint64_t all = 0;
@@ -250,7 +250,7 @@ struct LinkModel {
 };
 
 // A loose sanity bound on the relative L2 error (for --check): two quantizations at b bits.
-// Sites (collectives/sites.h): the least time the sites' WAN links allow an all-reduce whose
+// Sites (topology/sites.h): the least time the sites' WAN links allow an all-reduce whose
 // tensor encodes to `encoded` bytes (payload; `wire` adds the framing the links carry), the max
 // over sites of max(bytes out / uplink, bytes in / downlink), plus the schedule's one-way delays.
 // Flat full mesh: every rank sends each peer outside its site its contribution to that peer's

@@ -41,11 +41,11 @@
 
 #include "bench_model.h"
 #include "collectives/reduce_common.h"
-#include "collectives/shares.h"
-#include "collectives/sites.h"
 #include "core/params.h"
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
+#include "topology/shares.h"
+#include "topology/sites.h"
 #include "transport/peer_config.h"
 #include "transport/wan_link.h"
 
@@ -439,11 +439,11 @@ struct Row {
 // After a flat all-reduce's table row: the owner shares it ran with and this rank's measured
 // rate (OpStats), and, when --wan gives ranks different rates, the model of the flat all-reduce
 // with equal shares and with shares sized from the configured rates: the least time any shares
-// allow (collectives/shares.h), the bound for this schedule.
+// allow (topology/shares.h), the bound for this schedule.
 void print_shares(const OpStats& st, const bench::LinkModel& link,
                   const std::optional<transport::WanPlan>& wplan, int P, double encoded) {
   std::printf("#   owner shares %s; rank 0's rate estimate %.1f Mbit/s\n",
-              collectives::shares_to_string(st.shares).c_str(), st.rate_estimate * 8 / 1e6);
+              topology::shares_to_string(st.shares).c_str(), st.rate_estimate * 8 / 1e6);
   if (!wplan || link.kind != bench::LinkModel::kSite) return;
   std::vector<double> rates;  // bytes/s of the wire, the slower direction of each rank's link
   for (int r = 0; r < P; ++r) {
@@ -459,12 +459,12 @@ void print_shares(const OpStats& st, const bench::LinkModel& link,
       *std::max_element(rates.begin(), rates.end()))
     return;
   const double wire = encoded * (1 + link.frame_bytes / 1448);
-  const auto plan = collectives::plan_shares(rates);
+  const auto plan = topology::plan_shares(rates);
   std::printf(
       "#   per-rank links: model with equal shares %.4f s, with shares from the links (the "
       "bound) %.4f s: %s\n",
-      collectives::predicted_time({}, rates) * wire + link.one_way_delay_s,
-      collectives::predicted_time(plan, rates) * wire + link.one_way_delay_s,
+      topology::predicted_time({}, rates) * wire + link.one_way_delay_s,
+      topology::predicted_time(plan, rates) * wire + link.one_way_delay_s,
       plan.to_string().c_str());
 }
 
@@ -482,7 +482,7 @@ Status ring_all_reduce(Communicator& c, const float* send, float* recv, uint64_t
   const int next = order[static_cast<size_t>((pos + 1) % P)];
   const int prev = order[static_cast<size_t>((pos + P - 1) % P)];
   const CodecSpec wire = spec ? *spec : collectives::passthrough(DType::kFloat32);
-  const auto chunks = collectives::owner_chunks(n, P, collectives::granule(spec));
+  const auto chunks = topology::owner_chunks(n, P, topology::granule(spec));
   auto chunk = [&](int i) { return chunks[static_cast<size_t>(((i % P) + P) % P)]; };
   std::memcpy(recv, send, n * sizeof(float));
   uint64_t most = 0;
@@ -624,19 +624,19 @@ int run_rank(const Options& o, int rank, int P) {
   // Sites, as the communicator sees them (--sites, LOWCOMM_SITES, --wan's site= rules), and
   // their links from --wan: the limit of each schedule and the two-level bound.
   std::optional<bench::SiteLinkModel> sites_model;
-  collectives::SitePlan site_plan;
+  topology::SitePlan site_plan;
   {
     std::string text = !o.sites.empty() ? o.sites : params::text("LOWCOMM_SITES").value_or("");
     std::optional<transport::WanPlan> wplan;
     if (!o.wan.empty()) wplan = *transport::parse_wan_plan(o.wan);
     if (!text.empty()) {
-      auto p = collectives::parse_sites(text, P);
+      auto p = topology::parse_sites(text, P);
       if (!p) die("--sites: " + p.status().message());
       site_plan = *p;
     } else if (!ns_labels.empty()) {
-      site_plan = collectives::plan_from_labels(ns_labels);
+      site_plan = topology::plan_from_labels(ns_labels);
     } else if (wplan) {
-      site_plan = collectives::plan_from_wan(*wplan, P);
+      site_plan = topology::plan_from_groups(wplan->site_labels(P));
     }
     // Each site's link: a namespace site's tbf (the framing counted, no netem), or the
     // emulator's site link with its delay.
@@ -832,8 +832,8 @@ int run_rank(const Options& o, int rank, int P) {
             const double encoded = static_cast<double>(encoded_size(wire_spec, sh.total_elems));
             const bool two = schedule == "two-level" ||
                              (schedule == "auto" &&
-                              collectives::use_two_level(site_plan, sh.total_elems, DType::kFloat32,
-                                                         ReduceOp::kSum, spec));
+                              topology::use_two_level(site_plan, sh.total_elems, DType::kFloat32,
+                                                      ReduceOp::kSum, spec));
             row.limit_s = schedule == "ring" ? sites_model->ring_limit(encoded)
                                              : sites_model->limit(two, encoded);
             bound_s = sites_model->limit(true, encoded);

@@ -1,4 +1,4 @@
-// The time to plan owner shares (collectives/shares.h): plan_shares over P ranks' rates (the
+// The time to plan owner shares (topology/shares.h): plan_shares over P ranks' rates (the
 // bisection and the integer parts), and one SharePlanner::observe (plan, hysteresis, hash), at
 // P = 4 .. 256. Every rank runs it after each large flat all-reduce whose rates it may use.
 //   build/bin/lowcomm-plan-bench
@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "collectives/shares.h"
+#include "topology/shares.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 namespace {
 
 // Rates spread over a decade, a few ranks 4x slower (bytes/s).
@@ -53,6 +53,6 @@ void BM_ObserveReplan(benchmark::State& state) {
 BENCHMARK(BM_ObserveReplan)->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology
 
 BENCHMARK_MAIN();

@@ -203,9 +203,9 @@ TEST(CollectivesMismatch, DifferentPipelineSegmentsFail) {
 // The descriptor's wire form (descriptor.h): every field round-trips, each at its own offset,
 // and a difference in any one of them is a different operation.
 TEST(CollectivesMismatch, DescriptorFieldsRoundTripEachInItsOwnPlace) {
-  using collectives::Algorithm;
   using collectives::OpDescriptor;
   using collectives::OpKind;
+  using topology::Algorithm;
   OpDescriptor d;
   d.kind = OpKind::kAllReduce;
   d.seq = 7;

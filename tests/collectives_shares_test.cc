@@ -1,4 +1,4 @@
-// Owner shares that follow the links (collectives/shares.h): the planner's bisection, its
+// Owner shares that follow the links (topology/shares.h): the planner's bisection, its
 // hysteresis and refusals, the arrival meter's peak rate, and four real ranks over an emulated
 // WAN where one rank's link is 4x slower: they measure their rates from the traffic, agree on
 // one plan through the descriptors, and the slow rank ends up owning almost nothing while every
@@ -10,19 +10,19 @@
 #include <cstdio>
 #include <numeric>
 
-#include "collectives/shares.h"
 #include "collectives_test_util.h"
 #include "core/fnv1a.h"
+#include "topology/shares.h"
 #include "transport/arrival_meter.h"
 
 namespace lowcomm::testing {
 namespace {
 
-using collectives::kShareUnits;
-using collectives::plan_shares;
-using collectives::predicted_time;
-using collectives::SharePlan;
-using collectives::SharePlanner;
+using topology::kShareUnits;
+using topology::plan_shares;
+using topology::predicted_time;
+using topology::SharePlan;
+using topology::SharePlanner;
 
 double share(const SharePlan& p, size_t i) {
   return static_cast<double>(p.parts[i]) / kShareUnits;
@@ -90,7 +90,7 @@ TEST(SharesPlan, ChunksCoverTheTensorOnScaleGroupsEachRankAtLeastOne) {
   auto few = p.chunks(3 * 64, 5, 64);
   EXPECT_EQ(few.size(), 5u);
   auto other = p.chunks(4096, 4, 64);
-  auto equal = collectives::owner_chunks(4096, 4, 64);
+  auto equal = topology::owner_chunks(4096, 4, 64);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(other[i].count, equal[i].count);
 }
 
@@ -104,22 +104,22 @@ TEST(SharesPlanner, ReplansOnlyForAGainAndNeverFromAnUnknownRate) {
   s.measured(1e8);
   EXPECT_EQ(s.own_code(), 0) << "one measurement (TCP may still be opening its windows)";
   s.measured(5e7);
-  EXPECT_EQ(s.own_code(), collectives::encode_rate(1e8)) << "the higher of the last two";
+  EXPECT_EQ(s.own_code(), topology::encode_rate(1e8)) << "the higher of the last two";
   s.measured(6e7);
-  EXPECT_EQ(s.own_code(), collectives::encode_rate(6e7)) << "a slower link is seen after two";
+  EXPECT_EQ(s.own_code(), topology::encode_rate(6e7)) << "a slower link is seen after two";
 
-  const uint16_t fast = collectives::encode_rate(1.25e8), slow = collectives::encode_rate(3.1e7);
+  const uint16_t fast = topology::encode_rate(1.25e8), slow = topology::encode_rate(3.1e7);
   EXPECT_FALSE(s.observe({fast, fast, 0, slow})) << "one rank unknown: keep the plan";
   EXPECT_TRUE(s.plan().equal());
   // Within 5% of each other: equal shares are as good.
   EXPECT_FALSE(
-      s.observe({fast, collectives::encode_rate(1.2e8), fast, collectives::encode_rate(1.19e8)}));
+      s.observe({fast, topology::encode_rate(1.2e8), fast, topology::encode_rate(1.19e8)}));
   EXPECT_TRUE(s.plan().equal());
   EXPECT_TRUE(s.observe({fast, fast, fast, slow}));
   EXPECT_FALSE(s.plan().equal());
   EXPECT_NE(s.plan().hash(), 0u);
   const uint32_t h = s.plan().hash();
-  EXPECT_FALSE(s.observe({fast, fast, fast, collectives::encode_rate(3.0e7)})) << "noise: keep it";
+  EXPECT_FALSE(s.observe({fast, fast, fast, topology::encode_rate(3.0e7)})) << "noise: keep it";
   EXPECT_EQ(s.plan().hash(), h);
   // The slow link recovers: the skewed plan is now 1.5x too slow; back to equal shares.
   EXPECT_TRUE(s.observe({fast, fast, fast, fast}));
@@ -131,7 +131,7 @@ TEST(SharesPlanner, ReplansOnlyForAGainAndNeverFromAnUnknownRate) {
 // predicted 1.14x faster, measured 10% slower than equal shares and kept for good. Rates that
 // close are equal within what the meter can tell.
 TEST(SharesPlanner, RatesWithinTheMetersNoiseKeepEqualShares) {
-  auto mbit = [](double m) { return collectives::encode_rate(m * 1e6 / 8); };
+  auto mbit = [](double m) { return topology::encode_rate(m * 1e6 / 8); };
   SharePlanner s;
   EXPECT_FALSE(s.observe({mbit(1042), mbit(978), mbit(847), mbit(998)}));
   EXPECT_TRUE(s.plan().equal());

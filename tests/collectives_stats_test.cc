@@ -13,9 +13,9 @@
 #include <utility>
 
 #include "collectives/algorithms.h"
-#include "collectives/partition.h"
 #include "collectives_test_util.h"
 #include "lowcomm/lowcomm.h"
+#include "topology/partition.h"
 
 namespace lowcomm::testing {
 namespace {
@@ -41,14 +41,14 @@ struct Expected {
 Expected all_reduce_bytes(int P, int me, uint64_t n, const std::optional<CodecSpec>& codec,
                           uint64_t segment_bytes) {
   auto bytes = [&](uint64_t count) { return codec ? encoded_size(*codec, count) : count * 4; };
-  const auto chunks = collectives::owner_chunks(n, P, collectives::granule(codec));
+  const auto chunks = topology::owner_chunks(n, P, topology::granule(codec));
   const uint64_t seg = collectives::reduce_segment_elems(segment_bytes, DType::kFloat32, codec,
                                                          n / static_cast<uint64_t>(P));
   const auto peers = static_cast<uint64_t>(P - 1);
   Expected e;
   e.sent = e.received = peers * on_wire(kDescriptor);
   for (int j = 0; j < P; ++j) {
-    for (const auto& s : collectives::split_segments(chunks[static_cast<size_t>(j)], seg)) {
+    for (const auto& s : topology::split_segments(chunks[static_cast<size_t>(j)], seg)) {
       const uint64_t times = j == me ? peers : 1;  // mine: results to all; theirs: contribution
       e.sent += times * on_wire(bytes(s.count));
       e.received += times * on_wire(bytes(s.count));
@@ -69,8 +69,8 @@ Expected reduce_scatter_bytes(int P, int me, uint64_t recv_count,
   Expected e;
   e.sent = e.received = peers * on_wire(kDescriptor);
   for (int j = 0; j < P; ++j) {
-    const collectives::Range chunk{recv_count * static_cast<uint64_t>(j), recv_count};
-    for (const auto& s : collectives::split_segments(chunk, seg)) {
+    const topology::Range chunk{recv_count * static_cast<uint64_t>(j), recv_count};
+    for (const auto& s : topology::split_segments(chunk, seg)) {
       if (j == me) {
         e.received += peers * on_wire(bytes(s.count));
       } else {

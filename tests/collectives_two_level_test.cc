@@ -9,9 +9,9 @@
 #include <functional>
 #include <sstream>
 
-#include "collectives/schedule_picker.h"
-#include "collectives/sites.h"
 #include "collectives_test_util.h"
+#include "topology/schedule_picker.h"
+#include "topology/sites.h"
 
 namespace lowcomm::testing {
 namespace {
@@ -260,11 +260,11 @@ TEST(CollectivesTwoLevel, RanksOnHostsOfTheirOwnAreGroupedByRoundTrips) {
 // The schedule picker (schedule_picker.h): two levels first, then flat, until each has a time;
 // then the faster, the other again every kReexplore calls; classes apart.
 TEST(SchedulePicker, TriesBothThenKeepsTheFasterAndLooksAgain) {
-  using collectives::Algorithm;
-  collectives::SchedulePicker p;
-  const int c = collectives::SchedulePicker::size_class(64 << 20);
+  using topology::Algorithm;
+  topology::SchedulePicker p;
+  const int c = topology::SchedulePicker::size_class(64 << 20);
   EXPECT_EQ(c, 26);
-  EXPECT_EQ(collectives::SchedulePicker::size_class((64 << 20) + 1), 26);
+  EXPECT_EQ(topology::SchedulePicker::size_class((64 << 20) + 1), 26);
   EXPECT_EQ(p.pick(c), Algorithm::kTwoLevel);
   EXPECT_EQ(p.pick(c), Algorithm::kTwoLevel) << "its time is not in yet";
   p.record(c, Algorithm::kTwoLevel, 1.8);
@@ -272,10 +272,10 @@ TEST(SchedulePicker, TriesBothThenKeepsTheFasterAndLooksAgain) {
   p.record(c, Algorithm::kTwoLevel, 1.9);  // a later two-level time replaces the first
   p.record(c, Algorithm::kDefault, 0.7);
   int flat = 0, two = 0;
-  for (uint64_t i = 0; i < 2 * collectives::SchedulePicker::kReexplore; ++i)
+  for (uint64_t i = 0; i < 2 * topology::SchedulePicker::kReexplore; ++i)
     (p.pick(c) == Algorithm::kDefault ? flat : two)++;
   EXPECT_EQ(two, 2) << "the slower schedule is tried again once every kReexplore calls";
-  EXPECT_EQ(flat, 2 * static_cast<int>(collectives::SchedulePicker::kReexplore) - 2);
+  EXPECT_EQ(flat, 2 * static_cast<int>(topology::SchedulePicker::kReexplore) - 2);
   EXPECT_EQ(p.pick(c + 1), Algorithm::kTwoLevel) << "another size class starts afresh";
   p.record(c, Algorithm::kDefault, 5.0);  // the WAN slowed down: two levels win again
   EXPECT_EQ(p.pick_would(c), Algorithm::kTwoLevel);
@@ -357,9 +357,9 @@ TEST(SitesFromRoundTrips, FindsTheSitesOfEveryTestMatrix) {
   for (const Case& c : cases) {
     for (uint64_t seed = 1; seed <= 20; ++seed) {
       auto m = matrix(c.site, *c.between, c.inside_ms, seed * 7 + static_cast<uint64_t>(k));
-      collectives::SitePlan want = collectives::plan_from_labels(c.site);
+      topology::SitePlan want = topology::plan_from_labels(c.site);
       if (want.sites() == static_cast<int>(c.site.size())) want = {};
-      collectives::SitePlan got = collectives::plan_from_rtt(m, collectives::kSiteRttSeconds);
+      topology::SitePlan got = topology::plan_from_rtt(m, topology::kSiteRttSeconds);
       EXPECT_EQ(got.site_of, want.site_of) << "case " << k << " seed " << seed;
       EXPECT_EQ(got.hash, want.hash) << "case " << k << " seed " << seed;
     }
@@ -367,7 +367,7 @@ TEST(SitesFromRoundTrips, FindsTheSitesOfEveryTestMatrix) {
   }
   // Everything on one LAN: one site, flat.
   std::vector<std::vector<double>> lan(6, std::vector<double>(6, 2e-4));
-  EXPECT_EQ(collectives::plan_from_rtt(lan, collectives::kSiteRttSeconds).sites(), 0);
+  EXPECT_EQ(topology::plan_from_rtt(lan, topology::kSiteRttSeconds).sites(), 0);
 }
 
 // The two-level all-gather (two_level_all_gather.cc): every block exact on every rank, in place
@@ -500,7 +500,7 @@ TEST(CollectivesTwoLevel, ReduceScatterMatchesTheExactBlocks) {
 }
 
 TEST(CollectivesTwoLevel, SiteMapsParseAndBadOnesAreRefused) {
-  using collectives::parse_sites;
+  using topology::parse_sites;
   auto p = parse_sites("5,5,2,2,5,2", 6);
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
   EXPECT_TRUE(p->two_level());

@@ -1,6 +1,7 @@
 // Rules of the code base that a reader relies on and a compiler cannot see, checked over the
-// sources: the descriptor's fields are written only where the descriptor is made, and the
-// environment is read only through the parameter table.
+// sources: each layer includes only the layers below it, the descriptor's fields are written
+// only where the descriptor is made, and the environment is read only through the parameter
+// table.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -9,6 +10,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -119,3 +121,46 @@ TEST(SourceRules, LowcommVariablesAreReadOnlyThroughTheParameterTable) {
 }
 
 }  // namespace
+
+// The layers (docs/architecture.md): each library's sources include only its own headers, those
+// of the layers below it and the public ones (include/lowcomm/), so no layer reaches up (the
+// planning layer, topology/, sees the transport but no collective).
+TEST(SourceRules, EachLayerIncludesOnlyTheLayersBelowIt) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> below = {
+      {"core", {}},
+      {"codec", {"core"}},
+      {"wire", {"codec", "core"}},
+      {"transport", {"core"}},
+      {"rendezvous", {"transport", "core"}},
+      {"topology", {"transport", "codec", "core"}},
+      {"device", {"codec", "core"}},
+      {"collectives", {"topology", "rendezvous", "transport", "device", "wire", "codec", "core"}},
+      {"membership",
+       {"collectives", "topology", "rendezvous", "transport", "device", "wire", "codec", "core"}},
+  };
+  const fs::path root(LOWCOMM_SOURCE_DIR);
+  std::vector<std::string> bad;
+  size_t files = 0;
+  for (const auto& [layer, allowed] : below) {
+    for (const auto& e : fs::recursive_directory_iterator(root / "csrc" / layer)) {
+      if (!e.is_regular_file()) continue;
+      ++files;
+      std::ifstream in(e.path());
+      std::string line;
+      for (int n = 1; std::getline(in, line); ++n) {
+        const std::string inc = "#include \"";
+        if (line.rfind(inc, 0) != 0) continue;
+        const size_t slash = line.find('/', inc.size());
+        if (slash == std::string::npos) continue;
+        const std::string dir = line.substr(inc.size(), slash - inc.size());
+        bool ok = dir == layer || dir == "lowcomm";
+        for (const std::string& a : allowed) ok = ok || dir == a;
+        if (!ok)
+          bad.push_back(fs::relative(e.path(), root).string() + ":" + std::to_string(n) + ": " +
+                        line);
+      }
+    }
+  }
+  EXPECT_GT(files, 100u);
+  EXPECT_TRUE(bad.empty()) << "includes from a layer above:" << joined(bad);
+}

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "collectives/op_run.h"
-#include "collectives/sites.h"
 #include "lowcomm/communicator.h"
+#include "topology/sites.h"
 
 namespace lowcomm::collectives {
 

@@ -23,8 +23,8 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
-#include "collectives/partition.h"
 #include "collectives/tags.h"
+#include "topology/partition.h"
 
 namespace lowcomm::collectives {
 namespace {

@@ -9,11 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <set>
 
 #include "collectives/intra_site.h"
 #include "collectives/op_run.h"
-#include "collectives/rtt_probe.h"
 #include "collectives/tags.h"
 #include "core/little_endian.h"
 #include "core/log.h"
@@ -45,6 +43,15 @@ constexpr auto kNoticeLinger = std::chrono::milliseconds(300);
 // in this long (a frozen peer's full buffers take nothing), and it does not linger. torchft
 // aborts its group at every quorum change, with a frozen replica among the peers.
 constexpr auto kAbortNoticeWait = std::chrono::milliseconds(20);
+
+topology::OpShape shape_of(const OpDescriptor& d) {
+  topology::OpShape shape;
+  shape.bytes = d.count * dtype_size(d.dtype);
+  shape.sparse = d.codec && d.codec->sparse();
+  shape.keep = shape.sparse ? d.codec->keep : 0;
+  shape.auto_schedule = d.auto_schedule;
+  return shape;
+}
 }  // namespace
 
 Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank, int nranks,
@@ -53,7 +60,6 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   if (!settings) return settings.status();
   collectives::InitSettings& s = settings.value();
   std::unique_ptr<CommImpl> c(new CommImpl());
-  c->sites_ = s.sites;
   c->rank_ = rank;
   c->nranks_ = nranks;
   c->options_ = s.options;
@@ -80,11 +86,11 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   std::vector<std::string> hosts;
   if (table.addresses.size() == static_cast<size_t>(nranks))
     for (const std::string& a : table.addresses) hosts.push_back(a.substr(0, a.rfind(':')));
-  if (Status e = c->discover_topology(s, hosts, deadline); !e) return in_init(e);
+  if (Status e = c->plan_links(s, hosts, deadline); !e) return in_init(e);
   if (Status e = c->open_intra_site(s, table, hosts, deadline); !e) return in_init(e);
-  if (c->sites_.sites() > 1)
-    LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, c->sites_.to_string().c_str(),
-                c->sites_.two_level()
+  if (c->sites().sites() > 1)
+    LOWCOMM_LOG(kInfo, "rank %d: sites %s%s", rank, c->sites().to_string().c_str(),
+                c->sites().two_level()
                     ? " (fp32 all-reduces of 1 MiB or more run in two levels)"
                     : " (flat: two levels need equal sites of two or more ranks)");
   c->inline_bytes_ = *s.options.inline_bytes;
@@ -107,84 +113,25 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   return c;
 }
 
-Status CommImpl::discover_topology(const collectives::InitSettings& s,
-                                   const std::vector<std::string>& hosts, Deadline deadline) {
-  const int rank = rank_, nranks = nranks_;
-  auto same_host = [&](int r) {
-    return !hosts.empty() && hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)];
-  };
-  // Without a map, the ranks of one host are one site (every rank draws the same map).
-  bool probe_rtt = false;
-  if (!s.sites_given && s.sites.sites() == 0 && !hosts.empty()) {
-    std::map<std::string, int> host_label;
-    std::vector<int> labels;
-    for (const std::string& h : hosts)
-      labels.push_back(
-          host_label.try_emplace(h, static_cast<int>(host_label.size())).first->second);
-    collectives::SitePlan by_host = collectives::plan_from_labels(labels);
-    if (by_host.sites() > 1 && by_host.sites() < nranks) {
-      sites_ = std::move(by_host);
-    } else if (by_host.sites() == nranks && nranks >= 4) {
-      probe_rtt = true;  // below, once the emulated links (if any) are in place
-    }
-  }
-  // Owner shares (shares.h): the option, LOWCOMM_SHARES, else auto across hosts or an emulated
-  // WAN, unless a site holds several ranks: they share one WAN link, which per-rank rates
-  // cannot see (each rank alone reads the whole link), and shares planned from them starve the
-  // site (measured: docs/sites.md, "Owner shares with sites"). Two levels are the schedule for
-  // sites.
-  if (!s.shares.empty()) {
-    shares_auto_ = s.shares == "auto";
-  } else {
-    shares_auto_ =
-        (!s.wan_text.empty() || std::set<std::string>(hosts.begin(), hosts.end()).size() > 1) &&
-        !sites_.shares_a_link();
-  }
-  // What a kernel socket receives is sampled for the rank's rate only where the rate is used,
-  // and not from a peer on this rank's host (its bytes never cross a link).
-  for (int r = 0; r < nranks; ++r)
-    if (r != rank && (!shares_auto_ || same_host(r))) peers_[r]->set_metered(false);
-  links_.assign(static_cast<size_t>(nranks), s.own);
+Status CommImpl::plan_links(const collectives::InitSettings& s,
+                            const std::vector<std::string>& hosts, Deadline deadline) {
+  links_.assign(static_cast<size_t>(nranks_), s.own);
   if (s.wan.has_pair_rules()) {
-    for (int r = 0; r < nranks; ++r) {
-      if (r == rank) continue;
-      auto got = s.emulated.link_to(s.wan, rank, r);
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_) continue;
+      auto got = s.emulated.link_to(s.wan, rank_, r);
       if (!got) return invalid_argument("wan: " + got.status().message());
       peers_[r]->set_link(*got);
       links_[static_cast<size_t>(r)] = *got;
     }
   }
-  if (!probe_rtt) return Status::ok();
-  // Every rank on a host of its own: group them by round-trip time (rtt_probe.h). The same
-  // matrix on every rank, so the same map.
-  double threshold = collectives::kSiteRttSeconds;
-  auto site_ms = params::number("LOWCOMM_SITE_RTT_MS");  // checked by read_init_settings
-  if (site_ms.is_ok() && site_ms->has_value()) threshold = **site_ms * 1e-3;
-  // The kernel sees the real path; an emulated link's delay is added (each way, as both ends
-  // of an emulated pair delay what they send).
-  std::vector<double> emulated_rtt(static_cast<size_t>(nranks), 0.0);
-  for (int r = 0; r < nranks; ++r)
+  // The kernel sees the real path; an emulated link's delay is added to its round trips (each
+  // way, as both ends of an emulated pair delay what they send).
+  std::vector<double> emulated_rtt(static_cast<size_t>(nranks_), 0.0);
+  for (int r = 0; r < nranks_; ++r)
     emulated_rtt[static_cast<size_t>(r)] = 2 * links_[static_cast<size_t>(r)].one_way_delay_s;
-  auto rtt = collectives::measure_rtt_matrix(peers_, rank, emulated_rtt, deadline);
-  if (!rtt) return rtt.status();
-  sites_ = collectives::plan_from_rtt(*rtt, threshold);
-  if (s.shares.empty() && sites_.shares_a_link()) {
-    shares_auto_ = false;  // as above; nothing reads the rates then
-    for (int r = 0; r < nranks; ++r)
-      if (r != rank) peers_[r]->set_metered(false);
-  }
-  if (log_enabled(LogLevel::kInfo)) {
-    std::string row;
-    for (double t : (*rtt)[static_cast<size_t>(rank)]) {
-      char ms[24];
-      std::snprintf(ms, sizeof ms, "%s%.2f", row.empty() ? "" : ",", t * 1e3);
-      row += ms;
-    }
-    LOWCOMM_LOG(kInfo, "rank %d: round trips (ms) %s: sites from those under %.2f ms: %s", rank,
-                row.c_str(), threshold * 1e3,
-                sites_.sites() > 1 ? sites_.to_string().c_str() : "flat");
-  }
-  return Status::ok();
+  planner_.configure(s.planner);
+  return planner_.discover(s.planner, hosts, emulated_rtt, peers_, deadline);
 }
 
 Status CommImpl::open_intra_site(const collectives::InitSettings& s,
@@ -202,8 +149,9 @@ Status CommImpl::open_intra_site(const collectives::InitSettings& s,
                                  (table.flags[i] & rendezvous::kRankAsksForUcx) != 0);
     intra.emulated.push_back(r != rank && links_[i].shaped());
     const bool same_host = !hosts.empty() && hosts[i] == hosts[static_cast<size_t>(rank)];
-    const bool together = sites_.sites() > 1
-                              ? sites_.site_of[i] == sites_.site_of[static_cast<size_t>(rank)]
+    const topology::SitePlan& sites = planner_.sites();
+    const bool together = sites.sites() > 1
+                              ? sites.site_of[i] == sites.site_of[static_cast<size_t>(rank)]
                               : same_host;
     if (r != rank && together) intra.partners.push_back(r);
     intra.same_host.push_back(same_host);
@@ -428,25 +376,14 @@ void CommImpl::run_one(Op& op) {
     return;
   }
   const auto start = collectives::StatsClock::now();
-  // An all-reduce whose schedule is left to us: flat or two levels, from what each took
-  // (schedule_picker.h), the same choice on every rank.
-  const uint64_t op_bytes = op.desc.count * dtype_size(op.desc.dtype);
-  const bool sparse = op.desc.codec && op.desc.codec->sparse();
-  if (op.desc.auto_schedule)
-    op.desc.algorithm = schedule_.pick(collectives::SchedulePicker::size_class(
-        op_bytes, sparse, sparse ? op.desc.codec->keep : 0));
-  // What the ranks agree on (the sites, the owner shares, a randk call's positions) and, where
-  // the operation carries one, this rank's report (op_report.h): its rate (shares.h; the large
-  // flat all-reduces measure it) and the time of its previous such call.
+  // An all-reduce whose schedule is left to us: flat or two levels (sparse: owner or
+  // gather-all), from what each took, the same choice on every rank. Then what the ranks agree
+  // on and, where the operation carries one, this rank's report (topology/planner.h).
+  const topology::OpShape shape = shape_of(op.desc);
+  if (op.desc.auto_schedule) op.desc.algorithm = planner_.pick(shape);
   const bool reports = op.desc.carries_report();
-  const bool flat = op.desc.algorithm == collectives::Algorithm::kDefault;
-  // A sparse all-reduce's traffic is too small to measure a link by.
-  const bool rated = reports && flat && shares_auto_ && !sparse;
-  collectives::OpReport mine;
-  mine.rate = shares_auto_ ? shares_.own_code() : 0;
-  mine.time = collectives::encode_time(last_report_seconds_);
-  collectives::stamp_agreement(op.desc, sites_.hash, shares_auto_ ? shares_.plan().hash() : 0,
-                               mine.pack());
+  const topology::Agreement mine = planner_.agreement(shape, op.desc.algorithm, reports);
+  collectives::stamp_agreement(op.desc, mine.sites_hash, mine.shares_hash, mine.report.pack());
   const auto measure_from = transport::PaceClock::now();
   std::string what = op.desc.to_string();
   {
@@ -478,113 +415,28 @@ void CommImpl::run_one(Op& op) {
     stats = collectives::summarize(op.desc, run.counters(), collectives::StatsClock::now() - start,
                                    links_);
     if (op.desc.kind == OpKind::kAllReduce)
-      stats.schedule =
-          sparse ? (op.desc.algorithm == collectives::Algorithm::kOneHop ? "gather-all" : "owner")
-          : op.desc.algorithm == collectives::Algorithm::kTwoLevel ? "two-level"
-          : op.desc.algorithm == collectives::Algorithm::kOneHop   ? "one-hop"
-                                                                   : "flat";
-    if (rated) {
-      for (uint32_t p : shares_.plan().parts)
-        stats.shares.push_back(static_cast<double>(p) / collectives::kShareUnits);
-      stats.rate_estimate = collectives::decode_rate(mine.rate);
+      stats.schedule = topology::schedule_name(op.desc.algorithm, shape.sparse);
+    if (mine.rated) {
+      for (uint32_t p : planner_.share_plan().parts)
+        stats.shares.push_back(static_cast<double>(p) / topology::kShareUnits);
+      stats.rate_estimate = topology::decode_rate(mine.report.rate);
     }
     if (reports && s.is_ok()) {
-      std::vector<uint32_t> all = run.reports();
-      all[static_cast<size_t>(rank_)] = mine.pack();
-      learn_times(all, op.desc, std::chrono::duration<double>(stats.wall).count());
-      if (rated) learn_rates(all, op.desc, measure_from);
+      // Arrivals at the downlink (kernel sockets and emulated links); departures from the
+      // emulated uplink (a kernel socket takes bytes long before they leave: not measured).
+      planner_.learn(shape, op.desc.algorithm, mine, run.reports(),
+                     std::chrono::duration<double>(stats.wall).count(), [&] {
+                       return std::max(engine_->down_meter().peak_rate(measure_from),
+                                       engine_->up_meter().peak_rate(measure_from));
+                     });
     }
   }
-  log_stats(op.desc, stats, s);
+  collectives::log_stats(rank_, op.desc, stats, s);
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_stats_ = stats;
   }
   op.work->complete(s, std::move(stats), source);
-}
-
-void CommImpl::learn_times(const std::vector<uint32_t>& reports, const OpDescriptor& desc,
-                           double seconds) {
-  // Every rank's time of the previous reporting call: the slowest is that call's time.
-  double slowest = 0;
-  for (uint32_t r : reports) {
-    const double t = collectives::decode_time(collectives::OpReport::unpack(r).time);
-    if (t == 0) {
-      slowest = 0;
-      break;
-    }
-    slowest = std::max(slowest, t);
-  }
-  if (last_report_seconds_ >= 0 && slowest > 0 && last_report_class_ >= 0) {
-    const collectives::Algorithm before = schedule_.pick_would(last_report_class_);
-    schedule_.record(last_report_class_, last_report_algorithm_, slowest);
-    const collectives::Algorithm after = schedule_.pick_would(last_report_class_);
-    const int cls = last_report_class_;
-    if (before != after && collectives::SchedulePicker::sparse_class(cls))
-      LOWCOMM_LOG(kInfo,
-                  "rank %d: sparse all-reduces of about %llu bytes now run %s (owner %.4f s, "
-                  "gather-all %.4f s)",
-                  rank_, 1ull << collectives::SchedulePicker::bytes_class(cls),
-                  after == collectives::Algorithm::kOneHop ? "gather-all" : "owner",
-                  schedule_.times(cls).flat, schedule_.times(cls).two);
-    else if (before != after && sites_.two_level())
-      LOWCOMM_LOG(
-          kInfo,
-          "rank %d: all-reduces of about %llu bytes now run %s (flat %.4f s, two levels %.4f s)",
-          rank_, 1ull << last_report_class_,
-          after == collectives::Algorithm::kTwoLevel ? "in two levels" : "flat",
-          schedule_.times(last_report_class_).flat, schedule_.times(last_report_class_).two);
-  }
-  // A sparse call's time counts only where auto chose its schedule: a top-k call, or a randk
-  // call with the schedule named, says nothing of what auto's candidates take.
-  const bool sparse = desc.codec && desc.codec->sparse();
-  last_report_class_ = sparse && !desc.auto_schedule ? -1
-                                                     : collectives::SchedulePicker::size_class(
-                                                           desc.count * dtype_size(desc.dtype),
-                                                           sparse, sparse ? desc.codec->keep : 0);
-  last_report_algorithm_ = desc.algorithm;
-  last_report_seconds_ = seconds;
-}
-
-void CommImpl::learn_rates(const std::vector<uint32_t>& reports, const OpDescriptor& desc,
-                           transport::PaceClock::time_point since) {
-  if (desc.count * dtype_size(desc.dtype) >= collectives::kTwoLevelMinBytes)
-    // Arrivals at the downlink (kernel sockets and emulated links); departures from the
-    // emulated uplink (a kernel socket takes bytes long before they leave: not measured).
-    shares_.measured(
-        std::max(engine_->down_meter().peak_rate(since), engine_->up_meter().peak_rate(since)));
-  std::vector<uint16_t> codes;
-  for (uint32_t r : reports) codes.push_back(collectives::OpReport::unpack(r).rate);
-  if (!shares_.observe(codes)) return;
-  std::string rates;
-  for (double r : shares_.rates())
-    rates += (rates.empty() ? "" : ",") + std::to_string(static_cast<long long>(r * 8 / 1e6));
-  LOWCOMM_LOG(kInfo, "rank %d: owner shares re-planned from rates [%s] Mbit/s: %s", rank_,
-              rates.c_str(), shares_.plan().to_string().c_str());
-}
-
-void CommImpl::log_stats(const OpDescriptor& desc, const OpStats& st, const Status& s) const {
-  const bool p2p = desc.kind == OpKind::kSend || desc.kind == OpKind::kRecv;
-  if (p2p ? !log_enabled(LogLevel::kTrace) : !log_enabled(LogLevel::kInfo)) return;
-  auto ms = [](std::chrono::nanoseconds d) {
-    return std::chrono::duration<double>(d).count() * 1e3;
-  };
-  char efficiency[32] = "unshaped";
-  if (st.link_limit.count() > 0)
-    std::snprintf(efficiency, sizeof(efficiency), "%.2f", st.link_efficiency);
-  log_write(p2p ? LogLevel::kTrace : LogLevel::kInfo, __FILE__, __LINE__,
-            "rank %d: %s #%llu%s: count %llu, codec %s, %.3f ms, sent %.3f MB, received %.3f MB, "
-            "ratio %.2f, encode %.3f ms, decode %.3f ms, network wait %.3f ms, link efficiency %s",
-            rank_, st.kind.c_str(), static_cast<unsigned long long>(st.sequence),
-            s.is_ok() ? "" : " (failed)", static_cast<unsigned long long>(st.count),
-            st.codec.empty() ? "none" : st.codec.c_str(), ms(st.wall),
-            static_cast<double>(st.bytes_sent) / 1e6, static_cast<double>(st.bytes_received) / 1e6,
-            st.compression_ratio, ms(st.encode), ms(st.decode), ms(st.network_wait), efficiency);
-  if (!st.shares.empty() || st.rate_estimate > 0)
-    log_write(LogLevel::kInfo, __FILE__, __LINE__,
-              "rank %d: %s #%llu: owner shares %s, downlink rate estimate %.1f Mbit/s", rank_,
-              st.kind.c_str(), static_cast<unsigned long long>(st.sequence),
-              collectives::shares_to_string(st.shares).c_str(), st.rate_estimate * 8 / 1e6);
 }
 
 OpStats CommImpl::last_op_stats() const {

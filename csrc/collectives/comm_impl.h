@@ -43,14 +43,12 @@
 #include "collectives/init_settings.h"
 #include "collectives/op_context.h"
 #include "collectives/op_stats.h"
-#include "collectives/schedule_picker.h"
 #include "collectives/scratch_pool.h"
-#include "collectives/shares.h"
-#include "collectives/sites.h"
 #include "collectives/work_state.h"
 #include "core/deadline.h"
 #include "lowcomm/communicator.h"
 #include "rendezvous/bootstrap.h"
+#include "topology/planner.h"
 #include "transport/peer.h"
 #include "transport/ucx_transport.h"
 
@@ -101,10 +99,12 @@ class CommImpl final : public collectives::OpContext {
   // The device side of CUDA-buffer calls (collectives/device_op.h), made at the first one;
   // kUnsupported naming why when the process has no device runtime. Any thread.
   Result<collectives::DeviceContext*> device_context();
-  const collectives::SitePlan& sites() const { return sites_; }
-  // The owner shares of flat all-reduces (shares.h): the plan the running operation's
-  // descriptor names.
-  const collectives::SharePlan& share_plan() const override { return shares_.plan(); }
+  // How operations cross the links (topology/planner.h): call-time schedules and the site map
+  // from any thread; the rest on the executor.
+  const topology::Planner& planner() const { return planner_; }
+  const topology::SitePlan& sites() const { return planner_.sites(); }
+  // The owner shares of flat all-reduces: the plan the running operation's descriptor names.
+  const topology::SharePlan& share_plan() const override { return planner_.share_plan(); }
   collectives::ScratchPool& scratch_pool() override { return scratch_pool_; }
   // ok, or why the running operation (involving `involved` peers) must stop now.
   Status check_health(const std::vector<int>& involved) override;
@@ -118,11 +118,11 @@ class CommImpl final : public collectives::OpContext {
   void run_overtaking_sends() override;
 
  private:
-  // Init's steps once the mesh is up (create): the site map from the hosts or the round trips,
-  // the owner shares' mode and metering, each peer's emulated link; then the transport inside
+  // Init's steps once the mesh is up (create): each peer's emulated link, the planner's
+  // discovery (the site map, the owner shares' mode and metering), then the transport inside
   // the site.
-  Status discover_topology(const collectives::InitSettings& s,
-                           const std::vector<std::string>& hosts, Deadline deadline);
+  Status plan_links(const collectives::InitSettings& s, const std::vector<std::string>& hosts,
+                    Deadline deadline);
   Status open_intra_site(const collectives::InitSettings& s,
                          const rendezvous::BootstrapTable& table,
                          const std::vector<std::string>& hosts, Deadline deadline);
@@ -166,16 +166,6 @@ class CommImpl final : public collectives::OpContext {
     CommImpl* comm = nullptr;
   };
   std::shared_ptr<StealGate> gate_ = std::make_shared<StealGate>();
-  // The INFO (collective) or TRACE (point-to-point) line summarizing a completed operation.
-  void log_stats(const collectives::OpDescriptor& desc, const OpStats& st, const Status& s) const;
-  // After an all-reduce that carried reports (op_report.h), every rank's report by rank:
-  // the previous reporting call's time for the schedule picker, and this call's for the next.
-  void learn_times(const std::vector<uint32_t>& reports, const collectives::OpDescriptor& desc,
-                   double seconds);
-  // After a flat all-reduce with shares that follow the rates: this rank's measurement (a large
-  // one) and the re-plan from every rank's rate (shares.h).
-  void learn_rates(const std::vector<uint32_t>& reports, const collectives::OpDescriptor& desc,
-                   transport::PaceClock::time_point since);
   // Latches `why` as the communicator's failure; the first time, tells the peers and aborts
   // every connection (no request references any buffer afterwards).
   void fail(const Status& why, bool notify);
@@ -189,15 +179,7 @@ class CommImpl final : public collectives::OpContext {
   Deadline::Clock::duration timeout_{};
   uint64_t chunk_bytes_ = 0;
   std::vector<transport::WanLink> links_;  // by rank: this rank's emulated link to each peer
-  collectives::SitePlan sites_;            // which ranks share a site (collectives/sites.h)
-  bool shares_auto_ = false;               // owner shares follow measured rates (shares.h)
-  collectives::SharePlanner shares_;       // executor thread only
-  // Executor thread only: the schedule of auto all-reduces, and this rank's previous reporting
-  // all-reduce (its size class, schedule and time, reported in the next one).
-  collectives::SchedulePicker schedule_;
-  int last_report_class_ = 0;
-  collectives::Algorithm last_report_algorithm_ = collectives::Algorithm::kDefault;
-  double last_report_seconds_ = -1;  // < 0: no reporting call yet
+  topology::Planner planner_;
   std::shared_ptr<transport::ProgressEngine> engine_;
   std::vector<std::unique_ptr<transport::Peer>> peers_;  // by rank; null at rank_
   std::vector<Control> control_;                         // by rank

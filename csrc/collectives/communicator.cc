@@ -11,9 +11,9 @@
 #include "collectives/arg_checks.h"
 #include "collectives/comm_impl.h"
 #include "collectives/device_op.h"
-#include "collectives/partition.h"
 #include "collectives/tags.h"
 #include "core/fnv1a.h"
+#include "topology/partition.h"
 
 namespace lowcomm {
 
@@ -41,13 +41,6 @@ CompressionPolicy policy_of(const CommImpl& impl) {
   return CompressionPolicy{impl.options().codec, impl.options().codec_min_bytes};
 }
 
-// A two-level operation's descriptor (the site map's hash joins it when it runs:
-// stamp_agreement), so ranks that disagree about the sites fail the check instead of mixing
-// schedules.
-void mark_two_level(OpDescriptor& d) {
-  d.algorithm = collectives::Algorithm::kTwoLevel;
-}
-
 // What all_reduce, reduce_scatter and reduce share once their arguments are checked: the
 // descriptor (a plain spec dropped, so "none" on one rank and no codec on another agree; the
 // segment size from the owner chunk) and the algorithm's arguments, the rounding step taken
@@ -63,8 +56,10 @@ Work submit_reduce(CommImpl& impl, OpDescriptor d, std::optional<CodecSpec> code
   d.op = a.op;
   d.codec = std::move(codec);
   if (collectives::plain_codec(d.codec, a.dtype)) d.codec.reset();
+  // The schedule the planner chose (topology/planner.h); a two-level one's site-map hash joins
+  // the descriptor when it runs (stamp_agreement), so ranks that disagree about the sites fail
+  // the check instead of mixing schedules.
   d.algorithm = algorithm;
-  if (algorithm == collectives::Algorithm::kTwoLevel) mark_two_level(d);
   d.segment_elems = one_hop ? 0
                             : collectives::reduce_segment_elems(*impl.options().segment_bytes,
                                                                 a.dtype, d.codec, chunk_elems);
@@ -262,52 +257,20 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
     return refused(invalid_argument(
         "all_reduce: owner_error_feedback does not apply to sparse codecs (" + to_string(*codec) +
         "): every contribution is summed where it arrives, nothing is re-quantized"));
-  if (sparse && options.schedule == AllReduceOptions::Schedule::kTwoLevel)
-    return refused(invalid_argument("all_reduce: schedule two-level takes dense codecs; sparse " +
-                                    to_string(*codec) + " runs gather-all (one-hop)"));
-  const bool one_hop =
-      sparse || (size() > 1 && count * dtype_size(dtype) <= *impl_->options().direct_bytes);
-  collectives::Algorithm alg =
-      one_hop ? collectives::Algorithm::kOneHop : collectives::Algorithm::kDefault;
-  using Schedule = AllReduceOptions::Schedule;
-  if (sparse) {
-    // Random-k: gather-all or the owner reduction over the shared positions (docs/sparse.md).
-    // Its positions follow (seed, step): ranks must agree on them (stamp_agreement).
-    if (codec->kind == CodecKind::kRandk)
-      d.positions = collectives::positions_hash(options.seed, options.step);
-    using Sparse = AllReduceOptions::SparseSchedule;
-    const bool can = collectives::can_share_positions(codec, dtype, op);
-    if (options.sparse_schedule == Sparse::kOwner && !can)
-      return refused(invalid_argument(
-          "all_reduce: sparse_schedule owner takes a randk codec on an fp32 sum or average (" +
-          to_string(*codec) + ", " + std::string(dtype_name(dtype)) + ", " + reduce_op_name(op) +
-          "); topk's positions differ by rank, so its messages are gathered"));
-    Sparse s = options.sparse_schedule;
-    if (s == Sparse::kAuto) {
-      const std::string& dflt = impl_->options().sparse_schedule;
-      s = dflt == "owner" ? Sparse::kOwner : dflt == "gather-all" ? Sparse::kGatherAll : s;
-    }
-    if (can && s == Sparse::kOwner) {
-      alg = collectives::Algorithm::kDefault;
-    } else if (can && s == Sparse::kAuto && size() >= 3) {
-      // Two ranks send the same bytes either way, and gather-all is one delay and one
-      // quantization fewer; from three, the faster of the two for this size (both tried first).
-      alg = collectives::Algorithm::kDefault;  // or gather-all: the communicator picks
-      d.auto_schedule = true;
-    }
-  } else if (options.schedule == Schedule::kTwoLevel) {
-    const collectives::SitePlan& sites = impl_->sites();
-    if (!collectives::can_two_level(sites, count, dtype, op, codec))
-      return refused(invalid_argument(
-          "all_reduce: schedule two-level needs sites of equal size (two ranks or more each; this "
-          "communicator has " +
-          sites.to_string() + ") and an fp32 sum or average of at least one scale group per rank"));
-    alg = collectives::Algorithm::kTwoLevel;
-  } else if (options.schedule == Schedule::kAuto && !one_hop &&
-             collectives::use_two_level(impl_->sites(), count, dtype, op, codec)) {
-    alg = collectives::Algorithm::kTwoLevel;  // or flat: the communicator picks when it runs
-    d.auto_schedule = true;
-  }
+  // Random-k's positions follow (seed, step): ranks must agree on them (stamp_agreement).
+  if (sparse && codec->kind == CodecKind::kRandk)
+    d.positions = collectives::positions_hash(options.seed, options.step);
+  topology::AllReduceCall asked{count,
+                                dtype,
+                                op,
+                                codec,
+                                options.schedule,
+                                options.sparse_schedule,
+                                collectives::can_share_positions(codec, dtype, op)};
+  auto schedule = impl_->planner().all_reduce(asked);
+  if (!schedule) return refused(schedule.status());
+  const collectives::Algorithm alg = schedule->algorithm;
+  d.auto_schedule = schedule->auto_schedule;
   CommImpl* impl = impl_.get();
   ReduceBody body = [impl](OpRun& run, const collectives::ReduceArgs& args) {
     switch (run.desc().algorithm) {
@@ -326,8 +289,7 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
     // A lossy codec runs GPU-encoded unless the schedule is two levels (staged), which only
     // communicators with sites take: reserve for the path the call will most likely take.
     const bool lossy = codec && (codec->quantized() || codec->sparse());
-    const bool staged_likely = !lossy || alg == collectives::Algorithm::kTwoLevel ||
-                               (codec->kind == CodecKind::kRandk && !one_hop);
+    const bool staged_likely = !lossy || alg == collectives::Algorithm::kTwoLevel;
     auto call = device_call(*impl_, "all_reduce", {send, recv}, options.cuda_stream,
                             staged_likely ? staged_blocks(send, bytes, recv, bytes)
                                           : codec_blocks(*codec, count, size(), bytes));
@@ -373,8 +335,9 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
                             false,
                             options.seed,
                             0};
-  const bool two_level = collectives::use_two_level(
-      impl_->sites(), recv_count * static_cast<uint64_t>(size()), dtype, op, codec);
+  const bool two_level =
+      impl_->planner().reduce_scatter(recv_count * static_cast<uint64_t>(size()), dtype, op,
+                                      codec) == collectives::Algorithm::kTwoLevel;
   CommImpl* impl = impl_.get();
   ReduceBody body = [impl](OpRun& run, const collectives::ReduceArgs& args) {
     if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
@@ -408,10 +371,8 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
   d.count = send_count;
   d.dtype = dtype;
   // Sites: two levels for a large result (the map's hash in the descriptor, as all_reduce's).
-  if (collectives::use_two_level_gather(
-          impl_->sites(), send_count * dtype_size(dtype) * static_cast<uint64_t>(size()))) {
-    mark_two_level(d);
-  }
+  d.algorithm =
+      impl_->planner().gather(send_count * dtype_size(dtype) * static_cast<uint64_t>(size()));
   CommImpl* impl = impl_.get();
   auto body = [=](OpRun& run, const void* in, void* out) {
     if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)
@@ -528,9 +489,7 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
   d.count = count;
   d.dtype = dtype;
   d.root = root;
-  if (collectives::use_two_level_gather(impl_->sites(), count * dtype_size(dtype))) {
-    mark_two_level(d);
-  }
+  d.algorithm = impl_->planner().gather(count * dtype_size(dtype));
   CommImpl* impl = impl_.get();
   auto body = [=](OpRun& run, const void* in, void* out) {
     if (run.desc().algorithm == collectives::Algorithm::kTwoLevel)

@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "collectives/partition.h"
 #include "core/fnv1a.h"
 #include "core/little_endian.h"
+#include "topology/partition.h"
 
 namespace lowcomm::collectives {
 namespace {
@@ -83,7 +83,7 @@ std::array<uint8_t, kDescriptorBytes> OpDescriptor::encode() const {
                                            : agree_hash;
   store_le64(p + 48, word);
   // In scale groups: segment_elems is a multiple of the granule (reduce_segment_elems).
-  store_le32(p + 56, static_cast<uint32_t>(segment_elems / granule(codec)));
+  store_le32(p + 56, static_cast<uint32_t>(segment_elems / topology::granule(codec)));
   store_le32(p + 60, fnv1a32(p, 60));
   return b;
 }
@@ -123,7 +123,7 @@ Result<OpDescriptor> OpDescriptor::decode(const uint8_t* p, const std::string& w
       return corrupt_data(who + ": operation descriptor carries an invalid codec spec");
     d.codec = s;
   }
-  const uint64_t groups = load_le32(p + 56), g = granule(d.codec);
+  const uint64_t groups = load_le32(p + 56), g = topology::granule(d.codec);
   if (groups > UINT64_MAX / g)
     return corrupt_data(who + ": operation descriptor has out-of-range fields");
   d.segment_elems = groups * g;

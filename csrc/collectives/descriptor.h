@@ -27,6 +27,7 @@
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
 #include "lowcomm/status.h"
+#include "topology/schedule.h"
 
 namespace lowcomm::collectives {
 
@@ -45,13 +46,8 @@ enum class OpKind : uint8_t {
 };
 const char* op_kind_name(OpKind kind);
 
-// Which schedule an operation runs, where its kind has more than one: ranks must agree.
-enum class Algorithm : uint8_t {
-  kDefault = 0,   // the kind's own schedule (all-reduce, reduce-scatter, reduce: owner reduction)
-  kOneHop = 1,    // all-reduce: every contribution to every rank (one_hop_reduce.cc)
-  kTwoLevel = 2,  // all-reduce (two_level.cc), all-gather (two_level_all_gather.cc) over sites;
-                  // agree_hash carries the site map's hash (SitePlan::hash): ranks must agree
-};
+// Which schedule an operation runs, where its kind has more than one (topology/schedule.h).
+using topology::Algorithm;
 
 inline constexpr size_t kDescriptorBytes = 64;
 // The most scale groups a pipeline segment may hold: what the descriptor's u32 carries.

@@ -116,8 +116,9 @@ Result<InitSettings> read_init_settings(const UniqueId& id, int rank, int nranks
 
   // The emulated WAN: this rank's link (shared by all its peers, site model) and its clocks;
   // each peer's link from the per-pair rules once the mesh is up.
-  s.wan_text = !given.wan.empty() ? given.wan : params::text("LOWCOMM_WAN").value_or("");
-  auto plan = transport::parse_wan_plan(s.wan_text);
+  const std::string wan_text =
+      !given.wan.empty() ? given.wan : params::text("LOWCOMM_WAN").value_or("");
+  auto plan = transport::parse_wan_plan(wan_text);
   if (!plan)
     return invalid_argument(std::string("init: ") +
                             (given.wan.empty() ? "LOWCOMM_WAN: " : "wan option: ") +
@@ -132,27 +133,39 @@ Result<InitSettings> read_init_settings(const UniqueId& id, int rank, int nranks
   s.emulated = std::move(opened).value();
   s.peer.site = s.emulated.site();
 
-  // Sites (sites.h): the option, LOWCOMM_SITES, the emulator's site= rules, flat.
+  // Sites (topology/sites.h): the option, LOWCOMM_SITES, the emulator's site= rules, flat.
+  topology::PlannerSettings& p = s.planner;
+  p.rank = rank;
+  p.nranks = nranks;
+  p.emulated_wan = !wan_text.empty();
   const std::string sites_text =
       !given.sites.empty() ? given.sites : params::text("LOWCOMM_SITES").value_or("");
-  s.sites_given = !sites_text.empty();
-  if (s.sites_given) {
-    auto parsed = parse_sites(sites_text, nranks);
+  p.sites_given = !sites_text.empty();
+  if (p.sites_given) {
+    auto parsed = topology::parse_sites(sites_text, nranks);
     if (!parsed)
       return invalid_argument(std::string("init: ") +
                               (given.sites.empty() ? "LOWCOMM_SITES: " : "sites option: ") +
                               parsed.status().message());
-    s.sites = std::move(parsed).value();
+    p.sites = std::move(parsed).value();
   } else {
-    s.sites = plan_from_wan(s.wan, nranks);
+    p.sites = topology::plan_from_groups(s.wan.site_labels(nranks));
   }
+  auto site_ms = params::number("LOWCOMM_SITE_RTT_MS");
+  if (!site_ms) return init_error(site_ms.status());
+  if (site_ms->has_value()) p.site_rtt_s = **site_ms * 1e-3;
   auto shares = choose(given.shares, "LOWCOMM_SHARES", "shares option", {"auto", "equal"});
   if (!shares) return shares.status();
-  s.shares = *shares;
+  p.shares = *shares;
   auto sparse = choose(given.sparse_schedule, "LOWCOMM_SPARSE_SCHEDULE", "sparse_schedule option",
                        {"auto", "gather-all", "owner"});
   if (!sparse) return sparse.status();
   o.sparse_schedule = sparse->empty() ? "auto" : *sparse;
+  p.sparse_default = o.sparse_schedule == "owner" ? AllReduceOptions::SparseSchedule::kOwner
+                     : o.sparse_schedule == "gather-all"
+                         ? AllReduceOptions::SparseSchedule::kGatherAll
+                         : AllReduceOptions::SparseSchedule::kAuto;
+  p.direct_bytes = *o.direct_bytes;
   auto intra = choose(given.intra_site, "LOWCOMM_INTRA_SITE", "intra_site option", {"tcp", "ucx"});
   if (!intra) return intra.status();
   s.want_ucx = *intra == "ucx";

@@ -1,23 +1,34 @@
 #pragma once
 // OpContext: what an operation in flight (OpRun, and through it every algorithm) uses of its
 // communicator: its place in the group, the options in force, the peers and the transport
-// inside the site, scratch memory, error-feedback state, the owner shares, the health checks
-// between waits. CommImpl implements it; OpRun and the algorithms see this, not the runtime
-// (comm_impl.h), and call into the communicator only through it.
+// inside the site, scratch memory, error-feedback state, the owner shares (topology/planner.h), the
+// health checks between waits. CommImpl implements it; OpRun and the algorithms see this, not the
+// runtime (comm_impl.h), and call into the communicator only through it.
 
 #include <cstdint>
 #include <vector>
 
 #include "collectives/ef_store.h"
 #include "collectives/scratch_pool.h"
-#include "collectives/shares.h"
 #include "core/deadline.h"
 #include "lowcomm/communicator.h"
 #include "lowcomm/status.h"
+#include "topology/partition.h"
+#include "topology/shares.h"
+#include "topology/sites.h"
 #include "transport/peer.h"
 #include "transport/ucx_transport.h"
 
 namespace lowcomm::collectives {
+
+// What the algorithms use of the planning layer (topology/): how a tensor is cut, the owner
+// shares, the site map.
+using topology::granule;
+using topology::owner_chunks;
+using topology::Range;
+using topology::SharePlan;
+using topology::SitePlan;
+using topology::split_segments;
 
 class OpContext {
  public:

@@ -33,9 +33,9 @@
 #include "collectives/descriptor.h"
 #include "collectives/op_context.h"
 #include "collectives/op_stats.h"
-#include "collectives/partition.h"
 #include "collectives/scratch_pool.h"
 #include "core/deadline.h"
+#include "topology/partition.h"
 #include "transport/request.h"
 
 namespace lowcomm::collectives {

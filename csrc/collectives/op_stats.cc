@@ -1,7 +1,10 @@
 #include "collectives/op_stats.h"
 
 #include <algorithm>
+#include <cstdio>
 
+#include "core/log.h"
+#include "topology/shares.h"
 #include "transport/chunk_header.h"
 
 namespace lowcomm::collectives {
@@ -98,6 +101,30 @@ OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::dur
   const double wall_s = std::chrono::duration<double>(wall).count();
   s.link_efficiency = limit > 0.0 && wall_s > 0.0 ? limit / wall_s : 0.0;
   return s;
+}
+
+void log_stats(int rank, const OpDescriptor& desc, const OpStats& st, const Status& s) {
+  const bool p2p = desc.kind == OpKind::kSend || desc.kind == OpKind::kRecv;
+  if (p2p ? !log_enabled(LogLevel::kTrace) : !log_enabled(LogLevel::kInfo)) return;
+  auto ms = [](std::chrono::nanoseconds d) {
+    return std::chrono::duration<double>(d).count() * 1e3;
+  };
+  char efficiency[32] = "unshaped";
+  if (st.link_limit.count() > 0)
+    std::snprintf(efficiency, sizeof(efficiency), "%.2f", st.link_efficiency);
+  log_write(p2p ? LogLevel::kTrace : LogLevel::kInfo, __FILE__, __LINE__,
+            "rank %d: %s #%llu%s: count %llu, codec %s, %.3f ms, sent %.3f MB, received %.3f MB, "
+            "ratio %.2f, encode %.3f ms, decode %.3f ms, network wait %.3f ms, link efficiency %s",
+            rank, st.kind.c_str(), static_cast<unsigned long long>(st.sequence),
+            s.is_ok() ? "" : " (failed)", static_cast<unsigned long long>(st.count),
+            st.codec.empty() ? "none" : st.codec.c_str(), ms(st.wall),
+            static_cast<double>(st.bytes_sent) / 1e6, static_cast<double>(st.bytes_received) / 1e6,
+            st.compression_ratio, ms(st.encode), ms(st.decode), ms(st.network_wait), efficiency);
+  if (!st.shares.empty() || st.rate_estimate > 0)
+    log_write(LogLevel::kInfo, __FILE__, __LINE__,
+              "rank %d: %s #%llu: owner shares %s, downlink rate estimate %.1f Mbit/s", rank,
+              st.kind.c_str(), static_cast<unsigned long long>(st.sequence),
+              topology::shares_to_string(st.shares).c_str(), st.rate_estimate * 8 / 1e6);
 }
 
 }  // namespace lowcomm::collectives

@@ -68,4 +68,7 @@ OpStats identity_stats(const OpDescriptor& desc);
 OpStats summarize(const OpDescriptor& desc, const OpCounters& c, StatsClock::duration wall,
                   const std::vector<transport::WanLink>& links);
 
+// The INFO (collective) or TRACE (point-to-point) line summarizing an operation `rank` ran.
+void log_stats(int rank, const OpDescriptor& desc, const OpStats& st, const Status& s);
+
 }  // namespace lowcomm::collectives

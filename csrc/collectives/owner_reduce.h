@@ -17,7 +17,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/ef_store.h"
-#include "collectives/partition.h"
+#include "topology/partition.h"
 
 namespace lowcomm::collectives {
 

@@ -16,15 +16,17 @@
 #include <cstdint>
 
 #include "rendezvous/bootstrap.h"
+#include "topology/rtt_matrix.h"
 
 namespace lowcomm::collectives::tags {
 
 inline constexpr uint64_t kBootstrap = rendezvous::kBootstrapTag;  // init (rendezvous/bootstrap.h)
 inline constexpr uint64_t kControl = 2;     // one message per peer and lifetime: abort or goodbye
 inline constexpr uint64_t kDescriptor = 3;  // collectives' descriptors
-// Init, where the sites are measured (rtt_probe.h): each rank's row of round-trip times. (7 and 8
-// were the pings and echoes of the probe before the kernel's figures replaced it.)
-inline constexpr uint64_t kRttRow = 9;
+// Init, where the sites are measured (topology/rtt_matrix.h): each rank's row of round-trip
+// times. (7 and 8 were the pings and echoes of the probe before the kernel's figures replaced
+// it.)
+inline constexpr uint64_t kRttRow = topology::kRttRowTag;
 // Init, between ranks of one site: each one's UCX worker address, or nothing
 // (transport/ucx_transport.h).
 inline constexpr uint64_t kUcxAddress = 10;

@@ -1,4 +1,4 @@
-// The two-level all-reduce: sites of m ranks each (collectives/sites.h), S sites, P = S m.
+// The two-level all-reduce: sites of m ranks each (topology/sites.h), S sites, P = S m.
 //
 // Schedule, for each piece of the tensor (below), cut into m slices (owner_chunks, on the
 // codec's scale groups):

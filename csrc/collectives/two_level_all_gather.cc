@@ -1,4 +1,4 @@
-// The two-level all-gather: sites of m ranks each (collectives/sites.h), S sites, P = S m.
+// The two-level all-gather: sites of m ranks each (topology/sites.h), S sites, P = S m.
 //
 // Schedule, B bytes per rank:
 //   1. Across sites: each rank sends its block to the ranks at its position in the other sites

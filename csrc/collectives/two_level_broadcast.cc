@@ -1,4 +1,4 @@
-// The two-level broadcast: sites of m ranks each (collectives/sites.h), S sites; the root in
+// The two-level broadcast: sites of m ranks each (topology/sites.h), S sites; the root in
 // site s0 at position j0. The tensor is cut into m slices (slice k for position k).
 //
 //   1. Inside the root's site: the root sends slice k to the site's rank at position k.
@@ -16,8 +16,8 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/arg_checks.h"
-#include "collectives/partition.h"
 #include "collectives/tags.h"
+#include "topology/partition.h"
 
 namespace lowcomm::collectives {
 

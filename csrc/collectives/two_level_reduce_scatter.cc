@@ -1,4 +1,4 @@
-// The two-level reduce-scatter: sites of m ranks each (collectives/sites.h), S sites; rank r's
+// The two-level reduce-scatter: sites of m ranks each (topology/sites.h), S sites; rank r's
 // result is block r (recv_count elements) of the reduction, as the flat reduce-scatter.
 //
 //   0. The input's blocks are copied into scratch by (position k, site t): the block of the rank

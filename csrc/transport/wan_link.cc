@@ -306,6 +306,15 @@ int WanPlan::site_of(int rank) const {
   return -1;
 }
 
+std::vector<int> WanPlan::site_labels(int nranks) const {
+  std::vector<int> labels;
+  for (int r = 0; r < nranks; ++r) {
+    const int s = site_of(r);
+    labels.push_back(s >= 0 ? s : 1000000 + r);  // outside every site= rule: a site alone
+  }
+  return labels;
+}
+
 int WanPlan::site_size(int rank, int nranks) const {
   int s = site_of(rank);
   if (s < 0) return 1;

@@ -128,6 +128,9 @@ struct WanPlan {
   std::vector<int> paths_from(int me) const;
   // The index of the site= rule holding `rank` (among the site rules, in order), or -1.
   int site_of(int rank) const;
+  // One label per rank of [0, nranks): its site= rule's index, or (outside every rule) a label
+  // of its own. What the topology's site map is drawn from (topology/sites.h).
+  std::vector<int> site_labels(int nranks) const;
   // How many of [0, nranks) share `rank`'s site (1 without a site rule).
   int site_size(int rank, int nranks) const;
 };

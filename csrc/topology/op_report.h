@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 inline constexpr double kMinRate = 1e4;   // bytes/s (80 kbit/s): slower is not believed
 inline constexpr double kMaxRate = 4e12;  // bytes/s (32 Tbit/s): faster is not believed
@@ -28,4 +28,4 @@ struct OpReport {
   }
 };
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

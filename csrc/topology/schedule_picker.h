@@ -15,9 +15,9 @@
 #include <cstdint>
 #include <map>
 
-#include "collectives/descriptor.h"
+#include "topology/schedule.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 class SchedulePicker {
  public:
@@ -54,4 +54,4 @@ class SchedulePicker {
   std::map<int, Times> classes_;
 };
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

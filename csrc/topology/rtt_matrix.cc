@@ -1,12 +1,10 @@
-#include "collectives/rtt_probe.h"
+#include "topology/rtt_matrix.h"
 
 #include <algorithm>
 #include <chrono>
 #include <string>
 
-#include "collectives/tags.h"
-
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 namespace {
 
 // The longest the exchange may take: round trips of a few hundred milliseconds at most, and
@@ -39,8 +37,8 @@ Result<std::vector<std::vector<double>>> probe(
   std::vector<transport::Request> row_recvs(P);
   for (size_t p = 0; p < P; ++p) {
     if (!peers[p]) continue;
-    row_recvs[p] = peers[p]->irecv(tags::kRttRow, rows[p].data(), P * sizeof(double));
-    sends.push_back(peers[p]->isend(tags::kRttRow, mine.data(), P * sizeof(double)));
+    row_recvs[p] = peers[p]->irecv(kRttRowTag, rows[p].data(), P * sizeof(double));
+    sends.push_back(peers[p]->isend(kRttRowTag, mine.data(), P * sizeof(double)));
   }
   for (size_t p = 0; p < P; ++p) {
     if (!peers[p]) continue;
@@ -85,4 +83,4 @@ Result<std::vector<std::vector<double>>> measure_rtt_matrix(
   return rtt;
 }
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
-#include "collectives/op_report.h"
-#include "collectives/partition.h"
+#include "topology/op_report.h"
+#include "topology/partition.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 inline constexpr uint32_t kShareUnits = 1u << 20;
 // No rank owns more than kMaxShareFactor / P of the tensor: an owner's scratch for its
@@ -97,4 +97,4 @@ class SharePlanner {
   std::vector<double> rates_;  // the rates the current plan was made from
 };
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

@@ -1,8 +1,8 @@
-#include "collectives/schedule_picker.h"
+#include "topology/schedule_picker.h"
 
 #include <bit>
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 int SchedulePicker::size_class(uint64_t bytes, bool sparse, uint32_t keep) {
   const int size = bytes == 0 ? 0 : static_cast<int>(std::bit_width(bytes)) - 1;
@@ -40,4 +40,4 @@ void SchedulePicker::record(int size_class, Algorithm algorithm, double seconds)
   (algorithm == other(size_class) ? t.two : t.flat) = seconds;
 }
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

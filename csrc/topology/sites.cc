@@ -1,12 +1,12 @@
-#include "collectives/sites.h"
+#include "topology/sites.h"
 
 #include <algorithm>
 #include <map>
 
-#include "collectives/partition.h"
 #include "core/fnv1a.h"
+#include "topology/partition.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 std::vector<int> SitePlan::column(int rank) const {
   std::vector<int> out;
@@ -45,14 +45,9 @@ bool use_two_level(const SitePlan& plan, uint64_t count, DType dtype, ReduceOp o
   return can_two_level(plan, count, dtype, op, codec) && count * sizeof(float) >= kTwoLevelMinBytes;
 }
 
-SitePlan plan_from_wan(const transport::WanPlan& wan, int nranks) {
-  std::vector<int> labels;
-  for (int r = 0; r < nranks; ++r) {
-    const int s = wan.site_of(r);
-    labels.push_back(s >= 0 ? s : 1000000 + r);  // outside every site= rule: a site alone
-  }
+SitePlan plan_from_groups(const std::vector<int>& labels) {
   SitePlan p = plan_from_labels(labels);
-  return p.sites() == nranks ? SitePlan{} : p;
+  return p.sites() == static_cast<int>(labels.size()) ? SitePlan{} : p;
 }
 
 bool use_two_level_gather(const SitePlan& plan, uint64_t gathered_bytes) {
@@ -126,4 +121,4 @@ Result<SitePlan> parse_sites(std::string_view text, int nranks) {
   return plan_from_labels(labels);
 }
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

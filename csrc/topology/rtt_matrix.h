@@ -6,8 +6,7 @@
 // link's round trip where one is set. Each rank sends its row to every peer; the matrix keeps,
 // for each pair, the lower of the two ranks' figures. Costs one exchange with every peer (half
 // a round trip of the slowest pair, in parallel), once per communicator, and only where the sites
-// are not known otherwise (comm_impl.cc). Until 2026-11 each rank pinged every peer three
-// times first: three more round trips on the critical path of every group's set-up.
+// are not known otherwise (planner.h). (The probe's history: docs/sites.md.)
 
 #include <memory>
 #include <vector>
@@ -16,7 +15,10 @@
 #include "lowcomm/status.h"
 #include "transport/peer.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
+
+// The transport tag of the rows (collectives/tags.h lists every tag the communicator uses).
+inline constexpr uint64_t kRttRowTag = 9;
 
 // rtt[i][j] in seconds (0 on the diagonal). `extra[j]`: seconds to add to the kernel's figure
 // for peer j (an emulated link's round trip), or empty. Fails with the peer's error, or
@@ -25,4 +27,4 @@ Result<std::vector<std::vector<double>>> measure_rtt_matrix(
     const std::vector<std::unique_ptr<transport::Peer>>& peers, int rank,
     const std::vector<double>& extra, Deadline deadline);
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

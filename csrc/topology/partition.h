@@ -10,7 +10,7 @@
 
 #include "lowcomm/codec.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 struct Range {
   uint64_t begin = 0;
@@ -47,4 +47,4 @@ inline std::vector<Range> split_segments(Range r, uint64_t seg) {
   return out;
 }
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

@@ -1,10 +1,10 @@
-#include "collectives/shares.h"
+#include "topology/shares.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 uint32_t SharePlan::hash() const {
   if (parts.empty()) return 0;
@@ -149,4 +149,4 @@ bool SharePlanner::observe(const std::vector<uint16_t>& codes) {
   return true;
 }
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

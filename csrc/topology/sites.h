@@ -4,12 +4,12 @@
 // in two levels (two_level.cc): inside each site, then between sites slice by slice, then
 // inside each site again, so each site's WAN link carries about S instead of n_site x S.
 //
-// Where the map comes from (comm_impl.cc), first that applies:
+// Where the map comes from (init_settings.cc, then Planner::discover), first that applies:
 //   CommOptions::sites, else LOWCOMM_SITES: "flat" (none), or one label per rank,
 //     comma-separated ("0,0,0,0,1,1,1,1"; labels are any non-negative integers);
 //   the site= rules of the emulated WAN (LOWCOMM_WAN, docs/transport.md);
 //   the hosts of the ranks' addresses, where some host has several ranks;
-//   round-trip times measured at init (rtt_probe.h), where every rank has a host of its own;
+//   round-trip times measured at init (rtt_matrix.h), where every rank has a host of its own;
 //   none (flat).
 // Every rank must hold the same map: its hash travels in the descriptor of every two-level
 // operation, so ranks that disagree fail the operation naming the peer instead of exchanging
@@ -25,9 +25,8 @@
 #include "lowcomm/codec.h"
 #include "lowcomm/communicator.h"
 #include "lowcomm/status.h"
-#include "transport/wan_link.h"
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 struct SitePlan {
   std::vector<int> site_of;               // by rank: the site's index (0..sites-1, by first rank)
@@ -70,9 +69,9 @@ bool use_two_level_gather(const SitePlan& plan, uint64_t gathered_bytes);
 
 // From one label per rank (labels grouped in order of first appearance).
 SitePlan plan_from_labels(const std::vector<int>& labels);
-// The emulator's site= rules (transport/wan_link.h) for `nranks` ranks, a rank outside every
-// rule a site alone; flat when no two ranks share a site.
-SitePlan plan_from_wan(const transport::WanPlan& wan, int nranks);
+// As plan_from_labels, but flat when no two ranks share a label: the emulator's site= rules
+// (transport::WanPlan::site_labels, a rank outside every rule a site alone).
+SitePlan plan_from_groups(const std::vector<int>& labels);
 // Sites from round-trip times (seconds, rtt[i][j] between ranks i and j, symmetric, the
 // diagonal ignored): ranks closer than `threshold_s` are linked, and a site is a connected group
 // (single linkage), so a site's ranks need not all be close to each other, only chained. Flat
@@ -85,4 +84,4 @@ inline constexpr double kSiteRttSeconds = 2e-3;
 // LOWCOMM_SITES syntax for `nranks` ranks; "" or "flat": no sites.
 Result<SitePlan> parse_sites(std::string_view text, int nranks);
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology

@@ -1,9 +1,9 @@
-#include "collectives/op_report.h"
+#include "topology/op_report.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace lowcomm::collectives {
+namespace lowcomm::topology {
 
 uint16_t encode_rate(double bytes_per_second) {
   if (!(bytes_per_second >= kMinRate && bytes_per_second <= kMaxRate)) return 0;
@@ -26,4 +26,4 @@ double decode_time(uint16_t code) {
   return code == 0 ? 0 : std::exp2((code - 1) / 2048.0) * 1e-6;
 }
 
-}  // namespace lowcomm::collectives
+}  // namespace lowcomm::topology
