@@ -132,6 +132,9 @@ class ElasticImpl {
                   const std::vector<uint32_t>& fresh,
                   const std::vector<std::pair<uint32_t, uint64_t>>& hashes = {},
                   const std::vector<uint32_t>& holders = {});
+  bool apply_committed(uint64_t view, uint64_t committed,
+                       const std::vector<std::pair<uint32_t, uint64_t>>& hashes,
+                       const std::vector<uint32_t>& holders);  // apply_view's first step
   void fence(Status why);
   transport::Request send_to(uint32_t to, const membership::Message& m);
   void broadcast(const membership::Message& m);

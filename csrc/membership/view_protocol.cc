@@ -397,11 +397,12 @@ void ElasticImpl::commit_on_proof(bool report) {
   if (changing_ && report) report_to_coordinator();
 }
 
-void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& members,
-                             const std::string& data_root, uint64_t committed, uint32_t next_id,
-                             const std::vector<uint32_t>& fresh,
-                             const std::vector<std::pair<uint32_t, uint64_t>>& hashes,
-                             const std::vector<uint32_t>& holders) {
+// apply_view's first step: collective `committed`, which the view names as committed, is
+// committed here, or rolls forward (the caller's thread fetches it), or this member, which
+// does not hold it, is fenced (false: the view is not applied).
+bool ElasticImpl::apply_committed(uint64_t view, uint64_t committed,
+                                  const std::vector<std::pair<uint32_t, uint64_t>>& hashes,
+                                  const std::vector<uint32_t>& holders) {
   std::vector<uint32_t> others_holding;
   for (uint32_t id : holders)
     if (id != me_) others_holding.push_back(id);
@@ -429,9 +430,18 @@ void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& me
                                              std::to_string(committed) +
                                              ", which this member does not hold; "
                                              "rejoin to fetch the state"));
-      return;
+      return false;
     }
   }
+  return true;
+}
+
+void ElasticImpl::apply_view(uint64_t view, const std::vector<MemberAddress>& members,
+                             const std::string& data_root, uint64_t committed, uint32_t next_id,
+                             const std::vector<uint32_t>& fresh,
+                             const std::vector<std::pair<uint32_t, uint64_t>>& hashes,
+                             const std::vector<uint32_t>& holders) {
+  if (!apply_committed(view, committed, hashes, holders)) return;
   staged_ = membership::kNone;
   bool in_view = false;
   std::map<uint32_t, std::string> addrs;
