@@ -89,6 +89,8 @@ class ElasticImpl {
     bool ready_sent = false;  // built ahead: its kReady went out (or it failed: none will)
     bool is(uint64_t v, const std::string& r) const { return build && view == v && root == r; }
   };
+  // One fetch under way, shared by fetch's steps (state_transfer.cc).
+  struct Fetching;
 
   ElasticImpl() = default;
   Status start(const UniqueId& id);  // engine, listener; not the thread
@@ -172,6 +174,12 @@ class ElasticImpl {
   // snapshot (a fresh member), or the result of collective a.seq (`result`: rolling forward).
   Status fetch(const Attempt& a, const std::vector<uint32_t>& sources, bool result, uint8_t* into,
                uint64_t n);
+  // fetch's steps (state_transfer.cc). mu_ held: asks for the stripes neither held nor in
+  // flight; or first checks that the fetch may go on.
+  Status ask_stripes(Fetching& f);
+  Status fetch_progress(Fetching& f, Clock::time_point deadline);
+  bool collect_stripes(Fetching& f, transport::Request& pending);  // whether all are in
+  void end_stripes(Fetching& f);  // mu_ not held: no receive of the fetch left posted
   // The registered state, from `bytes` (its size), checked against the group's hash.
   Status install_state(const uint8_t* bytes, uint64_t expected_hash);
   // The secret of view's communicator: the group's, keyed with the view and its members.

@@ -136,6 +136,26 @@ Status ElasticImpl::install_state(const uint8_t* bytes, uint64_t expected_hash) 
   return Status::ok();
 }
 
+// One fetch under way (fetch): its stripes, and the sources they are dealt over.
+struct ElasticImpl::Fetching {
+  struct Stripe {
+    uint64_t off = 0;
+    uint64_t len = 0;
+    uint32_t src = 0;
+    transport::Request req;  // invalid: not asked yet, or to be asked again
+    bool have = false;
+  };
+  const Attempt& a;
+  const std::vector<uint32_t>& sources;
+  const bool result;  // a collective's result (rolling forward), not the registered state
+  uint8_t* const into;
+  const std::string what;  // "fetching ...", in messages
+  std::vector<Stripe> stripes{};
+  std::set<uint32_t> live{};  // the sources still connected and not failed
+  std::set<uint32_t> used{};  // the sources asked
+  uint64_t reasked = 0;
+};
+
 Status ElasticImpl::fetch(const Attempt& a, const std::vector<uint32_t>& sources, bool result,
                           uint8_t* into, uint64_t n) {
   // Stripes of 256 KiB dealt round-robin over the sources, all requested at once (each source
@@ -145,142 +165,144 @@ Status ElasticImpl::fetch(const Attempt& a, const std::vector<uint32_t>& sources
   // `into` has finished or been cancelled when it returns, whatever happened: a later fetch
   // never meets a stale receive (each batch has a tag of its own), and `into` may go with the
   // attempt. A result (rolling forward) comes the same way from the members holding it.
-  const std::string what = result ? "fetching the result of collective " + std::to_string(a.seq)
-                                  : std::string("fetching the registered state");
+  Fetching f{.a = a,
+             .sources = sources,
+             .result = result,
+             .into = into,
+             .what = result ? "fetching the result of collective " + std::to_string(a.seq)
+                            : std::string("fetching the registered state")};
   constexpr uint64_t kStripe = 256 << 10;
-  struct Stripe {
-    uint64_t off = 0;
-    uint64_t len = 0;
-    uint32_t src = 0;
-    transport::Request req;  // invalid: not asked yet, or to be asked again
-    bool have = false;
-  };
-  std::vector<Stripe> stripes;
   for (uint64_t off = 0; off < n; off += kStripe) {
-    Stripe st;
+    Fetching::Stripe st;
     st.off = off;
     st.len = std::min<uint64_t>(kStripe, n - off);
     st.src = ~0u;
-    stripes.push_back(std::move(st));
+    f.stripes.push_back(std::move(st));
   }
   const auto started = Clock::now();
-  std::set<uint32_t> live(sources.begin(), sources.end());
-  std::set<uint32_t> used;
-  uint64_t reasked = 0;
-  // mu_ held. Asks for every stripe neither held nor in flight, dealt over the live sources, one
-  // transport tag per source per round.
-  auto ask = [&]() -> Status {
-    std::erase_if(live, [&](uint32_t id) { return !slots_.count(id) || failed_.count(id); });
-    std::vector<Stripe*> todo;
-    for (auto& st : stripes)
-      if (!st.have && !st.req.valid()) todo.push_back(&st);
-    if (todo.empty()) return Status::ok();
-    if (live.empty())
-      return Status(StatusCode::kAborted,
-                    what + ": no member holding it is left (asked " + id_list(sources) + ")");
-    std::map<uint32_t, uint64_t> tags;
-    for (uint32_t src : live) tags[src] = membership::state_tag(++fetch_batch_);
-    auto next = live.begin();
-    for (Stripe* st : todo) {
-      if (next == live.end()) next = live.begin();
-      const uint32_t src = *next++;
-      if (st->src != ~0u) ++reasked;  // its first source failed
-      used.insert(src);
-      st->src = src;
-      st->req = slots_.at(src).peer->irecv(tags[src], into + st->off, st->len);
-      Message f = message(MsgType::kFetch, a.seq);
-      if (result) f.text = "result";
-      f.hash = st->off;
-      f.length = st->len;
-      f.tag = tags[src];
-      send_to(src, f);
+  f.live = std::set<uint32_t>(sources.begin(), sources.end());
+  Status why;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    why = ask_stripes(f);
+  }
+  const auto deadline = started + change_timeout_;
+  while (why.is_ok()) {
+    transport::Request pending;
+    if (collect_stripes(f, pending)) break;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      why = fetch_progress(f, deadline);
     }
-    return Status::ok();
-  };
-  // mu_ held. Withdraws every receive still posted; returns those already arriving into `into`
-  // (they finish, or fail when their source is declared failed and its connection aborted).
-  auto cancel = [&]() {
-    std::vector<Stripe*> arriving;
-    for (auto& st : stripes) {
+    if (why.is_ok() && pending.valid())
+      (void)pending.wait(Deadline::after(std::chrono::milliseconds(10)));
+  }
+  end_stripes(f);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (result) return why;
+  stats_.state_stripes_reasked += f.reasked;
+  if (!why.is_ok()) return why;
+  stats_.state_fetched_bytes = n;
+  stats_.state_fetch_time = Clock::now() - started;
+  stats_.state_fetch_sources = static_cast<int>(f.used.size());
+  return Status::ok();
+}
+
+// mu_ held. Asks for every stripe neither held nor in flight, dealt over the live sources, one
+// transport tag per source per round.
+Status ElasticImpl::ask_stripes(Fetching& f) {
+  std::erase_if(f.live, [&](uint32_t id) { return !slots_.count(id) || failed_.count(id); });
+  std::vector<Fetching::Stripe*> todo;
+  for (auto& st : f.stripes)
+    if (!st.have && !st.req.valid()) todo.push_back(&st);
+  if (todo.empty()) return Status::ok();
+  if (f.live.empty())
+    return Status(StatusCode::kAborted,
+                  f.what + ": no member holding it is left (asked " + id_list(f.sources) + ")");
+  std::map<uint32_t, uint64_t> tags;
+  for (uint32_t src : f.live) tags[src] = membership::state_tag(++fetch_batch_);
+  auto next = f.live.begin();
+  for (Fetching::Stripe* st : todo) {
+    if (next == f.live.end()) next = f.live.begin();
+    const uint32_t src = *next++;
+    if (st->src != ~0u) ++f.reasked;  // its first source failed
+    f.used.insert(src);
+    st->src = src;
+    st->req = slots_.at(src).peer->irecv(tags[src], f.into + st->off, st->len);
+    Message m = message(MsgType::kFetch, f.a.seq);
+    if (f.result) m.text = "result";
+    m.hash = st->off;
+    m.length = st->len;
+    m.tag = tags[src];
+    send_to(src, m);
+  }
+  return Status::ok();
+}
+
+// Marks the stripes that arrived (one that failed is to be asked again); whether all are in.
+// `pending`: a receive still in flight, if any.
+bool ElasticImpl::collect_stripes(Fetching& f, transport::Request& pending) {
+  for (auto& st : f.stripes) {
+    if (st.have || !st.req.valid() || !st.req.test()) {
+      if (!st.have && st.req.valid() && !pending.valid()) pending = st.req;
+      continue;
+    }
+    if (st.req.status().is_ok()) {
+      st.have = true;
+    } else {
+      LOWCOMM_LOG(kInfo, "elastic member %u: %s: stripe at %llu from member %u: %s", me_,
+                  f.what.c_str(), static_cast<unsigned long long>(st.off), st.src,
+                  st.req.status().message().c_str());
+      st.req = transport::Request();  // ask another member
+    }
+  }
+  return std::all_of(f.stripes.begin(), f.stripes.end(),
+                     [](const Fetching::Stripe& st) { return st.have; });
+}
+
+// mu_ held. Whether the fetch goes on (asking again for the stripes that failed) or why not.
+Status ElasticImpl::fetch_progress(Fetching& f, Clock::time_point deadline) {
+  if (!fence_.is_ok()) return fence_;
+  if (f.result && roll_seq_ != f.a.seq) {
+    // A later view no longer commits it (nobody in it holds it): the attempt aborts.
+    return Status(StatusCode::kAborted, f.what + ": a later view aborted it");
+  }
+  if (!f.result && committed_ < f.a.seq && view_.id != f.a.view) {
+    // The attempt aborted (the next view did not commit it): its retry fetches afresh.
+    // (Not while the change is still deciding: it may roll the collective forward.)
+    return Status(StatusCode::kAborted, "fetching the registered state: collective " +
+                                            std::to_string(f.a.seq) + " aborted in view " +
+                                            std::to_string(f.a.view));
+  }
+  if (Clock::now() > deadline) {
+    return Status(StatusCode::kTimeout, f.what + ": not complete within " +
+                                            std::to_string(change_timeout_.count()) + " ms");
+  }
+  return ask_stripes(f);
+}
+
+// Withdraws every receive still posted, and waits for those already arriving into `into` (they
+// finish, or fail when their source is declared failed and its connection aborted).
+void ElasticImpl::end_stripes(Fetching& f) {
+  std::vector<Fetching::Stripe*> arriving;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& st : f.stripes) {
       if (!st.req.valid() || st.req.test()) continue;
       auto slot = slots_.find(st.src);
       // No slot: lose() aborted its peer, which finished every request before returning.
       if (slot != slots_.end() && !slot->second.peer->cancel(st.req)) arriving.push_back(&st);
     }
-    return arriving;
-  };
-  Status why;
-  {
+  }
+  // A stripe arriving is a source still sending: it ends, or its source is declared failed
+  // (the failure detector) and its connection aborted, which finishes the receive. Past the
+  // bound (a fenced member no longer watches), the connection is aborted here.
+  const auto bound = Clock::now() + change_timeout_ + failure_floor_ * 4;
+  for (Fetching::Stripe* st : arriving) {
+    if (st->req.wait(Deadline::at(bound)).code() != StatusCode::kTimeout) continue;
     std::lock_guard<std::mutex> lk(mu_);
-    why = ask();
+    if (auto slot = slots_.find(st->src); slot != slots_.end()) slot->second.peer->abort();
   }
-  const auto deadline = started + change_timeout_;
-  while (why.is_ok()) {
-    transport::Request pending;
-    for (auto& st : stripes) {
-      if (st.have || !st.req.valid() || !st.req.test()) {
-        if (!st.have && st.req.valid() && !pending.valid()) pending = st.req;
-        continue;
-      }
-      if (st.req.status().is_ok()) {
-        st.have = true;
-      } else {
-        LOWCOMM_LOG(kInfo, "elastic member %u: %s: stripe at %llu from member %u: %s", me_,
-                    what.c_str(), static_cast<unsigned long long>(st.off), st.src,
-                    st.req.status().message().c_str());
-        st.req = transport::Request();  // ask another member
-      }
-    }
-    bool all =
-        std::all_of(stripes.begin(), stripes.end(), [](const Stripe& st) { return st.have; });
-    if (all) break;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (!fence_.is_ok()) {
-        why = fence_;
-      } else if (result && roll_seq_ != a.seq) {
-        // A later view no longer commits it (nobody in it holds it): the attempt aborts.
-        why = Status(StatusCode::kAborted, what + ": a later view aborted it");
-      } else if (!result && committed_ < a.seq && view_.id != a.view) {
-        // The attempt aborted (the next view did not commit it): its retry fetches afresh.
-        // (Not while the change is still deciding: it may roll the collective forward.)
-        why = Status(StatusCode::kAborted, "fetching the registered state: collective " +
-                                               std::to_string(a.seq) + " aborted in view " +
-                                               std::to_string(a.view));
-      } else if (Clock::now() > deadline) {
-        why = Status(StatusCode::kTimeout, what + ": not complete within " +
-                                               std::to_string(change_timeout_.count()) + " ms");
-      } else {
-        why = ask();
-      }
-    }
-    if (why.is_ok() && pending.valid())
-      (void)pending.wait(Deadline::after(std::chrono::milliseconds(10)));
-  }
-  {
-    std::vector<Stripe*> arriving;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      arriving = cancel();
-    }
-    // A stripe arriving is a source still sending: it ends, or its source is declared failed
-    // (the failure detector) and its connection aborted, which finishes the receive. Past the
-    // bound (a fenced member no longer watches), the connection is aborted here.
-    const auto bound = Clock::now() + change_timeout_ + failure_floor_ * 4;
-    for (Stripe* st : arriving) {
-      if (st->req.wait(Deadline::at(bound)).code() != StatusCode::kTimeout) continue;
-      std::lock_guard<std::mutex> lk(mu_);
-      if (auto slot = slots_.find(st->src); slot != slots_.end()) slot->second.peer->abort();
-    }
-  }
-  std::lock_guard<std::mutex> lk(mu_);
-  if (result) return why;
-  stats_.state_stripes_reasked += reasked;
-  if (!why.is_ok()) return why;
-  stats_.state_fetched_bytes = n;
-  stats_.state_fetch_time = Clock::now() - started;
-  stats_.state_fetch_sources = static_cast<int>(used.size());
-  return Status::ok();
 }
 
 }  // namespace lowcomm
