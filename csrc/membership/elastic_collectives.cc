@@ -389,284 +389,48 @@ Status ElasticImpl::all_gather(const void* send, void* recv, uint64_t send_count
   return run_collective(o);
 }
 
+// One attempt under way: what run_collective's phases share. Its members are destroyed in the
+// order the attempt's locals were: the mover first (undone unless committed), then the fetcher
+// and then the state thread, each joined before what it writes goes. It goes after
+// run_collective's lock (the fetcher takes mu_ at its end).
+struct ElasticImpl::Running {
+  struct Joined {  // a thread, joined when it goes
+    std::thread t;
+    ~Joined() {
+      if (t.joinable()) t.join();
+    }
+  };
+  Attempt a;
+  bool take_snapshot = false;         // this member snapshots the state for fresh members
+  uint64_t bytes = 0;                 // the result's size
+  std::shared_ptr<ResultBuffer> res;  // where the result lands: results_[a.seq % 2]
+  uint64_t hash = 0;                  // this member's state hash, in its start and its done
+  Joined state_thread;
+  std::shared_ptr<membership::StateBuffer> fetch_into;
+  Status fetch_status;
+  Joined fetcher;
+  std::optional<ResultMover> mover;
+  bool rolled = false;  // the result was fetched from another member
+};
+
 Status ElasticImpl::run_collective(const Op& op) {
   Status last;
   for (int attempt = 0;; ++attempt) {
-    Attempt a;
+    Running r;
+    Attempt& a = r.a;
     a.number = attempt;
-    bool take_snapshot = false;
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      LOWCOMM_CHECK(ensure_data_comm(lk));
-      a.view = view_.id;
-      a.seq = committed_ + 1;
-      a.comm = data_;
-      a.members = view_.members;
-      a.fresh_me = fresh_.count(me_) > 0;
-      a.contributors = view_.members.size() - fresh_.size();
-      a.any_fresh = !fresh_.empty();
-      a.fresh = fresh_;
-      a.size = view_.members.size();
-      for (uint32_t id : view_.members)
-        if (!fresh_.count(id) && id != me_) a.sources.push_back(id);
-      for (auto& [n, d] : state_) a.state_bytes += d.second;
-      take_snapshot = !fresh_.empty() && !a.fresh_me;
-      if (a.fresh_me && a.state_bytes && a.sources.empty()) {
-        // Every live member of the view is a joiner still without the state: nobody can
-        // hand it over, and going on would make up a model.
-        fence(Status(StatusCode::kAborted,
-                     "view " + std::to_string(a.view) + " = " + id_list(a.members) +
-                         ": no member holds the registered state (every live member is a "
-                         "joiner still waiting for it); start the group again from a checkpoint"));
-        return fence_;
-      }
-    }
+    LOWCOMM_CHECK(begin_attempt(r));
     LOWCOMM_CHECK(op.prepare(a));
-    const uint64_t bytes = op.result_bytes(a);
-    // The result lands in results_[seq % 2], never in recv: an attempt that aborts leaves recv
-    // untouched, and once committed the result stays there until the next collective commits,
-    // for a member of the next view that lacks it (rolling forward). A buffer still on a link
-    // (a stripe served from it) is left to that send.
-    std::shared_ptr<ResultBuffer> res;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto& slot = results_[a.seq % 2];
-      if (!slot || slot.use_count() > 1 || slot->size < bytes) {
-        slot = std::make_shared<ResultBuffer>();
-        slot->bytes = std::make_unique_for_overwrite<uint8_t[]>(bytes);
-        slot->size = bytes;
-      }
-      res = slot;
-    }
-    // The registered state cannot change while the caller is in this call: its snapshot for
-    // fresh members (the state every replica holds until this collective commits) and its hash
-    // are taken beside the data collective, on a thread of their own when they are large. The
-    // hash goes to every member in this member's start, so that each has every member's hash by
-    // the time its data completes.
-    uint64_t hash = 0;
-    auto state_work = [&, seq = a.seq, view = a.view, fresh_me = a.fresh_me,
-                       snap_bytes = a.state_bytes] {
-      // The start first: a fresh member commits once every start is in, and on its link from
-      // this member the start would otherwise queue behind the state stripes served below.
-      // With fresh members, the snapshot is taken in the same pass as the hash, into a buffer
-      // allocated ahead (at the start that announced their admission).
-      std::shared_ptr<membership::StateBuffer> snap;
-      if (take_snapshot) {
-        auto buffer = snapshot_buffer(snap_bytes);
-        if (buffer)
-          snap = std::move(buffer).value();
-        else
-          LOWCOMM_LOG(kWarn, "elastic member %u: no snapshot for the fresh members: %s", me_,
-                      buffer.status().message().c_str());
-      }
-      if (snap)
-        hash = membership::copy_state(state_, snap->data());
-      else if (!fresh_me)
-        hash = registered_hash();
-      std::lock_guard<std::mutex> g(mu_);
-      announce_start(view, seq, hash);
-      if (snap) {
-        snapshot_ = std::move(snap);
-        snapshot_seq_ = seq;
-        serve_fetches();  // stripes asked for meanwhile go out now
-      }
-    };
-    std::thread state_thread;
-    struct JoinState {
-      std::thread& t;
-      ~JoinState() {
-        if (t.joinable()) t.join();
-      }
-    } join_state{state_thread};
-    if (a.state_bytes >= kStateThreadBytes)
-      state_thread = std::thread(state_work);
-    else
-      state_work();
-    // Allocated and faulted in on the fetcher's thread, not on the way to this member's data
-    // collective, which the others wait for (a 64 MiB zero-fill there cost the group's first
-    // round with a joiner ~300 ms on a busy 2-core host); faulted in before the stripes are
-    // asked for, so that their receives do not take the page faults (877 vs 766-795 Mbit/s).
-    std::shared_ptr<membership::StateBuffer> fetch_into;
-    std::thread fetcher;
-    Status fetch_status;
-    if (a.fresh_me && a.state_bytes) {
-      fetcher = std::thread([&] {
-        auto into = membership::StateBuffer::allocate(a.state_bytes);
-        if (!into) {
-          fetch_status = into.status();
-          return;
-        }
-        fetch_into = std::move(into).value();
-        fetch_status = fetch(a, a.sources, /*result=*/false, fetch_into->data(), a.state_bytes);
-      });
-    }
-    // A fresh member's fetch goes on while the group commits: its `done` does not wait for the
-    // state, so the others stall only for the admission itself. It is joined before this
-    // attempt's locals go (declared before the lock: the fetcher takes mu_ at its end).
-    struct JoinFetcher {
-      std::thread& t;
-      ~JoinFetcher() {
-        if (t.joinable()) t.join();
-      }
-    } join_fetcher{fetcher};
-    // Parts of the result that are final move into recv while the rest arrives (what they
-    // replace kept until the commit): the copy into recv is then off the success path.
-    std::optional<ResultMover> mover;
-    if (op.reports_results && bytes >= kMoverBytes) {
-      if (backup_bytes_ < bytes) {
-        backup_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
-        backup_bytes_ = bytes;
-      }
-      mover.emplace(res->data(), static_cast<uint8_t*>(op.recv), backup_.get(), bytes);
-      a.on_result = mover->hook();
-    }
-    if (fault_die_at_admit_) {
-      // The testing hook: this member dies before its data of a collective whose coordinator's
-      // start announced an admission (so the collective cannot complete anywhere).
-      std::unique_lock<std::mutex> lk(mu_);
-      const auto key = std::make_pair(a.view, a.seq);
-      cv_.wait_for(lk, change_timeout_, [&] {
-        auto it = starts_.find(key);
-        return !fence_.is_ok() || view_.id != a.view || changing_ ||
-               (it != starts_.end() && it->second.count(view_.coordinator()));
-      });
-      if (admit_starts_.count(key)) ::raise(SIGKILL);
-    }
-    Status s = op.run(a, res->data());
-    if (state_thread.joinable()) state_thread.join();  // the hash goes with the done
+    r.bytes = op.result_bytes(a);
+    r.res = result_slot(a.seq, r.bytes);
+    start_state_work(r);
+    start_state_fetch(r);
+    Status s = run_data(op, r);
     std::unique_lock<std::mutex> lk(mu_);
-    if (s.is_ok() && fault_drop_result_ == a.seq && view_.id == a.view) {
-      // The testing hook: this member drops its finished result once every other member has
-      // committed the collective (each started the next one here), as if its data had failed.
-      fault_drop_result_ = 0;
-      const auto next = std::make_pair(a.view, a.seq + 1);
-      cv_.wait_for(lk, change_timeout_, [&] {
-        auto it = starts_.find(next);
-        return !fence_.is_ok() || view_.id != a.view || changing_ ||
-               (it != starts_.end() && it->second.size() + 1 >= a.members.size());
-      });
-      s = Status(StatusCode::kAborted, "LOWCOMM_ELASTIC_FAULT_DROP_RESULT dropped the result");
-    }
-    if (s.is_ok() && view_.id == a.view && !changing_) {
-      staged_ = a.seq;
-      staged_bytes_ = bytes;
-      Message d = message(MsgType::kDone, a.seq);
-      d.hash = hash;
-      // The coordinator admits pending joiners at this commit (its start said so): its done says
-      // it too, and the members wait for its kCommit naming the next view.
-      if (admit_at_ == std::make_pair(a.view, a.seq)) d.text = "admit";
-      own_done_.clear();
-      // The testing hook: this member is cut off between its done and the commit (its done
-      // reaches nobody, then the whole process freezes until the test continues it).
-      const bool cut = fault_cut_after_done_ == a.seq;
-      for (uint32_t id : view_.members)
-        if (id != me_ && !cut) own_done_.push_back(send_to(id, d));
-      handle(d, me_);
-      if (cut) {
-        lk.unlock();
-        ::raise(SIGSTOP);
-        lk.lock();
-      }
-    } else if (!s.is_ok() && view_.id == a.view) {
-      begin_change(op.name + " #" + std::to_string(a.seq) + " failed on member " +
-                   std::to_string(me_) + ": " + s.message());
-    }
-    // The commit: this member holds the whole result (every member's contribution is in it),
-    // so it commits as soon as every member's start (with its state hash) is in, without
-    // waiting for the others' dones: a member of the next view that lacks it after a failure
-    // fetches it from one that holds it (try_decide, apply_view). Unless the coordinator admits
-    // joiners here: then its kCommit, sent once every member's done is in, names the next view.
-    const auto key = std::make_pair(a.view, a.seq);
-    auto until = Clock::now() + change_timeout_ + failure_floor_ * 4;
-    while (fence_.is_ok() && committed_ < a.seq && view_.id == a.view) {
-      if (staged_ == a.seq && !changing_ && !admit_starts_.count(key)) {
-        auto it = starts_.find(key);
-        if (it != starts_.end() && it->second.size() >= a.members.size()) {
-          commit_hashes_.assign(it->second.begin(), it->second.end());
-          commit_locally(a.seq);
-          break;
-        }
-      }
-      if (cv_.wait_until(lk, until) == std::cv_status::timeout) {
-        fence(Status(StatusCode::kTimeout, op.name + " #" + std::to_string(a.seq) +
-                                               ": neither committed nor aborted in time"));
-      }
-    }
-    bool rolled = false;  // the result was fetched from another member
-    if (committed_ < a.seq && fence_.is_ok()) {
-      Status w = wait_for_view_after(lk, a.view);
-      if (!w.is_ok()) return w;
-      if (roll_seq_ == a.seq && committed_ + 1 == a.seq) {
-        // Rolling forward: the new view committed it, and this member's data did not complete.
-        auto from = roll_from_;
-        lk.unlock();
-        if (mover) mover->stop();  // the fetch writes where the mover reads
-        Status got = fetch(a, from, /*result=*/true, res->data(), bytes);
-        lk.lock();
-        if (got.is_ok() && roll_seq_ == a.seq && fence_.is_ok()) {
-          roll_seq_ = membership::kNone;
-          staged_bytes_ = bytes;
-          commit_hashes_ = roll_hashes_;
-          auto holders = settled_;  // the view named them; commit_locally starts afresh
-          commit_locally(a.seq);
-          settled_.insert(holders.begin(), holders.end());
-          rolled = true;
-          ++stats_.rolled_forward;
-          broadcast(message(MsgType::kDone, a.seq));  // it holds it now (a leaver waits for it)
-        } else if (roll_seq_ == a.seq && fence_.is_ok()) {
-          fence(Status(StatusCode::kAborted, "view " + std::to_string(view_.id) +
-                                                 " committed collective " + std::to_string(a.seq) +
-                                                 ", which this member did not finish, and " +
-                                                 got.message() + "; rejoin as a new member"));
-        }
-      }
-    }
-    if (committed_ >= a.seq) {
-      auto hashes = commit_hashes_;
-      // Replica check, before the result reaches the caller: every contributing member's state
-      // hash must agree. If not, every member returns kCorruptData with its input untouched.
-      std::map<uint64_t, std::vector<uint32_t>> by_hash;
-      for (auto& [id, h] : hashes)
-        if (!(a.fresh_me && id == me_) && h) by_hash[h].push_back(id);
-      if (!hashes.empty() && !by_hash.empty()) stats_.state_hash = by_hash.begin()->first;
-      Status replicas;
-      if (by_hash.size() > 1) {
-        std::string t = "registered state differs between replicas after collective " +
-                        std::to_string(a.seq) + ":";
-        for (auto& [h, ids] : by_hash) t += " hash " + std::to_string(h) + " on " + id_list(ids);
-        replicas = corrupt_data(t + "; inputs untouched");
-      }
-      lk.unlock();
-      if (replicas.is_ok()) {
-        if (mover)
-          mover->commit(/*from_scratch=*/rolled);
-        else if (bytes)
-          std::memcpy(op.recv, res->data(), bytes);
-        op.finish(a);
-      } else if (mover) {
-        mover->undo();
-      }
-      if (a.fresh_me && a.state_bytes) {
-        if (fetcher.joinable()) fetcher.join();
-        uint64_t want = 0;
-        for (auto& [id, h] : hashes)
-          if (id != me_ && h) want = h;
-        Status got = fetch_status.is_ok() ? install_state(fetch_into->data(), want) : fetch_status;
-        if (!got.is_ok()) {
-          // The group committed with this member in it; without the state it must not go on.
-          std::lock_guard<std::mutex> g(mu_);
-          fence(Status(StatusCode::kAborted, "admitted, but fetching the group's state failed (" +
-                                                 got.message() + "); rejoin as a new member"));
-          return fence_;
-        }
-      }
-      lk.lock();
-      for (uint32_t id : a.fresh) fresh_.erase(id);  // they hold the state now
-      // An admission's commit named the next view: build its communicator now, while the
-      // caller does its inner steps, not at its next collective.
-      if (fence_.is_ok() && !changing_ && data_view_ != view_.id) start_build(view_.id);
-      return replicas;
-    }
+    stage_result(op, r, std::move(s), lk);
+    await_commit(op, a, lk);
+    LOWCOMM_CHECK(roll_forward(r, lk));
+    if (committed_ >= a.seq) return deliver(op, r, lk);
     Status why = fence_;
     if (!why.is_ok()) return why;
     last =
@@ -677,6 +441,311 @@ Status ElasticImpl::run_collective(const Op& op) {
     if (attempt >= options_.retries) return last;
     ++stats_.retried;
   }
+}
+
+// Takes the current view (its communicator built) for the attempt; non-ok: the call returns it.
+Status ElasticImpl::begin_attempt(Running& r) {
+  Attempt& a = r.a;
+  std::unique_lock<std::mutex> lk(mu_);
+  LOWCOMM_CHECK(ensure_data_comm(lk));
+  a.view = view_.id;
+  a.seq = committed_ + 1;
+  a.comm = data_;
+  a.members = view_.members;
+  a.fresh_me = fresh_.count(me_) > 0;
+  a.contributors = view_.members.size() - fresh_.size();
+  a.any_fresh = !fresh_.empty();
+  a.fresh = fresh_;
+  a.size = view_.members.size();
+  for (uint32_t id : view_.members)
+    if (!fresh_.count(id) && id != me_) a.sources.push_back(id);
+  for (auto& [n, d] : state_) a.state_bytes += d.second;
+  r.take_snapshot = !fresh_.empty() && !a.fresh_me;
+  if (a.fresh_me && a.state_bytes && a.sources.empty()) {
+    // Every live member of the view is a joiner still without the state: nobody can
+    // hand it over, and going on would make up a model.
+    fence(Status(StatusCode::kAborted,
+                 "view " + std::to_string(a.view) + " = " + id_list(a.members) +
+                     ": no member holds the registered state (every live member is a "
+                     "joiner still waiting for it); start the group again from a checkpoint"));
+    return fence_;
+  }
+  return Status::ok();
+}
+
+// The buffer collective `seq`'s result (`bytes`) lands in: results_[seq % 2], replaced unless
+// free and large enough.
+std::shared_ptr<ElasticImpl::ResultBuffer> ElasticImpl::result_slot(uint64_t seq, uint64_t bytes) {
+  // The result lands in results_[seq % 2], never in recv: an attempt that aborts leaves recv
+  // untouched, and once committed the result stays there until the next collective commits,
+  // for a member of the next view that lacks it (rolling forward). A buffer still on a link
+  // (a stripe served from it) is left to that send.
+  std::lock_guard<std::mutex> g(mu_);
+  auto& slot = results_[seq % 2];
+  if (!slot || slot.use_count() > 1 || slot->size < bytes) {
+    slot = std::make_shared<ResultBuffer>();
+    slot->bytes = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+    slot->size = bytes;
+  }
+  return slot;
+}
+
+// Hashes the registered state (snapshotting it for fresh members) and announces the start:
+// on a thread of its own (r.state_thread) when the state is large, else here.
+void ElasticImpl::start_state_work(Running& r) {
+  const Attempt& a = r.a;
+  // The registered state cannot change while the caller is in this call: its snapshot for
+  // fresh members (the state every replica holds until this collective commits) and its hash
+  // are taken beside the data collective, on a thread of their own when they are large. The
+  // hash goes to every member in this member's start, so that each has every member's hash by
+  // the time its data completes.
+  auto state_work = [this, &hash = r.hash, &take_snapshot = r.take_snapshot, seq = a.seq,
+                     view = a.view, fresh_me = a.fresh_me, snap_bytes = a.state_bytes] {
+    // The start first: a fresh member commits once every start is in, and on its link from
+    // this member the start would otherwise queue behind the state stripes served below.
+    // With fresh members, the snapshot is taken in the same pass as the hash, into a buffer
+    // allocated ahead (at the start that announced their admission).
+    std::shared_ptr<membership::StateBuffer> snap;
+    if (take_snapshot) {
+      auto buffer = snapshot_buffer(snap_bytes);
+      if (buffer)
+        snap = std::move(buffer).value();
+      else
+        LOWCOMM_LOG(kWarn, "elastic member %u: no snapshot for the fresh members: %s", me_,
+                    buffer.status().message().c_str());
+    }
+    if (snap)
+      hash = membership::copy_state(state_, snap->data());
+    else if (!fresh_me)
+      hash = registered_hash();
+    std::lock_guard<std::mutex> g(mu_);
+    announce_start(view, seq, hash);
+    if (snap) {
+      snapshot_ = std::move(snap);
+      snapshot_seq_ = seq;
+      serve_fetches();  // stripes asked for meanwhile go out now
+    }
+  };
+  if (a.state_bytes >= kStateThreadBytes)
+    r.state_thread.t = std::thread(state_work);
+  else
+    state_work();
+}
+
+// A fresh member: fetches the registered state into r.fetch_into on a thread (r.fetcher).
+void ElasticImpl::start_state_fetch(Running& r) {
+  // Allocated and faulted in on the fetcher's thread, not on the way to this member's data
+  // collective, which the others wait for (a 64 MiB zero-fill there cost the group's first
+  // round with a joiner ~300 ms on a busy 2-core host); faulted in before the stripes are
+  // asked for, so that their receives do not take the page faults (877 vs 766-795 Mbit/s).
+  // A fresh member's fetch goes on while the group commits: its `done` does not wait for the
+  // state, so the others stall only for the admission itself. It is joined before this
+  // attempt's locals go (after run_collective's lock: the fetcher takes mu_ at its end).
+  if (!r.a.fresh_me || !r.a.state_bytes) return;
+  r.fetcher.t =
+      std::thread([this, &a = r.a, &fetch_into = r.fetch_into, &fetch_status = r.fetch_status] {
+        auto into = membership::StateBuffer::allocate(a.state_bytes);
+        if (!into) {
+          fetch_status = into.status();
+          return;
+        }
+        fetch_into = std::move(into).value();
+        fetch_status = fetch(a, a.sources, /*result=*/false, fetch_into->data(), a.state_bytes);
+      });
+}
+
+// Runs the attempt's data collective into r.res (a mover taking final parts into recv), then
+// waits for the state work; its status.
+Status ElasticImpl::run_data(const Op& op, Running& r) {
+  Attempt& a = r.a;
+  // Parts of the result that are final move into recv while the rest arrives (what they
+  // replace kept until the commit): the copy into recv is then off the success path.
+  if (op.reports_results && r.bytes >= kMoverBytes) {
+    if (backup_bytes_ < r.bytes) {
+      backup_ = std::make_unique_for_overwrite<uint8_t[]>(r.bytes);
+      backup_bytes_ = r.bytes;
+    }
+    r.mover.emplace(r.res->data(), static_cast<uint8_t*>(op.recv), backup_.get(), r.bytes);
+    a.on_result = r.mover->hook();
+  }
+  if (fault_die_at_admit_) {
+    // The testing hook: this member dies before its data of a collective whose coordinator's
+    // start announced an admission (so the collective cannot complete anywhere).
+    std::unique_lock<std::mutex> lk(mu_);
+    const auto key = std::make_pair(a.view, a.seq);
+    cv_.wait_for(lk, change_timeout_, [&] {
+      auto it = starts_.find(key);
+      return !fence_.is_ok() || view_.id != a.view || changing_ ||
+             (it != starts_.end() && it->second.count(view_.coordinator()));
+    });
+    if (admit_starts_.count(key)) ::raise(SIGKILL);
+  }
+  Status s = op.run(a, r.res->data());
+  if (r.state_thread.t.joinable()) r.state_thread.t.join();  // the hash goes with the done
+  return s;
+}
+
+// mu_ held: the data collective's outcome `s`: the result staged and this member's done sent
+// to every member, or the view changed.
+void ElasticImpl::stage_result(const Op& op, Running& r, Status s,
+                               std::unique_lock<std::mutex>& lk) {
+  const Attempt& a = r.a;
+  if (s.is_ok() && fault_drop_result_ == a.seq && view_.id == a.view) {
+    // The testing hook: this member drops its finished result once every other member has
+    // committed the collective (each started the next one here), as if its data had failed.
+    fault_drop_result_ = 0;
+    const auto next = std::make_pair(a.view, a.seq + 1);
+    cv_.wait_for(lk, change_timeout_, [&] {
+      auto it = starts_.find(next);
+      return !fence_.is_ok() || view_.id != a.view || changing_ ||
+             (it != starts_.end() && it->second.size() + 1 >= a.members.size());
+    });
+    s = Status(StatusCode::kAborted, "LOWCOMM_ELASTIC_FAULT_DROP_RESULT dropped the result");
+  }
+  if (s.is_ok() && view_.id == a.view && !changing_) {
+    staged_ = a.seq;
+    staged_bytes_ = r.bytes;
+    Message d = message(MsgType::kDone, a.seq);
+    d.hash = r.hash;
+    // The coordinator admits pending joiners at this commit (its start said so): its done says
+    // it too, and the members wait for its kCommit naming the next view.
+    if (admit_at_ == std::make_pair(a.view, a.seq)) d.text = "admit";
+    own_done_.clear();
+    // The testing hook: this member is cut off between its done and the commit (its done
+    // reaches nobody, then the whole process freezes until the test continues it).
+    const bool cut = fault_cut_after_done_ == a.seq;
+    for (uint32_t id : view_.members)
+      if (id != me_ && !cut) own_done_.push_back(send_to(id, d));
+    handle(d, me_);
+    if (cut) {
+      lk.unlock();
+      ::raise(SIGSTOP);
+      lk.lock();
+    }
+  } else if (!s.is_ok() && view_.id == a.view) {
+    begin_change(op.name + " #" + std::to_string(a.seq) + " failed on member " +
+                 std::to_string(me_) + ": " + s.message());
+  }
+}
+
+// mu_ held: waits until collective a.seq commits here, the view changes, or this member is
+// fenced (fencing it when none comes in time).
+void ElasticImpl::await_commit(const Op& op, const Attempt& a, std::unique_lock<std::mutex>& lk) {
+  // The commit: this member holds the whole result (every member's contribution is in it),
+  // so it commits as soon as every member's start (with its state hash) is in, without
+  // waiting for the others' dones: a member of the next view that lacks it after a failure
+  // fetches it from one that holds it (try_decide, apply_view). Unless the coordinator admits
+  // joiners here: then its kCommit, sent once every member's done is in, names the next view.
+  const auto key = std::make_pair(a.view, a.seq);
+  auto until = Clock::now() + change_timeout_ + failure_floor_ * 4;
+  while (fence_.is_ok() && committed_ < a.seq && view_.id == a.view) {
+    if (staged_ == a.seq && !changing_ && !admit_starts_.count(key)) {
+      auto it = starts_.find(key);
+      if (it != starts_.end() && it->second.size() >= a.members.size()) {
+        commit_hashes_.assign(it->second.begin(), it->second.end());
+        commit_locally(a.seq);
+        break;
+      }
+    }
+    if (cv_.wait_until(lk, until) == std::cv_status::timeout) {
+      fence(Status(StatusCode::kTimeout, op.name + " #" + std::to_string(a.seq) +
+                                             ": neither committed nor aborted in time"));
+    }
+  }
+}
+
+// mu_ held: not committed in the attempt's view: waits for the next view, and if it committed
+// the collective, fetches the result from the members holding it and commits (r.rolled).
+// Non-ok: run_collective returns it.
+Status ElasticImpl::roll_forward(Running& r, std::unique_lock<std::mutex>& lk) {
+  const Attempt& a = r.a;
+  if (committed_ < a.seq && fence_.is_ok()) {
+    Status w = wait_for_view_after(lk, a.view);
+    if (!w.is_ok()) return w;
+    if (roll_seq_ == a.seq && committed_ + 1 == a.seq) {
+      // Rolling forward: the new view committed it, and this member's data did not complete.
+      auto from = roll_from_;
+      lk.unlock();
+      if (r.mover) r.mover->stop();  // the fetch writes where the mover reads
+      Status got = fetch(a, from, /*result=*/true, r.res->data(), r.bytes);
+      lk.lock();
+      if (got.is_ok() && roll_seq_ == a.seq && fence_.is_ok()) {
+        roll_seq_ = membership::kNone;
+        staged_bytes_ = r.bytes;
+        commit_hashes_ = roll_hashes_;
+        auto holders = settled_;  // the view named them; commit_locally starts afresh
+        commit_locally(a.seq);
+        settled_.insert(holders.begin(), holders.end());
+        r.rolled = true;
+        ++stats_.rolled_forward;
+        broadcast(message(MsgType::kDone, a.seq));  // it holds it now (a leaver waits for it)
+      } else if (roll_seq_ == a.seq && fence_.is_ok()) {
+        fence(Status(StatusCode::kAborted, "view " + std::to_string(view_.id) +
+                                               " committed collective " + std::to_string(a.seq) +
+                                               ", which this member did not finish, and " +
+                                               got.message() + "; rejoin as a new member"));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// mu_ held: collective a.seq committed: the replica check, then the result into recv and, a
+// fresh member, the fetched state installed. What the call returns.
+Status ElasticImpl::deliver(const Op& op, Running& r, std::unique_lock<std::mutex>& lk) {
+  const Attempt& a = r.a;
+  auto hashes = commit_hashes_;
+  Status replicas = check_replicas(a, hashes);
+  lk.unlock();
+  if (replicas.is_ok()) {
+    if (r.mover)
+      r.mover->commit(/*from_scratch=*/r.rolled);
+    else if (r.bytes)
+      std::memcpy(op.recv, r.res->data(), r.bytes);
+    op.finish(a);
+  } else if (r.mover) {
+    r.mover->undo();
+  }
+  if (a.fresh_me && a.state_bytes) {
+    if (r.fetcher.t.joinable()) r.fetcher.t.join();
+    uint64_t want = 0;
+    for (auto& [id, h] : hashes)
+      if (id != me_ && h) want = h;
+    Status got =
+        r.fetch_status.is_ok() ? install_state(r.fetch_into->data(), want) : r.fetch_status;
+    if (!got.is_ok()) {
+      // The group committed with this member in it; without the state it must not go on.
+      std::lock_guard<std::mutex> g(mu_);
+      fence(Status(StatusCode::kAborted, "admitted, but fetching the group's state failed (" +
+                                             got.message() + "); rejoin as a new member"));
+      return fence_;
+    }
+  }
+  lk.lock();
+  for (uint32_t id : a.fresh) fresh_.erase(id);  // they hold the state now
+  // An admission's commit named the next view: build its communicator now, while the
+  // caller does its inner steps, not at its next collective.
+  if (fence_.is_ok() && !changing_ && data_view_ != view_.id) start_build(view_.id);
+  return replicas;
+}
+
+// mu_ held: the replica check of a committed collective, before the result reaches the
+// caller: every contributing member's state hash in `hashes` must agree.
+Status ElasticImpl::check_replicas(const Attempt& a,
+                                   const std::vector<std::pair<uint32_t, uint64_t>>& hashes) {
+  // If not, every member returns kCorruptData with its input untouched.
+  std::map<uint64_t, std::vector<uint32_t>> by_hash;
+  for (auto& [id, h] : hashes)
+    if (!(a.fresh_me && id == me_) && h) by_hash[h].push_back(id);
+  if (!hashes.empty() && !by_hash.empty()) stats_.state_hash = by_hash.begin()->first;
+  Status replicas;
+  if (by_hash.size() > 1) {
+    std::string t =
+        "registered state differs between replicas after collective " + std::to_string(a.seq) + ":";
+    for (auto& [h, ids] : by_hash) t += " hash " + std::to_string(h) + " on " + id_list(ids);
+    replicas = corrupt_data(t + "; inputs untouched");
+  }
+  return replicas;
 }
 
 void ElasticImpl::announce_start(uint64_t view, uint64_t seq, uint64_t hash) {

@@ -89,8 +89,11 @@ class ElasticImpl {
     bool ready_sent = false;  // built ahead: its kReady went out (or it failed: none will)
     bool is(uint64_t v, const std::string& r) const { return build && view == v && root == r; }
   };
-  // One fetch under way, shared by fetch's steps (state_transfer.cc).
+  // One attempt under way, shared by run_collective's phases (elastic_collectives.cc); one
+  // fetch under way, shared by fetch's steps (state_transfer.cc); a collective's result (below).
+  struct Running;
   struct Fetching;
+  struct ResultBuffer;
 
   ElasticImpl() = default;
   Status start(const UniqueId& id);  // engine, listener; not the thread
@@ -162,6 +165,19 @@ class ElasticImpl {
   // Runs `op` in the current view until it commits, fails for good, or runs out of retries:
   // the commit protocol every elastic collective shares.
   Status run_collective(const Op& op);
+  // run_collective's phases, in order (elastic_collectives.cc). A Status that is not ok from
+  // begin_attempt or roll_forward ends the call with it; deliver's is the call's.
+  Status begin_attempt(Running& r);  // the current view, its communicator built
+  std::shared_ptr<ResultBuffer> result_slot(uint64_t seq, uint64_t bytes);
+  void start_state_work(Running& r);   // the state's hash (and snapshot), this member's start
+  void start_state_fetch(Running& r);  // a fresh member: the registered state, on a thread
+  Status run_data(const Op& op, Running& r);  // the data collective, into r.res
+  // mu_ held (lk): the rest of the attempt, on the caller's thread.
+  void stage_result(const Op& op, Running& r, Status s, std::unique_lock<std::mutex>& lk);
+  void await_commit(const Op& op, const Attempt& a, std::unique_lock<std::mutex>& lk);
+  Status roll_forward(Running& r, std::unique_lock<std::mutex>& lk);
+  Status deliver(const Op& op, Running& r, std::unique_lock<std::mutex>& lk);
+  Status check_replicas(const Attempt& a, const std::vector<std::pair<uint32_t, uint64_t>>& hashes);
   uint64_t registered_hash() const { return membership::state_hash(state_); }
   // mu_ held: an admission was announced; allocate the snapshot it will take, on a thread.
   void allocate_snapshot_ahead();
