@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "frame/frame.h"
 #include "lowcomm/codec.h"
-#include "wire/frame.h"
 
 namespace {
 
@@ -147,14 +147,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", spec.status().to_string().c_str());
       return 1;
     }
-    const uint64_t frame_bytes = lowcomm::wire::framed_size(*spec, n);
+    const uint64_t frame_bytes = lowcomm::frame::framed_size(*spec, n);
     std::vector<uint8_t> frame(frame_bytes);
     // Best of three runs; the last decode-accumulate into zeros leaves out = D(codes).
     double enc_s = 1e30, dec_s = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
       auto t0 = std::chrono::steady_clock::now();
-      auto st = lowcomm::wire::encode_frame(*spec, DType::kFloat32, x.data(), n, frame.data(),
-                                            frame_bytes, {1, 0}, opts);
+      auto st = lowcomm::frame::encode_frame(*spec, DType::kFloat32, x.data(), n, frame.data(),
+                                             frame_bytes, {1, 0}, opts);
       enc_s = std::min(enc_s, seconds_since(t0));
       if (!st.is_ok()) {
         std::fprintf(stderr, "encode %s: %s\n", text, st.to_string().c_str());
@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
       }
       std::fill(out.begin(), out.end(), 0.0f);
       t0 = std::chrono::steady_clock::now();
-      st = lowcomm::wire::decode_accumulate_frame(frame.data(), frame_bytes, DType::kFloat32,
-                                                  out.data(), n, opts);
+      st = lowcomm::frame::decode_accumulate_frame(frame.data(), frame_bytes, DType::kFloat32,
+                                                   out.data(), n, opts);
       dec_s = std::min(dec_s, seconds_since(t0));
       if (!st.is_ok()) {
         std::fprintf(stderr, "decode %s: %s\n", text, st.to_string().c_str());
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
       "  encode GB/s   how fast one core compresses, in GB of fp32 input per second.\n"
       "  dec+acc GB/s  how fast one core decompresses and adds into a running sum (what a\n"
       "                rank does with each peer's contribution).\n",
-      lowcomm::wire::kFrameHeaderBytes);
+      lowcomm::frame::kFrameHeaderBytes);
 
   // 2. Error feedback
   const char* ef_specs[] = {"q8", "q4", "minmax4", "q3", "q2", "q2:block=64", "q1"};

@@ -12,12 +12,12 @@
 #include <cstring>
 #include <vector>
 
-#include "wire/frame.h"
+#include "frame/frame.h"
 
 namespace {
 
 using lowcomm::StatusCode;
-namespace wire = lowcomm::wire;
+namespace frame = lowcomm::frame;
 
 // Decodes at most this many elements (bounded by the input length anyway: a valid frame has
 // at least one payload bit per element).
@@ -29,23 +29,23 @@ constexpr uint64_t kMaxDecodeElements = uint64_t{1} << 22;
 }
 
 void exercise(const uint8_t* buf, uint64_t len) {
-  lowcomm::Result<wire::FrameInfo> parsed = wire::parse_frame(buf, len);
+  lowcomm::Result<frame::FrameInfo> parsed = frame::parse_frame(buf, len);
   if (!parsed) {
     lowcomm::Status s = parsed.status();
     if (s.code() != StatusCode::kCorruptData || s.message().empty()) fail("bad rejection", s);
     return;
   }
-  const wire::FrameInfo& info = *parsed;
+  const frame::FrameInfo& info = *parsed;
   if (!lowcomm::validate_spec(info.spec) || !lowcomm::check_count(info.spec, info.n) ||
       info.payload_bytes != lowcomm::encoded_size(info.spec, info.n) ||
-      len != wire::kFrameHeaderBytes + info.payload_bytes ||
-      info.payload != buf + wire::kFrameHeaderBytes) {
+      len != frame::kFrameHeaderBytes + info.payload_bytes ||
+      info.payload != buf + frame::kFrameHeaderBytes) {
     fail("accepted an inconsistent frame", lowcomm::Status());
   }
   // Headers are canonical: what parses re-serialises to the same bytes.
-  uint8_t header[wire::kFrameHeaderBytes];
-  lowcomm::Status s = wire::write_frame_header(info.spec, info.dtype, info.n, info.payload,
-                                               info.payload_bytes, header);
+  uint8_t header[frame::kFrameHeaderBytes];
+  lowcomm::Status s = frame::write_frame_header(info.spec, info.dtype, info.n, info.payload,
+                                                info.payload_bytes, header);
   if (!s) fail("write_frame_header rejected a parsed frame", s);
   if (std::memcmp(header, buf, sizeof header) != 0) fail("header is not canonical", s);
 
@@ -53,11 +53,11 @@ void exercise(const uint8_t* buf, uint64_t len) {
   const uint64_t bytes = info.n * lowcomm::dtype_size(info.dtype);
   std::vector<uint8_t> out(bytes);
   lowcomm::CpuOptions opts{1, true};
-  s = wire::decode_frame(buf, len, info.dtype, out.data(), info.n, opts);
+  s = frame::decode_frame(buf, len, info.dtype, out.data(), info.n, opts);
   if (!s) fail("decode_frame rejected a parsed frame", s);
-  s = wire::decode_accumulate_frame(buf, len, info.dtype, out.data(), info.n, opts);
+  s = frame::decode_accumulate_frame(buf, len, info.dtype, out.data(), info.n, opts);
   if (!s) fail("decode_accumulate_frame rejected a parsed frame", s);
-  s = wire::decode_frame(buf, len, info.dtype, out.data(), info.n + 1, opts);
+  s = frame::decode_frame(buf, len, info.dtype, out.data(), info.n + 1, opts);
   if (s.code() != StatusCode::kInvalidArgument) fail("count mismatch not reported", s);
 }
 
@@ -71,11 +71,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A heap copy: the frame API needs 4-byte aligned frames to decode in place.
   std::vector<uint8_t> buf(data, data + size);
   exercise(buf.data(), buf.size());
-  if (size >= wire::kFrameHeaderBytes) {
+  if (size >= frame::kFrameHeaderBytes) {
     uint8_t* h = buf.data();
-    set_u64(h + 48, wire::frame_payload_checksum(h + wire::kFrameHeaderBytes,
-                                                 size - wire::kFrameHeaderBytes));
-    set_u64(h + 56, wire::frame_header_checksum(h));
+    set_u64(h + 48, frame::frame_payload_checksum(h + frame::kFrameHeaderBytes,
+                                                  size - frame::kFrameHeaderBytes));
+    set_u64(h + 56, frame::frame_header_checksum(h));
     exercise(buf.data(), buf.size());
   }
   return 0;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "wire/frame.h"
+#include "frame/frame.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -37,9 +37,9 @@ int main(int argc, char** argv) {
         }
         const void* input = dtype == lowcomm::DType::kFloat32 ? static_cast<const void*>(x.data())
                                                               : static_cast<const void*>(h.data());
-        std::vector<uint8_t> frame(lowcomm::wire::framed_size(spec, n));
+        std::vector<uint8_t> frame(lowcomm::frame::framed_size(spec, n));
         lowcomm::Status s =
-            lowcomm::wire::encode_frame(spec, dtype, input, n, frame.data(), frame.size(), {n, 0});
+            lowcomm::frame::encode_frame(spec, dtype, input, n, frame.data(), frame.size(), {n, 0});
         if (!s) {
           std::fprintf(stderr, "%s: %s\n", text, s.to_string().c_str());
           return 1;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the wire decoder fuzzer (clang, libFuzzer, ASan + UBSan) in build-fuzz and runs it for
+# Builds the frame decoder fuzzer (clang, libFuzzer, ASan + UBSan) in build-fuzz and runs it for
 # a bounded time. Exits non-zero on any crash, sanitizer report or broken invariant; the
 # offending input is left in build-fuzz/fuzz-artifacts/.
 #

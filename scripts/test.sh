@@ -8,7 +8,7 @@
 #      (the epoll engine, the executor, the membership thread, and their users).
 #   3b. A build without UCX (LOWCOMM_UCX=OFF): the transport and collectives suites' UCX tests
 #      (the communicator keeps TCP and says so).
-#   4. The wire decoder under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
+#   4. The frame decoder (csrc/frame/) under libFuzzer for a bounded time (LOWCOMM_FUZZ_SECONDS, default 60).
 #   5. The torch backend: built with pip into .venv (torch from scripts/deps.sh; a CUDA extension
 #      where that torch has CUDA) and its pytest suite, real processes against Gloo (the CUDA
 #      tests reported skipped by name without a GPU); then the same on the oldest supported torch
@@ -64,7 +64,7 @@ cmake -S . -B build-noucx -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOWCOMM_UCX=OFF 
 cmake --build build-noucx -j "$JOBS" --target lowcomm_transport_test lowcomm_collectives_test
 ctest --test-dir build-noucx --output-on-failure -j "$JOBS" -R 'Ucx'
 
-stage "wire decoder fuzzing"
+stage "frame decoder fuzzing"
 scripts/fuzz.sh "${LOWCOMM_FUZZ_SECONDS:-60}"
 
 stage "torch backend (plugins/torch)"

@@ -129,14 +129,14 @@ TEST(SourceRules, EachLayerIncludesOnlyTheLayersBelowIt) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> below = {
       {"core", {}},
       {"codec", {"core"}},
-      {"wire", {"codec", "core"}},
+      {"frame", {"codec", "core"}},
       {"transport", {"core"}},
       {"rendezvous", {"transport", "core"}},
       {"topology", {"transport", "codec", "core"}},
       {"device", {"codec", "core"}},
-      {"collectives", {"topology", "rendezvous", "transport", "device", "wire", "codec", "core"}},
+      {"collectives", {"topology", "rendezvous", "transport", "device", "frame", "codec", "core"}},
       {"membership",
-       {"collectives", "topology", "rendezvous", "transport", "device", "wire", "codec", "core"}},
+       {"collectives", "topology", "rendezvous", "transport", "device", "frame", "codec", "core"}},
   };
   const fs::path root(LOWCOMM_SOURCE_DIR);
   std::vector<std::string> bad;

@@ -1,7 +1,7 @@
 #pragma once
 // FNV-1a, 32 and 64 bits: the checksum of small fixed-size control records (chunk headers,
 // operation descriptors, unique ids) -- catches corruption and confusion, not an attacker (the
-// streams are authenticated), and cheap hashes of them. Bulk payload uses XXH3 (wire/frame.h).
+// streams are authenticated), and cheap hashes of them. Bulk payload uses XXH3 (frame/frame.h).
 
 #include <cstddef>
 #include <cstdint>

@@ -33,8 +33,9 @@ Status Planner::discover(const PlannerSettings& s, const std::vector<std::string
   if (!s.shares.empty()) {
     shares_auto_ = s.shares == "auto";
   } else {
-    shares_auto_ = (s.emulated_wan || std::set<std::string>(hosts.begin(), hosts.end()).size() > 1) &&
-                   !sites_.shares_a_link();
+    shares_auto_ =
+        (s.emulated_wan || std::set<std::string>(hosts.begin(), hosts.end()).size() > 1) &&
+        !sites_.shares_a_link();
   }
   // What a kernel socket receives is sampled for the rank's rate only where the rate is used,
   // and not from a peer on this rank's host (its bytes never cross a link).
@@ -105,7 +106,8 @@ Result<ScheduleChoice> Planner::all_reduce(const AllReduceCall& c) const {
       return invalid_argument(
           "all_reduce: sparse_schedule owner takes a randk codec on an fp32 sum or average (" +
           to_string(*c.codec) + ", " + std::string(dtype_name(c.dtype)) + ", " +
-          reduce_op_name(c.op) + "); topk's positions differ by rank, so its messages are gathered");
+          reduce_op_name(c.op) +
+          "); topk's positions differ by rank, so its messages are gathered");
     const Sparse s = c.sparse_schedule == Sparse::kAuto ? sparse_default_ : c.sparse_schedule;
     if (c.positions_shareable && s == Sparse::kOwner) {
       out.algorithm = Algorithm::kDefault;

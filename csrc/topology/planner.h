@@ -134,8 +134,8 @@ class Planner {
   Status sites_from_round_trips(const std::vector<double>& emulated_rtt,
                                 const std::vector<std::unique_ptr<transport::Peer>>& peers,
                                 Deadline deadline);
-  void learn_times(const std::vector<uint32_t>& reports, const OpShape& shape,
-                   Algorithm algorithm, double seconds);
+  void learn_times(const std::vector<uint32_t>& reports, const OpShape& shape, Algorithm algorithm,
+                   double seconds);
   void learn_rates(const std::vector<uint32_t>& reports, bool large,
                    const std::function<double()>& measured_rate);
 

@@ -22,7 +22,7 @@
 #include "lowcomm/codec.h"
 #include "lowcomm/status.h"
 
-namespace lowcomm::wire {
+namespace lowcomm::frame {
 
 constexpr size_t kFrameHeaderBytes = 64;
 // The bytes 'L' 'C' 'W' 'F' at offset 0, read as a little-endian uint32.
@@ -85,4 +85,4 @@ Status decode_accumulate_frame(const void* buf, uint64_t len, DType dtype, void*
 uint64_t frame_header_checksum(const void* header);
 uint64_t frame_payload_checksum(const void* payload, uint64_t len);
 
-}  // namespace lowcomm::wire
+}  // namespace lowcomm::frame

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "codec/quant_math.h"
-#include "wire/frame.h"
+#include "frame/frame.h"
 
 // Records the largest single allocation, so tests can show that a frame claiming a huge size
 // is rejected without allocating for it.
@@ -40,7 +40,7 @@ void operator delete(void* p, size_t) noexcept {
   std::free(p);
 }
 
-namespace lowcomm::wire {
+namespace lowcomm::frame {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
@@ -122,9 +122,9 @@ std::vector<RoundTripCase> round_trip_cases() {
   return cases;
 }
 
-class WireRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
+class FrameRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
 
-TEST_P(WireRoundTrip, MatchesCodecApi) {
+TEST_P(FrameRoundTrip, MatchesCodecApi) {
   const RoundTripCase& c = GetParam();
   CodecSpec spec = spec_of(c.spec);
   Bytes x = make_tensor(c.dtype, c.n, c.n + 17);
@@ -163,7 +163,7 @@ TEST_P(WireRoundTrip, MatchesCodecApi) {
   EXPECT_EQ(acc_got, acc_want);
 }
 
-INSTANTIATE_TEST_SUITE_P(Specs, WireRoundTrip, ::testing::ValuesIn(round_trip_cases()),
+INSTANTIATE_TEST_SUITE_P(Specs, FrameRoundTrip, ::testing::ValuesIn(round_trip_cases()),
                          [](const ::testing::TestParamInfo<RoundTripCase>& p) {
                            std::string name = p.param.spec + "_" + dtype_name(p.param.dtype) +
                                               "_n" + std::to_string(p.param.n);
@@ -173,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Specs, WireRoundTrip, ::testing::ValuesIn(round_trip_ca
                            return name;
                          });
 
-TEST(Wire, ErrorFeedbackFrameMatchesCodecApi) {
+TEST(Frame, ErrorFeedbackFrameMatchesCodecApi) {
   for (const char* text : {"q2", "minmax4:col=16", "bf16"}) {
     CodecSpec spec = spec_of(text);
     const uint64_t n = 1024;
@@ -192,7 +192,7 @@ TEST(Wire, ErrorFeedbackFrameMatchesCodecApi) {
   }
 }
 
-TEST(Wire, WriteFrameHeaderForSeparatelyEncodedPayload) {
+TEST(Frame, WriteFrameHeaderForSeparatelyEncodedPayload) {
   CodecSpec spec = spec_of("q4:block=64:sr");
   const uint64_t n = 777;
   Bytes x = make_tensor(DType::kBFloat16, n, 3);
@@ -219,7 +219,7 @@ TEST(Wire, WriteFrameHeaderForSeparatelyEncodedPayload) {
             StatusCode::kInvalidArgument);
 }
 
-TEST(Wire, HeaderLayoutIsTheDocumentedOne) {
+TEST(Frame, HeaderLayoutIsTheDocumentedOne) {
   CodecSpec spec = spec_of("q4:block=64:sr");
   const uint64_t n = 1000;
   Bytes f = make_frame(spec, DType::kBFloat16, n);
@@ -259,7 +259,7 @@ TEST(Wire, HeaderLayoutIsTheDocumentedOne) {
 }
 
 // Pins the format: any change to these bytes is a wire format change and needs a version bump.
-TEST(Wire, GoldenFrame) {
+TEST(Frame, GoldenFrame) {
   const float x[8] = {1.0f, -2.0f, 0.5f, 0.0f, 4.0f, -4.0f, 3.0f, -0.25f};
   CodecSpec spec = spec_of("q2:block=32");
   Bytes f(framed_size(spec, 8));
@@ -297,7 +297,7 @@ TEST(Wire, GoldenFrame) {
 
 // ---- caller mistakes on the encode side ----
 
-TEST(Wire, EncodeRejectsCallerMistakes) {
+TEST(Frame, EncodeRejectsCallerMistakes) {
   CodecSpec spec = spec_of("q4");
   const uint64_t n = 300;
   Bytes x = make_tensor(DType::kFloat32, n, 1);
@@ -330,7 +330,7 @@ TEST(Wire, EncodeRejectsCallerMistakes) {
   EXPECT_TRUE(Mentions(s, "dense codecs only")) << s.message();
 }
 
-TEST(Wire, FramedSize) {
+TEST(Frame, FramedSize) {
   EXPECT_EQ(framed_size(spec_of("q4"), 0), kFrameHeaderBytes);
   EXPECT_EQ(framed_size(spec_of("q4"), 256), 64u + 2 * 4 + 32 * 4);
   EXPECT_EQ(framed_size(spec_of("none"), 10), 64u + 40);
@@ -340,7 +340,7 @@ TEST(Wire, FramedSize) {
 
 // ---- corrupt frames ----
 
-TEST(Wire, EveryCorruptHeaderByteIsRejected) {
+TEST(Frame, EveryCorruptHeaderByteIsRejected) {
   const CodecSpec specs[] = {spec_of("q4"), spec_of("minmax8:col=8"), spec_of("bf16")};
   for (const CodecSpec& spec : specs) {
     const uint64_t n = 64;
@@ -368,7 +368,7 @@ TEST(Wire, EveryCorruptHeaderByteIsRejected) {
 }
 
 // Bad values behind a valid header checksum: what a buggy or malicious sender could write.
-TEST(Wire, EveryFieldIsValidated) {
+TEST(Frame, EveryFieldIsValidated) {
   struct Case {
     const char* name;
     const char* spec;
@@ -427,7 +427,7 @@ TEST(Wire, EveryFieldIsValidated) {
   }
 }
 
-TEST(Wire, TruncationIsRejected) {
+TEST(Frame, TruncationIsRejected) {
   CodecSpec spec = spec_of("q4");  // 1000 elements: 8 scales (32 bytes), then 500 code bytes
   Bytes f = make_frame(spec, DType::kFloat32, 1000);
   ASSERT_EQ(f.size(), 64u + 32 + 500);
@@ -447,7 +447,7 @@ TEST(Wire, TruncationIsRejected) {
   }
 }
 
-TEST(Wire, PayloadBitFlipsAreCaughtByTheChecksum) {
+TEST(Frame, PayloadBitFlipsAreCaughtByTheChecksum) {
   std::mt19937_64 rng(2024);
   for (const char* text : {"q4", "minmax8:col=32", "fp16", "q1:block=32"}) {
     CodecSpec spec = spec_of(text);
@@ -473,7 +473,7 @@ TEST(Wire, PayloadBitFlipsAreCaughtByTheChecksum) {
   }
 }
 
-TEST(Wire, TrailingBytesAreRejected) {
+TEST(Frame, TrailingBytesAreRejected) {
   Bytes f = make_frame(spec_of("q8"), DType::kFloat16, 50);
   for (size_t extra : {1, 7, 64}) {
     Bytes g = f;
@@ -488,7 +488,7 @@ TEST(Wire, TrailingBytesAreRejected) {
   EXPECT_FALSE(parse_frame(two.data(), two.size()).is_ok());
 }
 
-TEST(Wire, RandomBuffersAreRejected) {
+TEST(Frame, RandomBuffersAreRejected) {
   std::mt19937_64 rng(77);
   Bytes good = make_frame(spec_of("q2"), DType::kFloat32, 256);
   for (int trial = 0; trial < 30000; ++trial) {
@@ -506,7 +506,7 @@ TEST(Wire, RandomBuffersAreRejected) {
   }
 }
 
-TEST(Wire, HugeClaimsAreRejectedWithoutAllocating) {
+TEST(Frame, HugeClaimsAreRejectedWithoutAllocating) {
   struct Claim {
     const char* name;
     const char* spec;
@@ -556,7 +556,7 @@ TEST(Wire, HugeClaimsAreRejectedWithoutAllocating) {
 
 // ---- the receiver's expectations ----
 
-TEST(Wire, CountAndDTypeMismatchesAreClearErrors) {
+TEST(Frame, CountAndDTypeMismatchesAreClearErrors) {
   const uint64_t n = 100;
   Bytes f = make_frame(spec_of("q4"), DType::kBFloat16, n);
   std::vector<uint16_t> out(n + 1, 0x1234);
@@ -579,7 +579,7 @@ TEST(Wire, CountAndDTypeMismatchesAreClearErrors) {
   EXPECT_TRUE(decode_frame(f.data(), f.size(), DType::kBFloat16, out.data(), n).is_ok());
 }
 
-TEST(Wire, ZeroAndOneElementFrames) {
+TEST(Frame, ZeroAndOneElementFrames) {
   for (const char* text : {"none", "bf16", "q1", "q4", "minmax8", "q4:col=1", "q2:col=3"}) {
     CodecSpec spec = spec_of(text);
     Bytes empty(framed_size(spec, 0));
@@ -604,7 +604,7 @@ TEST(Wire, ZeroAndOneElementFrames) {
   }
 }
 
-TEST(Wire, NullAndMisalignedBuffers) {
+TEST(Frame, NullAndMisalignedBuffers) {
   Result<FrameInfo> info = parse_frame(nullptr, 0);
   EXPECT_EQ(info.status().code(), StatusCode::kCorruptData);
   EXPECT_TRUE(Mentions(info.status(), "truncated"));
@@ -629,7 +629,7 @@ TEST(Wire, NullAndMisalignedBuffers) {
   }
 }
 
-TEST(Wire, HeaderThenPayload) {
+TEST(Frame, HeaderThenPayload) {
   Bytes f = make_frame(spec_of("minmax4"), DType::kFloat16, 999);
   Result<FrameInfo> h = parse_frame_header(f.data(), kFrameHeaderBytes);
   ASSERT_TRUE(h.is_ok()) << h.status().to_string();
@@ -647,4 +647,4 @@ TEST(Wire, HeaderThenPayload) {
 }
 
 }  // namespace
-}  // namespace lowcomm::wire
+}  // namespace lowcomm::frame

@@ -8,7 +8,7 @@
 // checksum, so that the remaining checks see the bytes the sender wrote; then every field; then
 // lengths; the payload checksum last, as it is the only check that reads the payload.
 
-#include "wire/frame.h"
+#include "frame/frame.h"
 
 #include <xxhash.h>
 
@@ -18,7 +18,7 @@
 #include <string>
 #include <utility>
 
-namespace lowcomm::wire {
+namespace lowcomm::frame {
 namespace {
 
 // The codec stores fp32 scales and passthrough values in host order; the wire says little-endian.
@@ -453,4 +453,4 @@ Status decode_accumulate_frame(const void* buf, uint64_t len, DType dtype, void*
   return decode_framed(buf, len, dtype, out, n_expected, opts, true);
 }
 
-}  // namespace lowcomm::wire
+}  // namespace lowcomm::frame
