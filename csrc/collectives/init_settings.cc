@@ -25,20 +25,13 @@ Result<uint64_t> env_byte_count(const char* name, uint64_t fallback) {
   return v->value_or(fallback);
 }
 
-// The value of a kText or kChoice variable, "" where unset.
-Result<std::string> env_word(const char* name) {
-  if (params::find(name).kind == params::Kind::kText) return params::text(name).value_or("");
-  auto v = params::choice(name);
-  if (!v) return init_error(v.status());
-  return v->value_or("");
-}
-
-// `given` when not empty, else the variable `name`; refused unless one of `allowed` (or "").
+// `given` when not empty, else the choice variable `name` (its value checked by the table);
+// refused unless one of `allowed` (or "").
 Result<std::string> choose(const std::string& given, const char* name, const char* option,
                            std::initializer_list<const char*> allowed) {
-  auto env = env_word(name);
-  if (!env) return env.status();
-  const std::string v = !given.empty() ? given : *env;
+  auto env = params::choice(name);
+  if (!env) return init_error(env.status());
+  const std::string v = !given.empty() ? given : env->value_or("");
   if (v.empty()) return v;
   std::string list;
   for (const char* a : allowed) {

@@ -101,16 +101,20 @@ std::string range_text(const Param& p) {
   return "from " + number_text(p.min) + " to " + number_text(p.max);
 }
 
-// The raw value of a declared variable of kind `kind`; nullopt when unset or empty.
-std::optional<std::string> raw(std::string_view name, Kind kind) {
+// A declared variable of kind `kind` and its raw value; nullopt when unset or empty.
+struct Raw {
+  const Param& param;
+  std::optional<std::string> value;
+};
+Raw raw(std::string_view name, Kind kind) {
   const Param& p = find(name);
   if (p.kind != kind) {
     std::fprintf(stderr, "lowcomm: %s read as the wrong kind (params.cc)\n", p.name);
     std::abort();
   }
   const char* v = std::getenv(p.name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
+  if (v == nullptr || *v == '\0') return {p, std::nullopt};
+  return {p, std::string(v)};
 }
 
 }  // namespace
@@ -128,13 +132,12 @@ const Param& find(std::string_view name) {
 }
 
 std::optional<std::string> text(std::string_view name) {
-  return raw(name, Kind::kText);
+  return raw(name, Kind::kText).value;
 }
 
 Result<std::optional<std::string>> choice(std::string_view name) {
-  const auto v = raw(name, Kind::kChoice);
+  const auto [p, v] = raw(name, Kind::kChoice);
   if (!v) return std::optional<std::string>();
-  const Param& p = find(name);
   const std::string want = lower(*v);
   std::string_view all(p.choices);
   std::string listed;
@@ -149,9 +152,8 @@ Result<std::optional<std::string>> choice(std::string_view name) {
 }
 
 Result<std::optional<int64_t>> integer(std::string_view name) {
-  const auto v = raw(name, Kind::kInteger);
+  const auto [p, v] = raw(name, Kind::kInteger);
   if (!v) return std::optional<int64_t>();
-  const Param& p = find(name);
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v->c_str(), &end, 10);
@@ -162,9 +164,8 @@ Result<std::optional<int64_t>> integer(std::string_view name) {
 }
 
 Result<std::optional<uint64_t>> bytes(std::string_view name) {
-  const auto v = raw(name, Kind::kBytes);
+  const auto [p, v] = raw(name, Kind::kBytes);
   if (!v) return std::optional<uint64_t>();
-  const Param& p = find(name);
   auto n = parse_bytes(*v);
   if (!n) return malformed(p, *v, "a byte count such as 4096 or 4M (" + n.status().message() + ")");
   if (static_cast<double>(*n) < p.min || static_cast<double>(*n) > p.max)
@@ -173,9 +174,8 @@ Result<std::optional<uint64_t>> bytes(std::string_view name) {
 }
 
 Result<std::optional<double>> number(std::string_view name) {
-  const auto v = raw(name, Kind::kNumber);
+  const auto [p, v] = raw(name, Kind::kNumber);
   if (!v) return std::optional<double>();
-  const Param& p = find(name);
   char* end = nullptr;
   errno = 0;
   const double x = std::strtod(v->c_str(), &end);
