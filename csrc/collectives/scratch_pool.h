@@ -7,10 +7,9 @@
 // A communicator's pool outlives it in the process's ScratchCache while another pool of the
 // process lives: the next communicator (a group rebuilt after a failure: an elastic view
 // change, whose next communicator is being built when the last one goes) takes the memory its
-// predecessor had faulted in instead of faulting in its own while the group waits (an elastic
-// group's first collective in a new view spent ~70 ms of CPU in page faults across three
-// members on a 2-core host). When the process's last pool goes, the cache is freed: a process
-// that destroys its communicators gets their memory back.
+// predecessor had faulted in instead of faulting in its own while the group waits (page faults
+// were most of an elastic group's first collective in a new view). When the process's last pool
+// goes, the cache is freed: a process that destroys its communicators gets their memory back.
 //
 // Thread safety: a ScratchPool has none (only its communicator's executor thread uses it); the
 // ScratchCache is shared by every pool of the process and locks.

@@ -535,9 +535,9 @@ void ElasticImpl::start_state_work(Running& r) {
 // A fresh member: fetches the registered state into r.fetch_into on a thread (r.fetcher).
 void ElasticImpl::start_state_fetch(Running& r) {
   // Allocated and faulted in on the fetcher's thread, not on the way to this member's data
-  // collective, which the others wait for (a 64 MiB zero-fill there cost the group's first
-  // round with a joiner ~300 ms on a busy 2-core host); faulted in before the stripes are
-  // asked for, so that their receives do not take the page faults (877 vs 766-795 Mbit/s).
+  // collective, which the others wait for (a zero-fill there delays the group's first round
+  // with a joiner); faulted in before the stripes are asked for, so that their receives do not
+  // take the page faults (measured: docs/membership.md, the joiner's state fetch).
   // A fresh member's fetch goes on while the group commits: its `done` does not wait for the
   // state, so the others stall only for the admission itself. It is joined before this
   // attempt's locals go (after run_collective's lock: the fetcher takes mu_ at its end).

@@ -83,7 +83,7 @@ Result<transport::PeerConfig> ElasticImpl::membership_config(const UniqueId& id,
   // joiner's state stripes (the model) cross these connections.
   if (options_.comm.encrypt) cfg.value().seal = *options_.comm.encrypt;
   // One stream; the socket buffers (the window) of a data stream, since a joiner's state
-  // stripes come over these connections (1 MiB windows held a 50 ms path to 168 Mbit/s each).
+  // stripes come over these connections (a fixed small window caps a long path's rate).
   // Emulated site links (LOWCOMM_WAN): one uplink and downlink shared by all of this member's
   // membership connections, as by its data connections (not with them: a separate site).
   cfg.value().streams = 1;

@@ -135,8 +135,8 @@ Result<std::unique_ptr<Listener>> open_listener(const UniqueId& id, int rank,
 }
 
 // Waits for socket activity, or 2 ms: hellos and ready messages complete on the engine thread
-// without waking this poll, so a longer slice would be added to init whole (it was: a quiet
-// 2-rank init took 23 ms on loopback, 10 ms when a connect storm kept waking it).
+// without waking this poll, so a longer slice would be added to init whole (a quiet init,
+// nothing else waking the poll, waited out every slice).
 void poll_some(std::vector<pollfd> fds, const Deadline& deadline) {
   ::poll(fds.empty() ? nullptr : fds.data(), fds.size(), deadline.poll_timeout_ms(2));
 }

@@ -1,11 +1,11 @@
 #pragma once
 // Flat or two levels, from what the two took. Sizes alone cannot say: where the sites' WAN links
 // are fast, or the ranks of a site share few cores, the local phases of two levels cost more
-// than the WAN saves (docs/sites.md: 0.74 s flat against 1.83 s in two levels over a published
-// inter-region matrix on two cores). So for an all-reduce that may take either
-// (AllReduceOptions::Schedule::kAuto, sites that allow two levels, sizes.h's threshold met), the
-// communicator tries both in each size class (powers of two of bytes) and then keeps the faster,
-// trying the other again every kReexplore calls of the class, in case the links changed.
+// than the WAN saves (docs/sites.md, "Paths between sites and a published matrix": flat wins
+// there). So for an all-reduce that may take either (AllReduceOptions::Schedule::kAuto, sites that
+// allow two levels, sizes.h's threshold met), the communicator tries both in each size class
+// (powers of two of bytes) and then keeps the faster, trying the other again every kReexplore calls
+// of the class, in case the links changed.
 //
 // Every rank must pick the same: the times are the slowest rank's (each rank sends the time of
 // its previous flat or two-level all-reduce in the next one's descriptor, op_report.h), fed to
