@@ -3,7 +3,7 @@
 // are fast, or the ranks of a site share few cores, the local phases of two levels cost more
 // than the WAN saves (docs/sites.md, "Paths between sites and a published matrix": flat wins
 // there). So for an all-reduce that may take either (AllReduceOptions::Schedule::kAuto, sites that
-// allow two levels, sizes.h's threshold met), the communicator tries both in each size class
+// allow two levels, sites.h's threshold met), the communicator tries both in each size class
 // (powers of two of bytes) and then keeps the faster, trying the other again every kReexplore calls
 // of the class, in case the links changed.
 //
