@@ -4,13 +4,13 @@
 // turn of the loop (a callback may finish one while another callback's caller still holds it).
 //
 // The first failure tears the whole site down (teardown()): unmatched receives are cancelled,
-// every endpoint is closed by force (UCX then completes its other requests with an error), and
-// once no request is left in UCX the worker is destroyed; only then do the failed requests
-// complete. After ucp_worker_destroy no UCX code runs for this site and its connections are
-// closed, so nothing can still read or write a buffer whose request has completed (a request
-// that failed earlier, from a callback's error or a digest that did not match, is held until
-// then). A request UCX never completes (10 s) no longer hands its buffer back while UCX holds
-// it: the worker is destroyed under it first.
+// the live partners' endpoints flushed, every endpoint closed by force (UCX then completes its
+// other requests with an error), and once no request is left in UCX the worker is destroyed;
+// only then do the failed requests complete. After ucp_worker_destroy no UCX code runs for this
+// site and its connections are closed, so nothing can still read or write a buffer whose request
+// has completed (a request that failed earlier, from a callback's error or a digest that did not
+// match, is held until then). A request UCX never completes (10 s) no longer hands its buffer back
+// while UCX holds it: the worker is destroyed under it first.
 
 #include "transport/ucx_transport.h"
 
@@ -43,6 +43,9 @@ constexpr size_t kDigestBytes = 16;
 constexpr int kProgressBurst = 64;  // worker progress calls between looks at the queue
 // How long a teardown waits for UCX to complete the requests of closed endpoints.
 constexpr auto kTeardownWait = std::chrono::seconds(10);
+// How long a teardown lets the live partners' endpoints send what they hold before closing
+// them by force (teardown()).
+constexpr auto kFlushWait = std::chrono::seconds(1);
 
 Status ucx_error(const std::string& what, ucs_status_t s) {
   return Status(StatusCode::kSystem, what + ": " + ucs_status_string(s));
@@ -89,6 +92,7 @@ struct UcxTransport::Impl {
   struct Partner {
     ucp_ep_h ep = nullptr;  // destroyed with the worker
     bool checked = true;    // messages carry their digest
+    bool failed = false;    // UCX reported the endpoint failed (on_ep_error)
     // In flight, and failed ones (pending 0) waiting for teardown() to complete them.
     std::map<Op*, std::unique_ptr<Op>> ops;
   };
@@ -115,9 +119,11 @@ struct UcxTransport::Impl {
   Status aborted;
   bool arm_failed = false;                    // ucp_worker_arm failed once: poll on a short timeout
   std::vector<std::unique_ptr<Op>> finished;  // freed at the end of the turn
-  bool closing_started = false;               // teardown() cancelled and closed
+  bool flush_started = false;                 // teardown() cancelled and flushed
+  bool closing_started = false;               // teardown() closed
   std::chrono::steady_clock::time_point teardown_since;
-  std::vector<void*> closing;  // ucp_ep_close_nbx requests in flight
+  std::vector<void*> flushing;  // ucp_ep_flush_nbx requests in flight
+  std::vector<void*> closing;   // ucp_ep_close_nbx requests in flight
 
   ~Impl() {
     if (worker) ucp_worker_destroy(worker);
@@ -210,16 +216,22 @@ struct UcxTransport::Impl {
   }
 
   // After the first failure, outside UCP's callbacks, on each turn until done: first cancels
-  // the receives UCX has not matched and closes every endpoint by force (which completes their
-  // other requests once UCX has discarded its transport endpoints, a few progress calls later);
-  // once no operation is in UCX (or after kTeardownWait, with a warning), destroys the worker,
-  // and with it every endpoint, connection and transport: UCX references no buffer after
+  // the receives UCX has not matched and flushes the endpoints of the live partners (what they
+  // hold goes out, for at most kFlushWait); then closes every endpoint by force (which completes
+  // their other requests once UCX has discarded its transport endpoints, a few progress calls
+  // later); once no operation is in UCX (or after kTeardownWait, with a warning), destroys the
+  // worker, and with it every endpoint, connection and transport: UCX references no buffer after
   // this. Only then are the failed operations completed, with their own error or the site's.
   // The abort tickets posted so far are then done.
+  //
+  // The flush first: UCX 1.13.1's TCP transport, closing by force a connected endpoint that
+  // still holds unsent bytes while the partner closes its end too, completes a send's
+  // completion twice or calls a handler through the freed endpoint in a later progress call
+  // (docs/sites.md, "UCX inside a site", "Failures": both crashes of a survivor when a rank died).
   void teardown() {
     if (!worker) return mark_aborts_done();
-    if (!closing_started) {
-      closing_started = true;
+    if (!flush_started) {
+      flush_started = true;
       teardown_since = std::chrono::steady_clock::now();
       std::vector<void*> cancel;
       for (auto& [r, p] : partners)
@@ -228,6 +240,18 @@ struct UcxTransport::Impl {
             for (Half& h : op->half)
               if (h.request) cancel.push_back(h.request);
       for (void* req : cancel) ucp_request_cancel(worker, req);
+      for (auto& [r, p] : partners) {
+        if (!p.ep || p.failed) continue;
+        ucp_request_param_t param{};
+        ucs_status_ptr_t flush_req = ucp_ep_flush_nbx(p.ep, &param);
+        if (flush_req != nullptr && !UCS_PTR_IS_ERR(flush_req)) flushing.push_back(flush_req);
+      }
+    }
+    free_completed(flushing);
+    if (!closing_started) {
+      if (!flushing.empty() && std::chrono::steady_clock::now() - teardown_since < kFlushWait)
+        return;
+      closing_started = true;
       for (auto& [r, p] : partners) {
         if (!p.ep) continue;
         ucp_request_param_t param{};
@@ -238,19 +262,11 @@ struct UcxTransport::Impl {
         p.ep = nullptr;
       }
     }
-    for (size_t i = 0; i < closing.size();) {
-      if (ucp_request_check_status(closing[i]) == UCS_INPROGRESS) {
-        ++i;
-        continue;
-      }
-      ucp_request_free(closing[i]);
-      closing[i] = closing.back();
-      closing.pop_back();
-    }
+    free_completed(closing);
     int in_ucx = 0;
     for (const auto& [r, p] : partners)
       for (const auto& [op, owned] : p.ops) in_ucx += op->pending > 0 ? 1 : 0;
-    if ((in_ucx > 0 || !closing.empty()) &&
+    if ((in_ucx > 0 || !closing.empty() || !flushing.empty()) &&
         std::chrono::steady_clock::now() - teardown_since < kTeardownWait)
       return;
     if (in_ucx > 0)
@@ -258,8 +274,10 @@ struct UcxTransport::Impl {
                   "UCX rank %d: %d operation(s) still in UCX %.0f s after the failure: the worker "
                   "is destroyed under them",
                   rank, in_ucx, std::chrono::duration<double>(kTeardownWait).count());
-    for (void* req : closing) ucp_request_free(req);
-    closing.clear();
+    for (std::vector<void*>* v : {&flushing, &closing}) {
+      for (void* req : *v) ucp_request_free(req);
+      v->clear();
+    }
     ucp_worker_destroy(worker);
     worker = nullptr;
     for (auto& [r, p] : partners) {
@@ -270,6 +288,19 @@ struct UcxTransport::Impl {
       p.ops.clear();
     }
     mark_aborts_done();
+  }
+
+  // Frees the requests of `v` UCX has completed.
+  static void free_completed(std::vector<void*>& v) {
+    for (size_t i = 0; i < v.size();) {
+      if (ucp_request_check_status(v[i]) == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(v[i]);
+      v[i] = v.back();
+      v.pop_back();
+    }
   }
 
   void mark_aborts_done() {
@@ -437,6 +468,7 @@ struct UcxTransport::Impl {
     auto* ctx = static_cast<std::pair<Impl*, int>*>(arg);
     Impl* self = ctx->first;
     const int r = ctx->second;
+    self->partner(r).failed = true;
     self->fail_site(ucx_error(self->who(r) + ": the endpoint failed (the peer is gone or "
                                              "unreachable)",
                               status),
