@@ -131,7 +131,7 @@ Status CommImpl::plan_links(const collectives::InitSettings& s,
   for (int r = 0; r < nranks_; ++r)
     emulated_rtt[static_cast<size_t>(r)] = 2 * links_[static_cast<size_t>(r)].one_way_delay_s;
   planner_.configure(s.planner);
-  return planner_.discover(s.planner, hosts, emulated_rtt, peers_, deadline);
+  return planner_.discover(hosts, emulated_rtt, peers_, deadline);
 }
 
 Status CommImpl::open_intra_site(const collectives::InitSettings& s,

@@ -11,18 +11,15 @@
 namespace lowcomm::topology {
 
 void Planner::configure(const PlannerSettings& s) {
-  rank_ = s.rank;
-  nranks_ = s.nranks;
-  site_rtt_s_ = s.site_rtt_s;
-  direct_bytes_ = s.direct_bytes;
-  sparse_default_ = s.sparse_default;
+  given_ = s;
   sites_ = s.sites;
 }
 
-Status Planner::discover(const PlannerSettings& s, const std::vector<std::string>& hosts,
+Status Planner::discover(const std::vector<std::string>& hosts,
                          const std::vector<double>& emulated_rtt,
                          const std::vector<std::unique_ptr<transport::Peer>>& peers,
                          Deadline deadline) {
+  const PlannerSettings& s = given_;
   // Without a map, the ranks of one host are one site (every rank draws the same map).
   const bool probe_rtt = !s.sites_given && sites_.sites() == 0 && sites_from_hosts(hosts);
   // Owner shares (shares.h): the option, LOWCOMM_SHARES, else auto across hosts or an emulated
@@ -40,16 +37,17 @@ Status Planner::discover(const PlannerSettings& s, const std::vector<std::string
   // What a kernel socket receives is sampled for the rank's rate only where the rate is used,
   // and not from a peer on this rank's host (its bytes never cross a link).
   auto same_host = [&](int r) {
-    return !hosts.empty() && hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank_)];
+    return !hosts.empty() &&
+           hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(given_.rank)];
   };
-  for (int r = 0; r < nranks_; ++r)
-    if (r != rank_ && (!shares_auto_ || same_host(r))) peers[r]->set_metered(false);
+  for (int r = 0; r < given_.nranks; ++r)
+    if (r != given_.rank && (!shares_auto_ || same_host(r))) peers[r]->set_metered(false);
   if (!probe_rtt) return Status::ok();
   if (Status e = sites_from_round_trips(emulated_rtt, peers, deadline); !e) return e;
   if (s.shares.empty() && sites_.shares_a_link()) {
     shares_auto_ = false;  // as above; nothing reads the rates then
-    for (int r = 0; r < nranks_; ++r)
-      if (r != rank_) peers[r]->set_metered(false);
+    for (int r = 0; r < given_.nranks; ++r)
+      if (r != given_.rank) peers[r]->set_metered(false);
   }
   return Status::ok();
 }
@@ -61,11 +59,11 @@ bool Planner::sites_from_hosts(const std::vector<std::string>& hosts) {
   for (const std::string& h : hosts)
     labels.push_back(host_label.try_emplace(h, static_cast<int>(host_label.size())).first->second);
   SitePlan by_host = plan_from_labels(labels);
-  if (by_host.sites() > 1 && by_host.sites() < nranks_) {
+  if (by_host.sites() > 1 && by_host.sites() < given_.nranks) {
     sites_ = std::move(by_host);
     return false;
   }
-  return by_host.sites() == nranks_ && nranks_ >= 4;
+  return by_host.sites() == given_.nranks && given_.nranks >= 4;
 }
 
 Status Planner::sites_from_round_trips(const std::vector<double>& emulated_rtt,
@@ -73,18 +71,18 @@ Status Planner::sites_from_round_trips(const std::vector<double>& emulated_rtt,
                                        Deadline deadline) {
   // Every rank on a host of its own: group them by round-trip time (rtt_matrix.h). The same
   // matrix on every rank, so the same map.
-  auto rtt = measure_rtt_matrix(peers, rank_, emulated_rtt, deadline);
+  auto rtt = measure_rtt_matrix(peers, given_.rank, emulated_rtt, deadline);
   if (!rtt) return rtt.status();
-  sites_ = plan_from_rtt(*rtt, site_rtt_s_);
+  sites_ = plan_from_rtt(*rtt, given_.site_rtt_s);
   if (log_enabled(LogLevel::kInfo)) {
     std::string row;
-    for (double t : (*rtt)[static_cast<size_t>(rank_)]) {
+    for (double t : (*rtt)[static_cast<size_t>(given_.rank)]) {
       char ms[24];
       std::snprintf(ms, sizeof ms, "%s%.2f", row.empty() ? "" : ",", t * 1e3);
       row += ms;
     }
-    LOWCOMM_LOG(kInfo, "rank %d: round trips (ms) %s: sites from those under %.2f ms: %s", rank_,
-                row.c_str(), site_rtt_s_ * 1e3,
+    LOWCOMM_LOG(kInfo, "rank %d: round trips (ms) %s: sites from those under %.2f ms: %s",
+                given_.rank, row.c_str(), given_.site_rtt_s * 1e3,
                 sites_.sites() > 1 ? sites_.to_string().c_str() : "flat");
   }
   return Status::ok();
@@ -97,7 +95,8 @@ Result<ScheduleChoice> Planner::all_reduce(const AllReduceCall& c) const {
   if (sparse && c.schedule == Schedule::kTwoLevel)
     return invalid_argument("all_reduce: schedule two-level takes dense codecs; sparse " +
                             to_string(*c.codec) + " runs gather-all (one-hop)");
-  const bool one_hop = sparse || (nranks_ > 1 && c.count * dtype_size(c.dtype) <= direct_bytes_);
+  const bool one_hop =
+      sparse || (given_.nranks > 1 && c.count * dtype_size(c.dtype) <= given_.direct_bytes);
   ScheduleChoice out;
   out.algorithm = one_hop ? Algorithm::kOneHop : Algorithm::kDefault;
   if (sparse) {
@@ -108,10 +107,10 @@ Result<ScheduleChoice> Planner::all_reduce(const AllReduceCall& c) const {
           to_string(*c.codec) + ", " + std::string(dtype_name(c.dtype)) + ", " +
           reduce_op_name(c.op) +
           "); topk's positions differ by rank, so its messages are gathered");
-    const Sparse s = c.sparse_schedule == Sparse::kAuto ? sparse_default_ : c.sparse_schedule;
+    const Sparse s = c.sparse_schedule == Sparse::kAuto ? given_.sparse_default : c.sparse_schedule;
     if (c.positions_shareable && s == Sparse::kOwner) {
       out.algorithm = Algorithm::kDefault;
-    } else if (c.positions_shareable && s == Sparse::kAuto && nranks_ >= 3) {
+    } else if (c.positions_shareable && s == Sparse::kAuto && given_.nranks >= 3) {
       // Two ranks send the same bytes either way, and gather-all is one delay and one
       // quantization fewer; from three, the faster of the two for this size (both tried first).
       out.algorithm = Algorithm::kDefault;  // or gather-all: pick() chooses
@@ -161,7 +160,7 @@ Agreement Planner::agreement(const OpShape& shape, Algorithm algorithm, bool rep
 void Planner::learn(const OpShape& shape, Algorithm algorithm, const Agreement& mine,
                     std::vector<uint32_t> reports, double seconds,
                     const std::function<double()>& measured_rate) {
-  reports[static_cast<size_t>(rank_)] = mine.report.pack();
+  reports[static_cast<size_t>(given_.rank)] = mine.report.pack();
   learn_times(reports, shape, algorithm, seconds);
   if (mine.rated) learn_rates(reports, shape.bytes >= kTwoLevelMinBytes, measured_rate);
 }
@@ -187,14 +186,14 @@ void Planner::learn_times(const std::vector<uint32_t>& reports, const OpShape& s
       LOWCOMM_LOG(kInfo,
                   "rank %d: sparse all-reduces of about %llu bytes now run %s (owner %.4f s, "
                   "gather-all %.4f s)",
-                  rank_, 1ull << SchedulePicker::bytes_class(cls),
+                  given_.rank, 1ull << SchedulePicker::bytes_class(cls),
                   after == Algorithm::kOneHop ? "gather-all" : "owner", schedule_.times(cls).flat,
                   schedule_.times(cls).two);
     else if (before != after && sites_.two_level())
       LOWCOMM_LOG(
           kInfo,
           "rank %d: all-reduces of about %llu bytes now run %s (flat %.4f s, two levels %.4f s)",
-          rank_, 1ull << cls, after == Algorithm::kTwoLevel ? "in two levels" : "flat",
+          given_.rank, 1ull << cls, after == Algorithm::kTwoLevel ? "in two levels" : "flat",
           schedule_.times(cls).flat, schedule_.times(cls).two);
   }
   // A sparse call's time counts only where auto chose its schedule: a top-k call, or a randk
@@ -216,7 +215,7 @@ void Planner::learn_rates(const std::vector<uint32_t>& reports, bool large,
   std::string rates;
   for (double r : shares_.rates())
     rates += (rates.empty() ? "" : ",") + std::to_string(static_cast<long long>(r * 8 / 1e6));
-  LOWCOMM_LOG(kInfo, "rank %d: owner shares re-planned from rates [%s] Mbit/s: %s", rank_,
+  LOWCOMM_LOG(kInfo, "rank %d: owner shares re-planned from rates [%s] Mbit/s: %s", given_.rank,
               rates.c_str(), shares_.plan().to_string().c_str());
 }
 

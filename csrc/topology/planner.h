@@ -96,8 +96,7 @@ class Planner {
   // Init, once the mesh is up (configure() first): `hosts` by rank (empty: unknown),
   // `emulated_rtt` the emulated round trip to each peer (seconds), the peers to meter or not.
   // Fails with the round-trip exchange's error.
-  Status discover(const PlannerSettings& s, const std::vector<std::string>& hosts,
-                  const std::vector<double>& emulated_rtt,
+  Status discover(const std::vector<std::string>& hosts, const std::vector<double>& emulated_rtt,
                   const std::vector<std::unique_ptr<transport::Peer>>& peers, Deadline deadline);
 
   const SitePlan& sites() const { return sites_; }
@@ -139,12 +138,8 @@ class Planner {
   void learn_rates(const std::vector<uint32_t>& reports, bool large,
                    const std::function<double()>& measured_rate);
 
-  int rank_ = 0;
-  int nranks_ = 0;
-  double site_rtt_s_ = kSiteRttSeconds;
-  uint64_t direct_bytes_ = 0;
-  AllReduceOptions::SparseSchedule sparse_default_ = AllReduceOptions::SparseSchedule::kAuto;
-  SitePlan sites_;
+  PlannerSettings given_;  // configure()'s
+  SitePlan sites_;         // given_.sites, refined by discover()
   bool shares_auto_ = false;
   SharePlanner shares_;
   SchedulePicker schedule_;
