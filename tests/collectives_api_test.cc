@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -193,6 +194,73 @@ TEST(CollectivesWork, OnCompleteRunsOnceWithTheFinalStatus) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     std::lock_guard<std::mutex> lock(mu);
     RANK_CHECK(calls == 1, "callback ran " + std::to_string(calls) + " times");
+    return "ok";
+  }));
+}
+
+// A completion callback may call the library (torch's `fut.then(lambda _: dist.all_reduce(y))`,
+// a DDP hook that waits): a collective issued and waited for inside it, on the executor's
+// thread or on a thread that ran a small collective inline, completes; so does a wait inside a
+// callback for an operation issued after the one whose callback it is, whether that operation
+// was issued before or after the callback started.
+TEST(CollectivesWork, CallbacksMayIssueAndWaitForCollectives) {
+  expect_all_ok(run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.timeout = std::chrono::seconds(20);
+    auto c = Communicator::init(id, rank, 2, o);
+    RANK_OK(c.status());
+    Communicator& comm = **c;
+    // Waits up to 15 s for a callback's verdict: "" until it runs.
+    struct Verdict {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::string text;
+      void set(std::string t) {
+        std::lock_guard<std::mutex> lock(mu);
+        text = std::move(t);
+        cv.notify_all();
+      }
+      std::string get() {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait_for(lock, std::chrono::seconds(15), [&] { return !text.empty(); });
+        return text.empty() ? "the callback did not finish within 15 s" : text;
+      }
+    };
+    auto sum_of = [&](std::vector<float>& v, float want) {
+      return v.front() == want && v.back() == want;
+    };
+    for (uint64_t n : {uint64_t{1} << 20, uint64_t{16}}) {  // the executor's, and inline
+      // 1. A collective issued and waited for inside the callback.
+      std::vector<float> x(n, 1.0f), y(n, 2.0f);
+      Verdict inner;
+      Work a = comm.all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum);
+      a.on_complete([&](const Status& s) {
+        if (!s) return inner.set("outer: " + s.to_string());
+        Status t = comm.all_reduce(y.data(), y.data(), n, DType::kFloat32, ReduceOp::kSum).wait();
+        inner.set(!t ? "inner: " + t.to_string() : sum_of(y, 4.0f) ? "ok" : "inner sum wrong");
+      });
+      RANK_OK(a.wait());
+      std::string v = inner.get();
+      RANK_CHECK(v == "ok", "n " + std::to_string(n) + ": " + v);
+      RANK_CHECK(sum_of(x, 2.0f), "outer sum wrong");
+
+      // 2. A wait inside the callback on an operation issued later by this thread.
+      std::vector<float> z(n, 3.0f);
+      std::promise<Work> later_p;
+      std::shared_future<Work> later = later_p.get_future().share();
+      Verdict waited;
+      Work b = comm.all_reduce(x.data(), x.data(), n, DType::kFloat32, ReduceOp::kSum);
+      b.on_complete([&, later](const Status&) {
+        Status t = later.get().wait();
+        waited.set(!t ? t.to_string() : sum_of(z, 6.0f) ? "ok" : "later sum wrong");
+      });
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      later_p.set_value(comm.all_reduce(z.data(), z.data(), n, DType::kFloat32, ReduceOp::kSum));
+      RANK_OK(b.wait());
+      v = waited.get();
+      RANK_CHECK(v == "ok", "n " + std::to_string(n) + ", later op: " + v);
+      RANK_OK(later.get().wait());
+    }
     return "ok";
   }));
 }

@@ -508,6 +508,72 @@ TEST(CollectivesFailure, LateButAliveRankIsNotFailed) {
   }
 }
 
+// A rank paused (SIGSTOP, then SIGCONT: a scheduler's suspend, a VM stun, a debugger) while the
+// group is idle is not a failure: nothing waits on it, so nobody pings it or counts its silence.
+// The pause is many failure timeouts long; the next all-reduce succeeds on every rank, on plain
+// and on sealed connections. Rank 0 stops and resumes rank 1 (shared memory: rank 1's pid, and
+// "go" once it runs again); no rank calls the library while it waits.
+void paused_while_idle_is_not_failed(bool encrypt, std::chrono::milliseconds pause) {
+  struct Shared {
+    std::atomic<pid_t> pid{0};
+    std::atomic<int> go{0};
+  };
+  void* m =
+      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* shared = new (m) Shared;
+  // Whether process p is stopped (state 'T' in /proc/<p>/stat, after the "(comm)" field).
+  auto stopped = [](pid_t p) {
+    std::FILE* f = std::fopen(("/proc/" + std::to_string(p) + "/stat").c_str(), "r");
+    if (!f) return false;
+    char buf[512] = {};
+    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    const char* close_paren = std::strrchr(buf, ')');
+    return n > 0 && close_paren && close_paren[1] == ' ' && close_paren[2] == 'T';
+  };
+  auto res = run_ranks(
+      3,
+      [&](int rank, const UniqueId& id) -> std::string {
+        CommOptions o = test_options();
+        o.failure_timeout = std::chrono::milliseconds(1500);  // the default
+        o.encrypt = encrypt ? 1 : 0;
+        auto c = Communicator::init(id, rank, 3, o);
+        RANK_OK(c.status());
+        std::vector<float> x(1 << 18, 1.0f);
+        RANK_OK(
+            (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+        if (rank == 1) {
+          shared->pid.store(::getpid());
+          ::raise(SIGSTOP);  // rank 0 resumes it
+        } else if (rank == 0) {
+          for (int i = 0; i < 10000 && !(shared->pid.load() && stopped(shared->pid.load())); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          RANK_CHECK(stopped(shared->pid.load()), "rank 1 did not stop");
+          std::this_thread::sleep_for(pause);
+          shared->go.store(1);
+          ::kill(shared->pid.load(), SIGCONT);
+        }
+        while (shared->go.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::fill(x.begin(), x.end(), static_cast<float>(rank + 1));
+        RANK_OK(
+            (*c)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
+        RANK_CHECK(x[0] == 6.0f && x.back() == 6.0f, "sum " + std::to_string(x[0]));
+        return "ok";
+      },
+      40 + static_cast<double>(pause.count()) / 1000);
+  expect_all_ok(res);
+  ::munmap(m, sizeof(Shared));
+}
+
+TEST(CollectivesFailure, RankPausedWhileIdleIsNotFailed) {
+  paused_while_idle_is_not_failed(/*encrypt=*/false, std::chrono::seconds(10));
+}
+
+TEST(CollectivesFailure, RankPausedWhileIdleOnSealedConnectionsIsNotFailed) {
+  paused_while_idle_is_not_failed(/*encrypt=*/true, std::chrono::seconds(4));
+}
+
 // A join timeout (CommOptions::join_timeout) is for groups whose members are alive and start
 // together (torchft's quorums): a member frozen since before init (SIGSTOP: nothing of it
 // answers) fails the others' init within the join timeout, named, not at the 60 s deadline; and

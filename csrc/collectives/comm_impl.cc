@@ -34,7 +34,7 @@ constexpr uint32_t kControlGoodbye = 2;
 // Control message: u32 magic, u32 type, u32 text length, then (goodbye) three u64 counts:
 // collectives run, point-to-point messages sent to the receiver, received from it; then text.
 constexpr size_t kControlTextOffset = 12 + 24;
-constexpr size_t kControlTextMax = 256 - kControlTextOffset;
+constexpr size_t kControlTextMax = kControlMessageBytes - kControlTextOffset;
 
 // How long a failing rank waits for its notices to reach the kernel before closing.
 constexpr auto kNoticeWait = std::chrono::milliseconds(500);
@@ -101,7 +101,7 @@ Result<std::unique_ptr<CommImpl>> CommImpl::create(const UniqueId& id, int rank,
   c->p2p_received_.assign(static_cast<size_t>(nranks), 0);
   for (int r = 0; r < nranks; ++r)
     if (r != rank)
-      c->control_[r].in_req = c->peers_[r]->irecv(
+      c->control_[r].in_req = c->peers_[r]->irecv_standing(
           collectives::tags::kControl, c->control_[r].in.data(), c->control_[r].in.size());
   CommImpl* self = c.get();
   c->executor_ = std::thread([self] {
@@ -176,7 +176,7 @@ Result<collectives::DeviceContext*> CommImpl::device_context() {
 CommImpl::~CommImpl() {
   {
     // No waiter may run an operation from now on (it would outlive us): wait out one that is.
-    std::lock_guard<std::mutex> hold(gate_->mu);
+    std::lock_guard<std::recursive_mutex> hold(gate_->mu);
     gate_->comm = nullptr;
   }
   {
@@ -221,6 +221,16 @@ void CommImpl::goodbye() {
 // Sequence numbers are assigned and the operation queued in one critical section, so the
 // executor runs operations in sequence order even when threads submit concurrently.
 Work CommImpl::enqueue_locked(Op op) {
+  // Callbacks run once the operation's thread has left the executor's place (run_exclusive); a
+  // wait runs the operation here where it may (run_queued).
+  op.work->hold_callbacks();
+  std::weak_ptr<StealGate> gate = gate_;
+  op.work->set_run_here([gate, small = op.small](WorkState* w) {
+    if (auto g = gate.lock()) {
+      std::lock_guard<std::recursive_mutex> hold(g->mu);  // the communicator outlives this call
+      if (g->comm) g->comm->run_queued(w, small);
+    }
+  });
   Work w(op.work);
   queue_.push_back(std::move(op));
   cv_.notify_all();
@@ -246,19 +256,16 @@ Work CommImpl::submit_collective(OpDescriptor desc, Body body) {
   // executor and back on the critical path. Only collectives: every rank calls them in the same
   // order, so the waiter running one cannot hold up another rank; and only from Work::wait(),
   // so an asynchronous call still returns at once and the executor runs it if nobody waits.
-  if (desc.count * dtype_size(desc.dtype) <= inline_bytes_) {
-    std::weak_ptr<StealGate> gate = gate_;
-    op.work->set_run_here([gate](WorkState* w) {
-      if (auto g = gate.lock()) {
-        std::lock_guard<std::mutex> hold(g->mu);  // the communicator outlives this call
-        if (g->comm) g->comm->run_queued(w);
-      }
-    });
-  }
+  op.small = desc.count * dtype_size(desc.dtype) <= inline_bytes_;
   return enqueue_locked(std::move(op));
 }
 
-void CommImpl::run_queued(WorkState* w) {
+void CommImpl::run_queued(WorkState* w, bool small) {
+  if (t_executor_ == this) {
+    drive(w);
+    return;
+  }
+  if (!small) return;
   Op op;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -271,18 +278,42 @@ void CommImpl::run_queued(WorkState* w) {
   run_exclusive(op);
 }
 
+void CommImpl::drive(WorkState* w) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!w->done()) {
+    if (running_) {  // a caller runs a small collective inline: w may be it, or after it
+      cv_.wait(lock, [&] { return !running_ || w->done(); });
+      continue;
+    }
+    // Nothing queued and w not done: it is not ours to run (another communicator's).
+    if (queue_.empty()) return;
+    Op op = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    run_exclusive(op);
+    lock.lock();
+  }
+}
+
 void CommImpl::run_exclusive(Op& op) {
   const CommImpl* outer = t_running_;
   t_running_ = this;
   current_ = &op;
   run_one(op);
+  finished_.push_back(op.work);
   current_ = nullptr;
   t_running_ = outer;
+  std::vector<std::shared_ptr<WorkState>> finished;
+  finished.swap(finished_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = false;
   }
   cv_.notify_all();
+  // Outside the executor's place: a callback may call a collective and wait for it, or wait for
+  // a later operation (on the executor thread, drive() runs them).
+  for (auto& w : finished) w->release_callbacks();
 }
 
 Work CommImpl::submit_p2p(OpDescriptor desc, int peer, Body body) {
@@ -335,6 +366,7 @@ void CommImpl::run_overtaking_sends() {
     const Op* outer = current_;
     current_ = &send;
     run_one(send);
+    finished_.push_back(send.work);
     current_ = outer;
   }
 }
@@ -355,6 +387,7 @@ Work CommImpl::submit_local(std::function<Status()> fn) {
 }
 
 void CommImpl::executor_main() {
+  t_executor_ = this;
   while (true) {
     Op op;
     {
@@ -573,12 +606,14 @@ void CommImpl::abort() {
     for (auto& op : queue_) (op.local ? kept : dropped).push_back(std::move(op));
     queue_.swap(kept);
   }
-  for (auto& op : dropped)
+  for (auto& op : dropped) {
     op.work->complete(
         Status(StatusCode::kAborted, op.desc.to_string() + ": the communicator was aborted"));
+    op.work->release_callbacks();
+  }
   // The running operation sees the failure at its next wait (its requests were all completed
   // by the peers' abort); only then are the user's buffers free.
-  // Not from inside the running operation (a completion callback on its thread).
+  // Not from inside the running operation.
   if (executor_.joinable() && t_running_ != this) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !running_; });

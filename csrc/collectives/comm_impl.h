@@ -23,9 +23,16 @@
 // emulated links (collectives/op_stats.h) into its Work and last_stats_, and logs the summary
 // of each collective at INFO (point-to-point operations at TRACE).
 //
+// Callbacks: an operation's completion callbacks (Work::on_complete: torch's futures, DDP hooks)
+// run after the thread that ran it has given up the executor's place (running_), never inside
+// it, so a callback that issues a collective and waits, or waits for a later operation, does not
+// wait on itself: on the executor's thread such a wait runs the queue in order (drive) as the
+// executor would; on a thread that ran a small collective inline, the executor or the waiter
+// runs it as for any wait.
+//
 // Locking: mu_ guards queue_, running_, stop_, failure_, control_sent_, last_stats_ and the
 // sequence and completion counters. Peers are thread-safe (transport). Only the thread that set
-// running_ touches ef_, current_ and scratch_pool_ and runs OpRun.
+// running_ touches ef_, current_, finished_ and scratch_pool_ and runs OpRun.
 
 #include <array>
 #include <condition_variable>
@@ -57,6 +64,10 @@ namespace collectives {
 class OpRun;
 class DeviceContext;
 }  // namespace collectives
+
+// A control message (abort notice, goodbye): room for a relayed reason (a peer's failure
+// names the failure it heard of).
+inline constexpr size_t kControlMessageBytes = 1024;
 
 class CommImpl final : public collectives::OpContext {
  public:
@@ -134,6 +145,7 @@ class CommImpl final : public collectives::OpContext {
     std::shared_ptr<WorkState> work;
     uint64_t p2p_index = 0;   // point-to-point ops with this peer in this direction before it
     bool any_source = false;  // a receive from any peer: its sender is known once it runs
+    bool small = false;       // a collective of at most inline_bytes_: a waiter may run it
   };
   // What a goodbye says: the departed rank's totals, to this rank.
   struct Departure {
@@ -145,9 +157,9 @@ class CommImpl final : public collectives::OpContext {
   // Whether the running operation still expects something from departed rank r.
   bool needs_departed(int r, const Departure& d) const;
   struct Control {
-    std::array<uint8_t, 256> in{};
+    std::array<uint8_t, kControlMessageBytes> in{};
     transport::Request in_req;
-    std::array<uint8_t, 256> out{};
+    std::array<uint8_t, kControlMessageBytes> out{};
     transport::Request out_req;
   };
 
@@ -158,11 +170,17 @@ class CommImpl final : public collectives::OpContext {
   // Runs op on this thread (the executor, or a caller running a small collective inline) with
   // running_ already set by the caller under mu_; clears it and wakes the waiters.
   void run_exclusive(Op& op);
-  // Work::wait() of a small collective: runs it here if it is next in the queue and nothing runs.
-  void run_queued(WorkState* w);
+  // Work::wait() of a queued operation (before it waits): on this communicator's executor thread
+  // (a completion callback), drive(w); elsewhere, a small collective runs here if it is next in
+  // the queue and nothing runs.
+  void run_queued(WorkState* w, bool small);
+  // The executor thread waits, inside a completion callback, for w: it runs the queue in order,
+  // as executor_main would, until w is complete (or is not this communicator's to run).
+  void drive(WorkState* w);
   // What a waiting thread reaches the communicator through; nulled (under mu) by the destructor.
   struct StealGate {
-    std::mutex mu;
+    // Recursive: a callback released on a thread that holds it may wait on another operation.
+    std::recursive_mutex mu;
     CommImpl* comm = nullptr;
   };
   std::shared_ptr<StealGate> gate_ = std::make_shared<StealGate>();
@@ -201,6 +219,11 @@ class CommImpl final : public collectives::OpContext {
   uint64_t inline_bytes_ = 0;  // collectives up to this many input bytes may run inline
   // Which communicator's operation this thread is running (nested: a completion callback).
   static inline thread_local const CommImpl* t_running_ = nullptr;
+  // The communicator whose executor this thread is (executor_main).
+  static inline thread_local const CommImpl* t_executor_ = nullptr;
+  // Operations completed by the thread holding the executor's place whose callbacks wait for it
+  // to give the place up (run_exclusive); only that thread touches it.
+  std::vector<std::shared_ptr<WorkState>> finished_;
   bool stop_ = false;
   Status failure_;
   bool control_sent_ = false;

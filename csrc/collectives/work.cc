@@ -34,7 +34,7 @@ void WorkState::finish(Status s, OpStats* stats, int source) {
     status_ = std::move(s);
     if (stats) stats_ = std::move(*stats);
     source_ = source;
-    callbacks.swap(callbacks_);
+    if (!held_ || released_) callbacks.swap(callbacks_);
     done = status_;
     cv_.notify_all();
   }
@@ -42,11 +42,25 @@ void WorkState::finish(Status s, OpStats* stats, int source) {
   for (auto& fn : callbacks) fn(done);
 }
 
+void WorkState::release_callbacks() {
+  std::vector<std::function<void(const Status&)>> callbacks;
+  Status done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (released_) return;
+    released_ = true;
+    if (!done_) return;  // complete() runs them
+    callbacks.swap(callbacks_);
+    done = status_;
+  }
+  for (auto& fn : callbacks) fn(done);
+}
+
 void WorkState::on_complete(std::function<void(const Status&)> fn) {
   Status done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!done_) {
+    if (!done_ || (held_ && !released_)) {
       callbacks_.push_back(std::move(fn));
       return;
     }

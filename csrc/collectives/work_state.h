@@ -30,8 +30,16 @@ class WorkState {
   Status wait_for(std::chrono::milliseconds d) const;
   Status status() const;
   Result<OpStats> stats() const;  // kInternal "in flight" before completion, as status()
-  // Work::on_complete: runs fn(status) now if complete, else on the completing thread.
+  // Work::on_complete: runs fn(status) now if complete (and its callbacks released), else with
+  // the others once they are.
   void on_complete(std::function<void(const Status&)> fn);
+  // Set once, before the state is shared (a communicator's queued operations): completion wakes
+  // the waiters but leaves the callbacks to release_callbacks(), which the communicator calls
+  // once the thread that ran the operation has given up the executor's place, so that a
+  // callback may call a collective or wait on a later operation (comm_impl.h, "Callbacks").
+  void hold_callbacks() { held_ = true; }
+  // Runs the callbacks registered so far (once complete), and lets later ones run at once.
+  void release_callbacks();
   uint64_t seq() const { return seq_; }
   int source() const;
   bool is_refused() const { return refused_; }
@@ -42,6 +50,8 @@ class WorkState {
  private:
   const uint64_t seq_;
   bool refused_ = false;   // set before the state is shared, constant after
+  bool held_ = false;      // hold_callbacks: set before the state is shared, constant after
+  bool released_ = false;  // release_callbacks has run (guarded by mu_)
   mutable std::mutex mu_;  // guards done_, status_ and stats_
   mutable std::condition_variable cv_;
   bool done_ = false;

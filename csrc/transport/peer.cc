@@ -55,6 +55,16 @@ Request Peer::irecv(uint64_t tag, void* data, uint64_t len) {
   return Request(state);
 }
 
+Request Peer::irecv_standing(uint64_t tag, void* data, uint64_t len) {
+  auto state = std::make_shared<RequestState>();
+  auto core = core_;
+  auto* bytes = static_cast<uint8_t*>(data);
+  engine_->post([core, tag, bytes, len, state] {
+    core->irecv(tag, bytes, len, false, state, /*standing=*/true);
+  });
+  return Request(state);
+}
+
 Request Peer::irecv_upto(uint64_t tag, void* data, uint64_t capacity) {
   auto state = std::make_shared<RequestState>();
   auto core = core_;

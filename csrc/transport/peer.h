@@ -50,6 +50,12 @@ class Peer {
   // one fails this receive as irecv's length mismatch does); Request::received_bytes() says how
   // long it was. For protocols where the receiver knows only a bound (NCCL's).
   Request irecv_upto(uint64_t tag, void* data, uint64_t capacity);
+  // A standing receive (irecv otherwise): one posted for the communicator's life on a channel
+  // the peer writes only when it has news (the control channel). It says nothing about
+  // whether an operation waits on the peer, so on its own it never makes the peer pinged or
+  // failed as frozen (liveness, peer_core.h): a peer paused while only standing receives are
+  // posted is no one's concern.
+  Request irecv_standing(uint64_t tag, void* data, uint64_t len);
   // Withdraws a receive that has not begun to write its buffer: it completes with kAborted
   // ("cancelled") and its message, whenever it comes, is read and dropped (it still takes its
   // place in the tag's order, so later receives on the tag match as before). Returns true once

@@ -139,7 +139,7 @@ void PeerCore::start() {
 
 bool PeerCore::awaited() const {
   for (const auto& [key, m] : in_msgs_)
-    if (m->req && !m->req->done()) return true;
+    if (m->req && !m->standing && !m->req->done()) return true;
   for (const auto& s : streams_)
     if (!s.sendq.empty()) return true;
   return link_ && !link_->idle();
@@ -847,7 +847,7 @@ void PeerCore::release_held(uint64_t key) {
 }
 
 void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
-                     std::shared_ptr<RequestState> req) {
+                     std::shared_ptr<RequestState> req, bool standing) {
   std::string what = "irecv tag " + std::to_string(tag) + " (" + (up_to ? "up to " : "") +
                      std::to_string(len) + " bytes) from " + name_;
   if (!failure_.is_ok()) {
@@ -868,6 +868,7 @@ void PeerCore::irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
   m.user = data;
   m.posted_len = len;
   m.up_to = up_to;
+  m.standing = standing;
   if (m.has_header && !fits(m, m.msg_len)) reject_length(m, tag, m.msg_len);
   try_complete(key);
 }

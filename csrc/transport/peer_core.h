@@ -40,7 +40,8 @@
 // Liveness (config.failure_timeout > 0; on sealed streams the PINGs and PONGs are sealed too): a
 // frozen process (SIGSTOP, a hung host) or a cut path keeps its sockets open, and its kernel may
 // even take our bytes, so no error ever comes. While an operation waits on this peer (a posted
-// receive not yet complete, or data queued for it), the peer must be heard: any bytes it sends
+// receive not yet complete, other than a standing one, or data queued for it), the peer must be
+// heard: any bytes it sends
 // count, and when it has been silent for an interval (a fifth of the floor, 10-500 ms) stream 0
 // carries a PING, which the peer's engine answers with a PONG at once, whatever its caller is doing
 // (a rank still busy before its collective is alive). Silent past the FailureDetector's timeout
@@ -100,9 +101,10 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // --- engine thread only ---
   void start();  // registers the streams with the engine
   void isend(uint64_t tag, const uint8_t* data, uint64_t len, std::shared_ptr<RequestState> req);
-  // up_to: len is a capacity (Peer::irecv_upto), not the exact length.
+  // up_to: len is a capacity (Peer::irecv_upto), not the exact length. standing: posted for
+  // the peer's life (Peer::irecv_standing), no sign that anything waits on the peer.
   void irecv(uint64_t tag, uint8_t* data, uint64_t len, bool up_to,
-             std::shared_ptr<RequestState> req);
+             std::shared_ptr<RequestState> req, bool standing = false);
   // Peer::cancel: withdraws a receive whose message has not begun to arrive into its buffer.
   bool cancel(const std::shared_ptr<RequestState>& req);
   // Reports to `w` (this peer's rank) when the next unclaimed message on `tag` has arrived:
@@ -127,6 +129,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     uint8_t* user = nullptr;
     uint64_t posted_len = 0;
     bool up_to = false;       // posted_len is a capacity: any message up to it fits
+    bool standing = false;    // Peer::irecv_standing: not awaited (liveness)
     bool has_header = false;  // at least one chunk header seen
     uint64_t msg_len = 0;
     uint64_t received = 0;

@@ -360,9 +360,13 @@ class LOWCOMM_API Work {
   // Nothing was sent and no sequence number taken, so the communicator stays usable.
   bool refused() const;
   // Runs fn(final status) once the operation completes: at once on this thread when it already
-  // has, else on the thread that completes it (the communicator's executor), after wait() and
-  // status() see the result. For futures (torch's Work::getFuture); fn must be short, must not
-  // throw, and must not wait for later operations of the same communicator.
+  // has, else on the thread that ran it (the communicator's executor, or a thread that ran a
+  // small collective inline in its wait()), after wait() and status() see the result and after
+  // that thread has left the operation. For futures (torch's Work::getFuture); fn must not
+  // throw. fn may call the library: issue a collective and wait for it, or wait for a later
+  // operation (on the executor's thread such a wait runs the queue itself, in call order, so the
+  // operations it waits for cannot be stuck behind it); later operations' callbacks run after fn
+  // returns.
   void on_complete(std::function<void(const Status&)> fn) const;
   // Makes the work queued on `cuda_stream` (a cudaStream_t; null: the legacy default stream)
   // after this call see the operation's device results: the host waits for the operation (as
