@@ -104,13 +104,22 @@ TEST(PinnedPool, ReusesBlocksAndKeepsItsLimit) {
     EXPECT_NE(d.status().message().find("LOWCOMM_PINNED_BYTES"), std::string::npos)
         << d.status().to_string();
   }
-  // Idle blocks are never freed (freeing page-locked memory synchronises the device): 2 MiB
-  // idle and a 4 MiB limit leave no room for a 4 MiB block.
+  // 2 MiB idle in another class and a 4 MiB limit: a 4 MiB block frees the idle ones to fit
+  // (a change of sizes under a full pool); only blocks in use leave no room.
   EXPECT_EQ(pool.in_use(), 0u);
   EXPECT_EQ(pool.allocated(), 2u << 20);
-  auto e = pool.acquire(4 << 20);
-  ASSERT_FALSE(e.is_ok());
-  EXPECT_EQ(e.status().code(), StatusCode::kSystem);
+  {
+    auto e = pool.acquire(4 << 20);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    EXPECT_EQ(pool.frees(), 2u);
+    EXPECT_EQ(pool.allocated(), 4u << 20);
+    auto f = pool.acquire(1);  // 4 MiB in use: nothing fits
+    ASSERT_FALSE(f.is_ok());
+    EXPECT_EQ(f.status().code(), StatusCode::kSystem);
+    // reserve() while blocks are in use defers (they come back), allocating nothing.
+    EXPECT_TRUE(pool.reserve({1 << 20}).is_ok());
+    EXPECT_EQ(pool.allocated(), 4u << 20);
+  }
   // reserve() grows the pool ahead with the blocks a call will hold at once, and leaves them
   // free: the next acquires take them without allocating.
   device::PinnedPool fresh(dev, 8 << 20);
@@ -161,6 +170,106 @@ TEST(CollectivesDevice, RefusedWithoutRuntimeOrForHostPointers) {
     RANK_OK(
         (*comm)->all_reduce(x.data(), x.data(), x.size(), DType::kFloat32, ReduceOp::kSum).wait());
     RANK_CHECK(x[0] == 2.0f, std::to_string(x[0]));
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
+// A CUDA call that one rank cannot set up for a reason of its own is the group's failure, never
+// a desynchronisation: it takes its sequence number and fails on every rank naming that rank
+// and the reason, and the communicator is latched, so the next calls (two equal-size
+// all-reduces of different data, which a refusal would have matched against each other) fail
+// on every rank too, never a wrong sum. `local`: rank 1's reason, set up before its call.
+void rank_local_refusal_fails_the_group(const std::function<void(TestDevice&)>& local,
+                                        const char* reason) {
+  auto res = run_ranks(3, [&](int rank, const UniqueId& id) -> std::string {
+    CommOptions o = test_options();
+    o.timeout = 20s;
+    if (rank == 1 && std::string(reason) == "LOWCOMM_PINNED_BYTES")
+      ::setenv("LOWCOMM_PINNED_BYTES", "1M", 1);  // this rank's pool only: too small
+    auto comm = Communicator::init(id, rank, 3, o);
+    RANK_OK(comm.status());
+    auto dev = install_device();
+    RANK_CHECK(dev != nullptr, "no device");
+    if (rank == 1) local(*dev);
+    const uint64_t n = 1 << 20;
+    DeviceTensor x(*dev, n * 4), y(*dev, n * 4);
+    std::vector<float> host(n, static_cast<float>(rank + 1));
+    dev->upload(x.p, host.data(), n * 4);
+    AllReduceOptions a;
+    a.memory = MemoryKind::kCuda;
+    a.codec = *parse_codec_spec("q4");
+    auto t0 = Clock::now();
+    Work w = (*comm)->all_reduce(x.p, x.p, n, DType::kFloat32, ReduceOp::kSum, a);
+    RANK_CHECK(!w.refused(),
+               "refused on rank " + std::to_string(rank) + " alone: " + w.status().to_string());
+    Status s = w.wait();
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    RANK_CHECK(!s.is_ok(), "the call succeeded on rank " + std::to_string(rank));
+    RANK_CHECK(s.message().find("rank 1") != std::string::npos, s.to_string());
+    RANK_CHECK(s.message().find(reason) != std::string::npos, s.to_string());
+    RANK_CHECK(took < 5, "took " + std::to_string(took) + " s: " + s.to_string());
+    // Two more of the same size, different data: each fails everywhere (latched), none sums.
+    for (int k = 0; k < 2; ++k) {
+      std::vector<float> v(n, static_cast<float>(10 * k + rank));
+      dev->upload(y.p, v.data(), n * 4);
+      Status t = (*comm)->all_reduce(y.p, y.p, n, DType::kFloat32, ReduceOp::kSum, a).wait();
+      RANK_CHECK(!t.is_ok(), "a later call succeeded: the group went on after the refusal");
+      RANK_CHECK(t.message().find("rank 1") != std::string::npos, t.to_string());
+    }
+    return "ok (" + std::to_string(took) + " s) " + s.message();
+  });
+  expect_all_ok(res);
+}
+
+TEST(CollectivesDevice, PinnedPoolTooSmallOnOneRankFailsTheCallOnEveryRank) {
+  REQUIRE_DEVICE();
+  rank_local_refusal_fails_the_group([](TestDevice&) {}, "LOWCOMM_PINNED_BYTES");
+}
+
+#ifndef LOWCOMM_TEST_CUDA_DEVICE
+TEST(CollectivesDevice, DeviceOutOfMemoryOnOneRankFailsTheCallOnEveryRank) {
+  rank_local_refusal_fails_the_group(
+      [](TestDevice& d) { static_cast<EmulatedDevice&>(d).fail_next_device_allocs(1000); },
+      "out of memory");
+}
+#endif
+
+// A full pinned pool never ends a job: under LOWCOMM_PINNED_BYTES=4M, an exact all-reduce of
+// 1.5 MiB (a 2 MiB block) and then one of 3 MiB (a 4 MiB block, which fits only once the idle
+// 2 MiB block is freed) both succeed; and a q4 all-reduce of 8 MiB, whose GPU-codec path takes
+// two 2 MiB blocks of codes and no block of the tensor's size, is not refused.
+TEST(CollectivesDevice, FullPinnedPoolMakesRoomAcrossSizes) {
+  REQUIRE_DEVICE();
+  auto res = run_ranks(2, [&](int rank, const UniqueId& id) -> std::string {
+    ::setenv("LOWCOMM_PINNED_BYTES", "4M", 1);
+    auto comm = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(comm.status());
+    auto dev = install_device();
+    RANK_CHECK(dev != nullptr, "no device");
+    for (const char* codec : {"", "", "q4"}) {
+      static int step = 0;
+      const uint64_t n = step == 0 ? (3 << 19) / 4 : step == 1 ? (3 << 20) / 4 : (8 << 20) / 4;
+      ++step;
+      DeviceTensor x(*dev, n * 4);
+      std::vector<float> host(n, static_cast<float>(rank + 1));
+      dev->upload(x.p, host.data(), n * 4);
+      AllReduceOptions a;
+      a.memory = MemoryKind::kCuda;
+      if (*codec) a.codec = *parse_codec_spec(codec);
+      Work w = (*comm)->all_reduce(x.p, x.p, n, DType::kFloat32, ReduceOp::kSum, a);
+      RANK_OK(w.wait());
+      // The same call on host buffers gives the same bytes (exact: 3 everywhere).
+      std::vector<float> want(n, static_cast<float>(rank + 1));
+      AllReduceOptions h = a;
+      h.memory = MemoryKind::kHost;
+      RANK_OK((*comm)
+                  ->all_reduce(want.data(), want.data(), n, DType::kFloat32, ReduceOp::kSum, h)
+                  .wait());
+      dev->download(host.data(), x.p, n * 4);
+      RANK_CHECK(host == want && (*codec || host.front() == 3.0f),
+                 std::string(codec) + " n " + std::to_string(n) + ": " + std::to_string(host[0]));
+    }
     return "ok";
   });
   expect_all_ok(res);

@@ -112,6 +112,9 @@ void EmulatedDevice::device_free(void* p) {
 }
 
 Result<void*> EmulatedDevice::alloc_device(uint64_t bytes, device::Stream) {
+  if (fail_allocs_.load() > 0 && fail_allocs_.fetch_sub(1) > 0)
+    return Status(StatusCode::kSystem, "cudaMallocAsync of " + std::to_string(bytes) +
+                                           " bytes: out of memory (emulated)");
   return device_alloc(bytes);
 }
 

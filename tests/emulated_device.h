@@ -72,6 +72,9 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   void download(void* host, const void* dev, uint64_t bytes) override;
   void download_blocking(void* host, const void* dev, uint64_t bytes, device::Stream s) override;
   uint64_t pinned_allocations() const { return pinned_allocs_.load(); }
+  // The next n alloc_device calls fail as cudaMallocAsync does when the device is full
+  // (kSystem, "out of memory"): a rank-local refusal for the tests.
+  void fail_next_device_allocs(int n) { fail_allocs_.store(n); }
 
  private:
   struct StreamImpl;
@@ -84,6 +87,7 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   std::mutex mu_;                         // guards device_
   std::map<uintptr_t, uint64_t> device_;  // device allocations: begin -> bytes
   std::atomic<uint64_t> pinned_allocs_{0};
+  std::atomic<int> fail_allocs_{0};
 };
 
 }  // namespace lowcomm::testing

@@ -36,6 +36,26 @@ Work refused(Status why) {
   return Work(WorkState::refused(std::move(why)));
 }
 
+// A CUDA call this rank cannot set up for a reason of its own (no device runtime, a failed
+// runtime call or allocation, a pinned pool too small for it): the other ranks make the call, so
+// refusing it here would leave them waiting for it in vain and match this rank's next call of
+// the same shape against it. Instead it takes its sequence number and fails in turn, latching
+// the communicator and telling every peer why, so the call fails on every rank naming this
+// rank and the reason. Wrong arguments (kInvalidArgument: host memory passed as device memory,
+// buffers on two devices, a stream being captured) are refused as every other argument error,
+// and so is a process with no device runtime at all (kUnsupported: a build without CUDA, no
+// driver or no device, which a job's ranks share; the C API's lowcommUnsupported, as NCCL's).
+Work refuse_or_fail(CommImpl& impl, OpKind kind, uint64_t count, DType dtype, Status why) {
+  if (why.code() == StatusCode::kInvalidArgument || !impl.device_context())
+    return refused(std::move(why));
+  OpDescriptor d;
+  d.kind = kind;
+  d.count = count;
+  d.dtype = dtype;
+  Status s(why.code(), "refused on this rank (so failed on every rank): " + why.message());
+  return impl.submit_collective(d, [s](OpRun&) { return s; });
+}
+
 // The compression policy of this communicator (decide_compression).
 CompressionPolicy policy_of(const CommImpl& impl) {
   return CompressionPolicy{impl.options().codec, impl.options().codec_min_bytes};
@@ -94,12 +114,12 @@ using ReduceBody = std::function<Status(OpRun&, const collectives::ReduceArgs&)>
 // one device, or for staging beyond the pinned pool's limit.
 Result<std::shared_ptr<collectives::DeviceCall>> device_call(
     CommImpl& impl, const char* what, std::initializer_list<const void*> buffers, void* stream,
-    const std::vector<uint64_t>& blocks) {
+    const std::vector<uint64_t>& blocks, uint64_t worst_pinned = 0) {
   auto ctx = impl.device_context();
   if (!ctx)
     return Status(ctx.status().code(), std::string(what) + " on CUDA buffers: " +
                                            ctx.status().message() + "; pass host buffers");
-  return (*ctx)->begin_call(what, buffers, stream, blocks);
+  return (*ctx)->begin_call(what, buffers, stream, blocks, worst_pinned);
 }
 
 // The pinned blocks a staged run takes at once: the input and the output (one when in place).
@@ -286,17 +306,28 @@ Work Communicator::all_reduce(const void* send, void* recv, uint64_t count, DTyp
   };
   if (options.memory == MemoryKind::kCuda) {
     const uint64_t bytes = count * dtype_size(dtype);
-    // A lossy codec runs GPU-encoded unless the schedule is two levels (staged), which only
-    // communicators with sites take: reserve for the path the call will most likely take.
+    // A lossy codec runs GPU-encoded unless the schedule is two levels or Random-k's owner
+    // schedule (both staged): reserve for the path the call will most likely take; the output
+    // block only where the sum is formed on the host (one hop). The pool's limit is checked
+    // against the staged path too when the schedule is left to run time (the picker's flat or
+    // two levels).
     const bool lossy = codec && (codec->quantized() || codec->sparse());
-    const bool staged_likely = !lossy || alg == collectives::Algorithm::kTwoLevel;
-    auto call = device_call(*impl_, "all_reduce", {send, recv}, options.cuda_stream,
-                            staged_likely ? staged_blocks(send, bytes, recv, bytes)
-                                          : codec_blocks(*codec, count, size(), bytes));
-    if (!call) return refused(call.status());
+    const bool one_hop = alg == collectives::Algorithm::kOneHop;
+    const bool decayed = !c.error_feedback_key.empty() && codec && !codec->sparse() &&
+                         codec->ef_decay != 1.0f;  // the CUDA kernels take no decay
+    const bool staged_likely = !lossy || alg == collectives::Algorithm::kTwoLevel ||
+                               (codec->sparse() && !one_hop) || decayed;
+    const std::vector<uint64_t> staged = staged_blocks(send, bytes, recv, bytes);
+    const std::vector<uint64_t> blocks =
+        staged_likely ? staged : codec_blocks(*codec, count, size(), one_hop ? bytes : 0);
+    const uint64_t worst = std::max(device::pinned_bytes(blocks),
+                                    d.auto_schedule ? device::pinned_bytes(staged) : uint64_t{0});
+    auto call = device_call(*impl_, "all_reduce", {send, recv}, options.cuda_stream, blocks, worst);
+    if (!call) return refuse_or_fail(*impl_, OpKind::kAllReduce, count, dtype, call.status());
     if (lossy) {
       auto ctx = impl_->device_context();
-      if (Status p = (*ctx)->preload(**call, *codec, dtype); !p) return refused(p);
+      if (Status p = (*ctx)->preload(**call, *codec, dtype); !p)
+        return refuse_or_fail(*impl_, OpKind::kAllReduce, count, dtype, p);
     }
     body = on_device(impl, std::move(call).value(), std::move(body), bytes, bytes);
   }
@@ -351,10 +382,12 @@ Work Communicator::reduce_scatter(const void* send, void* recv, uint64_t recv_co
     auto call = device_call(*impl_, "reduce_scatter", {send, recv}, options.cuda_stream,
                             lossy ? codec_blocks(*codec, recv_count * size(), size(), out)
                                   : staged_blocks(send, in, recv, out));
-    if (!call) return refused(call.status());
+    if (!call)
+      return refuse_or_fail(*impl_, OpKind::kReduceScatter, recv_count, dtype, call.status());
     if (lossy) {
       auto ctx = impl_->device_context();
-      if (Status p = (*ctx)->preload(**call, *codec, dtype); !p) return refused(p);
+      if (Status p = (*ctx)->preload(**call, *codec, dtype); !p)
+        return refuse_or_fail(*impl_, OpKind::kReduceScatter, recv_count, dtype, p);
     }
     body = on_device(impl, std::move(call).value(), std::move(body), in, out);
   }
@@ -384,7 +417,7 @@ Work Communicator::all_gather(const void* send, void* recv, uint64_t send_count,
     const uint64_t out = in * static_cast<uint64_t>(size());
     auto call = device_call(*impl_, "all_gather", {send, recv}, where.cuda_stream,
                             staged_blocks(send, in, recv, out));
-    if (!call) return refused(call.status());
+    if (!call) return refuse_or_fail(*impl_, OpKind::kAllGather, send_count, dtype, call.status());
     return impl_->submit_collective(
         d, staged(impl, std::move(call).value(), send, in, recv, out, body));
   }
@@ -419,7 +452,7 @@ Work Communicator::reduce(const void* send, void* recv, uint64_t count, DType dt
     void* out = rank() == root ? recv : nullptr;  // other ranks' recv is not used
     auto call = device_call(*impl_, "reduce", {send, out}, options.cuda_stream,
                             staged_blocks(send, bytes, out, out ? bytes : 0));
-    if (!call) return refused(call.status());
+    if (!call) return refuse_or_fail(*impl_, OpKind::kReduce, count, dtype, call.status());
     a.recv = out;
     body = on_device(impl_.get(), std::move(call).value(), std::move(body), bytes, out ? bytes : 0);
   }
@@ -501,7 +534,7 @@ Work Communicator::broadcast(const void* send, void* recv, uint64_t count, DType
     const void* in = rank() == root ? send : nullptr;  // other ranks ignore send
     auto call = device_call(*impl_, "broadcast", {in, recv}, where.cuda_stream,
                             staged_blocks(in, bytes, recv, bytes));
-    if (!call) return refused(call.status());
+    if (!call) return refuse_or_fail(*impl_, OpKind::kBroadcast, count, dtype, call.status());
     return impl_->submit_collective(
         d, staged(impl, std::move(call).value(), in, in ? bytes : 0, recv, bytes, body));
   }

@@ -58,7 +58,7 @@ Result<device::Stream> DeviceContext::stream(int device) {
 
 Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
     const char* what, std::initializer_list<const void*> buffers, void* user_stream,
-    const std::vector<uint64_t>& blocks) {
+    const std::vector<uint64_t>& blocks, uint64_t worst_pinned) {
   int dev = -1;
   for (const void* p : buffers) {
     if (p == nullptr) continue;
@@ -75,12 +75,13 @@ Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
   call->rt = &rt_;
   call->user = user_stream;
   if (dev < 0) return call;  // no buffer (a count of 0): nothing to order or copy
-  const uint64_t pinned = device::pinned_bytes(blocks);
+  const uint64_t pinned = std::max(device::pinned_bytes(blocks), worst_pinned);
   if (pinned > pinned_.limit())
-    return invalid_argument(std::string(what) + ": " + std::to_string(pinned) +
-                            " bytes of pinned host memory needed for these CUDA buffers pass the "
-                            "pool's limit of " +
-                            std::to_string(pinned_.limit()) + " bytes (LOWCOMM_PINNED_BYTES)");
+    return Status(StatusCode::kUnsupported,
+                  std::string(what) + ": " + std::to_string(pinned) +
+                      " bytes of pinned host memory needed for these CUDA buffers pass the "
+                      "pool's limit of " +
+                      std::to_string(pinned_.limit()) + " bytes (LOWCOMM_PINNED_BYTES)");
   auto capturing = rt_.capturing(user_stream);
   if (!capturing) return capturing.status();
   if (*capturing)
@@ -97,7 +98,9 @@ Result<std::shared_ptr<DeviceCall>> DeviceContext::begin_call(
   // The communicator's stream, and the pinned blocks, made now rather than on the executor.
   auto s = stream(dev);
   if (!s) return s.status();
-  (void)pinned_.reserve(blocks);  // best effort: blocks a running operation holds come back
+  // Deferred while a running operation holds blocks (they come back); a failed allocation is
+  // this rank's failure, reported at the call (Communicator: the group's).
+  LOWCOMM_CHECK(pinned_.reserve(blocks));
   return call;
 }
 

@@ -57,13 +57,17 @@ class DeviceContext {
 
   // At the call, on the caller's thread: `what` names the call in errors; `buffers` are the
   // call's device pointers (null entries skipped; all must be on one device); `blocks` the
-  // pinned blocks its run will take at once (refused when their size classes pass the pool's
-  // limit; reserved in the pool now, so the executor allocates no page-locked memory, a
-  // device-wide wait, while it runs). A stream being captured into a CUDA graph is refused.
+  // pinned blocks its run will most likely take at once (reserved in the pool now, so the
+  // executor allocates no page-locked memory, a device-wide wait, while it runs);
+  // `worst_pinned`: the pool bytes of the most its run can take, whichever path it takes
+  // (kUnsupported when that or the blocks' classes pass the pool's limit: no run of it can then
+  // find the pool short, since a communicator runs one operation at a time). A stream being
+  // captured into a CUDA graph is refused (kInvalidArgument).
   Result<std::shared_ptr<DeviceCall>> begin_call(const char* what,
                                                  std::initializer_list<const void*> buffers,
                                                  void* user_stream,
-                                                 const std::vector<uint64_t>& blocks);
+                                                 const std::vector<uint64_t>& blocks,
+                                                 uint64_t worst_pinned = 0);
   // Runs the codec kernels a call with `wire` on `dtype` buffers of `call`'s device will launch
   // (encode, with error feedback, decode), once per process for each: under CUDA's lazy module
   // loading a kernel loads at its first launch, which may wait for the whole device to be idle

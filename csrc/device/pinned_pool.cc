@@ -1,6 +1,7 @@
 #include "device/pinned_pool.h"
 
 #include <bit>
+#include <iterator>
 #include <string>
 
 #include "core/log.h"
@@ -47,14 +48,24 @@ Result<PinnedBlock> PinnedPool::acquire(uint64_t bytes) {
     in_use_ += cap;
     return PinnedBlock(this, b, cap);
   }
-  // Never by freeing idle blocks: freeing page-locked memory synchronises the whole device,
-  // the user's work included, in the middle of an operation.
-  if (allocated_ + cap > limit_)
+  if (in_use_ + cap > limit_)
     return Status(StatusCode::kSystem, "pinned staging pool: " + std::to_string(bytes) +
                                            " bytes needed (a " + std::to_string(cap) +
                                            "-byte block) with " + std::to_string(in_use_) +
                                            " of its limit of " + std::to_string(limit_) +
                                            " bytes in use (LOWCOMM_PINNED_BYTES)");
+  // Full of idle blocks of other sizes: free the largest until this one fits. Freeing
+  // page-locked memory synchronises the whole device, so only when the limit leaves no other
+  // way (a change of sizes), never as routine.
+  while (allocated_ + cap > limit_) {
+    auto it = std::prev(free_.end());
+    while (it->second.empty() && it != free_.begin()) --it;
+    if (it->second.empty()) break;  // not reached: in_use_ + cap <= limit_
+    rt_.free_pinned(it->second.back());
+    it->second.pop_back();
+    allocated_ -= it->first;
+    ++frees_;
+  }
   auto p = rt_.alloc_pinned(cap);
   if (!p) return p.status();
   allocated_ += cap;
@@ -64,6 +75,12 @@ Result<PinnedBlock> PinnedPool::acquire(uint64_t bytes) {
 }
 
 Status PinnedPool::reserve(const std::vector<uint64_t>& sizes) {
+  {
+    // An operation running meanwhile holds blocks it gives back when it ends: then the run
+    // takes what is missing (acquire).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (in_use_ + pinned_bytes(sizes) > limit_) return Status::ok();
+  }
   std::vector<PinnedBlock> held;
   for (uint64_t b : sizes) {
     auto blk = acquire(b);
@@ -96,6 +113,10 @@ uint64_t PinnedPool::in_use() const {
 uint64_t PinnedPool::allocations() const {
   std::lock_guard<std::mutex> lock(mu_);
   return allocations_;
+}
+uint64_t PinnedPool::frees() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return frees_;
 }
 
 }  // namespace lowcomm::device

@@ -4,12 +4,14 @@
 // cudaFreeHost synchronises the whole device).
 //
 // Blocks come in power-of-two size classes from 64 KiB; a released block goes back to its
-// class's free list and is handed out again, never freed before the pool is destroyed (freeing
-// page-locked memory synchronises the whole device, the user's work included). The pool's
-// total (blocks in use and free) is bounded by `limit`: a request that would pass it fails with
-// kSystem naming the limit (LOWCOMM_PINNED_BYTES) instead of growing. reserve() grows the pool
-// ahead, on the caller's thread at the call, so the executor finds its blocks already there and
-// allocates no page-locked memory (a device-wide wait) while it runs operations. Thread-safe.
+// class's free list and is handed out again. The pool's total (blocks in use and free) is
+// bounded by `limit`: a request that the idle blocks of its class cannot meet and that would
+// pass the limit frees idle blocks of other classes, largest first, until it fits (freeing
+// page-locked memory synchronises the whole device, the user's work included: only when the
+// sizes change under a full pool); only a request that the blocks in use leave no room for
+// fails (kSystem, naming LOWCOMM_PINNED_BYTES). reserve() grows the pool ahead, on the caller's
+// thread at the call, so the executor finds its blocks already there and allocates no
+// page-locked memory (a device-wide wait) while it runs operations. Thread-safe.
 
 #include <cstdint>
 #include <map>
@@ -56,13 +58,14 @@ class PinnedPool {
   // A block of at least `bytes` (0 gives an empty block).
   Result<PinnedBlock> acquire(uint64_t bytes);
   // Makes sure blocks for `sizes`, all at once, are in the pool (allocating what is missing),
-  // and leaves them free.
+  // and leaves them free; nothing (ok) while the blocks in use leave no room for them.
   Status reserve(const std::vector<uint64_t>& sizes);
 
   uint64_t limit() const { return limit_; }
   uint64_t allocated() const;  // bytes held from the runtime, in use or free
   uint64_t in_use() const;
   uint64_t allocations() const;  // alloc_pinned calls made, over the pool's life
+  uint64_t frees() const;        // idle blocks freed to make room for another size
 
  private:
   friend class PinnedBlock;
@@ -75,6 +78,7 @@ class PinnedPool {
   uint64_t allocated_ = 0;
   uint64_t in_use_ = 0;
   uint64_t allocations_ = 0;
+  uint64_t frees_ = 0;
 };
 
 // The size class of `bytes`: the next power of two, at least kMinBlock.

@@ -108,7 +108,7 @@ def core_private_libs(pc):
 # instead of ~6 min (per torch, and scripts/test.sh builds it for two).
 UNITS = {
     "backend_unit": ("backend", "coalesced", "compression", "work", "call_order_keys",
-                     "tensor_util", "reconfigure", "device", "p2p"),
+                     "tensor_util", "reconfigure", "device", "p2p", "callback_threads"),
     "bindings_unit": ("bindings", "codec_bindings", "elastic_bindings"),
 }
 

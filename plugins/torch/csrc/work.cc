@@ -1,5 +1,7 @@
 #include "work.h"
 
+#include "callback_threads.h"
+
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -146,15 +148,23 @@ void LowcommWork::on_one_done(const lowcomm::Status& s) {
     error_ = e;
     f = future_;
   }
-  if (f) {
+  if (!f) {
+    finish(e);  // c10d::Work: marks completed, wakes wait()
+    return;
+  }
+  // The future's callbacks are user code that may call a collective or wait for a later work:
+  // never on lowcomm's executor (callback_threads.h). The work completes after its future.
+  c10::intrusive_ptr<LowcommWork> self =
+      c10::intrusive_ptr<LowcommWork>::unsafe_reclaim_from_nonowning(this);
+  run_on_callback_thread([self, f, e] {
     try {
-      complete_future(f);  // outside the lock: its callbacks may call getFuture()
+      self->complete_future(f);  // outside the lock: its callbacks may call getFuture()
     } catch (...) {
       // A callback that throws must not keep wait() from returning.
       TORCH_WARN("lowcomm: a callback on a work's future threw; the work completes anyway");
     }
-  }
-  finish(e);  // c10d::Work: marks completed, wakes wait()
+    self->finish(e);
+  });
 }
 
 bool LowcommWork::isCompleted() {

@@ -1,9 +1,10 @@
 #pragma once
 // LowcommWork: torch's c10d::Work over one or more lowcomm::Work. It completes when all of them
-// have (then it copies staged outputs back into non-contiguous user tensors) and completes its
-// future at the same moment, from the communicator's executor thread, so DDP communication
-// hooks chain on it without a waiting thread. A failure becomes a C10 error naming the
-// operation, raised by wait() and set on the future.
+// have (then it copies staged outputs back into non-contiguous user tensors), from the
+// communicator's executor thread; a future asked for before then is completed first, on a
+// callback thread (callback_threads.h), so DDP communication hooks chain on it without a
+// waiting thread and its callbacks may call collectives or wait for later works. A failure
+// becomes a C10 error naming the operation, raised by wait() and set on the future.
 //
 // wait() on CPU tensors waits through lowcomm::Work::wait, so a small collective that nothing
 // has started yet runs on the waiting thread (CommOptions::inline_bytes: the hand-offs to the
