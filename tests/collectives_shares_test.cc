@@ -70,6 +70,40 @@ TEST(SharesPlan, ASlightlySlowerRankOwnsLessAndAllFinishTogether) {
     EXPECT_NEAR((1 + 2 * share(p, i)) / r[i], T, 1e-4) << "rank " << i << " finishes at T";
 }
 
+// Plans are computed on every rank from the same rate codes and only their hash is agreed, so
+// the rates must be the same doubles on every host. A rate one last bit off changes the plan:
+// for these codes (found by a search, 3 in 35,000 random sets), perturbing rank 1's rate by one
+// ulp moves a part, which a host whose exp2 rounds differently would do, failing the group at
+// the next descriptor check. The planner's rates come from integers alone (relative_rate: a Q63
+// power of 2^(-1/1024), no libm), bit for bit the values below on every host.
+TEST(SharesPlan, RatesFromCodesAreTheSameBitsOnEveryHost) {
+  EXPECT_EQ(topology::relative_rate(0), 1.0);
+  EXPECT_EQ(topology::relative_rate(1024), 0.5);
+  EXPECT_EQ(topology::relative_rate(3 * 1024), 0.125);
+  EXPECT_EQ(topology::relative_rate(1), 0x1.ffa74ea381efcp-1);
+  EXPECT_EQ(topology::relative_rate(37), 0x1.f35605cce1613p-1);
+  EXPECT_EQ(topology::relative_rate(511), 0x1.6a48a86475795p-1);
+  EXPECT_EQ(topology::relative_rate(958), 0x1.0bb23d833d93fp-1);
+  EXPECT_EQ(topology::relative_rate(1023), 0x1.002c605e2e8cfp-1);
+  EXPECT_EQ(topology::relative_rate(5000), 0x1.15a98c8a58e51p-5);
+  for (uint32_t k = 0; k < 8192; k += 7)
+    EXPECT_NEAR(topology::relative_rate(k) / std::exp2(-static_cast<double>(k) / 1024), 1.0, 1e-15)
+        << k;
+
+  const std::vector<uint16_t> codes = {21604, 21604, 20646, 21566};
+  std::vector<double> r = topology::plan_rates(codes);
+  const SharePlan plan = plan_shares(r);
+  EXPECT_EQ(plan.parts, (std::vector<uint32_t>{355838, 355837, 1, 336900}));
+  r[1] = std::nextafter(r[1], 2.0);  // what another host's libm might have given
+  EXPECT_NE(plan_shares(r).parts, plan.parts) << "the hazard: one ulp moves a part";
+  // Two ranks' planners given the same codes hold the same plan: the one from plan_rates.
+  SharePlanner a, b;
+  EXPECT_TRUE(a.observe(codes));
+  EXPECT_TRUE(b.observe(codes));
+  EXPECT_EQ(a.plan().parts, plan.parts);
+  EXPECT_EQ(a.plan().hash(), b.plan().hash());
+}
+
 TEST(SharesPlan, ChunksCoverTheTensorOnScaleGroupsEachRankAtLeastOne) {
   SharePlan p = plan_shares({1e8, 1e8, 1e8, 1e6, 3e7});
   for (uint64_t n : {5ull * 64, 1000ull * 64 + 17, 12345678ull}) {

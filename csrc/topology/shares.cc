@@ -57,6 +57,24 @@ std::string SharePlan::to_string() const {
 
 namespace {
 
+// 2^(-1/1024) in Q63, from integers alone (bisection on m^1024 = 1/2), at compile time.
+__extension__ using U128 = unsigned __int128;
+constexpr uint64_t kQ63 = uint64_t{1} << 63;
+constexpr uint64_t mul_q63(uint64_t a, uint64_t b) {
+  return static_cast<uint64_t>((static_cast<U128>(a) * b) >> 63);
+}
+constexpr uint64_t step_down_q63() {
+  uint64_t lo = kQ63 / 2, hi = kQ63 - 1;
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    uint64_t p = mid;
+    for (int i = 0; i < 10; ++i) p = mul_q63(p, p);  // mid^1024
+    (p < kQ63 / 2 ? lo : hi) = mid;
+  }
+  return hi;
+}
+constexpr uint64_t kStepDownQ63 = step_down_q63();
+
 // What each rank can own if all must finish by T (per byte of the encoded tensor).
 double capacity(const std::vector<double>& rates, double T, std::vector<double>* each) {
   const double k = static_cast<double>(rates.size()) - 2;
@@ -130,13 +148,29 @@ void SharePlanner::measured(double bytes_per_second) {
   rate_ = *std::max_element(recent_.begin(), recent_.end());
 }
 
+double relative_rate(uint32_t steps) {
+  uint64_t x = kQ63, b = kStepDownQ63;
+  for (uint32_t e = steps & 1023; e != 0; e >>= 1) {
+    if (e & 1) x = mul_q63(x, b);
+    b = mul_q63(b, b);
+  }
+  return std::ldexp(static_cast<double>(x), -63 - static_cast<int>(steps >> 10));
+}
+
+std::vector<double> plan_rates(const std::vector<uint16_t>& codes) {
+  const uint16_t top = codes.empty() ? 0 : *std::max_element(codes.begin(), codes.end());
+  std::vector<double> r;
+  for (uint16_t c : codes) r.push_back(relative_rate(static_cast<uint32_t>(top - c)));
+  return r;
+}
+
 bool SharePlanner::observe(const std::vector<uint16_t>& codes) {
   if (codes.size() < 3) return false;
-  std::vector<double> rates;
-  for (uint16_t c : codes) {
+  for (uint16_t c : codes)
     if (c == 0) return false;
-    rates.push_back(decode_rate(c));
-  }
+  // From the codes by integer arithmetic and IEEE's basic operations only (no libm, no
+  // contraction: -ffp-contract=off), so every host makes the same plan from the same codes.
+  const std::vector<double> rates = plan_rates(codes);
   SharePlan next = plan_shares(rates);
   if (predicted_time(SharePlan{}, rates) <= kPlanGain * predicted_time(next, rates)) next = {};
   if (next.parts == plan_.parts) return false;
@@ -145,7 +179,8 @@ bool SharePlanner::observe(const std::vector<uint16_t>& codes) {
       (next.equal() ? 1.0 : kReplanGain) * predicted_time(next, rates))
     return false;
   plan_ = std::move(next);
-  rates_ = std::move(rates);
+  rates_.clear();
+  for (uint16_t c : codes) rates_.push_back(decode_rate(c));  // for the log line only
   return true;
 }
 

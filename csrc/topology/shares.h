@@ -65,6 +65,13 @@ SharePlan plan_shares(const std::vector<double>& rates);
 // T(w) / E: the modelled finishing time per byte of the encoded tensor.
 double predicted_time(const SharePlan& plan, const std::vector<double>& rates);
 
+// The rates a plan is made from: code c's rate relative to the fastest of `codes`,
+// 2^((c - max) / 1024) (op_report.h's code steps), computed from integers alone (a Q63 power)
+// and not by libm's exp2, whose last bit may differ between hosts: a plan one host computes one
+// part differently fails the group at its descriptor check. relative_rate(k) = 2^(-k/1024).
+double relative_rate(uint32_t steps);
+std::vector<double> plan_rates(const std::vector<uint16_t>& codes);
+
 // One rank's view of the shares: its own rate and the plan every rank holds.
 class SharePlanner {
  public:
@@ -80,7 +87,7 @@ class SharePlanner {
   // plan.
   bool observe(const std::vector<uint16_t>& codes);
   const SharePlan& plan() const { return plan_; }
-  const std::vector<double>& rates() const { return rates_; }
+  const std::vector<double>& rates() const { return rates_; }  // bytes/s, for logs
 
   // The rate is the highest of the last kRecent measurements: a peak can only under-read the
   // link (an operation that never fills it shows less, the first one most of all, while TCP
