@@ -27,7 +27,17 @@ namespace lowcomm::transport::testing {
 
 class TamperProxy {
  public:
-  enum class Action { kPass, kFlipPayloadBit, kFlipHeaderBit, kDrop, kRepeat, kSwapWithNext, kCut };
+  // kRewrite: the record is replaced by what the rewriter gives (rewriter()).
+  enum class Action {
+    kPass,
+    kFlipPayloadBit,
+    kFlipHeaderBit,
+    kDrop,
+    kRepeat,
+    kSwapWithNext,
+    kCut,
+    kRewrite
+  };
   struct Record {
     int connection = 0;  // which proxied stream (accept order)
     uint64_t index = 0;  // record number on that stream
@@ -37,6 +47,7 @@ class TamperProxy {
     bool control() const { return (flags & kChunkFlagControl) != 0; }
   };
   using Policy = std::function<Action(const Record&)>;
+  using Rewriter = std::function<std::vector<uint8_t>(const Record&, std::vector<uint8_t> rec)>;
 
   TamperProxy(SocketAddress target, Policy policy) : target_(target), policy_(std::move(policy)) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -67,6 +78,8 @@ class TamperProxy {
   }
 
   const SocketAddress& address() const { return address_; }
+  // What kRewrite records become (before the first record arrives).
+  void set_rewriter(Rewriter r) { rewriter_ = std::move(r); }
   // Records the policy altered (any action but kPass), in the order it saw them.
   std::vector<Record> tampered() const {
     std::lock_guard<std::mutex> g(mu_);
@@ -172,6 +185,9 @@ class TamperProxy {
               held = std::move(rec);
               rec.clear();
               continue;
+            case Action::kRewrite:
+              rec = rewriter_(r, std::move(rec));
+              break;
             case Action::kCut:
               write_all(server, rec.data(), rec.size() / 2);
               ::shutdown(server, SHUT_RDWR);
@@ -191,6 +207,7 @@ class TamperProxy {
 
   SocketAddress target_;
   Policy policy_;
+  Rewriter rewriter_;
   SocketAddress address_;
   int listen_fd_ = -1;
   std::atomic<bool> stop_{false};

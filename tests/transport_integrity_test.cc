@@ -437,5 +437,50 @@ TEST(TransportIntegrity, SealedStreamsRejectFlippedDroppedRepeatedReorderedAndCu
   }
 }
 
+// A sender re-sends a chunk at most as often as a receiver asks for it (kMaxChunkResends): NACKs
+// beyond that are not a receiver's (an on-path injector's: unsealed control frames carry no
+// authentication), and fail the connection instead of buying a chunk-sized re-send each. Here
+// the proxy replaces the receiver's first ACK with five NACKs of the chunk before it.
+TEST(TransportIntegrity, ASenderResendsAChunkNoMoreOftenThanAReceiverAsks) {
+  constexpr int kForged = 5;
+  auto policy = [done = std::make_shared<std::atomic<bool>>(false)](const TamperProxy::Record& r) {
+    return r.control() && r.tag == kControlAck && r.seq >= 1 && !done->exchange(true)
+               ? Action::kRewrite
+               : Action::kPass;
+  };
+  // b connects through the proxy, so what b sends (its ACKs and NACKs, as the receiver) is what
+  // the proxy can alter; a sends the data.
+  auto p = connect_through_proxy(small_chunks(0, false, 1), small_chunks(1, false, 1), policy);
+  ASSERT_TRUE(p.a && p.b);
+  p.proxy->set_rewriter([](const TamperProxy::Record& r, std::vector<uint8_t> ack) {
+    std::vector<uint8_t> out;
+    for (int i = 0; i < kForged; ++i) {
+      uint8_t h[kChunkHeaderBytes];
+      write_control_frame(kControlNack, r.seq - 1, h);
+      out.insert(out.end(), h, h + kChunkHeaderBytes);
+    }
+    out.insert(out.end(), ack.begin(), ack.end());
+    return out;
+  });
+  constexpr uint64_t kLen = 3000;
+  std::vector<std::vector<uint8_t>> sent, got;
+  Status failed;
+  for (int i = 0; i < 200 && failed.is_ok(); ++i) {
+    sent.push_back(random_bytes(kLen, static_cast<uint32_t>(i)));
+    got.emplace_back(kLen, 0);
+    Request rr = p.b->irecv(7, got.back().data(), kLen);
+    Status s = p.a->isend(7, sent.back().data(), kLen).wait(Deadline::after_seconds(10));
+    ASSERT_NE(s.code(), StatusCode::kTimeout);
+    if (!s) failed = s;
+    (void)rr.wait(Deadline::after_seconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the ACK timer fire
+  }
+  ASSERT_EQ(p.proxy->tampered().size(), 1u) << "no ACK was rewritten";
+  EXPECT_EQ(p.a->resent_chunks(), static_cast<uint64_t>(PeerCore::kMaxChunkResends));
+  ASSERT_FALSE(failed.is_ok()) << "the sender took every forged NACK";
+  EXPECT_EQ(failed.code(), StatusCode::kCorruptData) << failed.to_string();
+  EXPECT_NE(failed.message().find("asked for again"), std::string::npos) << failed.to_string();
+}
+
 }  // namespace
 }  // namespace lowcomm::transport::testing

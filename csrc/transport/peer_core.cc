@@ -555,7 +555,14 @@ Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
     return corrupt_data(stream_name(s) + ": request to send chunk " + std::to_string(h.seq) +
                         " again, outside the chunks written and not yet acknowledged [" +
                         std::to_string(s.retained_base) + ", " + std::to_string(end) + ")");
-  const Retained& r = s.retained[h.seq - s.retained_base];
+  Retained& r = s.retained[h.seq - s.retained_base];
+  // A receiver asks for a chunk at most kMaxChunkResends times, then fails its message: more
+  // NACKs are not ours (an unauthenticated frame injected on the path would otherwise buy a
+  // chunk-sized re-send each).
+  if (++r.resends > kMaxChunkResends)
+    return corrupt_data(stream_name(s) + ": chunk " + std::to_string(h.seq) + " asked for again " +
+                        std::to_string(r.resends) + " times, more than a receiver asks (" +
+                        std::to_string(kMaxChunkResends) + ")");
   auto op = std::make_shared<SendOp>();
   op->req = std::make_shared<RequestState>();  // nobody waits: the receiver's irecv does
   op->what = "re-send of tag " + std::to_string(r.fields.tag) + " (seq " +

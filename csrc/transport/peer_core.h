@@ -156,6 +156,8 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
     const uint8_t* data = nullptr;  // the user's buffer (borrowed) or copy
     std::unique_ptr<uint8_t[]> copy;
     SendOp* borrowed = nullptr;  // the isend whose buffer `data` points into, until it ends
+    int resends = 0;             // times the receiver asked for it again (at most
+                                 // kMaxChunkResends: it gives up after that many)
   };
   struct Stream {
     int index = 0;
