@@ -1,6 +1,8 @@
 #include "transport/peer_core.h"
+#include "transport/socket_options.h"
 
 #include <errno.h>
+#include <linux/sockios.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -61,6 +63,10 @@ PeerCore::PeerCore(ProgressEngine& engine, std::vector<StreamSocket> fds, int re
   for (size_t i = 0; i < fds.size(); ++i) {
     streams_[i].index = static_cast<int>(i);
     streams_[i].fd = std::move(fds[i].fd);
+    // Control frames (PING/PONG, ACK/NACK) jump lowcomm's own queue at chunk boundaries, but
+    // not what the kernel already holds: a full send buffer on a slow link (8 MiB at 20 Mbit/s
+    // is 3.4 s) put a PING behind seconds of data, and a live peer read as frozen.
+    limit_unsent_bytes(streams_[i].fd.get(), kUnsentBytes);
     Status a = streams_[i].sealer.init(fds[i].keys);
     Status b = a ? streams_[i].opener.init(fds[i].keys) : a;
     if (!b && setup_.is_ok()) setup_ = Status(b.code(), name_ + ": " + b.message());
@@ -188,7 +194,17 @@ void PeerCore::check_alive() {
   } else if (alive_.silent_for(now) >= ping_interval_) {
     const auto t = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch());
     pings_sent_.fetch_add(1, std::memory_order_relaxed);
-    send_control(streams_[0], kControlPing, static_cast<uint64_t>(t.count()));
+    // A PING queued behind data on a real link waits for the chunk being written and what the
+    // kernel holds unsent: its round trip measures the queue, not the path, and would stretch
+    // the timeout to seconds on a slow link. The lowest bit of its time says so; its PONG still
+    // counts as heard but is not a sample. (Emulated links carry control frames by timer.)
+    int unsent = 0;
+    const bool queued =
+        !link_ &&
+        (!streams_[0].sendq.empty() ||
+         (::ioctl(streams_[0].fd.get(), SIOCOUTQNSD, &unsent) == 0 && unsent > kUnsentSampleBytes));
+    send_control(streams_[0], kControlPing,
+                 (static_cast<uint64_t>(t.count()) & ~uint64_t{1}) | (queued ? 1 : 0));
   }
   arm_alive_timer();
 }
@@ -527,9 +543,10 @@ Status PeerCore::on_control(Stream& s, const ChunkHeader& h) {
   if (h.tag == kControlPong) {
     const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
         FailureDetector::Clock::now().time_since_epoch());
-    const auto sent = static_cast<int64_t>(h.seq);
+    const auto sent = static_cast<int64_t>(h.seq & ~uint64_t{1});
+    const bool queued = (h.seq & 1) != 0;  // sent behind data (check_alive): not a sample
     // A round trip from this side's own clock; anything implausible is not a sample.
-    if (sent > 0 && sent <= now.count() && now.count() - sent < int64_t{60} * 1000000000)
+    if (!queued && sent > 0 && sent <= now.count() && now.count() - sent < int64_t{60} * 1000000000)
       alive_.rtt_sample(std::chrono::nanoseconds(now.count() - sent));
     return Status::ok();  // heard: read_stream counted its bytes
   }

@@ -97,6 +97,14 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   uint64_t resent_chunks() const { return resent_chunks_.load(std::memory_order_relaxed); }
   // How often one chunk is asked for again before its message fails.
   static constexpr int kMaxChunkResends = 3;
+  // What the kernel may hold unsent per stream (TCP_NOTSENT_LOWAT): a control frame queued now
+  // waits behind at most this and the chunk being written (at 20 Mbit/s, 0.4 s + 0.2 s; well
+  // inside the failure timeout's 1.5 s floor), and on a fast link it is a fraction of a
+  // millisecond of data, refilled on each write event.
+  static constexpr int kUnsentBytes = 1 << 20;
+  // A PING that finds more than this unsent in the kernel (or data in lowcomm's queue) is not
+  // a round-trip sample: it measures the queue (check_alive).
+  static constexpr int kUnsentSampleBytes = 16 << 10;
 
   // --- engine thread only ---
   void start();  // registers the streams with the engine

@@ -39,6 +39,10 @@ SocketBufferSizes granted_socket_buffers(int fd) {
   return s;
 }
 
+void limit_unsent_bytes(int fd, int bytes) {
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes));
+}
+
 Status set_nodelay(int fd, const std::string& what) {
   int one = 1;
   LOWCOMM_CHECK_SYS(::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)), what);

@@ -21,6 +21,10 @@ struct SocketBufferSizes {
   int recv = 0;
 };
 SocketBufferSizes granted_socket_buffers(int fd);
+// TCP_NOTSENT_LOWAT: the kernel takes no more from sendmsg while `bytes` of what it holds are
+// still unsent, so what lowcomm queues after (a control frame) waits behind at most that much
+// rather than a whole send buffer. Best effort (a kernel without it: no limit).
+void limit_unsent_bytes(int fd, int bytes);
 Status set_nodelay(int fd, const std::string& what);
 
 }  // namespace lowcomm::transport
