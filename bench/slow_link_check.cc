@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
   ::waitpid(pids[0], &st0, 0);
   if (pid_t p = shared->frozen.load(); p != 0) ::kill(p, SIGKILL);
   ::waitpid(pids[1], &st1, 0);
-  const bool ok = WIFEXITED(st0) && WEXITSTATUS(st0) == 0 && WIFSIGNALED(st1) &&
-                  WTERMSIG(st1) == SIGKILL;
+  const bool ok =
+      WIFEXITED(st0) && WEXITSTATUS(st0) == 0 && WIFSIGNALED(st1) && WTERMSIG(st1) == SIGKILL;
   std::printf("rank 0: %s\nrank 1: %s\n", shared->result[0],
               WIFSIGNALED(st1) ? "frozen, then killed (expected)" : shared->result[1]);
   std::printf("lowcomm-slow-link-check: %s\n", ok ? "ok" : "FAILED");

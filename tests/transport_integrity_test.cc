@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <future>
 #include <map>
@@ -435,6 +436,29 @@ TEST(TransportIntegrity, SealedStreamsRejectFlippedDroppedRepeatedReorderedAndCu
     EXPECT_NE(first_failure.message().find("peer rank 1"), std::string::npos)
         << first_failure.to_string();
   }
+}
+
+// A copy kept of a small chunk (a small message whose send completed before the peer's ACK:
+// kept for a re-send) is its own size, not a chunk-sized buffer: 200 messages of 64 bytes
+// allocate at most their own 12,800 bytes of copies (a 512 KiB buffer each before).
+TEST(TransportIntegrity, CopiesOfSmallChunksAreTheirOwnSize) {
+  auto p = connect_pair(test_config(0, "test-secret", 1), test_config(1, "test-secret", 1));
+  ASSERT_TRUE(p.a && p.b);
+  constexpr int kMessages = 200;
+  std::vector<std::array<uint8_t, 64>> sent(kMessages), got(kMessages);
+  std::vector<Request> recvs, sends;
+  for (int i = 0; i < kMessages; ++i) {
+    sent[i].fill(static_cast<uint8_t>(i));
+    recvs.push_back(p.a->irecv(3, got[i].data(), 64));
+  }
+  for (int i = 0; i < kMessages; ++i) sends.push_back(p.b->isend(3, sent[i].data(), 64));
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(sends[i].wait(Deadline::after_seconds(10)).is_ok());
+    ASSERT_TRUE(recvs[i].wait(Deadline::after_seconds(10)).is_ok());
+    EXPECT_EQ(got[i], sent[i]);
+  }
+  EXPECT_GT(p.b->copy_bytes_allocated(), 0u) << "no copy was kept: the test shows nothing";
+  EXPECT_LE(p.b->copy_bytes_allocated(), uint64_t{kMessages} * 64);
 }
 
 // A sender re-sends a chunk at most as often as a receiver asks for it (kMaxChunkResends): NACKs

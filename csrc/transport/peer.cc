@@ -152,4 +152,8 @@ uint64_t Peer::resent_chunks() const {
   return core_ ? core_->resent_chunks() : 0;
 }
 
+uint64_t Peer::copy_bytes_allocated() const {
+  return core_ ? core_->copy_bytes_allocated() : 0;
+}
+
 }  // namespace lowcomm::transport

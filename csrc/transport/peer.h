@@ -103,6 +103,10 @@ class Peer {
   uint64_t payload_failures() const;
   uint64_t resend_requests() const;
   uint64_t resent_chunks() const;
+  // Bytes this side allocated for copies of chunks it keeps (for re-sends, sealing, the
+  // emulated link): a chunk's copy is its own size below half a chunk, else a reused
+  // chunk-sized buffer.
+  uint64_t copy_bytes_allocated() const;
   // The socket buffers the kernel granted on stream 0 (what was asked: config.socket_buffer_bytes).
   SocketBufferSizes socket_buffers() const { return buffers_; }
   // The lowest round trip the kernel measured on this peer's streams while they were set up

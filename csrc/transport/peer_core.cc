@@ -476,18 +476,26 @@ void PeerCore::write_control(Stream& s, uint64_t kind, uint64_t arg) {
   do_write(s);
 }
 
+// Copies of chunks of at least half a chunk are chunk-sized and reused (spare_copies_); smaller
+// ones (the tail of a message, a small message) are their own size: a 64-byte message's copy
+// is 64 bytes, not a 512 KiB buffer.
+bool PeerCore::pooled_copy(uint32_t len) const {
+  return len <= config_.chunk_bytes && uint64_t{len} * 2 >= config_.chunk_bytes;
+}
+
 std::unique_ptr<uint8_t[]> PeerCore::take_copy(uint32_t len) {
-  if (len <= config_.chunk_bytes && !spare_copies_.empty()) {
+  if (pooled_copy(len) && !spare_copies_.empty()) {
     auto b = std::move(spare_copies_.back());
     spare_copies_.pop_back();
     return b;
   }
-  return std::make_unique_for_overwrite<uint8_t[]>(std::max<uint64_t>(len, config_.chunk_bytes));
+  const uint64_t bytes = pooled_copy(len) ? config_.chunk_bytes : len;
+  copy_bytes_allocated_.fetch_add(bytes, std::memory_order_relaxed);
+  return std::make_unique_for_overwrite<uint8_t[]>(bytes);
 }
 
 void PeerCore::give_copy(std::unique_ptr<uint8_t[]> b, uint32_t len) {
-  // take_copy made every buffer of a chunk up to chunk_bytes chunk_bytes long.
-  if (b && len <= config_.chunk_bytes && spare_copies_.size() < kSpareCopies)
+  if (b && pooled_copy(len) && spare_copies_.size() < kSpareCopies)
     spare_copies_.push_back(std::move(b));
 }
 

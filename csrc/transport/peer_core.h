@@ -95,6 +95,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // (any thread).
   uint64_t resend_requests() const { return resend_requests_.load(std::memory_order_relaxed); }
   uint64_t resent_chunks() const { return resent_chunks_.load(std::memory_order_relaxed); }
+  uint64_t copy_bytes_allocated() const {
+    return copy_bytes_allocated_.load(std::memory_order_relaxed);
+  }
   // How often one chunk is asked for again before its message fails.
   static constexpr int kMaxChunkResends = 3;
   // What the kernel may hold unsent per stream (TCP_NOTSENT_LOWAT): a control frame queued now
@@ -221,7 +224,9 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   // After a read event: ACK the chunks finished since the last ACK, now if they are many (or
   // `now`), else from a short timer.
   void maybe_ack(Stream& s, bool now = false);
-  // A buffer for a copy of a chunk of len bytes (chunk-sized, reused), and its return.
+  // A buffer for a copy of a chunk of len bytes (chunk-sized and reused when pooled_copy, else
+  // len bytes), and its return.
+  bool pooled_copy(uint32_t len) const;
   std::unique_ptr<uint8_t[]> take_copy(uint32_t len);
   void give_copy(std::unique_ptr<uint8_t[]> b, uint32_t len);
   // A chunk fully written on s: keep it for a re-send (unsealed streams).
@@ -305,6 +310,7 @@ class PeerCore : public std::enable_shared_from_this<PeerCore> {
   std::vector<std::unique_ptr<uint8_t[]>> spare_copies_;  // take_copy / give_copy
   std::atomic<uint64_t> resend_requests_{0};
   std::atomic<uint64_t> resent_chunks_{0};
+  std::atomic<uint64_t> copy_bytes_allocated_{0};  // take_copy's allocations, in bytes
   bool shut_down_ = false;
   bool closing_ = false;
   // Liveness (config_.failure_timeout > 0; else never armed).
