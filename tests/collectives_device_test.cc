@@ -228,6 +228,29 @@ TEST(CollectivesDevice, PinnedPoolTooSmallOnOneRankFailsTheCallOnEveryRank) {
 }
 
 #ifndef LOWCOMM_TEST_CUDA_DEVICE
+// A count-0 all-reduce of device buffers with a codec named (q4) has no buffer and so no
+// device: it completes without allocating device memory or synchronising any stream (it once
+// encoded an empty tensor on the GPU-codec path, on device 0).
+TEST(CollectivesDevice, CountZeroCallTouchesNoDevice) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto comm = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(comm.status());
+    auto dev = install_device();
+    auto& emu = static_cast<EmulatedDevice&>(*dev);
+    AllReduceOptions a;
+    a.memory = MemoryKind::kCuda;
+    a.codec = *parse_codec_spec("q4");
+    const uint64_t allocs = emu.device_allocations(), syncs = emu.synchronizations();
+    RANK_OK((*comm)->all_reduce(nullptr, nullptr, 0, DType::kFloat32, ReduceOp::kSum, a).wait());
+    RANK_CHECK(emu.device_allocations() == allocs,
+               std::to_string(emu.device_allocations() - allocs) + " device allocations");
+    RANK_CHECK(emu.synchronizations() == syncs,
+               std::to_string(emu.synchronizations() - syncs) + " synchronisations");
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
 TEST(CollectivesDevice, DeviceOutOfMemoryOnOneRankFailsTheCallOnEveryRank) {
   rank_local_refusal_fails_the_group(
       [](TestDevice& d) { static_cast<EmulatedDevice&>(d).fail_next_device_allocs(1000); },

@@ -112,6 +112,7 @@ void EmulatedDevice::device_free(void* p) {
 }
 
 Result<void*> EmulatedDevice::alloc_device(uint64_t bytes, device::Stream) {
+  device_allocs_.fetch_add(1);
   if (fail_allocs_.load() > 0 && fail_allocs_.fetch_sub(1) > 0)
     return Status(StatusCode::kSystem, "cudaMallocAsync of " + std::to_string(bytes) +
                                            " bytes: out of memory (emulated)");
@@ -178,6 +179,7 @@ Status EmulatedDevice::wait(device::Stream s, device::Event e) {
 }
 
 Status EmulatedDevice::synchronize(device::Stream s) {
+  syncs_.fetch_add(1);
   auto done = std::make_shared<std::promise<void>>();
   auto f = done->get_future();
   enqueue(s, [done] {

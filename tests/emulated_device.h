@@ -75,6 +75,9 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   // The next n alloc_device calls fail as cudaMallocAsync does when the device is full
   // (kSystem, "out of memory"): a rank-local refusal for the tests.
   void fail_next_device_allocs(int n) { fail_allocs_.store(n); }
+  // Calls of alloc_device and synchronize made so far.
+  uint64_t device_allocations() const { return device_allocs_.load(); }
+  uint64_t synchronizations() const { return syncs_.load(); }
 
  private:
   struct StreamImpl;
@@ -88,6 +91,8 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   std::map<uintptr_t, uint64_t> device_;  // device allocations: begin -> bytes
   std::atomic<uint64_t> pinned_allocs_{0};
   std::atomic<int> fail_allocs_{0};
+  std::atomic<uint64_t> device_allocs_{0};
+  std::atomic<uint64_t> syncs_{0};
 };
 
 }  // namespace lowcomm::testing

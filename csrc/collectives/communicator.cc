@@ -163,6 +163,12 @@ ReduceBody on_device(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> ca
                      uint64_t in_bytes, uint64_t out_bytes) {
   return [impl, call = std::move(call), body = std::move(body), in_bytes, out_bytes](
              OpRun& run, const collectives::ReduceArgs& a) -> Status {
+    // No buffer (a count of 0): nothing on any device to order, encode or copy; the host
+    // algorithm moves the empty tensor (no device memory, no stream, no synchronisation).
+    if (call->device < 0) {
+      LOWCOMM_CHECK(body(run, a));
+      return run.wait_all();
+    }
     auto ctx = impl->device_context();
     if (!ctx) return ctx.status();
     collectives::DeviceOp d(**ctx, *call, run.counters());
