@@ -371,7 +371,8 @@ class LOWCOMM_API Work {
   // Makes the work queued on `cuda_stream` (a cudaStream_t; null: the legacy default stream)
   // after this call see the operation's device results: the host waits for the operation (as
   // wait(); its own result is then in wait()/status(): a failed operation leaves its outputs
-  // untouched). Not a device-side wait: one released by the operation's completion would hold
+  // untouched, except that a CUDA error during the GPU-codec path's final decode leaves them
+  // partly written). Not a device-side wait: one released by the operation's completion would hold
   // the stream on the executor's progress, while the executor makes CUDA calls that any thread
   // blocked on that stream inside the driver (a pageable copy) can hold up, a deadlock.
   // kUnsupported in a build without CUDA or without a device (a refused call is complete).

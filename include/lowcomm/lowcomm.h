@@ -234,7 +234,10 @@ LOWCOMM_API lowcommResult_t lowcommBroadcast(const void* sendbuff, void* recvbuf
  * PCIe); the rest stage through pinned host memory (lowcommOpStats' deviceToHostBytes /
  * hostToDeviceBytes say which). A build without CUDA, or a process without a device:
  * lowcommUnsupported, nothing sent, the communicator usable; a host pointer passed as a device
- * buffer: lowcommInvalidArgument. A failed operation leaves the outputs untouched.
+ * buffer: lowcommInvalidArgument. A failed operation leaves the outputs untouched (one
+ * exception: a CUDA error during the GPU-codec path's final decode leaves recvbuff partly
+ * written). A call one rank cannot set up (the pinned pool's limit, a device out-of-memory)
+ * fails on every rank, naming that rank, and the communicator with it.
  * errorFeedbackKey: NULL or "" for none. */
 #ifndef __DRIVER_TYPES_H__ /* CUDA's own declaration (driver_types.h), when not included */
 typedef struct CUstream_st* cudaStream_t;
