@@ -186,7 +186,14 @@ struct UcxTransport::Impl {
       if (!aborted.is_ok()) teardown();
       finished.clear();
       if (stopping && !worker) return;
-      if (progressed > 0 || (worker && !aborted.is_ok())) continue;  // tearing down
+      if (progressed > 0) continue;
+      if (worker && !aborted.is_ok()) {
+        // Tearing down: UCX finishes the flush and the closes within the next progress calls
+        // or never (a partner that cannot take its bytes); a millisecond between the calls,
+        // not a core spun for up to kTeardownWait.
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!queue.empty() || stop != stopping) continue;
