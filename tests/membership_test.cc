@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -167,11 +168,14 @@ std::string rounds_around_a_join(ElasticCommunicator& ec, std::vector<float>& st
   std::vector<float> buf(count);
   int after = -1;
   int size = 0;  // the view of the last round, taken before it (others leave after it)
+  Clock::duration slowest{};
   for (int round = 0; round < 400 && after < rounds_after_join; ++round) {
     size = ec.size();
     for (uint64_t i = 0; i < count; ++i) buf[i] = input(ec.member_id(), round, i);
+    const auto began = Clock::now();
     Status s = ec.all_reduce(buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kAverage);
     if (!s.is_ok()) return "failed " + s.to_string();
+    slowest = std::max(slowest, Clock::now() - began);
     for (uint64_t i = 0; i < state.size(); i += stride) state[i] += buf[i % count];
     // A founder counts from the admission's view (1) on: its size may already be back to 3 if a
     // member failed right after.
@@ -184,7 +188,9 @@ std::string rounds_around_a_join(ElasticCommunicator& ec, std::vector<float>& st
          " result=" + hex(XXH3_64bits(buf.data(), buf.size() * 4)) +
          " reasked=" + std::to_string(st.state_stripes_reasked) +
          " retried=" + std::to_string(st.retried) +
-         " fetched=" + std::to_string(st.state_fetched_bytes);
+         " fetched=" + std::to_string(st.state_fetched_bytes) +
+         " last_view=" + std::to_string(ec.view().id) + " slowest_ms=" +
+         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count());
 }
 
 enum class Fault { kNone, kKill, kStop };
@@ -578,6 +584,68 @@ TEST(Membership, AnAdmissionAbortedAfterItsStartIsMadeAgain) {
   EXPECT_EQ(field(ps[3].text, "member"), "4") << ps[3].text;
   EXPECT_EQ(field(ps[3].text, "view"), "2") << ps[3].text;
 }
+
+// The coordinator dies after its admission's commit reached one member only
+// (LOWCOMM_ELASTIC_FAULT_COMMIT_ONLY_TO): that member is in the next view, the other founder
+// still in the view before, and the joiner enters only through the member it is connected to.
+// Each side's view change must meet the other's: the stale member takes the commit relayed by
+// the member that applied it (from a coordinator that is dead), and the group goes on in a
+// view without the coordinator, nobody fenced, one result. Param: the member the commit
+// reached (1: the next coordinator; 2: the other founder, while 1 is still in the old view).
+class MembershipCommitReachedOne : public ::testing::TestWithParam<int> {};
+
+TEST_P(MembershipCommitReachedOne, TheGroupGoesOnWithoutTheCoordinator) {
+  const int reached = GetParam();
+  const int seed = reached == 1 ? 2 : 1;  // the joiner's: the member the commit did not reach
+  Fixture fx;
+  ElasticOptions o = test_options();
+  const uint64_t kState = 1 << 18;
+  const uint64_t kCount = 1 << 14;
+  std::vector<Proc> ps;
+  for (int r = 0; r < 3; ++r) {
+    ps.push_back(spawn([&, r]() -> std::string {
+      if (r == 0)
+        ::setenv("LOWCOMM_ELASTIC_FAULT_COMMIT_ONLY_TO", std::to_string(reached).c_str(), 1);
+      auto ec = found_member(fx, r, 3, o);
+      if (!ec) return "init: " + ec.status().to_string();
+      fx.shared->published++;
+      std::vector<float> state(kState, 0.5f);
+      if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+        return s.to_string();
+      return rounds_around_a_join(**ec, state, kCount, 7, 3, true);
+    }));
+  }
+  ps.push_back(spawn([&]() -> std::string {
+    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
+    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[seed]}, o);
+    if (!ec) return "join: " + ec.status().to_string();
+    std::string entered = " entered=" + std::to_string((*ec)->view().id) +
+                          " member=" + std::to_string((*ec)->member_id());
+    std::vector<float> state(kState, 0.0f);
+    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
+      return s.to_string();
+    return rounds_around_a_join(**ec, state, kCount, 7, 2, false) + entered;
+  }));
+  fx.parent_done_forking();
+  collect(ps, 90);
+  EXPECT_EQ(ps[0].exit_code, 128 + SIGKILL) << ps[0].text;
+  for (int k : {1, 2, 3}) {
+    EXPECT_EQ(ps[k].exit_code, 0) << ps[k].text;
+    EXPECT_EQ(field(ps[k].text, "size"), "3") << ps[k].text;
+    EXPECT_EQ(field(ps[k].text, "last_view"), "2") << ps[k].text;  // admitted, then without 0
+    EXPECT_EQ(field(ps[k].text, "state"), field(ps[1].text, "state")) << ps[k].text;
+    EXPECT_EQ(field(ps[k].text, "result"), field(ps[1].text, "result")) << ps[k].text;
+    std::printf("%s\n", ps[k].text.c_str());
+  }
+  // Admitted by the commit that formed view 1 (its join returns once it has dialled the
+  // members, by when view 2 may have formed).
+  EXPECT_EQ(field(ps[3].text, "member"), "3") << ps[3].text;
+}
+INSTANTIATE_TEST_SUITE_P(Members, MembershipCommitReachedOne, ::testing::Values(1, 2),
+                         [](const auto& param_info) {
+                           return param_info.param == 1 ? std::string("NextCoordinator")
+                                                        : std::string("OtherFounder");
+                         });
 
 // A member serving a joiner its stripes is killed, or frozen, while the joiner fetches: the
 // joiner asks the other members for that member's stripes (or, if the collective aborted,

@@ -62,6 +62,8 @@ const std::vector<Param> kTable = {
      "testing hook: drop the finished result of that elastic collective"},
     {"LOWCOMM_ELASTIC_FAULT_DIE_AT_ADMIT", Kind::kChoice, "0", 0, 0, "0|1",
      "testing hook: 1: die before the data of a collective that admits a member"},
+    {"LOWCOMM_ELASTIC_FAULT_COMMIT_ONLY_TO", Kind::kInteger, "off", 0, kBig, "",
+     "testing hook: the coordinator's admission commit reaches that member only, then it dies"},
     {"LOWCOMM_DEBUG", Kind::kChoice, "WARN", 0, 0, "NONE|OFF|0|WARN|INFO|TRACE", "log level"},
     {"LOWCOMM_SECRET", Kind::kText, "", 0, 0, "", "NCCL plugin: the shared secret"},
     {"LOWCOMM_SECRET_FILE", Kind::kText, "", 0, 0, "",

@@ -212,7 +212,17 @@ void ElasticImpl::accept_pending() {
         it->second.peer->irecv_upto(membership::kTag, it->second.rx.data(), it->second.rx.size());
     it->second.fd.heard(Clock::now());
     awaited_.erase(from);
+    if (!(from & 0x80000000u)) caught_up(from);
   }
+}
+
+void ElasticImpl::caught_up(uint32_t id) {
+  if (!changing_ || !fence_.is_ok() || failed_.count(id)) return;
+  Message c = message(MsgType::kChange);
+  c.failed.assign(failed_.begin(), failed_.end());
+  c.text = change_reason_;
+  send_to(id, c);
+  if (coordinator_candidate() == id) report_to_coordinator();
 }
 
 void ElasticImpl::poll_slot(uint32_t id, Slot& s, Clock::time_point now) {

@@ -106,7 +106,7 @@ class ElasticImpl {
   void handle(const membership::Message& m, uint32_t via);
   // handle()'s longer cases (view_protocol.cc).
   void on_done(const membership::Message& m);
-  void on_commit(const membership::Message& m);
+  void on_commit(const membership::Message& m, uint32_t via);
   void on_start(const membership::Message& m);
   void lose(uint32_t id, const std::string& why);
   void begin_change(const std::string& why);
@@ -130,6 +130,10 @@ class ElasticImpl {
   void prepare_admission(const membership::Message& m);
   // A change or report from the view this member just left: the message that ended it, again.
   void answer_stale(const membership::Message& m);
+  // A member's membership connection came up during a view change (a joiner's dial, or its
+  // accept here): what it missed while there was none, this member's kChange and, if it
+  // decides, this member's report, goes now.
+  void caught_up(uint32_t id);
   // `hashes`: the members' state hashes of collective `committed` as far as the decider knows
   // them (merged with the dones this member saw), for the replica check and a joiner's install.
   void apply_view(uint64_t view, const std::vector<membership::MemberAddress>& members,
@@ -213,6 +217,10 @@ class ElasticImpl {
   uint64_t fault_drop_result_ = 0;
   // ...and whether this member dies (SIGKILL) before its data of an admitting collective.
   bool fault_die_at_admit_ = false;
+  // ...and the member that alone gets this coordinator's admission kCommit, after which this
+  // member dies (SIGKILL) as soon as that member's start in the next view arrives; -1: none.
+  int64_t fault_commit_only_to_ = -1;
+  int64_t fault_die_on_start_from_ = -1;
   std::array<uint8_t, UniqueId::kSecretBytes> secret_{};
   uint32_t me_ = 0;
   std::shared_ptr<transport::ProgressEngine> engine_;

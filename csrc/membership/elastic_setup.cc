@@ -65,6 +65,8 @@ Status ElasticImpl::start(const UniqueId& id) {
   if (drop.is_ok() && drop->has_value()) fault_drop_result_ = static_cast<uint64_t>(**drop);
   auto die = params::choice("LOWCOMM_ELASTIC_FAULT_DIE_AT_ADMIT");
   fault_die_at_admit_ = die.is_ok() && die->value_or("0") == "1";
+  auto only = params::integer("LOWCOMM_ELASTIC_FAULT_COMMIT_ONLY_TO");
+  if (only.is_ok() && only->has_value() && **only >= 0) fault_commit_only_to_ = **only;
   if (options_.heartbeat_interval.count() <= 0)
     return invalid_argument("ElasticOptions::heartbeat_interval must be positive");
   if (options_.retries < 0) return invalid_argument("ElasticOptions::retries must be >= 0");
@@ -229,7 +231,6 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   cfg.value().local_rank = static_cast<int>(e->me_);
   auto members = e->addresses_;
   lk.unlock();
-  Deadline deadline = Deadline::after(e->change_timeout_);
   // As among the founders, the higher id connects to the lower: joiners admitted by the same
   // commit (ids above this one's) connect here. Before, both of a pair dialled each other and
   // each side's accept replaced (and closed) its own dialled connection, which the other read
@@ -237,31 +238,50 @@ Result<std::unique_ptr<ElasticImpl>> ElasticImpl::join(const UniqueId& id,
   std::vector<std::pair<uint32_t, std::string>> dial;
   for (const auto& [id2, a] : members)
     if (id2 < e->me_) dial.emplace_back(id2, a);
-  std::vector<std::unique_ptr<transport::Peer>> peers(dial.size());
-  std::vector<Status> dialed(dial.size());
+  // Each connection is the member's as soon as it is up (a member waits for it no longer
+  // than twice the failure timeout, like the awaited joiner on its side). Admitted, this joiner
+  // is a member: a member it cannot reach (one that died after the commit admitting it went
+  // out) is a member lost, which a view change settles, not a join that failed. A member's
+  // listener is up since it entered: a refusal fails the dial at once (connect_once). A joiner
+  // admitted by the same commit refuses a member it has not heard of until it applies the
+  // commit too: dials to those retry (connect_peer). Either gives up after as long as the
+  // members wait for a joiner's connection.
+  Deadline dial_deadline = Deadline::after(std::min(e->change_timeout_, e->failure_floor_ * 2));
+  std::set<uint32_t> fellows;
+  {
+    std::lock_guard<std::mutex> g(e->mu_);
+    fellows = e->fresh_;
+  }
   {
     std::vector<std::thread> dialers;
     for (size_t i = 0; i < dial.size(); ++i)
       dialers.emplace_back([&, i] {
+        const uint32_t id2 = dial[i].first;
         auto addr = transport::SocketAddress::parse(dial[i].second);
-        if (!addr) {
-          dialed[i] = addr.status();
+        Status why = addr.status();
+        std::unique_ptr<transport::Peer> peer;
+        if (addr) {
+          auto dialed = fellows.count(id2)
+                            ? transport::connect_peer(e->engine_, *addr, *cfg, dial_deadline)
+                            : connect_once(e->engine_, *addr, *cfg, dial_deadline);
+          if (dialed)
+            peer = std::move(dialed).value();
+          else
+            why = dialed.status();
+        }
+        std::lock_guard<std::mutex> g(e->mu_);
+        e->awaited_.erase(id2);
+        if (!peer) {
+          e->lose(id2, "member " + std::to_string(id2) +
+                           " of the view this member was admitted into is unreachable: " +
+                           why.message());
           return;
         }
-        auto peer = transport::connect_peer(e->engine_, *addr, *cfg, deadline);
-        if (peer)
-          peers[i] = std::move(peer).value();
-        else
-          dialed[i] = peer.status();
+        e->slots_.erase(id2);
+        e->slots_.try_emplace(id2, std::move(peer), e->options_, e->failure_floor_);
+        e->caught_up(id2);
       });
     for (auto& t : dialers) t.join();
-  }
-  for (size_t i = 0; i < dial.size(); ++i) {
-    if (!dialed[i].is_ok()) return dialed[i];
-    std::lock_guard<std::mutex> g(e->mu_);
-    e->slots_.erase(dial[i].first);
-    e->slots_.try_emplace(dial[i].first, std::move(peers[i]), e->options_, e->failure_floor_);
-    e->awaited_.erase(dial[i].first);
   }
   {
     std::lock_guard<std::mutex> g(e->mu_);

@@ -4,7 +4,9 @@
 #include "membership/elastic_impl.h"
 
 #include <algorithm>
+#include <csignal>
 #include <random>
+#include <utility>
 
 #include "core/log.h"
 #include "membership/elastic_util.h"
@@ -363,6 +365,14 @@ void ElasticImpl::try_commit() {
     c.failed = admit_plan_.failed;
     c.next_id = admit_plan_.next_id;
   }
+  if (fault_commit_only_to_ >= 0) {
+    // The testing hook: the commit reaches one member only; this coordinator dies once that
+    // member has applied it (its start in the next view proves it: on_start).
+    fault_die_on_start_from_ = std::exchange(fault_commit_only_to_, -1);
+    send_to(static_cast<uint32_t>(fault_die_on_start_from_), c);
+    handle(c, me_);
+    return;
+  }
   broadcast(c);
   for (auto& [tid, s] : joiner_slots_) send_to(tid, c);
   handle(c, me_);
@@ -561,22 +571,28 @@ void ElasticImpl::on_done(const Message& m) {
 }
 
 // The coordinator's commit: of the collective in flight, and with members, the next view.
-void ElasticImpl::on_commit(const Message& m) {
+void ElasticImpl::on_commit(const Message& m, uint32_t via) {
+  // Changing: this member's report is out and the new view decides what commits. Except an
+  // admission's commit naming the next view, for a collective this member holds, that no
+  // other view can be decided against: the coordinator sent it once every member's done was
+  // in, and the others apply it and move on (ignoring this view's reports), so a change begun
+  // here gives way to it instead of stalling until the change timeout and fencing while the
+  // group went on. No other view can be decided on this member's report when the commit
+  // comes from the member the report went to (a change begun here just before it came), or
+  // was relayed by that member (it applied the commit, so it decides nothing in this view:
+  // answer_stale, after a coordinator that died having sent it to some members only), or when
+  // this member is that decider itself and has not decided. (A commit from another member,
+  // which a candidate this member does not report to decided, is ignored.) In the next view
+  // this member starts the change again if its cause holds.
+  const uint32_t decider = coordinator_candidate();
+  const bool undecided = m.from == decider || (m.from == view_.coordinator() &&
+                                               (via == decider || decider == me_) && via != me_);
   if (me_ & 0x80000000u) {
     // A joiner learns its admission from a relayed commit.
     if (m.members.empty()) return;
   } else if (m.view != view_.id ||
-             (changing_ && (m.members.empty() || (staged_ != m.seq && committed_ < m.seq) ||
-                            m.from != coordinator_candidate()))) {
-    // Changing: this member's report is out and the new view decides what commits. Except
-    // an admission's commit naming the next view, for a collective this member holds, from
-    // the member its report went to: the coordinator sent it once every member's done was
-    // in, and the others apply it and move on (ignoring this view's reports), so a change
-    // begun here just before it came gives way to it instead of stalling until the change
-    // timeout and fencing while the group went on. Its decider is the one this member
-    // reports to, so no other view can be decided on this member's report. (From another
-    // member, a candidate this member does not report to decides: ignored, as before.) In
-    // the next view this member starts the change again if its cause holds.
+             (changing_ &&
+              (m.members.empty() || (staged_ != m.seq && committed_ < m.seq) || !undecided))) {
     return;
   } else {
     if (m.seq > committed_) {
@@ -590,6 +606,10 @@ void ElasticImpl::on_commit(const Message& m) {
     }
   }
   if (m.members.empty()) return;
+  std::vector<uint32_t> reported_here;  // members waiting for this member's decision
+  if (changing_ && decider == me_)
+    for (const auto& [id, r] : reports_)
+      if (id != me_ && id != via) reported_here.push_back(id);
   if (me_ & 0x80000000u) {
     for (const auto& a : m.members)
       if (a.address == listener_->address().to_string()) me_ = a.id;
@@ -602,6 +622,13 @@ void ElasticImpl::on_commit(const Message& m) {
   apply_view(m.view + 1, m.members, m.data_root, committed_, m.next_id, m.failed);
   if (view_.id == m.view + 1) {
     last_transition_ = m;  // relayed as its decider's (the acceptance rule above reads it)
+    // The members that reported to this member in the view it left wait for its decision,
+    // and send nothing more that answer_stale could answer: they get the commit now.
+    for (uint32_t id : reported_here) {
+      if (!slots_.count(id)) continue;
+      answered_stale_.insert(id);
+      send_to(id, m);
+    }
   }
 }
 
@@ -623,6 +650,8 @@ void ElasticImpl::on_start(const Message& m) {
     cv_.notify_all();
     return;
   }
+  if (fault_die_on_start_from_ >= 0 && m.from == fault_die_on_start_from_ && m.view == view_.id)
+    ::raise(SIGKILL);  // the testing hook of try_commit
   // Kept for a later view too: a member that applied the next view first may start there
   // before this member has applied it.
   if (m.view < view_.id || (m.view == view_.id && m.seq <= committed_)) return;
@@ -671,7 +700,7 @@ void ElasticImpl::handle(const Message& m, uint32_t via) {
       on_done(m);
       return;
     case MsgType::kCommit:
-      on_commit(m);
+      on_commit(m, via);
       return;
     case MsgType::kNoQuorum:
       // It may carry the proof that every member of the view held the collective in flight
