@@ -197,8 +197,9 @@ TEST(TransportUcx, AbortFailsOutstandingAndLaterRequestsAndReleasesBuffers) {
   EXPECT_FALSE(r.test());
   const auto t0 = Clock::now();
   p.b->abort(Status(StatusCode::kAborted, "test abort"));
+  p.b->wait_released();
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
-  ASSERT_TRUE(r.test());  // abort returned: nothing references `in` or `out`
+  ASSERT_TRUE(r.test());  // released: nothing references `in` or `out`
   ASSERT_TRUE(s.test());
   EXPECT_EQ(r.status().code(), StatusCode::kAborted);
   EXPECT_NE(r.status().message().find("test abort"), std::string::npos);
@@ -217,12 +218,45 @@ TEST(TransportUcx, ConcurrentAbortsAllReturnWithTheBuffersFree) {
   for (uint64_t t = 0; t < 8; ++t) recvs.push_back(p.a->irecv(1, t, in.data(), in.size()));
   // An executor failing and a user aborting at once: each returns only once nothing is in use.
   std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { p.a->abort(); });
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&] {
+      p.a->abort();
+      p.a->wait_released();
+    });
   for (auto& t : threads) t.join();
   for (auto& r : recvs) {
     ASSERT_TRUE(r.test());
     EXPECT_EQ(r.status().code(), StatusCode::kAborted);
   }
+}
+
+// Both ends of a pair tear down at once (as two survivors do when a third rank dies) while
+// one has a rendezvous-size send out that the other never received: the receiving end takes
+// it into a buffer of its own, so the send completes and no endpoint is closed with it still
+// pending (the state UCX 1.13's TCP transport crashes in). abort() itself returns at once.
+TEST(TransportUcx, SurvivorsTearingDownTogetherCloseWithNoSendPending) {
+  SKIP_WITHOUT_UCX();
+  Pair p = connected_pair();
+  ASSERT_TRUE(p.a && p.b);
+  std::vector<uint8_t> out(32 << 20, 5), back(4 << 20, 6);
+  Request s = p.a->isend(1, 11, out.data(), out.size());     // b never posts its receive
+  Request s2 = p.b->isend(0, 12, back.data(), back.size());  // nor a (both directions)
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(s.test());
+  EXPECT_FALSE(s2.test());
+  const auto t0 = Clock::now();
+  std::thread other([&] { p.b->abort(Status(StatusCode::kAborted, "rank 2 died")); });
+  p.a->abort(Status(StatusCode::kAborted, "rank 2 died"));
+  other.join();
+  // At once: neither waited for its teardown (the flush, the drain, the destroy).
+  const double returned = std::chrono::duration<double>(Clock::now() - t0).count();
+  p.a->wait_released();
+  p.b->wait_released();
+  ASSERT_TRUE(s.test());
+  ASSERT_TRUE(s2.test());
+  EXPECT_EQ(p.a->closed_with_sends_pending(), 0u);
+  EXPECT_EQ(p.b->closed_with_sends_pending(), 0u);
+  EXPECT_LT(returned, 5.0);
 }
 
 TEST(TransportUcx, UnconnectedRankAndOutOfRangeTagFailClearly) {

@@ -440,8 +440,10 @@ void CommImpl::run_one(Op& op) {
     if (!s) {
       s = Status(s.code(), "rank " + std::to_string(rank_) + ": " + what + ": " + s.message());
       // Before `run` frees its scratch and the Work returns the user's buffers: every request
-      // must be finished, which aborting the peers guarantees.
+      // must be finished, which aborting the peers guarantees (a UCX site's once its teardown
+      // has let go of every buffer, which may be another thread's abort's).
       fail(s, s.code() != StatusCode::kAborted);
+      if (ucx_) ucx_->wait_released();
     }
     source = run.source();
     run.tally_resends();

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -111,6 +112,7 @@ struct UcxTransport::Impl {
   bool stop = false;
   uint64_t abort_asked = 0;  // aborts posted (tickets)
   uint64_t abort_done = 0;   // the highest ticket whose abort has let go of every buffer
+  std::atomic<uint64_t> closed_with_sends{0};  // teardowns that closed with sends pending
 
   // Progress thread only.
   std::map<int, Partner> partners;
@@ -124,6 +126,10 @@ struct UcxTransport::Impl {
   std::chrono::steady_clock::time_point teardown_since;
   std::vector<void*> flushing;  // ucp_ep_flush_nbx requests in flight
   std::vector<void*> closing;   // ucp_ep_close_nbx requests in flight
+  // Receives of the messages that arrived unexpected during the teardown, into buffers of
+  // their own: a live partner's send completes instead of waiting for a receive that was
+  // cancelled here, so its endpoint is never closed with that send pending.
+  std::vector<std::pair<void*, std::unique_ptr<uint8_t[]>>> draining;
 
   ~Impl() {
     if (worker) ucp_worker_destroy(worker);
@@ -256,8 +262,21 @@ struct UcxTransport::Impl {
     }
     free_completed(flushing);
     if (!closing_started) {
-      if (!flushing.empty() && std::chrono::steady_clock::now() - teardown_since < kFlushWait)
+      drain_unexpected();
+      int sending = 0;  // sends to live partners UCX has not completed
+      for (const auto& [r, p] : partners)
+        if (p.ep && !p.failed)
+          for (const auto& [op, owned] : p.ops)
+            if (op->kind == Op::kSend && op->pending > 0) ++sending;
+      if ((!flushing.empty() || !draining.empty() || sending > 0) &&
+          std::chrono::steady_clock::now() - teardown_since < kFlushWait)
         return;
+      if (sending > 0) ++closed_with_sends;
+      if (sending > 0)
+        LOWCOMM_LOG(kInfo,
+                    "UCX rank %d: %d send(s) to live partners not taken in %.0f s (a partner "
+                    "neither receiving nor closing): their endpoints are closed by force",
+                    rank, sending, std::chrono::duration<double>(kFlushWait).count());
       closing_started = true;
       for (auto& [r, p] : partners) {
         if (!p.ep) continue;
@@ -285,8 +304,10 @@ struct UcxTransport::Impl {
       for (void* req : *v) ucp_request_free(req);
       v->clear();
     }
+    for (auto& d : draining) ucp_request_free(d.first);
     ucp_worker_destroy(worker);
     worker = nullptr;
+    draining.clear();  // (their buffers: UCX references none now)
     for (auto& [r, p] : partners) {
       for (auto& [op, owned] : p.ops) {
         op->state->complete(op->error.is_ok() ? aborted : op->error);
@@ -295,6 +316,34 @@ struct UcxTransport::Impl {
       p.ops.clear();
     }
     mark_aborts_done();
+  }
+
+  // During the teardown, before the close: every message that arrived with no receive posted
+  // (a live partner's next operation, whose receive this site cancelled or never posted) is
+  // received into a buffer of its own and dropped, so the partner's send completes (a
+  // rendezvous send waits for its receive) and the partner closes with nothing pending.
+  void drain_unexpected() {
+    for (size_t i = 0; i < draining.size();) {
+      if (ucp_request_check_status(draining[i].first) == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(draining[i].first);
+      draining[i] = std::move(draining.back());
+      draining.pop_back();
+    }
+    for (;;) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h msg = ucp_tag_probe_nb(worker, 0, 0, 1, &info);
+      if (msg == nullptr) return;
+      auto buf = std::make_unique_for_overwrite<uint8_t[]>(std::max<size_t>(info.length, 1));
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      param.cb.recv = [](void*, ucs_status_t, const ucp_tag_recv_info_t*, void*) {};
+      ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker, buf.get(), info.length, msg, &param);
+      if (r == nullptr || UCS_PTR_IS_ERR(r)) continue;
+      draining.emplace_back(r, std::move(buf));
+    }
   }
 
   // Frees the requests of `v` UCX has completed.
@@ -614,13 +663,20 @@ void UcxTransport::abort(const Status& why) {
                                        "UCX rank " + std::to_string(impl_->rank) + ": aborted")
                               : why;
   op->state = std::make_shared<RequestState>();
-  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    ticket = op->ticket = ++impl_->abort_asked;
+    op->ticket = ++impl_->abort_asked;
   }
   impl_->post(std::move(op));
+}
+
+uint64_t UcxTransport::closed_with_sends_pending() const {
+  return impl_->closed_with_sends.load();
+}
+
+void UcxTransport::wait_released() {
   std::unique_lock<std::mutex> lock(impl_->mu);
+  const uint64_t ticket = impl_->abort_asked;
   impl_->cv.wait(lock, [&] { return impl_->abort_done >= ticket; });
 }
 

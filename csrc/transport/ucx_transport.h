@@ -33,7 +33,8 @@
 // that does not match) fails the whole site: every outstanding and later request fails, the
 // worker is destroyed (every endpoint and connection with it) before any failed request
 // completes, so a request's buffer is free once the request has completed, whatever UCX was
-// doing with it. abort() returns once that is done; the destructor aborts.
+// doing with it. abort() returns at once, wait_released() once that is done; the destructor
+// aborts and waits.
 
 #include <cstdint>
 #include <memory>
@@ -67,9 +68,17 @@ class UcxTransport {
   Request irecv(int rank, uint64_t tag, void* data, uint64_t len);
 
   // Fails everything outstanding and later with `why` (kAborted when empty; a site that already
-  // failed keeps its first failure) and returns once the worker is destroyed: no user buffer is
-  // referenced. Idempotent.
+  // failed keeps its first failure) and returns at once. The requests complete (failed) once the
+  // worker is destroyed: a request's buffer is free when it has completed, and every buffer once
+  // wait_released() returns. Idempotent; any thread.
   void abort(const Status& why = Status());
+  // Returns once the aborts asked so far are done: the worker destroyed, every request
+  // completed, no user buffer referenced. (The live partners' endpoints are flushed first and
+  // what they send is received and dropped, for at most a second.)
+  void wait_released();
+  // Teardowns that closed endpoints with a send to a live partner still pending (a partner
+  // neither receiving nor tearing down within the second): 0 when every send completed first.
+  uint64_t closed_with_sends_pending() const;
 
  private:
   struct Impl;
