@@ -8,12 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <thread>
 
+#include "collectives/device_op.h"
 #include "collectives_test_util.h"
 #include "device/pinned_pool.h"
 #ifndef LOWCOMM_TEST_CUDA_DEVICE
@@ -251,11 +253,151 @@ TEST(CollectivesDevice, CountZeroCallTouchesNoDevice) {
   expect_all_ok(res);
 }
 
+// An operation on CUDA buffers makes their device current on the thread that runs it. A
+// caller's thread that ran one inline (a small collective its wait() ran) gets its own device
+// back; the executor stays on the last one (restoring its initial device 0 would make a
+// context on GPU 0 in every rank). First the mechanism, then through the communicator with
+// buffers on device 1 and a caller on device 0.
+TEST(CollectivesDevice, InlineRunGivesTheCallersDeviceBack) {
+  {
+    EmulatedDevice emu;
+    collectives::DeviceContext ctx(emu, 1 << 20);
+    collectives::DeviceCall call;
+    call.rt = &emu;
+    call.device = 1;
+    call.ready = *emu.create_event();
+    ASSERT_TRUE(emu.record(call.ready, nullptr).is_ok());
+    for (bool restore : {true, false}) {
+      ASSERT_TRUE(emu.set_device(0).is_ok());
+      collectives::OpCounters counters;
+      {
+        collectives::DeviceOp d(ctx, call, counters, restore);
+        ASSERT_TRUE(d.begin("staged").is_ok());
+        EXPECT_EQ(*emu.current_device(), 1);
+      }
+      EXPECT_EQ(*emu.current_device(), restore ? 0 : 1) << "restore_device=" << restore;
+    }
+  }
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto comm = Communicator::init(id, rank, 2, test_options());
+    RANK_OK(comm.status());
+    auto dev = install_device();
+    auto& emu = static_cast<EmulatedDevice&>(*dev);
+    const uint64_t n = 1024;  // 4 KiB: under the inline threshold
+    RANK_OK(emu.set_device(1));
+    DeviceTensor x(*dev, n * 4);
+    RANK_OK(emu.set_device(0));
+    RANK_CHECK(*emu.device_of(x.p) == 1, "not on device 1");
+    AllReduceOptions a;
+    a.memory = MemoryKind::kCuda;
+    for (int k = 0; k < 20; ++k) {
+      std::vector<float> v(n, static_cast<float>(k + rank));
+      dev->upload(x.p, v.data(), n * 4);
+      RANK_OK((*comm)->all_reduce(x.p, x.p, n, DType::kFloat32, ReduceOp::kSum, a).wait());
+      RANK_CHECK(*emu.current_device() == 0, "call " + std::to_string(k) +
+                                                 " left the caller on device " +
+                                                 std::to_string(*emu.current_device()));
+      dev->download(v.data(), x.p, n * 4);
+      RANK_CHECK(v[0] == static_cast<float>(2 * k + 1) && v[n - 1] == v[0],
+                 "call " + std::to_string(k) + ": " + std::to_string(v[0]));
+    }
+    return "ok";
+  });
+  expect_all_ok(res);
+}
+
 TEST(CollectivesDevice, DeviceOutOfMemoryOnOneRankFailsTheCallOnEveryRank) {
   rank_local_refusal_fails_the_group(
       [](TestDevice& d) { static_cast<EmulatedDevice&>(d).fail_next_device_allocs(1000); },
       "out of memory");
 }
+// An allocator that refuses every request: a device out of memory as the caller's allocator
+// reports it.
+void* refuse_alloc(uint64_t, void*, void*) {
+  return nullptr;
+}
+void never_release(void*, void*, void*) {}
+
+TEST(CollectivesDevice, InstalledAllocatorOutOfMemoryOnOneRankFailsTheCallOnEveryRank) {
+  rank_local_refusal_fails_the_group(
+      [](TestDevice&) {
+        set_device_allocator({&refuse_alloc, &never_release, nullptr});
+      },
+      "out of memory");
+}
+
+// The device memory of CUDA-buffer calls (the GPU-codec path's codes, the error-feedback
+// residual, the preload's buffers) comes from the allocator installed before the
+// communicator's first CUDA call (the torch backend installs torch's caching allocator), never
+// from the runtime's own, and all of it goes back there by the communicator's end.
+struct CountingAllocator {
+  TestDevice* dev = nullptr;
+  std::atomic<int64_t> live{0};
+  std::atomic<uint64_t> calls{0};
+  static void* alloc(uint64_t bytes, void*, void* self) {
+    auto* a = static_cast<CountingAllocator*>(self);
+    ++a->calls;
+    ++a->live;
+    return a->dev->device_alloc(bytes);
+  }
+  static void release(void* p, void*, void* self) {
+    auto* a = static_cast<CountingAllocator*>(self);
+    --a->live;
+    a->dev->device_free(p);
+  }
+};
+
+TEST(CollectivesDevice, DeviceMemoryComesFromTheInstalledAllocator) {
+  auto res = run_ranks(2, [](int rank, const UniqueId& id) -> std::string {
+    auto dev = install_device();
+    auto& emu = static_cast<EmulatedDevice&>(*dev);
+    CountingAllocator counting;
+    counting.dev = dev.get();
+    set_device_allocator({&CountingAllocator::alloc, &CountingAllocator::release, &counting});
+    const uint64_t n = 1 << 18;
+    {
+      auto comm = Communicator::init(id, rank, 2, test_options());
+      RANK_OK(comm.status());
+      DeviceTensor x(*dev, n * 4);
+      const uint64_t runtime_allocs = emu.device_allocations();
+      AllReduceOptions a;
+      a.memory = MemoryKind::kCuda;
+      a.codec = *parse_codec_spec("q4");
+      a.error_feedback_key = "g";
+      AllReduceOptions h = a;  // the same call on host buffers: the same bytes
+      h.memory = MemoryKind::kHost;
+      h.error_feedback_key = "h";
+      for (int k = 0; k < 3; ++k) {
+        std::vector<float> v(n), want(n);
+        for (uint64_t i = 0; i < n; ++i)
+          v[i] = want[i] = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(k + rank));
+        dev->upload(x.p, v.data(), n * 4);
+        Work w = (*comm)->all_reduce(x.p, x.p, n, DType::kFloat32, ReduceOp::kSum, a);
+        RANK_OK(w.wait());
+        auto st = w.stats();
+        RANK_OK(st.status());
+        RANK_CHECK(st->device_path == "gpu-codec", st->device_path);
+        RANK_OK((*comm)
+                    ->all_reduce(want.data(), want.data(), n, DType::kFloat32, ReduceOp::kSum, h)
+                    .wait());
+        dev->download(v.data(), x.p, n * 4);
+        RANK_CHECK(std::memcmp(v.data(), want.data(), n * 4) == 0,
+                   "call " + std::to_string(k) + ": not the host buffers' bytes");
+      }
+      RANK_CHECK(emu.device_allocations() == runtime_allocs,
+                 std::to_string(emu.device_allocations() - runtime_allocs) +
+                     " allocations from the runtime's own allocator");
+      RANK_CHECK(counting.calls.load() > 0, "the installed allocator was never called");
+      RANK_CHECK(counting.live.load() >= 1, "no residual kept on the device");
+    }
+    RANK_CHECK(counting.live.load() == 0,
+               std::to_string(counting.live.load()) + " allocations never given back");
+    set_device_allocator({});
+    return "ok (" + std::to_string(counting.calls.load()) + " allocations)";
+  });
+  expect_all_ok(res);
+}
+
 #endif
 
 // A full pinned pool never ends a job: under LOWCOMM_PINNED_BYTES=4M, an exact all-reduce of

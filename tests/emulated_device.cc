@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <map>
+#include <string>
 
 #include "lowcomm/codec.h"
 
@@ -55,7 +57,16 @@ struct EmulatedDevice::EventImpl {
   uint64_t completed = 0;  // records their stream has reached
 };
 
-EmulatedDevice::EmulatedDevice() : legacy_(std::make_unique<StreamImpl>()) {}
+namespace {
+constexpr int kDevices = 2;
+// Each thread's current device per emulated runtime (CUDA's is per thread, 0 until set), by
+// the runtime's serial number (a runtime made where an earlier one was starts afresh).
+thread_local std::map<uint64_t, int> t_current;
+std::atomic<uint64_t> g_serial{0};
+}  // namespace
+
+EmulatedDevice::EmulatedDevice()
+    : serial_(g_serial.fetch_add(1)), legacy_(std::make_unique<StreamImpl>()) {}
 EmulatedDevice::~EmulatedDevice() {
   legacy_.reset();
   for (auto& [p, n] : device_) std::free(reinterpret_cast<void*>(p));
@@ -76,14 +87,21 @@ Result<int> EmulatedDevice::device_of(const void* p) {
   auto it = device_.upper_bound(a);
   if (it != device_.begin()) {
     --it;
-    if (a < it->first + std::max<uint64_t>(it->second, 1)) return 0;
+    if (a < it->first + std::max<uint64_t>(it->second.bytes, 1)) return it->second.device;
   }
   return invalid_argument("the pointer is host memory, not device memory (emulated device)");
 }
 
 Status EmulatedDevice::set_device(int device) {
-  if (device != 0) return invalid_argument("emulated device: only device 0");
+  if (device < 0 || device >= kDevices)
+    return invalid_argument("emulated device: no device " + std::to_string(device));
+  t_current[serial_] = device;
   return Status::ok();
+}
+
+Result<int> EmulatedDevice::current_device() {
+  auto it = t_current.find(serial_);
+  return it == t_current.end() ? 0 : it->second;
 }
 
 Result<void*> EmulatedDevice::alloc_pinned(uint64_t bytes) {
@@ -99,7 +117,7 @@ void EmulatedDevice::free_pinned(void* p) {
 void* EmulatedDevice::device_alloc(uint64_t bytes) {
   void* p = std::malloc(bytes == 0 ? 1 : bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  device_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  device_[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, *current_device()};
   return p;
 }
 

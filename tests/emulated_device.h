@@ -13,6 +13,8 @@
 //   - "device memory" is memory only alloc_device / device_alloc handed out: device_of refuses
 //     any other pointer, and test code touches device memory only through copies or launch(),
 //     as a program would;
+//   - two devices (0 and 1) and a current device per thread, 0 until the thread sets one, as
+//     CUDA's: memory is on the device current where it was allocated (device_of says which);
 //   - the codec kernels are the CPU codec (the CUDA kernels' bytes equal the CPU's, which
 //     lowcomm_cuda_test checks on a GPU).
 
@@ -40,7 +42,7 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   const char* name() const override { return "emulated"; }
   Result<int> device_of(const void* p) override;
   Status set_device(int device) override;
-  Result<int> current_device() override { return 0; }
+  Result<int> current_device() override;
   Result<void*> alloc_pinned(uint64_t bytes) override;
   void free_pinned(void* p) override;
   Result<void*> alloc_device(uint64_t bytes, device::Stream s) override;
@@ -85,10 +87,15 @@ class EmulatedDevice final : public device::Runtime, public TestDevice {
   StreamImpl* stream_of(device::Stream s);
   void enqueue(device::Stream s, std::function<Status()> task);
 
-  std::shared_mutex driver_;              // the driver's lock (download_blocking)
-  std::unique_ptr<StreamImpl> legacy_;    // the null stream
-  std::mutex mu_;                         // guards device_
-  std::map<uintptr_t, uint64_t> device_;  // device allocations: begin -> bytes
+  const uint64_t serial_;               // this runtime's, for the threads' current devices
+  std::shared_mutex driver_;            // the driver's lock (download_blocking)
+  std::unique_ptr<StreamImpl> legacy_;  // the null stream
+  struct Allocation {
+    uint64_t bytes;
+    int device;
+  };
+  std::mutex mu_;                           // guards device_
+  std::map<uintptr_t, Allocation> device_;  // device allocations by their first byte
   std::atomic<uint64_t> pinned_allocs_{0};
   std::atomic<int> fail_allocs_{0};
   std::atomic<uint64_t> device_allocs_{0};

@@ -110,6 +110,9 @@ class CommImpl final : public collectives::OpContext {
   // The device side of CUDA-buffer calls (collectives/device_op.h), made at the first one;
   // kUnsupported naming why when the process has no device runtime. Any thread.
   Result<collectives::DeviceContext*> device_context();
+  // Whether this thread is this communicator's executor (else: a caller running an operation
+  // inline, whose current device an operation on CUDA buffers gives back).
+  bool on_executor() const { return t_executor_ == this; }
   // How operations cross the links (topology/planner.h): call-time schedules and the site map
   // from any thread; the rest on the executor.
   const topology::Planner& planner() const { return planner_; }

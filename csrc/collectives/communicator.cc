@@ -171,7 +171,7 @@ ReduceBody on_device(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> ca
     }
     auto ctx = impl->device_context();
     if (!ctx) return ctx.status();
-    collectives::DeviceOp d(**ctx, *call, run.counters());
+    collectives::DeviceOp d(**ctx, *call, run.counters(), !impl->on_executor());
     const bool gpu = gpu_codec(run, a);
     const bool encode_only = !gpu && gpu_encode(run, a);
     LOWCOMM_CHECK(d.begin(gpu ? "gpu-codec" : encode_only ? "gpu-encode" : "staged"));
@@ -213,7 +213,7 @@ CommImpl::Body staged(CommImpl* impl, std::shared_ptr<collectives::DeviceCall> c
   return [=, call = std::move(call), body = std::move(body)](OpRun& run) -> Status {
     auto ctx = impl->device_context();
     if (!ctx) return ctx.status();
-    collectives::DeviceOp d(**ctx, *call, run.counters());
+    collectives::DeviceOp d(**ctx, *call, run.counters(), !impl->on_executor());
     LOWCOMM_CHECK(d.begin("staged"));
     return collectives::run_staged(d, send, in_bytes, recv, out_bytes, [&](const void* s, void* r) {
       LOWCOMM_CHECK(body(run, s, r));

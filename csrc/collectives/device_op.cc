@@ -15,7 +15,7 @@ class DeviceResidualBuffer final : public DeviceResidual {
   ~DeviceResidualBuffer() override {
     // Freed on the executor (or with the communicator): the stream's device, set, not restored.
     (void)ctx_.rt().set_device(device_);
-    ctx_.rt().free_device(p_, stream_);
+    ctx_.free_device(p_, stream_);
   }
   float* data() override { return p_; }
   int device() const override { return device_; }
@@ -45,6 +45,22 @@ DeviceContext::~DeviceContext() {
     (void)rt_.synchronize(s);
     rt_.destroy_stream(s);
   }
+}
+
+Result<void*> DeviceContext::alloc_device(uint64_t bytes, device::Stream s) {
+  if (allocator_.alloc == nullptr) return rt_.alloc_device(bytes, s);
+  void* p = allocator_.alloc(bytes, s, allocator_.ctx);
+  if (p == nullptr)
+    return Status(StatusCode::kSystem, "the installed device allocator could not give " +
+                                           std::to_string(bytes) + " bytes: out of memory");
+  return p;
+}
+
+void DeviceContext::free_device(void* p, device::Stream s) {
+  if (allocator_.release == nullptr)
+    rt_.free_device(p, s);
+  else
+    allocator_.release(p, s, allocator_.ctx);
 }
 
 Result<device::Stream> DeviceContext::stream(int device) {
@@ -117,21 +133,21 @@ Status DeviceContext::preload(const DeviceCall& call, const CodecSpec& wire, DTy
   auto s = rt_.create_stream();
   if (!s) return s.status();
   struct Cleanup {
-    device::Runtime& rt;
+    DeviceContext& ctx;
     device::Stream s;
     std::vector<void*> mem;
     ~Cleanup() {
-      (void)rt.synchronize(s);
-      for (void* p : mem) rt.free_device(p, s);
-      (void)rt.synchronize(s);
-      rt.destroy_stream(s);
+      (void)ctx.rt().synchronize(s);
+      for (void* p : mem) ctx.free_device(p, s);
+      (void)ctx.rt().synchronize(s);
+      ctx.rt().destroy_stream(s);
     }
-  } c{rt_, *s, {}};
+  } c{*this, *s, {}};
   // Two scale groups (sparse: chunks; per-column scales: rows).
   const uint64_t n = 2 * uint64_t{wire.grouping == Grouping::kColumn ? wire.cols : wire.block};
   const uint64_t bytes = encoded_size(wire, n);
   for (uint64_t b : {n * dtype_size(dtype), bytes, n * sizeof(float), n * dtype_size(dtype)}) {
-    auto p = rt_.alloc_device(b, *s);
+    auto p = alloc_device(b, *s);
     if (!p) return p.status();
     c.mem.push_back(*p);
     LOWCOMM_CHECK(rt_.zero(*p, b, *s));
@@ -148,16 +164,19 @@ Status DeviceContext::preload(const DeviceCall& call, const CodecSpec& wire, DTy
 
 DeviceOp::~DeviceOp() {
   if (begun_) (void)ctx_.rt().synchronize(stream_);
-  for (void* p : scratch_) ctx_.rt().free_device(p, stream_);
+  for (void* p : scratch_) ctx_.free_device(p, stream_);
   pinned_.clear();
+  if (previous_device_ >= 0) (void)ctx_.rt().set_device(previous_device_);
 }
 
 Status DeviceOp::begin(const char* path) {
   counters_.device_path = path;
   if (call_.device < 0) return Status::ok();  // no buffer: nothing to order
-  // Not restored after: restoring the executor's initial device 0 would create a context on
-  // GPU 0 in every rank. (A collective run inline leaves the waiting thread on the buffers'
-  // device, which is the caller's own in any program that made them there.)
+  if (restore_device_) {
+    auto cur = ctx_.rt().current_device();
+    if (!cur) return cur.status();
+    if (*cur != call_.device) previous_device_ = *cur;
+  }
   LOWCOMM_CHECK(ctx_.rt().set_device(call_.device));
   auto s = ctx_.stream(call_.device);
   if (!s) return s.status();
@@ -175,7 +194,7 @@ Result<uint8_t*> DeviceOp::pinned(uint64_t bytes) {
 }
 
 Result<void*> DeviceOp::device_scratch(uint64_t bytes) {
-  auto p = ctx_.rt().alloc_device(bytes == 0 ? 1 : bytes, stream_);
+  auto p = ctx_.alloc_device(bytes == 0 ? 1 : bytes, stream_);
   if (!p) return p.status();
   scratch_.push_back(*p);
   return *p;
@@ -236,7 +255,7 @@ Result<float*> device_residual(DeviceOp& d, ErrorFeedbackEntry& e) {
     e.device.reset();
     LOWCOMM_CHECK(d.rt().set_device(d.device()));
   }
-  auto mem = d.rt().alloc_device(e.n * sizeof(float), d.stream());
+  auto mem = d.context().alloc_device(e.n * sizeof(float), d.stream());
   if (!mem) return mem.status();
   auto* r = static_cast<float*>(*mem);
   e.device = std::make_unique<DeviceResidualBuffer>(d.context(), d.device(), d.stream(), r, e.n);

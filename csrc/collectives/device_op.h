@@ -45,13 +45,19 @@ struct DeviceCall {
 
 class DeviceContext {
  public:
-  DeviceContext(device::Runtime& rt, uint64_t pinned_limit) : rt_(rt), pinned_(rt, pinned_limit) {}
+  DeviceContext(device::Runtime& rt, uint64_t pinned_limit)
+      : rt_(rt), pinned_(rt, pinned_limit), allocator_(device::device_allocator()) {}
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
   ~DeviceContext();
 
   device::Runtime& rt() { return rt_; }
   device::PinnedPool& pinned() { return pinned_; }
+  // Device memory for an operation's scratch and residuals, on the current device, ordered on
+  // `s`: from the allocator installed when this context was made (set_device_allocator), else
+  // the runtime's; given back the same way.
+  Result<void*> alloc_device(uint64_t bytes, device::Stream s);
+  void free_device(void* p, device::Stream s);
   // The communicator's stream on `device`, created on first use (the device must be current).
   Result<device::Stream> stream(int device);
 
@@ -78,18 +84,24 @@ class DeviceContext {
  private:
   device::Runtime& rt_;
   device::PinnedPool pinned_;
+  const DeviceAllocator allocator_;
   std::mutex mu_;
   std::map<int, device::Stream> streams_;
 };
 
 class DeviceOp {
  public:
-  DeviceOp(DeviceContext& ctx, const DeviceCall& call, OpCounters& counters)
-      : ctx_(ctx), call_(call), counters_(counters) {}
+  // `restore_device`: the run is on a caller's thread (a collective run inline), whose current
+  // device begin() changes and the destructor gives back. (The executor's is left on the last
+  // operation's device: restoring its initial device 0 would make a context on GPU 0 in every
+  // rank.)
+  DeviceOp(DeviceContext& ctx, const DeviceCall& call, OpCounters& counters,
+           bool restore_device = false)
+      : ctx_(ctx), call_(call), counters_(counters), restore_device_(restore_device) {}
   DeviceOp(const DeviceOp&) = delete;
   DeviceOp& operator=(const DeviceOp&) = delete;
   // Waits for the stream (errors ignored: a failure was already reported), then gives back
-  // the run's pinned and device memory.
+  // the run's pinned and device memory, and the caller's current device (restore_device).
   ~DeviceOp();
 
   // Makes the call's device current and orders this run's stream after the call's event.
@@ -111,6 +123,8 @@ class DeviceOp {
   DeviceContext& ctx_;
   const DeviceCall& call_;
   OpCounters& counters_;
+  const bool restore_device_;
+  int previous_device_ = -1;  // the caller's, to restore (restore_device_, when it differed)
   device::Stream stream_ = nullptr;
   bool begun_ = false;
   std::vector<device::PinnedBlock> pinned_;

@@ -14,6 +14,7 @@ namespace {
 struct Installed {
   std::mutex mu;
   std::shared_ptr<Runtime> testing;
+  DeviceAllocator allocator;
 };
 
 Installed& installed() {
@@ -54,4 +55,19 @@ void set_runtime_for_testing(std::shared_ptr<Runtime> r) {
   installed().testing = std::move(r);
 }
 
+DeviceAllocator device_allocator() {
+  std::lock_guard<std::mutex> lock(installed().mu);
+  return installed().allocator;
+}
+
 }  // namespace lowcomm::device
+
+namespace lowcomm {
+
+void set_device_allocator(const DeviceAllocator& allocator) {
+  std::lock_guard<std::mutex> lock(device::installed().mu);
+  device::installed().allocator =
+      allocator.alloc != nullptr && allocator.release != nullptr ? allocator : DeviceAllocator{};
+}
+
+}  // namespace lowcomm

@@ -20,6 +20,7 @@
 #include <memory>
 
 #include "lowcomm/codec.h"
+#include "lowcomm/communicator.h"
 #include "lowcomm/status.h"
 
 namespace lowcomm::device {
@@ -75,6 +76,9 @@ class Runtime {
   virtual Status decode(const CodecSpec& spec, const void* codes, uint64_t codes_bytes, uint64_t n,
                         DType dtype, void* out, Stream s) = 0;
 };
+
+// The allocator set_device_allocator() installed (both null: none, the runtime's own).
+DeviceAllocator device_allocator();
 
 // Makes a device current for a scope and restores the thread's previous one after, so a call
 // on the caller's thread (or a collective run inline on it) leaves its current device alone.

@@ -193,6 +193,24 @@ struct CommOptions {
 // with kUnsupported before anything is sent.
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
 
+// Where the device memory of operations on CUDA buffers comes from: their scratch (codes on
+// the device, a preload's test buffers) and the error-feedback residuals kept on the device.
+// By default cudaMallocAsync / cudaFreeAsync on the communicator's stream. A framework with a
+// caching allocator of its own installs it (the torch backend installs torch's), so that its
+// memory accounting sees lowcomm's memory and a shortage first frees its cache. `alloc` is
+// called with the memory's device current and the stream (a cudaStream_t) whose work uses it,
+// and returns nullptr when it cannot (the operation then fails with kSystem, "out of
+// memory"); `release` gets the same stream, after the work queued on it that reads the memory.
+// Either may be called from any thread. Process-wide: a communicator keeps the allocator it
+// found at its first CUDA-buffer call for its whole life (what it took, it gives back there).
+// Both null: the default again.
+struct DeviceAllocator {
+  void* (*alloc)(uint64_t bytes, void* stream, void* ctx) = nullptr;
+  void (*release)(void* p, void* stream, void* ctx) = nullptr;
+  void* ctx = nullptr;
+};
+LOWCOMM_API void set_device_allocator(const DeviceAllocator& allocator);
+
 // Where the buffers of an operation without other options live (all_gather, broadcast).
 struct BufferOptions {
   MemoryKind memory = MemoryKind::kHost;

@@ -6,6 +6,7 @@
 
 #include "backend.h"
 #include "codec_bindings.h"
+#include "device.h"
 #include "elastic_bindings.h"
 #include "lowcomm/env.h"
 
@@ -15,6 +16,7 @@ using lowcomm::torch_backend::LowcommBackend;
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lowcomm's torch.distributed backend";
   py::module::import("torch.distributed");  // registers c10d::Backend's Python type
+  lowcomm::torch_backend::install_torch_device_allocator();
   py::class_<LowcommBackend, c10d::Backend, c10::intrusive_ptr<LowcommBackend>>(m, "LowcommBackend")
       .def("allreduce_with", &LowcommBackend::allreduce_with, py::arg("tensor"), py::arg("codec"),
            py::arg("error_feedback_key"), py::arg("op"), py::arg("step") = -1,

@@ -29,6 +29,22 @@ std::optional<c10::Device> common_device(const char* op, const std::vector<at::T
 
 #ifdef LOWCOMM_WITH_CUDA
 
+void install_torch_device_allocator() {
+  lowcomm::DeviceAllocator a;
+  a.alloc = [](uint64_t bytes, void* stream, void*) -> void* {
+    try {  // on the memory's device (the library made it current)
+      return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(
+          bytes, static_cast<cudaStream_t>(stream));
+    } catch (const c10::Error&) {  // c10::OutOfMemoryError among them: the library says so
+      return nullptr;
+    }
+  };
+  // The block is reused only by allocations on the stream it was made for, ordered after the
+  // work queued there before this.
+  a.release = [](void* p, void*, void*) { c10::cuda::CUDACachingAllocator::raw_delete(p); };
+  lowcomm::set_device_allocator(a);
+}
+
 c10::cuda::CUDAStream SideStreams::get(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto i = static_cast<size_t>(device);
@@ -154,6 +170,8 @@ std::shared_ptr<DeviceDone> DeviceScope::done() const {
 }
 
 #else  // a build without CUDA: CPU tensors only
+
+void install_torch_device_allocator() {}
 
 c10::Device DeviceDone::device() const {
   return c10::kCPU;

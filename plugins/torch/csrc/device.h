@@ -133,4 +133,11 @@ class DeviceScope {
 #endif
 };
 
+// Makes torch's CUDA caching allocator the library's device allocator (set_device_allocator):
+// the scratch and error-feedback residuals of operations on CUDA tensors then come from it, so
+// torch.cuda.memory_allocated() counts them and a shortage first empties torch's cache. Called
+// once, when the extension is imported (before any communicator's first CUDA operation); a
+// build without CUDA does nothing.
+void install_torch_device_allocator();
+
 }  // namespace lowcomm::torch_backend

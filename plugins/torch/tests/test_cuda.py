@@ -262,6 +262,30 @@ def test_compressed_all_reduce_moves_only_encoded_bytes_across_pcie(tmp_path):
     run_world(_bytes_worker, 2, tmp_path)
 
 
+def _allocator_worker(rank, world, init_file, errors):
+    try:
+        lc = _init(rank, world, init_file)
+        n = 1 << 22
+        x = vals((n,), torch.float32, rank).cuda()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        lowcomm.torch.all_reduce(x, codec="q4", error_feedback_key="g", group=lc)
+        st = lowcomm.torch.last_op_stats(lc)
+        assert st["device_path"] == "gpu-codec", st
+        # the residual (n fp32) stays on the device, in torch's caching allocator's accounting
+        # (docs/torch.md, "Device memory")
+        kept = torch.cuda.memory_allocated() - before
+        assert kept >= 4 * n, (kept, 4 * n)
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        sys.exit(1)
+
+
+def test_library_device_memory_is_in_torchs_accounting(tmp_path):
+    run_world(_allocator_worker, 2, tmp_path)
+
+
 def _refusals_worker(rank, world, init_file, errors):
     try:
         lc = _init(rank, world, init_file)
