@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import lowcomm.torch  # noqa: F401  (registers the backend)
+from _spawn import run_procs
 
 
 def put(results, item):
@@ -109,23 +110,16 @@ def callback_worker(rank, world, init_file, n, results):
 
 
 def run(target, tmp_path, world, arg, timeout):
+    """Each rank's reported text by rank, and the exit codes (run_procs: the spawn timeout cap
+    and the stacks of a rank still running at its timeout apply)."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, world, str(tmp_path / "init"), arg, results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=timeout)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    codes = run_procs(target, world, (str(tmp_path / "init"), arg, results), timeout, ctx)
     out = {}
     while not results.empty():
         rank, text = results.get()
         out[rank] = text
-    return out, [p.exitcode for p in procs]
+    return out, codes
 
 
 def test_rank_paused_ten_seconds_while_idle_is_not_failed(tmp_path):
