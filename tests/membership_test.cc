@@ -159,6 +159,23 @@ Result<std::unique_ptr<ElasticCommunicator>> found_member(Fixture& fx, int r, in
   return ec;
 }
 
+// A joiner of three founders, run in its own process: once the founders have published their
+// addresses, joins through the founders `via` (-1: a dead address), registers `n` zero floats
+// as "params" and runs `body` on them; an error names the step that failed.
+std::string joiner(
+    Fixture& fx, const std::vector<int>& via, const ElasticOptions& o, uint64_t n,
+    const std::function<std::string(ElasticCommunicator&, std::vector<float>&)>& body) {
+  while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
+  std::vector<std::string> seeds;
+  for (int r : via) seeds.push_back(r < 0 ? "127.0.0.1:1" : std::string(fx.shared->addresses[r]));
+  auto ec = ElasticCommunicator::join(fx.id, seeds, o);
+  if (!ec) return "join: " + ec.status().to_string();
+  std::vector<float> state(n, 0.0f);
+  if (auto s = (*ec)->register_state("params", state.data(), n * 4); !s.is_ok())
+    return s.to_string();
+  return body(**ec, state);
+}
+
 // Rounds of three founders that a joiner enters: an all-reduce of `count` floats, then an "outer
 // step" on every stride-th element of the registered state. A founder counts rounds from the
 // first with four members, the joiner from its first. Returns what the parent compares.
@@ -515,14 +532,10 @@ TEST(Membership, JoinerFetchesStateAndAgrees) {
     }));
   }
   ps.push_back(spawn([&]() -> std::string {
-    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
     // Through member 2 (not the coordinator); a dead address first.
-    auto ec = ElasticCommunicator::join(fx.id, {"127.0.0.1:1", fx.shared->addresses[2]}, o);
-    if (!ec) return "join: " + ec.status().to_string();
-    std::vector<float> state(kState, 0.0f);
-    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
-      return s.to_string();
-    return body(**ec, state, 2, false);
+    return joiner(fx, {-1, 2}, o, kState, [&](ElasticCommunicator& ec, std::vector<float>& state) {
+      return body(ec, state, 2, false);
+    });
   }));
   fx.parent_done_forking();
   collect(ps, 90);
@@ -559,16 +572,12 @@ TEST(Membership, AnAdmissionAbortedAfterItsStartIsMadeAgain) {
     }));
   }
   ps.push_back(spawn([&]() -> std::string {
-    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
-    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[1]}, o);
-    if (!ec) return "join: " + ec.status().to_string();
-    // The view it entered (read now: the others leave when they are done).
-    std::string entered = " view=" + std::to_string((*ec)->view().id) +
-                          " member=" + std::to_string((*ec)->member_id());
-    std::vector<float> state(kState, 0.0f);
-    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
-      return s.to_string();
-    return rounds_around_a_join(**ec, state, kCount, 7, 2, false) + entered;
+    return joiner(fx, {1}, o, kState, [&](ElasticCommunicator& ec, std::vector<float>& state) {
+      // The view it entered (read now: the others leave when they are done).
+      std::string entered =
+          " view=" + std::to_string(ec.view().id) + " member=" + std::to_string(ec.member_id());
+      return rounds_around_a_join(ec, state, kCount, 7, 2, false) + entered;
+    });
   }));
   fx.parent_done_forking();
   collect(ps, 90);
@@ -616,15 +625,11 @@ TEST_P(MembershipCommitReachedOne, TheGroupGoesOnWithoutTheCoordinator) {
     }));
   }
   ps.push_back(spawn([&]() -> std::string {
-    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
-    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[seed]}, o);
-    if (!ec) return "join: " + ec.status().to_string();
-    std::string entered = " entered=" + std::to_string((*ec)->view().id) +
-                          " member=" + std::to_string((*ec)->member_id());
-    std::vector<float> state(kState, 0.0f);
-    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
-      return s.to_string();
-    return rounds_around_a_join(**ec, state, kCount, 7, 2, false) + entered;
+    return joiner(fx, {seed}, o, kState, [&](ElasticCommunicator& ec, std::vector<float>& state) {
+      std::string entered =
+          " entered=" + std::to_string(ec.view().id) + " member=" + std::to_string(ec.member_id());
+      return rounds_around_a_join(ec, state, kCount, 7, 2, false) + entered;
+    });
   }));
   fx.parent_done_forking();
   collect(ps, 90);
@@ -692,13 +697,9 @@ TEST_P(MembershipFetchFault, JoinerGetsTheStateFromTheOthers) {
     }));
   }
   ps.push_back(spawn([&]() -> std::string {
-    while (fx.shared->published.load() < 3) std::this_thread::sleep_for(5ms);
-    auto ec = ElasticCommunicator::join(fx.id, {fx.shared->addresses[1]}, o);
-    if (!ec) return "join: " + ec.status().to_string();
-    std::vector<float> state(kState, 0.0f);
-    if (auto s = (*ec)->register_state("params", state.data(), kState * 4); !s.is_ok())
-      return s.to_string();
-    return body(**ec, state, 2, false);
+    return joiner(fx, {1}, o, kState, [&](ElasticCommunicator& ec, std::vector<float>& state) {
+      return body(ec, state, 2, false);
+    });
   }));
   fx.parent_done_forking();
   std::vector<Proc> live{ps[0], ps[1], ps[3]};
